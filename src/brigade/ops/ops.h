@@ -1,0 +1,112 @@
+// Op front-end: shape/dtype checks, output allocation and dispatch to a backend
+// (ref = scalar oracle in ops/ref, cpu = optimised kernels in ops/cpu). These are
+// raw ops with no autograd; each backward is an op of its own, used by the
+// derivative rules in autograd/functions.cpp.
+// Conventions: shape letters B T C V NH HS; "(..., C)" means any leading dims.
+// Floating ops take and return f32 today (bf16/f16 kernels come with the
+// mixed-precision work; other dtypes get a ShapeError naming the op). Inputs may
+// be non-contiguous views; outputs are always fresh contiguous tensors.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "brigade/core/rng.h"
+#include "brigade/core/tensor.h"
+
+namespace brigade::ops {
+
+enum class Backend { Ref, Cpu };
+Backend current_backend();               // thread-local; Cpu by default
+void set_backend(Backend b);
+class BackendScope {                     // RAII switch, used by the op harness
+ public:
+  explicit BackendScope(Backend b) : prev_(current_backend()) { set_backend(b); }
+  ~BackendScope() { set_backend(prev_); }
+ private:
+  Backend prev_;
+};
+
+// ---------------- elementwise with numpy/torch broadcasting
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add_scalar(const Tensor& a, double s);
+Tensor mul_scalar(const Tensor& a, double s);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+// In place, same shape (or src broadcastable to dst): dst += alpha * src.
+void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);
+void mul_scalar_(const Tensor& dst, double s);
+Shape broadcast_shapes(const Shape& a, const Shape& b);  // ShapeError if incompatible
+// Sums g (shape broadcast_shapes(shape, ...)) down to `shape`: the backward of broadcasting.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+// ---------------- reductions
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor sum_all(const Tensor& a);          // 0-d
+double sum_squares(const Tensor& a);      // sum of a^2 in double (for global-norm clipping)
+
+// ---------------- matmul / linear (oneDNN in cpu, cached primitives)
+// a (..., M, K) @ b (..., K, N) -> (..., M, N); batch dims broadcast; trans_a/trans_b
+// transpose the last two dims of a/b first. 1-D inputs are not accepted.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+// Weight layout of a linear layer: OutIn is torch.nn.Linear (out, in);
+// InOut is Hugging Face GPT-2 Conv1D (in, out).
+enum class WeightLayout { OutIn, InOut };
+// y (..., out) = x (..., in) @ W (+ bias (out))
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout);
+struct LinearGrads { Tensor gx, gw, gb; };  // gb undefined when need_gb is false
+LinearGrads linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, WeightLayout layout,
+                            bool need_gx = true, bool need_gw = true, bool need_gb = true);
+
+// ---------------- embedding: ids (...) i32/i64, weight (V, C) -> (..., C)
+// Ids outside [0, V) are a ValueError naming the id and V.
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t V);  // (V, C)
+
+// ---------------- layer norm over the last dim (Ba et al. 2016; torch.nn.LayerNorm)
+struct LayerNormOut { Tensor y, mean, rstd; };  // mean, rstd: (N) with N = numel / C
+LayerNormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+struct LayerNormGrads { Tensor gx, gw, gb; };
+LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                   const Tensor& rstd);
+
+// ---------------- GELU, tanh approximation (Hendrycks & Gimpel 2016; torch approximate='tanh')
+Tensor gelu(const Tensor& x);
+Tensor gelu_backward(const Tensor& gy, const Tensor& x);
+
+// ---------------- softmax over the last dim
+Tensor softmax(const Tensor& x);
+Tensor softmax_backward(const Tensor& gy, const Tensor& y);
+
+// ---------------- scaled dot-product attention (Vaswani et al. 2017), optionally causal.
+// q, k, v: (B, NH, T, HS). out: (B, NH, T, HS); lse: (B, NH, T) log-sum-exp of the scaled
+// scores of each query row, saved for the backward (which recomputes probabilities).
+struct AttentionOut { Tensor out, lse; };
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+struct AttentionGrads { Tensor gq, gk, gv; };
+AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, bool causal, double scale);
+
+// ---------------- fused log-softmax + cross-entropy (torch.nn.functional.cross_entropy,
+// reduction='mean' over targets != ignore_index). logits (N, V); targets (N) i32/i64.
+struct CrossEntropyOut { Tensor loss, lse; };  // loss: 0-d; lse: (N)
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// glogits (N, V) = gloss * (softmax(logits) - onehot(target)) / count
+Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t ignore_index = -100);
+
+// ---------------- dropout (inverted): mask holds 0 or 1/(1-p), drawn from gen in
+// element order; y = x * mask. p = 0 returns x's values and an all-ones mask.
+struct DropoutOut { Tensor y, mask; };
+DropoutOut dropout(const Tensor& x, double p, Generator& gen);
+Tensor dropout_backward(const Tensor& gy, const Tensor& mask);
+
+}  // namespace brigade::ops

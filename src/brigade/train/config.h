@@ -1,0 +1,92 @@
+// Recipe: one TOML file = model + data + optimizer + schedule + run settings.
+// Parsing is strict: an unknown key or a value of the wrong type is a ConfigError
+// that names the key and the file. `--set section.key=value` overrides any key
+// (the value is parsed as TOML; bare words are strings). Defaults live here, in
+// the struct initialisers, and docs/recipes.md lists every key.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace brigade::train {
+
+struct RunConfig {
+  std::string name = "run";
+  std::string out_dir = "runs/run";  // checkpoints, metrics.jsonl
+  uint64_t seed = 1337;
+  int threads = 0;                   // 0 = all cores (OpenMP default)
+};
+
+struct ModelConfig {
+  std::string type = "gpt";          // only "gpt" for now
+  int64_t vocab_size = 4096;
+  int64_t block_size = 128;          // max sequence length (n_positions)
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 256;
+  double dropout = 0.0;
+  double layer_norm_eps = 1e-5;
+  double init_std = 0.02;
+};
+
+struct DataConfig {
+  std::string corpus = "kjv";        // "kjv" (Debian bible-kjv) or a path to a text file or folder
+  std::string dir = "data/kjv";      // prepared data: tokenizer.model, train.bin, val.bin, meta.json
+  double val_fraction = 0.05;
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;
+  int64_t batch_size = 8;
+  int64_t seq_len = 128;
+  int64_t eval_every = 100;          // 0 = only at the end
+  int64_t eval_batches = 16;
+  int64_t log_every = 10;
+  int64_t checkpoint_every = 0;      // 0 = only at the end
+  double grad_clip = 1.0;            // global L2 norm; 0 = off
+};
+
+struct OptimConfig {
+  std::string name = "adamw";        // "adamw" | "sgd"
+  double lr = 1e-3;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double momentum = 0.9;             // sgd only
+};
+
+struct ScheduleConfig {
+  std::string name = "cosine";       // "cosine" | "constant"
+  int64_t warmup_steps = 100;
+  double min_lr = 1e-4;              // cosine floor
+};
+
+struct SampleConfig {
+  std::string prompt = "In the beginning";
+  int64_t tokens = 64;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+};
+
+struct Recipe {
+  std::string path;                  // file it was read from ("" for defaults)
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  SampleConfig sample;
+};
+
+// Reads `path`, applies `overrides` ("section.key=value", in order), validates
+// ranges and combinations (e.g. n_embd % n_head == 0, seq_len <= block_size).
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from TOML text (for tests); `origin` names the source in messages.
+Recipe parse_recipe(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+// The recipe as TOML (every key, defaults included), stored beside checkpoints.
+std::string recipe_to_toml(const Recipe& r);
+
+}  // namespace brigade::train
