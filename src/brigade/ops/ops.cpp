@@ -1,1 +1,551 @@
-// filled in by the ops work
+// Op front-end (see ops.h): argument checks with user-facing messages, output
+// allocation, broadcasting, and dispatch to ops/ref (scalar oracle) or ops/cpu
+// (optimised). No arithmetic happens here beyond index bookkeeping and the serial
+// draw of dropout masks; the kernels see only raw pointers + sizes + strides.
+#include "brigade/ops/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "brigade/core/error.h"
+#include "brigade/ops/cpu/kernels.h"
+#include "brigade/ops/ref/kernels.h"
+
+namespace brigade::ops {
+
+namespace {
+thread_local Backend t_backend = Backend::Cpu;
+}  // namespace
+
+Backend current_backend() { return t_backend; }
+void set_backend(Backend b) { t_backend = b; }
+
+// Call kernel `fn` of the active backend with the same arguments (f32 everywhere).
+#define BRIGADE_DISPATCH(fn, ...) \
+  (t_backend == Backend::Cpu ? cpu::fn(__VA_ARGS__) : ref::fn<float>(__VA_ARGS__))
+
+namespace {
+
+using ref::BinaryOp;
+using ref::UnaryOp;
+
+void check_defined(const Tensor& t, const char* op, const char* name) {
+  BRIGADE_CHECK(t.defined(), ValueError, "{}: argument '{}' is an undefined tensor; pass a tensor created by a "
+                "factory or another op", op, name);
+}
+
+void check_f32(const Tensor& t, const char* op, const char* name) {
+  check_defined(t, op, name);
+  BRIGADE_CHECK(t.dtype() == DType::F32, ShapeError,
+                "{}: '{}' is {} but only f32 is supported today (bf16/f16 kernels come with the mixed-precision "
+                "work); convert it with .to(DType::F32)", op, name, t.str());
+}
+
+void check_ids(const Tensor& t, const char* op, const char* name) {
+  check_defined(t, op, name);
+  BRIGADE_CHECK(t.dtype() == DType::I32 || t.dtype() == DType::I64, ShapeError,
+                "{}: '{}' holds indices and must be i32 or i64, got {}", op, name, t.str());
+}
+
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
+  BRIGADE_CHECK(a.shape() == b.shape(), ShapeError, "{}: '{}' has shape {} but '{}' has shape {}; they must match",
+                op, an, shape_str(a.shape()), bn, shape_str(b.shape()));
+}
+
+// Strides that read `t` over the (broadcast) shape `out`: dims are right-aligned,
+// missing leading dims and size-1 dims that broadcast get stride 0.
+Shape broadcast_strides(const Tensor& t, const Shape& out) {
+  Shape st(out.size(), 0);
+  const size_t lead = out.size() - size_t(t.dim());
+  for (size_t i = 0; i < size_t(t.dim()); ++i)
+    st[lead + i] = (t.shape()[i] == 1 && out[lead + i] != 1) ? 0 : t.strides()[i];
+  return st;
+}
+
+Shape broadcast_named(const Shape& a, const Shape& b, const char* op) {
+  const size_t nd = std::max(a.size(), b.size());
+  Shape out(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    const int64_t da = i < nd - a.size() ? 1 : a[i - (nd - a.size())];
+    const int64_t db = i < nd - b.size() ? 1 : b[i - (nd - b.size())];
+    BRIGADE_CHECK(da == db || da == 1 || db == 1, ShapeError,
+                  "{}: shapes {} and {} do not broadcast: dimension {} (from the right) is {} vs {}; sizes must "
+                  "match or one of them must be 1", op, shape_str(a), shape_str(b), int64_t(nd - i), da, db);
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+int64_t wrap_dim(int64_t d, int64_t nd, const char* op) {
+  const int64_t r = d < 0 ? d + nd : d;
+  BRIGADE_CHECK(r >= 0 && r < std::max<int64_t>(nd, 1), ShapeError,
+                "{}: dimension {} is out of range for a tensor with {} dimensions (valid: [{}, {}])", op, d, nd,
+                -std::max<int64_t>(nd, 1), std::max<int64_t>(nd, 1) - 1);
+  return r;
+}
+
+// A writable destination must not alias itself (expanded views have stride 0).
+void check_writable(const Tensor& t, const char* op) {
+  for (int64_t i = 0; i < t.dim(); ++i)
+    BRIGADE_CHECK(t.shape()[size_t(i)] <= 1 || t.strides()[size_t(i)] != 0, ValueError,
+                  "{}: the destination {} is an expanded (stride 0) view and cannot be written in place; "
+                  "write into a contiguous tensor (e.g. .clone()) instead", op, t.str());
+}
+
+std::vector<int64_t> ids_vector(const Tensor& ids) { return ids.to_vector_i64(); }
+
+Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
+  check_f32(a, name, "a");
+  check_f32(b, name, "b");
+  const Shape out = broadcast_named(a.shape(), b.shape(), name);
+  Tensor y = Tensor::empty(out);  // broadcast(a, b)
+  const Shape sa = broadcast_strides(a, out), sb = broadcast_strides(b, out);
+  BRIGADE_DISPATCH(binary, op, int(out.size()), out.data(), a.data<float>(), sa.data(), b.data<float>(), sb.data(),
+                   y.data<float>());
+  return y;
+}
+
+Tensor unary_op(UnaryOp op, double s, const char* name, const Tensor& a) {
+  check_f32(a, name, "a");
+  Tensor y = Tensor::empty(a.shape());  // same as a
+  BRIGADE_DISPATCH(unary, op, s, int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data(),
+                   y.data<float>());
+  return y;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- elementwise
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Add, "add", a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Sub, "sub", a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Mul, "mul", a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary_op(BinaryOp::Div, "div", a, b); }
+Tensor add_scalar(const Tensor& a, double s) { return unary_op(UnaryOp::AddScalar, s, "add_scalar", a); }
+Tensor mul_scalar(const Tensor& a, double s) { return unary_op(UnaryOp::MulScalar, s, "mul_scalar", a); }
+Tensor neg(const Tensor& a) { return unary_op(UnaryOp::Neg, 0.0, "neg", a); }
+Tensor exp(const Tensor& a) { return unary_op(UnaryOp::Exp, 0.0, "exp", a); }
+Tensor log(const Tensor& a) { return unary_op(UnaryOp::Log, 0.0, "log", a); }
+Tensor tanh(const Tensor& a) { return unary_op(UnaryOp::Tanh, 0.0, "tanh", a); }
+Tensor sqrt(const Tensor& a) { return unary_op(UnaryOp::Sqrt, 0.0, "sqrt", a); }
+
+void add_(const Tensor& dst, const Tensor& src, double alpha) {
+  check_f32(dst, "add_", "dst");
+  check_f32(src, "add_", "src");
+  const Shape out = broadcast_named(dst.shape(), src.shape(), "add_");
+  BRIGADE_CHECK(out == dst.shape(), ShapeError,
+                "add_: src {} must broadcast to dst {} (the result would be {}, which does not fit in dst)",
+                shape_str(src.shape()), shape_str(dst.shape()), shape_str(out));
+  check_writable(dst, "add_");
+  const Shape ss = broadcast_strides(src, out);
+  BRIGADE_DISPATCH(axpy, int(out.size()), out.data(), dst.data<float>(), dst.strides().data(), src.data<float>(),
+                   ss.data(), alpha);
+}
+
+void mul_scalar_(const Tensor& dst, double s) {
+  check_f32(dst, "mul_scalar_", "dst");
+  check_writable(dst, "mul_scalar_");
+  BRIGADE_DISPATCH(scale, int(dst.dim()), dst.shape().data(), dst.data<float>(), dst.strides().data(), s);
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) { return broadcast_named(a, b, "broadcast_shapes"); }
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  check_f32(g, "sum_to", "g");
+  const Shape& gs = g.shape();
+  BRIGADE_CHECK(shape.size() <= gs.size() && broadcast_named(shape, gs, "sum_to") == gs, ShapeError,
+                "sum_to: target shape {} does not broadcast to the gradient's shape {}; sum_to only undoes "
+                "broadcasting", shape_str(shape), shape_str(gs));
+  Tensor y = Tensor::empty(shape);  // shape
+  const Shape cs = contiguous_strides(shape);
+  Shape so(gs.size(), 0);
+  const size_t lead = gs.size() - shape.size();
+  for (size_t i = 0; i < shape.size(); ++i) so[lead + i] = (shape[i] == 1 && gs[lead + i] != 1) ? 0 : cs[i];
+  BRIGADE_DISPATCH(reduce_sum, int(gs.size()), gs.data(), g.data<float>(), g.strides().data(), y.data<float>(),
+                   so.data(), y.numel());
+  return y;
+}
+
+// ---------------------------------------------------------------- reductions
+
+namespace {
+// Reduced-dims mask for sum/mean; an empty dims list reduces every dim (as torch.sum(x, dim=[])).
+std::vector<bool> reduce_mask(const Tensor& a, const std::vector<int64_t>& dims, const char* op) {
+  std::vector<bool> red(size_t(a.dim()), dims.empty());
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(d, a.dim(), op);
+    if (a.dim() == 0) continue;
+    BRIGADE_CHECK(!red[size_t(w)], ShapeError, "{}: dimension {} appears twice in dims", op, d);
+    red[size_t(w)] = true;
+  }
+  return red;
+}
+}  // namespace
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  check_f32(a, "sum", "a");
+  const std::vector<bool> red = reduce_mask(a, dims, "sum");
+  Shape out_keep, out;
+  for (size_t i = 0; i < red.size(); ++i) {
+    out_keep.push_back(red[i] ? 1 : a.shape()[i]);
+    if (!red[i]) out.push_back(a.shape()[i]);
+  }
+  Tensor y = Tensor::empty(keepdim ? out_keep : out);  // a's shape without (or with size 1 at) the reduced dims
+  Shape so = contiguous_strides(out_keep);
+  for (size_t i = 0; i < red.size(); ++i)
+    if (red[i]) so[i] = 0;
+  BRIGADE_DISPATCH(reduce_sum, int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data(), y.data<float>(),
+                   so.data(), y.numel());
+  return y;
+}
+
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  Tensor s = sum(a, dims, keepdim);
+  const int64_t count = s.numel() ? a.numel() / s.numel() : 0;
+  mul_scalar_(s, 1.0 / double(count));
+  return s;
+}
+
+Tensor sum_all(const Tensor& a) { return sum(a, {}, false); }
+
+double sum_squares(const Tensor& a) {
+  check_f32(a, "sum_squares", "a");
+  return t_backend == Backend::Cpu
+             ? cpu::sum_squares(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data())
+             : ref::sum_squares<float>(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data());
+}
+
+// ---------------------------------------------------------------- matmul / linear
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  check_f32(a, "matmul", "a");
+  check_f32(b, "matmul", "b");
+  BRIGADE_CHECK(a.dim() >= 2 && b.dim() >= 2, ShapeError,
+                "matmul: both operands need at least 2 dims, got a {} and b {}; unsqueeze 1-D vectors first",
+                shape_str(a.shape()), shape_str(b.shape()));
+  const int64_t na = a.dim(), nb = b.dim();
+  const int64_t M = trans_a ? a.size(-1) : a.size(-2), K = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t K2 = trans_b ? b.size(-1) : b.size(-2), N = trans_b ? b.size(-2) : b.size(-1);
+  BRIGADE_CHECK(K == K2, ShapeError,
+                "matmul: inner dimensions differ: a {}{} gives K = {} but b {}{} gives K = {}", shape_str(a.shape()),
+                trans_a ? " (transposed)" : "", K, shape_str(b.shape()), trans_b ? " (transposed)" : "", K2);
+  const Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  const Shape bshape = broadcast_named(ab, bb, "matmul (batch dims)");
+  // Batch strides of a/b over bshape (0 where broadcast): view the batch part as its own tensor.
+  auto batch_strides = [&](const Tensor& t, const Shape& tb) {
+    Shape st(bshape.size(), 0);
+    const size_t lead = bshape.size() - tb.size();
+    for (size_t i = 0; i < tb.size(); ++i) st[lead + i] = (tb[i] == 1 && bshape[lead + i] != 1) ? 0 : t.strides()[i];
+    return st;
+  };
+  const Shape abst = batch_strides(a, ab), bbst = batch_strides(b, bb);
+  const int64_t sam = trans_a ? a.stride(na - 1) : a.stride(na - 2), sak = trans_a ? a.stride(na - 2) : a.stride(na - 1);
+  const int64_t sbk = trans_b ? b.stride(nb - 1) : b.stride(nb - 2), sbn = trans_b ? b.stride(nb - 2) : b.stride(nb - 1);
+  Shape out = bshape;
+  out.push_back(M);
+  out.push_back(N);
+  Tensor c = Tensor::empty(out);  // (..., M, N)
+  BRIGADE_DISPATCH(matmul, int(bshape.size()), bshape.data(), a.data<float>(), abst.data(), sam, sak,
+                   b.data<float>(), bbst.data(), sbk, sbn, c.data<float>(), M, N, K);
+  return c;
+}
+
+namespace {
+struct LinearDims {
+  int64_t N, IN, OUT, swo, swi;
+  Tensor x2;  // x viewed (N, IN)
+};
+LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, const char* op) {
+  check_f32(x, op, "x");
+  check_f32(w, op, "w");
+  BRIGADE_CHECK(w.dim() == 2, ShapeError, "{}: the weight must be 2-D ({}), got {}", op,
+                layout == WeightLayout::OutIn ? "(out, in)" : "(in, out)", shape_str(w.shape()));
+  BRIGADE_CHECK(x.dim() >= 1, ShapeError, "{}: x must have at least 1 dim, got a 0-d tensor", op);
+  LinearDims d;
+  const bool oi = layout == WeightLayout::OutIn;
+  d.OUT = oi ? w.size(0) : w.size(1);
+  d.IN = oi ? w.size(1) : w.size(0);
+  d.swo = oi ? w.stride(0) : w.stride(1);
+  d.swi = oi ? w.stride(1) : w.stride(0);
+  BRIGADE_CHECK(x.size(-1) == d.IN, ShapeError,
+                "{}: x {} has {} input features but the weight {} ({} layout) expects {}; check the layer sizes "
+                "and the WeightLayout", op, shape_str(x.shape()), x.size(-1), shape_str(w.shape()),
+                oi ? "OutIn (out, in)" : "InOut (in, out)", d.IN);
+  d.N = d.IN ? x.numel() / d.IN : 0;
+  d.x2 = x.reshape({d.N, d.IN});  // (N, IN), a view when the strides allow it
+  return d;
+}
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout) {
+  LinearDims d = linear_dims(x, w, layout, "linear");
+  Tensor bc;
+  if (bias.defined()) {
+    check_f32(bias, "linear", "bias");
+    BRIGADE_CHECK(bias.dim() == 1 && bias.size(0) == d.OUT, ShapeError,
+                  "linear: bias must be ({}) to match {} output features, got {}", d.OUT, d.OUT,
+                  shape_str(bias.shape()));
+    bc = bias.contiguous();
+  }
+  Shape out = x.shape();
+  out.back() = d.OUT;
+  Tensor y = Tensor::empty(out);  // (..., OUT)
+  BRIGADE_DISPATCH(linear, d.N, d.IN, d.OUT, d.x2.data<float>(), d.x2.stride(0), d.x2.stride(1), w.data<float>(),
+                   d.swo, d.swi, bc.defined() ? bc.data<float>() : nullptr, y.data<float>());
+  return y;
+}
+
+LinearGrads linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, WeightLayout layout, bool need_gx,
+                            bool need_gw, bool need_gb) {
+  LinearDims d = linear_dims(x, w, layout, "linear_backward");
+  check_f32(gy, "linear_backward", "gy");
+  Shape ys = x.shape();
+  ys.back() = d.OUT;
+  BRIGADE_CHECK(gy.shape() == ys, ShapeError, "linear_backward: gy has shape {} but the output of linear was {}",
+                shape_str(gy.shape()), shape_str(ys));
+  Tensor gyc = gy.contiguous();
+  LinearGrads g;
+  if (need_gx) g.gx = Tensor::empty(x.shape());  // (..., IN)
+  if (need_gw) g.gw = Tensor::empty(w.shape());  // (OUT, IN) or (IN, OUT)
+  if (need_gb) g.gb = Tensor::empty({d.OUT});    // (OUT)
+  const bool oi = layout == WeightLayout::OutIn;
+  BRIGADE_DISPATCH(linear_backward, d.N, d.IN, d.OUT, gyc.data<float>(), d.x2.data<float>(), d.x2.stride(0),
+                   d.x2.stride(1), w.data<float>(), d.swo, d.swi, need_gx ? g.gx.data<float>() : nullptr,
+                   need_gw ? g.gw.data<float>() : nullptr, oi ? d.IN : 1, oi ? 1 : d.OUT,
+                   need_gb ? g.gb.data<float>() : nullptr);
+  return g;
+}
+
+// ---------------------------------------------------------------- embedding
+
+namespace {
+std::vector<int64_t> checked_ids(const Tensor& ids, int64_t V, const char* op) {
+  check_ids(ids, op, "ids");
+  std::vector<int64_t> v = ids_vector(ids);
+  for (size_t i = 0; i < v.size(); ++i)
+    BRIGADE_CHECK(v[i] >= 0 && v[i] < V, ValueError,
+                  "{}: id {} at flat position {} is outside [0, V) with V = {}; check the tokenizer's vocabulary "
+                  "size against the model's vocab_size", op, v[i], i, V);
+  return v;
+}
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  check_f32(weight, "embedding", "weight");
+  BRIGADE_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be (V, C), got {}", shape_str(weight.shape()));
+  const int64_t V = weight.size(0), C = weight.size(1);
+  const std::vector<int64_t> v = checked_ids(ids, V, "embedding");
+  Shape out = ids.shape();
+  out.push_back(C);
+  Tensor y = Tensor::empty(out);  // (..., C)
+  BRIGADE_DISPATCH(embedding, int64_t(v.size()), C, weight.data<float>(), weight.stride(0), weight.stride(1),
+                   v.data(), y.data<float>());
+  return y;
+}
+
+Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t V) {
+  check_f32(gy, "embedding_backward", "gy");
+  BRIGADE_CHECK(V > 0, ValueError, "embedding_backward: V must be positive, got {}", V);
+  const std::vector<int64_t> v = checked_ids(ids, V, "embedding_backward");
+  BRIGADE_CHECK(gy.dim() == ids.dim() + 1 && Shape(gy.shape().begin(), gy.shape().end() - 1) == ids.shape(),
+                ShapeError, "embedding_backward: gy {} must be ids.shape + (C) with ids {}", shape_str(gy.shape()),
+                shape_str(ids.shape()));
+  const int64_t C = gy.size(-1);
+  Tensor gyc = gy.contiguous();
+  Tensor gw = Tensor::empty({V, C});  // (V, C)
+  BRIGADE_DISPATCH(embedding_backward, int64_t(v.size()), C, V, gyc.data<float>(), v.data(), gw.data<float>());
+  return gw;
+}
+
+// ---------------------------------------------------------------- layer norm
+
+namespace {
+void check_vec(const Tensor& t, int64_t C, const char* op, const char* name, const Tensor& x) {
+  check_f32(t, op, name);
+  BRIGADE_CHECK(t.dim() == 1 && t.size(0) == C, ShapeError,
+                "{}: '{}' must be ({}) to match the last dim of x {}, got {}", op, name, C, shape_str(x.shape()),
+                shape_str(t.shape()));
+}
+}  // namespace
+
+LayerNormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  check_f32(x, "layer_norm", "x");
+  BRIGADE_CHECK(x.dim() >= 1, ShapeError, "layer_norm: x must have at least 1 dim");
+  const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+  check_vec(w, C, "layer_norm", "w", x);
+  Tensor bc = b.defined() ? b : Tensor::zeros({C});  // (C); an undefined bias means no bias
+  check_vec(bc, C, "layer_norm", "b", x);
+  BRIGADE_CHECK(eps >= 0, ValueError, "layer_norm: eps must be >= 0, got {}", eps);
+  Tensor xc = x.contiguous(), wc = w.contiguous();
+  bc = bc.contiguous();
+  LayerNormOut o;
+  o.y = Tensor::empty(x.shape());  // (..., C)
+  o.mean = Tensor::empty({N});     // (N)
+  o.rstd = Tensor::empty({N});     // (N)
+  BRIGADE_DISPATCH(layer_norm, N, C, xc.data<float>(), wc.data<float>(), bc.data<float>(), eps, o.y.data<float>(),
+                   o.mean.data<float>(), o.rstd.data<float>());
+  return o;
+}
+
+LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                   const Tensor& rstd) {
+  check_f32(x, "layer_norm_backward", "x");
+  check_f32(gy, "layer_norm_backward", "gy");
+  check_same_shape(gy, x, "layer_norm_backward", "gy", "x");
+  BRIGADE_CHECK(x.dim() >= 1, ShapeError, "layer_norm_backward: x must have at least 1 dim");
+  const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+  check_vec(w, C, "layer_norm_backward", "w", x);
+  check_vec(mean, N, "layer_norm_backward", "mean", x);
+  check_vec(rstd, N, "layer_norm_backward", "rstd", x);
+  Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous(), mc = mean.contiguous(),
+         rc = rstd.contiguous();
+  LayerNormGrads g;
+  g.gx = Tensor::empty(x.shape());  // (..., C)
+  g.gw = Tensor::empty({C});        // (C)
+  g.gb = Tensor::empty({C});        // (C)
+  BRIGADE_DISPATCH(layer_norm_backward, N, C, gyc.data<float>(), xc.data<float>(), wc.data<float>(),
+                   mc.data<float>(), rc.data<float>(), g.gx.data<float>(), g.gw.data<float>(), g.gb.data<float>());
+  return g;
+}
+
+// ---------------------------------------------------------------- gelu / softmax
+
+Tensor gelu(const Tensor& x) {
+  check_f32(x, "gelu", "x");
+  Tensor xc = x.contiguous();
+  Tensor y = Tensor::empty(x.shape());  // same as x
+  BRIGADE_DISPATCH(gelu, x.numel(), xc.data<float>(), y.data<float>());
+  return y;
+}
+
+Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
+  check_f32(gy, "gelu_backward", "gy");
+  check_f32(x, "gelu_backward", "x");
+  check_same_shape(gy, x, "gelu_backward", "gy", "x");
+  Tensor gyc = gy.contiguous(), xc = x.contiguous();
+  Tensor gx = Tensor::empty(x.shape());  // same as x
+  BRIGADE_DISPATCH(gelu_backward, x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
+  return gx;
+}
+
+Tensor softmax(const Tensor& x) {
+  check_f32(x, "softmax", "x");
+  BRIGADE_CHECK(x.dim() >= 1, ShapeError, "softmax: x must have at least 1 dim, got a 0-d tensor");
+  const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+  Tensor xc = x.contiguous();
+  Tensor y = Tensor::empty(x.shape());  // (..., C)
+  BRIGADE_DISPATCH(softmax, N, C, xc.data<float>(), y.data<float>());
+  return y;
+}
+
+Tensor softmax_backward(const Tensor& gy, const Tensor& y) {
+  check_f32(gy, "softmax_backward", "gy");
+  check_f32(y, "softmax_backward", "y");
+  check_same_shape(gy, y, "softmax_backward", "gy", "y");
+  BRIGADE_CHECK(y.dim() >= 1, ShapeError, "softmax_backward: y must have at least 1 dim");
+  const int64_t C = y.size(-1), N = C ? y.numel() / C : 0;
+  Tensor gyc = gy.contiguous(), yc = y.contiguous();
+  Tensor gx = Tensor::empty(y.shape());  // (..., C)
+  BRIGADE_DISPATCH(softmax_backward, N, C, gyc.data<float>(), yc.data<float>(), gx.data<float>());
+  return gx;
+}
+
+// ---------------------------------------------------------------- attention
+
+namespace {
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  check_f32(q, op, "q");
+  check_f32(k, op, "k");
+  check_f32(v, op, "v");
+  BRIGADE_CHECK(q.dim() == 4, ShapeError, "{}: q must be (B, NH, T, HS), got {}", op, shape_str(q.shape()));
+  check_same_shape(k, q, op, "k", "q");
+  check_same_shape(v, q, op, "v", "q");
+}
+}  // namespace
+
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  check_qkv(q, k, v, "attention");
+  const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
+  Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  AttentionOut o;
+  o.out = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
+  o.lse = Tensor::empty({B, NH, T});      // (B, NH, T)
+  BRIGADE_DISPATCH(attention, B * NH, T, HS, qc.data<float>(), kc.data<float>(), vc.data<float>(), causal, scale,
+                   o.out.data<float>(), o.lse.data<float>());
+  return o;
+}
+
+AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, bool causal, double scale) {
+  check_qkv(q, k, v, "attention_backward");
+  check_f32(gout, "attention_backward", "gout");
+  check_f32(out, "attention_backward", "out");
+  check_f32(lse, "attention_backward", "lse");
+  check_same_shape(gout, q, "attention_backward", "gout", "q");
+  check_same_shape(out, q, "attention_backward", "out", "q");
+  const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
+  BRIGADE_CHECK(lse.shape() == Shape({B, NH, T}), ShapeError,
+                "attention_backward: lse must be (B, NH, T) = {}, got {}", shape_str({B, NH, T}),
+                shape_str(lse.shape()));
+  Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
+         oc = out.contiguous(), lc = lse.contiguous();
+  AttentionGrads g;
+  g.gq = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
+  g.gk = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
+  g.gv = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
+  BRIGADE_DISPATCH(attention_backward, B * NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
+                   vc.data<float>(), oc.data<float>(), lc.data<float>(), causal, scale, g.gq.data<float>(),
+                   g.gk.data<float>(), g.gv.data<float>());
+  return g;
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+namespace {
+std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                     const char* op) {
+  check_f32(logits, op, "logits");
+  check_ids(targets, op, "targets");
+  BRIGADE_CHECK(logits.dim() == 2, ShapeError, "{}: logits must be (N, V), got {}; flatten (B, T, V) to (B*T, V)",
+                op, shape_str(logits.shape()));
+  BRIGADE_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), ShapeError,
+                "{}: targets must be (N) = ({}) to match logits {}, got {}", op, logits.size(0),
+                shape_str(logits.shape()), shape_str(targets.shape()));
+  const int64_t V = logits.size(1);
+  std::vector<int64_t> t = ids_vector(targets);
+  for (size_t i = 0; i < t.size(); ++i)
+    BRIGADE_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), ValueError,
+                  "{}: target {} at row {} is outside [0, V) with V = {} and is not ignore_index ({})", op, t[i], i,
+                  V, ignore_index);
+  return t;
+}
+}  // namespace
+
+CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  Tensor lc = logits.contiguous();
+  CrossEntropyOut o;
+  o.loss = Tensor::empty({});  // ()
+  o.lse = Tensor::empty({N});  // (N)
+  BRIGADE_DISPATCH(cross_entropy, N, V, lc.data<float>(), t.data(), ignore_index, o.loss.data<float>(),
+                   o.lse.data<float>());
+  return o;
+}
+
+Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t ignore_index) {
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy_backward");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  check_f32(lse, "cross_entropy_backward", "lse");
+  BRIGADE_CHECK(lse.shape() == Shape({N}), ShapeError, "cross_entropy_backward: lse must be ({}), got {}", N,
+                shape_str(lse.shape()));
+  Tensor lc = logits.contiguous(), sc = lse.contiguous();
+  Tensor g = Tensor::empty({N, V});  // (N, V)
+  BRIGADE_DISPATCH(cross_entropy_backward, N, V, gloss, lc.data<float>(), t.data(), sc.data<float>(), ignore_index,
+                   g.data<float>());
+  return g;
+}
+
+}  // namespace brigade::ops

@@ -1,0 +1,60 @@
+// Dropout front-end (see ops.h): draws the inverted-dropout mask serially from the
+// Generator in element order, then applies it with the active backend's kernel.
+// In its own file so that binaries which never call dropout do not need rng.cpp.
+#include <algorithm>
+
+#include "brigade/core/error.h"
+#include "brigade/ops/cpu/kernels.h"
+#include "brigade/ops/ops.h"
+#include "brigade/ops/ref/kernels.h"
+
+namespace brigade::ops {
+
+namespace {
+void check_f32(const Tensor& t, const char* op, const char* name) {
+  BRIGADE_CHECK(t.defined(), ValueError, "{}: argument '{}' is an undefined tensor", op, name);
+  BRIGADE_CHECK(t.dtype() == DType::F32, ShapeError,
+                "{}: '{}' is {} but only f32 is supported today; convert it with .to(DType::F32)", op, name,
+                t.str());
+}
+void apply(int64_t n, const float* x, const float* m, float* y) {
+  if (current_backend() == Backend::Cpu)
+    cpu::dropout_apply(n, x, m, y);
+  else
+    ref::dropout_apply<float>(n, x, m, y);
+}
+}  // namespace
+
+DropoutOut dropout(const Tensor& x, double p, Generator& gen) {
+  check_f32(x, "dropout", "x");
+  BRIGADE_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: p must be in [0, 1], got {}", p);
+  Tensor xc = x.contiguous();
+  DropoutOut o;
+  o.mask = Tensor::empty(x.shape());  // same as x
+  o.y = Tensor::empty(x.shape());     // same as x
+  float* m = o.mask.data<float>();
+  const int64_t n = x.numel();
+  if (p == 0.0) {
+    std::fill(m, m + n, 1.0f);
+  } else {
+    // Drawn serially in element order so the mask depends only on the generator state.
+    const float keep = float(1.0 - p), inv = p < 1.0 ? float(1.0 / (1.0 - p)) : 0.0f;
+    for (int64_t i = 0; i < n; ++i) m[i] = gen.uniform_float() < keep ? inv : 0.0f;
+  }
+  apply(n, xc.data<float>(), m, o.y.data<float>());
+  return o;
+}
+
+Tensor dropout_backward(const Tensor& gy, const Tensor& mask) {
+  check_f32(gy, "dropout_backward", "gy");
+  check_f32(mask, "dropout_backward", "mask");
+  BRIGADE_CHECK(gy.shape() == mask.shape(), ShapeError,
+                "dropout_backward: gy has shape {} but mask has shape {}; they must match", shape_str(gy.shape()),
+                shape_str(mask.shape()));
+  Tensor gc = gy.contiguous(), mc = mask.contiguous();
+  Tensor gx = Tensor::empty(gy.shape());  // same as gy
+  apply(gy.numel(), gc.data<float>(), mc.data<float>(), gx.data<float>());
+  return gx;
+}
+
+}  // namespace brigade::ops
