@@ -1,1 +1,436 @@
-// placeholder
+// Every derivative rule of the engine, one Node per differentiable function.
+// Convention: backward returns fresh gradients for each input in the order the
+// inputs were recorded (undefined where not needed); the engine sums gradients
+// of shared inputs and AccumulateGrad adds into leaves.
+#include "brigade/autograd/functions.h"
+
+#include <cmath>
+
+#include "brigade/autograd/engine.h"
+#include "brigade/core/error.h"
+
+namespace brigade::fn {
+
+using autograd::Node;
+using autograd::record;
+using autograd::needs_grad;
+
+namespace {
+
+bool wants(const Node& n, size_t i) { return i < n.next.size() && n.next[i] != nullptr; }
+
+// ------------------------------------------------------------------ elementwise
+
+struct AddBackward : Node {
+  Shape a_shape, b_shape;
+  double b_sign = 1.0;
+  const char* name() const override { return "AddBackward"; }
+  // forward: out = a + b_sign * b   (broadcast)
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor ga, gb;
+    if (wants(*this, 0)) ga = ops::sum_to(g, a_shape);
+    if (wants(*this, 1)) {
+      gb = ops::sum_to(g, b_shape);
+      if (b_sign != 1.0) gb = ops::mul_scalar(gb, b_sign);
+    }
+    return {ga, gb};
+  }
+};
+
+struct MulBackward : Node {
+  Tensor a, b;
+  const char* name() const override { return "MulBackward"; }
+  // forward: out = a * b   (broadcast)
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor ga, gb;
+    if (wants(*this, 0)) ga = ops::sum_to(ops::mul(g, b), a.shape());
+    if (wants(*this, 1)) gb = ops::sum_to(ops::mul(g, a), b.shape());
+    return {ga, gb};
+  }
+  void release() override { a = b = Tensor(); }
+};
+
+struct ScaleBackward : Node {
+  double s = 1.0;
+  const char* name() const override { return "ScaleBackward"; }
+  // forward: out = a * s (+ const)
+  std::vector<Tensor> backward(const Tensor& g) override { return {s == 1.0 ? g : ops::mul_scalar(g, s)}; }
+};
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  auto n = std::make_shared<AddBackward>();
+  n->a_shape = a.shape();
+  n->b_shape = b.shape();
+  return record(ops::add(a, b), n, {a, b});
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  auto n = std::make_shared<AddBackward>();
+  n->a_shape = a.shape();
+  n->b_shape = b.shape();
+  n->b_sign = -1.0;
+  return record(ops::sub(a, b), n, {a, b});
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  auto n = std::make_shared<MulBackward>();
+  if (needs_grad({a, b})) {
+    n->a = a;
+    n->b = b;
+  }
+  return record(ops::mul(a, b), n, {a, b});
+}
+
+Tensor mul_scalar(const Tensor& a, double s) {
+  auto n = std::make_shared<ScaleBackward>();
+  n->s = s;
+  return record(ops::mul_scalar(a, s), n, {a});
+}
+
+Tensor add_scalar(const Tensor& a, double s) {
+  auto n = std::make_shared<ScaleBackward>();
+  return record(ops::add_scalar(a, s), n, {a});
+}
+
+// ------------------------------------------------------------------ shape
+
+namespace {
+
+struct ReshapeBackward : Node {
+  Shape in_shape;
+  const char* name() const override { return "ReshapeBackward"; }
+  // forward: out = a.reshape(shape)
+  std::vector<Tensor> backward(const Tensor& g) override { return {g.reshape(in_shape)}; }
+};
+
+struct TransposeBackward : Node {
+  int64_t d0 = 0, d1 = 0;
+  const char* name() const override { return "TransposeBackward"; }
+  // forward: out = a.transpose(d0, d1)
+  std::vector<Tensor> backward(const Tensor& g) override { return {g.transpose(d0, d1).contiguous()}; }
+};
+
+struct NarrowBackward : Node {
+  Shape in_shape;
+  int64_t dim = 0, start = 0, length = 0;
+  const char* name() const override { return "NarrowBackward"; }
+  // forward: out = a.narrow(dim, start, length)
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor ga = Tensor::zeros(in_shape, g.dtype());  // same shape as a
+    ga.narrow(dim, start, length).copy_(g);
+    return {ga};
+  }
+};
+
+}  // namespace
+
+Tensor reshape(const Tensor& a, const Shape& shape) {
+  auto n = std::make_shared<ReshapeBackward>();
+  n->in_shape = a.shape();
+  return record(a.reshape(shape).detach(), n, {a});
+}
+
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
+  auto n = std::make_shared<TransposeBackward>();
+  n->d0 = d0;
+  n->d1 = d1;
+  return record(a.transpose(d0, d1).detach(), n, {a});
+}
+
+Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
+  auto n = std::make_shared<NarrowBackward>();
+  n->in_shape = a.shape();
+  n->dim = dim;
+  n->start = start;
+  n->length = length;
+  return record(a.narrow(dim, start, length).detach(), n, {a});
+}
+
+// ------------------------------------------------------------------ reductions
+
+namespace {
+
+struct SumAllBackward : Node {
+  Shape in_shape;
+  double scale = 1.0;
+  const char* name() const override { return "SumAllBackward"; }
+  // forward: out = sum(a) * scale
+  std::vector<Tensor> backward(const Tensor& g) override {
+    return {Tensor::full(in_shape, g.item() * scale, g.dtype())};
+  }
+};
+
+}  // namespace
+
+Tensor sum_all(const Tensor& a) {
+  auto n = std::make_shared<SumAllBackward>();
+  n->in_shape = a.shape();
+  return record(ops::sum_all(a), n, {a});
+}
+
+Tensor mean_all(const Tensor& a) {
+  auto n = std::make_shared<SumAllBackward>();
+  n->in_shape = a.shape();
+  n->scale = 1.0 / double(std::max<int64_t>(a.numel(), 1));
+  return record(ops::mul_scalar(ops::sum_all(a), n->scale), n, {a});
+}
+
+// ------------------------------------------------------------------ layers
+
+namespace {
+
+struct MatmulBackward : Node {
+  Tensor a, b;
+  bool ta = false, tb = false;
+  const char* name() const override { return "MatmulBackward"; }
+  // forward: out = op(a) @ op(b), op = transpose of the last two dims when ta / tb
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor ga, gb;
+    if (wants(*this, 0)) {
+      // d op(a) = g @ op(b)^T ; if ta, da = (g @ op(b)^T)^T = op(b) @ g^T
+      ga = ta ? ops::matmul(b, g, tb, true) : ops::matmul(g, b, false, !tb);
+      ga = ops::sum_to(ga, a.shape());
+    }
+    if (wants(*this, 1)) {
+      // d op(b) = op(a)^T @ g ; if tb, db = g^T @ op(a)
+      gb = tb ? ops::matmul(g, a, true, ta) : ops::matmul(a, g, !ta, false);
+      gb = ops::sum_to(gb, b.shape());
+    }
+    return {ga, gb};
+  }
+  void release() override { a = b = Tensor(); }
+};
+
+struct LinearBackward : Node {
+  Tensor x, w;
+  WeightLayout layout = WeightLayout::OutIn;
+  bool has_bias = false;
+  const char* name() const override { return "LinearBackward"; }
+  // forward: y = x @ W^T + bias (OutIn) or y = x @ W + bias (InOut)
+  std::vector<Tensor> backward(const Tensor& g) override {
+    ops::LinearGrads r =
+        ops::linear_backward(g, x, w, layout, wants(*this, 0), wants(*this, 1), has_bias && wants(*this, 2));
+    std::vector<Tensor> out{r.gx, r.gw};
+    if (has_bias) out.push_back(r.gb);
+    return out;
+  }
+  void release() override { x = w = Tensor(); }
+};
+
+struct EmbeddingBackward : Node {
+  Tensor ids;
+  int64_t V = 0;
+  const char* name() const override { return "EmbeddingBackward"; }
+  // forward: out[..., :] = weight[ids[...], :]
+  std::vector<Tensor> backward(const Tensor& g) override { return {ops::embedding_backward(g, ids, V)}; }
+  void release() override { ids = Tensor(); }
+};
+
+struct LayerNormBackward : Node {
+  Tensor x, w, mean, rstd;
+  const char* name() const override { return "LayerNormBackward"; }
+  // forward: y = (x - mean) * rstd * w + b
+  std::vector<Tensor> backward(const Tensor& g) override {
+    ops::LayerNormGrads r = ops::layer_norm_backward(g, x, w, mean, rstd);
+    return {r.gx, r.gw, r.gb};
+  }
+  void release() override { x = w = mean = rstd = Tensor(); }
+};
+
+struct GeluBackward : Node {
+  Tensor x;
+  const char* name() const override { return "GeluBackward"; }
+  // forward: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  std::vector<Tensor> backward(const Tensor& g) override { return {ops::gelu_backward(g, x)}; }
+  void release() override { x = Tensor(); }
+};
+
+struct SoftmaxBackward : Node {
+  Tensor y;
+  const char* name() const override { return "SoftmaxBackward"; }
+  // forward: y = exp(x - max) / sum(exp(x - max))
+  std::vector<Tensor> backward(const Tensor& g) override { return {ops::softmax_backward(g, y)}; }
+  void release() override { y = Tensor(); }
+};
+
+struct DropoutBackward : Node {
+  Tensor mask;
+  const char* name() const override { return "DropoutBackward"; }
+  // forward: y = x * mask   (mask in {0, 1/(1-p)})
+  std::vector<Tensor> backward(const Tensor& g) override { return {ops::dropout_backward(g, mask)}; }
+  void release() override { mask = Tensor(); }
+};
+
+struct AttentionBackward : Node {
+  Tensor q, k, v, out, lse;
+  bool causal = true;
+  double scale = 1.0;
+  const char* name() const override { return "AttentionBackward"; }
+  // forward: out = softmax(scale * q @ k^T [+ causal mask]) @ v
+  std::vector<Tensor> backward(const Tensor& g) override {
+    ops::AttentionGrads r = ops::attention_backward(g, q, k, v, out, lse, causal, scale);
+    return {r.gq, r.gk, r.gv};
+  }
+  void release() override { q = k = v = out = lse = Tensor(); }
+};
+
+// qkv (B, T, 3C) -> views q, k, v (B, NH, T, HS), made contiguous for the kernel.
+struct HeadSplit {
+  Tensor q, k, v;
+};
+HeadSplit split_heads(const Tensor& qkv, int64_t NH) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, HS = C / NH;
+  Tensor x = qkv.view({B, T, 3, NH, HS}).permute({2, 0, 3, 1, 4});  // (3, B, NH, T, HS)
+  return {x.select(0, 0).contiguous(), x.select(0, 1).contiguous(), x.select(0, 2).contiguous()};
+}
+
+struct SelfAttentionBackward : Node {
+  Tensor q, k, v, out, lse;  // (B, NH, T, HS) and (B, NH, T)
+  double scale = 1.0;
+  const char* name() const override { return "CausalSelfAttentionBackward"; }
+  // forward: y = merge_heads(softmax(scale * q @ k^T + causal mask) @ v), (q, k, v) = split_heads(qkv)
+  std::vector<Tensor> backward(const Tensor& g) override {
+    const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
+    Tensor gout = g.view({B, T, NH, HS}).permute({0, 2, 1, 3}).contiguous();  // (B, NH, T, HS)
+    ops::AttentionGrads r = ops::attention_backward(gout, q, k, v, out, lse, true, scale);
+    Tensor gqkv = Tensor::empty({B, T, 3 * NH * HS}, g.dtype());  // (B, T, 3C)
+    Tensor dst = gqkv.view({B, T, 3, NH, HS}).permute({2, 0, 3, 1, 4});  // (3, B, NH, T, HS)
+    dst.select(0, 0).copy_(r.gq);
+    dst.select(0, 1).copy_(r.gk);
+    dst.select(0, 2).copy_(r.gv);
+    return {gqkv};
+  }
+  void release() override { q = k = v = out = lse = Tensor(); }
+};
+
+struct CrossEntropyBackward : Node {
+  Tensor logits, targets, lse;
+  int64_t ignore_index = -100;
+  const char* name() const override { return "CrossEntropyBackward"; }
+  // forward: loss = mean_i (lse_i - logits[i, target_i]) over targets != ignore_index
+  std::vector<Tensor> backward(const Tensor& g) override {
+    return {ops::cross_entropy_backward(g.item(), logits, targets, lse, ignore_index)};
+  }
+  void release() override { logits = targets = lse = Tensor(); }
+};
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  auto n = std::make_shared<MatmulBackward>();
+  if (needs_grad({a, b})) {
+    n->a = a;
+    n->b = b;
+    n->ta = trans_a;
+    n->tb = trans_b;
+  }
+  return record(ops::matmul(a, b, trans_a, trans_b), n, {a, b});
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout) {
+  auto n = std::make_shared<LinearBackward>();
+  std::vector<Tensor> inputs{x, w};
+  if (bias.defined()) inputs.push_back(bias);
+  if (needs_grad(inputs)) {
+    n->x = x;
+    n->w = w;
+    n->layout = layout;
+    n->has_bias = bias.defined();
+  }
+  return record(ops::linear(x, w, bias, layout), n, inputs);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  auto n = std::make_shared<EmbeddingBackward>();
+  if (needs_grad({weight})) {
+    n->ids = ids;
+    n->V = weight.size(0);
+  }
+  return record(ops::embedding(weight, ids), n, {weight});
+}
+
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  ops::LayerNormOut r = ops::layer_norm(x, w, b, eps);
+  auto n = std::make_shared<LayerNormBackward>();
+  if (needs_grad({x, w, b})) {
+    n->x = x;
+    n->w = w;
+    n->mean = r.mean;
+    n->rstd = r.rstd;
+  }
+  return record(r.y, n, {x, w, b});
+}
+
+Tensor gelu(const Tensor& x) {
+  auto n = std::make_shared<GeluBackward>();
+  if (needs_grad({x})) n->x = x;
+  return record(ops::gelu(x), n, {x});
+}
+
+Tensor softmax(const Tensor& x) {
+  Tensor y = ops::softmax(x);
+  auto n = std::make_shared<SoftmaxBackward>();
+  if (needs_grad({x})) n->y = y;
+  return record(y, n, {x});
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  if (!training || p == 0.0) return x;
+  ops::DropoutOut r = ops::dropout(x, p, gen);
+  auto n = std::make_shared<DropoutBackward>();
+  if (needs_grad({x})) n->mask = r.mask;
+  return record(r.y, n, {x});
+}
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const double scale = 1.0 / std::sqrt(double(q.size(-1)));
+  ops::AttentionOut r = ops::attention(q, k, v, causal, scale);
+  auto n = std::make_shared<AttentionBackward>();
+  if (needs_grad({q, k, v})) {
+    n->q = q;
+    n->k = k;
+    n->v = v;
+    n->out = r.out;
+    n->lse = r.lse;
+    n->causal = causal;
+    n->scale = scale;
+  }
+  return record(r.out, n, {q, k, v});
+}
+
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head) {
+  BRIGADE_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * n_head) == 0, ShapeError,
+                "causal_self_attention: qkv must be (B, T, 3C) with C divisible by n_head={}, got {}", n_head,
+                qkv.str());
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, HS = C / n_head;
+  HeadSplit h = split_heads(qkv, n_head);
+  const double scale = 1.0 / std::sqrt(double(HS));
+  ops::AttentionOut r = ops::attention(h.q, h.k, h.v, true, scale);  // (B, NH, T, HS)
+  Tensor y = r.out.permute({0, 2, 1, 3}).contiguous().view({B, T, C});  // (B, T, C)
+  auto n = std::make_shared<SelfAttentionBackward>();
+  if (needs_grad({qkv})) {
+    n->q = h.q;
+    n->k = h.k;
+    n->v = h.v;
+    n->out = r.out;
+    n->lse = r.lse;
+    n->scale = scale;
+  }
+  return record(y, n, {qkv});
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  ops::CrossEntropyOut r = ops::cross_entropy(logits, targets, ignore_index);
+  auto n = std::make_shared<CrossEntropyBackward>();
+  if (needs_grad({logits})) {
+    n->logits = logits;
+    n->targets = targets;
+    n->lse = r.lse;
+    n->ignore_index = ignore_index;
+  }
+  return record(r.loss, n, {logits});
+}
+
+}  // namespace brigade::fn

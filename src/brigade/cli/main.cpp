@@ -1,1 +1,119 @@
-int main() { return 0; }
+// `brigade`: the command-line front-end. Subcommands: prepare, train, generate.
+// Every error ends in one line "brigade: error: ..." on stderr and a non-zero exit.
+#include <omp.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+
+#include "brigade/core/error.h"
+#include "brigade/data/prepare.h"
+#include "brigade/data/tokenizer.h"
+#include "brigade/models/gpt/gpt.h"
+#include "brigade/train/checkpoint.h"
+#include "brigade/train/config.h"
+#include "brigade/train/generate.h"
+#include "brigade/train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace brigade;
+
+namespace {
+
+int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& sets) {
+  train::Recipe r = train::load_recipe(recipe_path, sets);
+  data::PrepareOptions po;
+  po.corpus = r.data.corpus;
+  po.out_dir = r.data.dir;
+  po.vocab_size = r.model.vocab_size;
+  po.val_fraction = r.data.val_fraction;
+  data::prepare(po, [](const std::string& msg) { fmt::print(stderr, "prepare: {}\n", msg); });
+  return 0;
+}
+
+int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o) {
+  train::Recipe r = train::load_recipe(recipe_path, sets);
+  train::TrainResult res = train::run_training(r, o);
+  fmt::print("final val loss: {:.4f}\n", res.val_loss);
+  if (!res.sample.empty()) fmt::print("sample:\n{}\n", res.sample);
+  return 0;
+}
+
+int cmd_generate(const std::string& ckpt, const std::string& prompt, const train::SampleOptions& so, int threads) {
+  if (threads > 0) omp_set_num_threads(threads);
+  BRIGADE_CHECK(fs::is_directory(ckpt), CheckpointError,
+                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
+                "runs/gpt-kjv/checkpoint)",
+                ckpt);
+  train::Recipe r = train::checkpoint_recipe(ckpt);
+  models::GPTConfig c;
+  c.vocab_size = r.model.vocab_size;
+  c.block_size = r.model.block_size;
+  c.n_layer = r.model.n_layer;
+  c.n_head = r.model.n_head;
+  c.n_embd = r.model.n_embd;
+  c.layer_norm_eps = r.model.layer_norm_eps;
+  models::GPT model(c);
+  train::load_model_weights((fs::path(ckpt) / "model.safetensors").string(), model);
+  model.train(false);
+  data::Tokenizer tok = data::Tokenizer::load((fs::path(ckpt) / "tokenizer.model").string());
+  fmt::print("{}\n", train::generate_text(model, tok, prompt, so));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Brigade: train language models on the CPU, with every optimization measured"};
+  app.require_subcommand(1);
+  std::string recipe, ckpt, prompt;
+  std::vector<std::string> sets;
+  train::TrainOptions topts;
+  bool no_sample = false;
+  train::SampleOptions so;
+  int threads = 0;
+
+  auto* prep = app.add_subcommand("prepare", "Build the tokenizer and token files for a recipe's corpus");
+  prep->add_option("recipe", recipe, "Recipe TOML file")->required();
+  prep->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)");
+
+  auto* tr = app.add_subcommand("train", "Train a recipe (prepares its data first if needed)");
+  tr->add_option("recipe", recipe, "Recipe TOML file")->required();
+  tr->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)");
+  tr->add_flag("--resume", topts.resume, "Continue from <run.out_dir>/checkpoint");
+  tr->add_option("--stop-at", topts.stop_at, "Stop and checkpoint at this step (the schedule still spans train.steps)");
+  tr->add_flag("--quiet", topts.quiet, "No progress output");
+  tr->add_flag("--no-sample", no_sample, "Skip the text sample at the end");
+
+  auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
+  gen->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/gpt-kjv/checkpoint)")->required();
+  gen->add_option("--prompt", prompt, "Text to continue");
+  gen->add_option("--tokens", so.tokens, "Number of tokens to generate")->capture_default_str();
+  gen->add_option("--temperature", so.temperature, "Sampling temperature (> 0)")->capture_default_str();
+  gen->add_option("--top-k", so.top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
+  gen->add_option("--seed", so.seed, "Sampling seed")->capture_default_str();
+  gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (prep->parsed()) return cmd_prepare(recipe, sets);
+    if (tr->parsed()) {
+      topts.sample = !no_sample;
+      return cmd_train(recipe, sets, topts);
+    }
+    if (gen->parsed()) return cmd_generate(ckpt, prompt, so, threads);
+  } catch (const brigade::Error& e) {
+    std::fflush(stdout);
+    if (isatty(fileno(stderr))) fmt::print(stderr, "\n");  // end a live progress line first
+    fmt::print(stderr, "brigade: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "brigade: error: out of memory; reduce train.batch_size, train.seq_len or the model size\n");
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "brigade: internal error: {} (please report this)\n", e.what());
+    return 3;
+  }
+  return 0;
+}

@@ -1,1 +1,65 @@
-// placeholder
+// Layer forwards; derivative rules are in autograd/functions.cpp.
+#include "brigade/nn/layers.h"
+
+#include "brigade/core/error.h"
+
+namespace brigade::nn {
+
+namespace F = brigade::fn;
+
+Linear::Linear(int64_t in, int64_t out, bool has_bias, WeightLayout layout) : layout(layout) {
+  weight = register_parameter("weight", layout == WeightLayout::OutIn ? Shape{out, in} : Shape{in, out});
+  if (has_bias) bias = register_parameter("bias", {out});
+}
+Tensor Linear::forward(const Tensor& x) const { return F::linear(x, weight, bias, layout); }
+
+Embedding::Embedding(int64_t num, int64_t dim) { weight = register_parameter("weight", {num, dim}); }
+Tensor Embedding::forward(const Tensor& ids) const { return F::embedding(weight, ids); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", {dim});
+  weight.fill_(1.0);
+  bias = register_parameter("bias", {dim});
+}
+Tensor LayerNorm::forward(const Tensor& x) const { return F::layer_norm(x, weight, bias, eps); }
+
+Tensor Dropout::forward(const Tensor& x) const { return F::dropout(x, p, is_training(), *gen_); }
+
+CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t n_head, double dropout, Generator* gen)
+    : n_head(n_head) {
+  BRIGADE_CHECK(C % n_head == 0, ConfigError, "n_embd={} is not divisible by n_head={}", C, n_head);
+  c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, true, WeightLayout::InOut));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, true, WeightLayout::InOut));
+  resid_drop = register_module("resid_dropout", std::make_shared<Dropout>(dropout, gen));  // no parameters
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  Tensor qkv = c_attn->forward(x);                     // (B, T, 3C)
+  Tensor y = F::causal_self_attention(qkv, n_head);    // (B, T, C)
+  return resid_drop->forward(c_proj->forward(y));      // (B, T, C)
+}
+
+MLP::MLP(int64_t C, double dropout, Generator* gen) {
+  c_fc = register_module("c_fc", std::make_shared<Linear>(C, 4 * C, true, WeightLayout::InOut));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(4 * C, C, true, WeightLayout::InOut));
+  drop = register_module("dropout", std::make_shared<Dropout>(dropout, gen));
+}
+
+Tensor MLP::forward(const Tensor& x) const {
+  Tensor h = F::gelu(c_fc->forward(x));  // (B, T, 4C)
+  return drop->forward(c_proj->forward(h));  // (B, T, C)
+}
+
+TransformerBlock::TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(C, eps));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(C, n_head, dropout, gen));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(C, eps));
+  mlp = register_module("mlp", std::make_shared<MLP>(C, dropout, gen));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) const {
+  Tensor h = F::add(x, attn->forward(ln_1->forward(x)));  // (B, T, C)
+  return F::add(h, mlp->forward(ln_2->forward(h)));       // (B, T, C)
+}
+
+}  // namespace brigade::nn

@@ -1,0 +1,61 @@
+// Reverse-mode autograd: a graph of Nodes recorded as differentiable functions
+// run (see functions.h, where every derivative rule lives), and the engine that
+// walks it backwards in topological order. Gradients of leaves accumulate (+=)
+// into tensor.grad(), allocated under MemTag::Grads; node outputs are fresh.
+// Not thread-safe across concurrent backward calls on one graph.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "brigade/core/tensor.h"
+
+namespace brigade::autograd {
+
+// One recorded operation with a single output. `next[i]` produces input i
+// (nullptr when input i needs no gradient).
+struct Node {
+  virtual ~Node() = default;
+  virtual const char* name() const = 0;
+  // Gradient of the output -> gradients of the inputs (same order as `next`;
+  // an undefined Tensor where next[i] is null or the gradient is zero).
+  virtual std::vector<Tensor> backward(const Tensor& grad_out) = 0;
+  // Drops saved tensors once backward has run (frees activations early).
+  virtual void release() {}
+  std::vector<std::shared_ptr<Node>> next;
+};
+
+// Sink node of a leaf that requires grad: accumulates into the leaf's .grad.
+struct AccumulateGrad final : Node {
+  explicit AccumulateGrad(const Tensor& leaf) : leaf_(leaf.impl_ptr()) {}
+  const char* name() const override { return "AccumulateGrad"; }
+  std::vector<Tensor> backward(const Tensor& grad_out) override;
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+// Whether operations are recorded (thread-local; on by default).
+bool grad_enabled();
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// The node that receives the gradient of `t`: its grad_fn, its AccumulateGrad
+// (leaves with requires_grad), or nullptr.
+std::shared_ptr<Node> gradient_edge(const Tensor& t);
+
+// Records `node` as the producer of `out` if grad mode is on and any input needs
+// a gradient; sets node->next from `inputs`. Returns out.
+Tensor record(Tensor out, std::shared_ptr<Node> node, const std::vector<Tensor>& inputs);
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// Runs the backward pass from `root`. A scalar root gets gradient 1 unless
+// `grad` is given. The graph is released as it is consumed.
+void backward(const Tensor& root, const Tensor& grad = Tensor());
+
+}  // namespace brigade::autograd

@@ -1,0 +1,47 @@
+// Differentiable functions: each runs a raw op from ops/ops.h and, when grad
+// mode is on and an input needs a gradient, records a Node whose backward is
+// the derivative rule. ALL derivative rules live in functions.cpp, written with
+// ops:: calls so they run on every backend. Model code calls these (via
+// `namespace F = brigade::fn`), never ops:: directly.
+#pragma once
+#include "brigade/core/rng.h"
+#include "brigade/core/tensor.h"
+#include "brigade/ops/ops.h"
+
+namespace brigade::fn {
+
+using ops::WeightLayout;
+
+// ---- elementwise (broadcasting) and scalar
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul_scalar(const Tensor& a, double s);
+Tensor add_scalar(const Tensor& a, double s);
+
+// ---- shape (views in the forward, copies in the backward)
+Tensor reshape(const Tensor& a, const Shape& shape);
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
+Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
+
+// ---- reductions
+Tensor sum_all(const Tensor& a);
+Tensor mean_all(const Tensor& a);
+
+// ---- layers
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout);
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
+Tensor gelu(const Tensor& x);
+Tensor softmax(const Tensor& x);
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+// Multi-head scaled dot-product attention on q, k, v (B, NH, T, HS).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// GPT-style fused input: qkv (B, T, 3C) laid out [q | k | v], heads split inside;
+// returns (B, T, C). One node: no per-head copies kept for the backward.
+Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
+// Mean cross-entropy of logits (N, V) against targets (N), ignoring ignore_index.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+}  // namespace brigade::fn

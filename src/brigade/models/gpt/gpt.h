@@ -1,0 +1,52 @@
+// GPT-2 (Radford et al. 2019) as single-device model code, with Hugging Face
+// parameter names and layout (Conv1D weights stored (in, out)) and the LM head
+// tied to the token embedding. Initialisation reproduces the PyTorch reference
+// in tests/reference bit for bit when given the same seed.
+// Not parallel-aware: parallelism and precision are applied by a plan from outside.
+#pragma once
+#include "brigade/core/rng.h"
+#include "brigade/nn/layers.h"
+
+namespace brigade::models {
+
+struct GPTConfig {
+  int64_t vocab_size = 50257;
+  int64_t block_size = 1024;
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  double dropout = 0.0;
+  double layer_norm_eps = 1e-5;
+  double init_std = 0.02;
+};
+
+class GPTTransformer : public nn::Module {
+ public:
+  GPTTransformer(const GPTConfig& c, Generator* gen);
+  std::shared_ptr<nn::Embedding> wte, wpe;
+  std::shared_ptr<nn::Dropout> drop;
+  std::shared_ptr<nn::ModuleList<nn::TransformerBlock>> h;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+};
+
+class GPT : public nn::Module {
+ public:
+  explicit GPT(const GPTConfig& c);
+  // Torch-identical init from `gen` (see tests/reference/gpt2_reference.py for the order).
+  void init_weights(Generator& gen);
+  Tensor forward(const Tensor& ids) const;                          // ids (B, T) -> logits (B, T, V)
+  Tensor forward_flat(const Tensor& ids) const;                     // ids (B, T) -> logits (B*T, V)
+  Tensor loss(const Tensor& ids, const Tensor& targets) const;      // mean cross-entropy, 0-d
+  // Model FLOPs per token of one training step (forward + backward): 6N + 12 L T C with
+  // N = all parameters (the tied head makes wte a GEMM operand), as in PaLM's MFU appendix.
+  double flops_per_token(int64_t T) const;
+  const GPTConfig& config() const { return cfg_; }
+  Generator& dropout_generator() { return gen_; }
+  std::shared_ptr<GPTTransformer> transformer;
+
+ private:
+  GPTConfig cfg_;
+  Generator gen_;  // dropout masks
+};
+
+}  // namespace brigade::models

@@ -1,0 +1,79 @@
+// Building blocks: Linear, Embedding, LayerNorm, Dropout, causal self-attention,
+// MLP and the pre-LayerNorm transformer block (GPT-2 style). Parameter names
+// follow Hugging Face GPT-2 (c_attn, c_proj, c_fc, ln_1, ln_2). Layers allocate
+// zeroed parameters; the model owns initialisation (so it can match torch's RNG order).
+#pragma once
+#include "brigade/autograd/functions.h"
+#include "brigade/nn/module.h"
+
+namespace brigade::nn {
+
+using ops::WeightLayout;
+
+// y = x W^T + b (torch.nn.Linear, weight (out, in)) or y = x W + b (HF Conv1D, weight (in, out)).
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias = true, WeightLayout layout = WeightLayout::OutIn);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  WeightLayout layout;
+};
+
+// out = weight[ids] (torch.nn.Embedding), weight (V, C).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim);
+  Tensor forward(const Tensor& ids) const;
+  Tensor weight;
+};
+
+// torch.nn.LayerNorm over the last dim; weight = 1, bias = 0 at construction.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  double eps;
+};
+
+// Inverted dropout drawing from `gen` (owned by the model) in training mode only.
+class Dropout : public Module {
+ public:
+  Dropout(double p, Generator* gen) : p(p), gen_(gen) {}
+  Tensor forward(const Tensor& x) const;
+  double p;
+
+ private:
+  Generator* gen_;
+};
+
+// Causal multi-head self-attention with a fused qkv projection (GPT-2 "attn").
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t C, int64_t n_head, double dropout, Generator* gen);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  std::shared_ptr<Linear> c_attn, c_proj;
+  std::shared_ptr<Dropout> resid_drop;
+  int64_t n_head;
+};
+
+// GPT-2 MLP: c_fc (C -> 4C), GELU (tanh), c_proj (4C -> C), dropout.
+class MLP : public Module {
+ public:
+  MLP(int64_t C, double dropout, Generator* gen);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<Linear> c_fc, c_proj;
+  std::shared_ptr<Dropout> drop;
+};
+
+// Pre-LN transformer block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen);
+  Tensor forward(const Tensor& x) const;
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+}  // namespace brigade::nn

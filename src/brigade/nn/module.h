@@ -1,0 +1,64 @@
+// Module tree with hierarchical parameter names ("transformer.h.0.ln_1.weight"),
+// in registration order. Parameters are allocated under MemTag::Params and
+// require grad. Modules hold no autograd state; forward passes are plain
+// member functions of each layer (signatures differ per layer).
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "brigade/core/tensor.h"
+
+namespace brigade::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  NamedTensors named_parameters() const;  // depth-first, registration order
+  std::vector<Tensor> parameters() const;
+  int64_t num_parameters() const;
+  void zero_grad();                        // grads set to zero (buffers kept)
+  void train(bool on = true);
+  bool is_training() const { return training_; }
+  // Stores each parameter's full name in its tensor (for error messages).
+  void name_parameters(const std::string& prefix = "");
+
+ protected:
+  Tensor register_parameter(const std::string& name, const Shape& shape);  // zero-initialised
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    children_.emplace_back(name, m);
+    return m;
+  }
+
+ private:
+  void collect(const std::string& prefix, NamedTensors& out) const;
+  NamedTensors params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// An ordered list of submodules named "0", "1", ...
+template <typename M>
+class ModuleList : public Module {
+ public:
+  void push_back(std::shared_ptr<M> m) {
+    items_.push_back(register_module(std::to_string(items_.size()), std::move(m)));
+  }
+  size_t size() const { return items_.size(); }
+  M& operator[](size_t i) const { return *items_[i]; }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<M>> items_;
+};
+
+}  // namespace brigade::nn

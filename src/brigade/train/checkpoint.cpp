@@ -1,0 +1,125 @@
+// Checkpoint directories; see checkpoint.h.
+#include "brigade/train/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "brigade/ckpt/safetensors.h"
+#include "brigade/core/error.h"
+
+namespace brigade::train {
+
+namespace fs = std::filesystem;
+constexpr int kStateVersion = 1;
+
+static void write_text(const fs::path& p, const std::string& s) {
+  std::ofstream f(p, std::ios::binary);
+  f << s;
+  f.flush();
+  BRIGADE_CHECK(f.good(), IoError, "could not write {}: check free disk space and permissions", p.string());
+}
+
+static std::string read_text(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  BRIGADE_CHECK(f.good(), CheckpointError, "checkpoint file {} is missing or unreadable", p.string());
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,
+                     const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path) {
+  const fs::path final_dir(dir);
+  const fs::path tmp = final_dir.string() + ".tmp";
+  const fs::path old = final_dir.string() + ".old";
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  BRIGADE_CHECK(!ec, IoError, "could not create checkpoint directory {}: {}", tmp.string(), ec.message());
+
+  std::map<std::string, std::string> meta{{"format", "pt"}, {"brigade.model", recipe.model.type}};
+  ckpt::save_safetensors((tmp / "model.safetensors").string(), model.named_parameters(), meta);
+  if (opt) ckpt::save_safetensors((tmp / "optimizer.safetensors").string(), opt->state_tensors(), {});
+  nlohmann::json js{{"version", kStateVersion},        {"step", state.step},
+                    {"tokens_seen", state.tokens_seen}, {"rng_state", state.rng_state},
+                    {"last_val_loss", state.last_val_loss}};
+  write_text(tmp / "state.json", js.dump(2) + "\n");
+  write_text(tmp / "recipe.toml", recipe_to_toml(recipe));
+  if (!tokenizer_path.empty()) {
+    fs::copy_file(tokenizer_path, tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
+    BRIGADE_CHECK(!ec, IoError, "could not copy tokenizer {} into the checkpoint: {}", tokenizer_path, ec.message());
+  }
+  // Swap in atomically: dir -> dir.old, tmp -> dir, drop dir.old.
+  fs::remove_all(old, ec);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old, ec);
+  fs::rename(tmp, final_dir, ec);
+  BRIGADE_CHECK(!ec, IoError, "could not move checkpoint {} into place: {}", final_dir.string(), ec.message());
+  fs::remove_all(old, ec);
+}
+
+bool checkpoint_exists(const std::string& dir) {
+  return fs::exists(fs::path(dir) / "state.json") && fs::exists(fs::path(dir) / "model.safetensors");
+}
+
+Recipe checkpoint_recipe(const std::string& dir) {
+  const fs::path p = fs::path(dir) / "recipe.toml";
+  BRIGADE_CHECK(fs::exists(p), CheckpointError,
+                "{} is not a Brigade checkpoint (no recipe.toml); pass the directory written by `brigade train`, "
+                "e.g. runs/<name>/checkpoint",
+                dir);
+  return parse_recipe(read_text(p), p.string());
+}
+
+TrainState checkpoint_state(const std::string& dir) {
+  const fs::path p = fs::path(dir) / "state.json";
+  nlohmann::json js;
+  try {
+    js = nlohmann::json::parse(read_text(p));
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint state {} is corrupted ({}); resume from another checkpoint or "
+                                      "start without --resume",
+                                      p.string(), e.what()));
+  }
+  TrainState s;
+  try {
+    BRIGADE_CHECK(js.at("version").get<int>() == kStateVersion, CheckpointError,
+                  "{}: unsupported state version {}", p.string(), js.at("version").dump());
+    s.step = js.at("step").get<int64_t>();
+    s.tokens_seen = js.at("tokens_seen").get<int64_t>();
+    s.rng_state = js.at("rng_state").get<std::string>();
+    s.last_val_loss = js.at("last_val_loss").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint state {} is missing a field ({})", p.string(), e.what()));
+  }
+  return s;
+}
+
+void load_model_weights(const std::string& path, const nn::Module& model) {
+  ckpt::SafetensorsReader r(path);
+  std::set<std::string> expected;
+  for (auto& [name, p] : model.named_parameters()) {
+    expected.insert(name);
+    BRIGADE_CHECK(r.contains(name), CheckpointError,
+                  "{}: parameter '{}' is missing; the checkpoint was written for a different model config", path,
+                  name);
+    Tensor t = r.get(name);
+    BRIGADE_CHECK(t.shape() == p.shape(), CheckpointError,
+                  "{}: parameter '{}' has shape {} but the model expects {}; check model.* in the recipe", path,
+                  name, shape_str(t.shape()), shape_str(p.shape()));
+    p.copy_(t);
+  }
+  for (const std::string& name : r.names())
+    BRIGADE_CHECK(expected.count(name) || name == "lm_head.weight", CheckpointError,
+                  "{}: unexpected tensor '{}' (not a parameter of this model)", path, name);
+}
+
+void load_optimizer_state(const std::string& dir, optim::Optimizer& opt, int64_t steps) {
+  const std::string path = (fs::path(dir) / "optimizer.safetensors").string();
+  ckpt::SafetensorsReader r(path);
+  std::map<std::string, Tensor> tensors;
+  for (const std::string& n : r.names()) tensors.emplace(n, r.get(n));
+  opt.load_state(tensors, steps);
+}
+
+}  // namespace brigade::train

@@ -1,0 +1,40 @@
+// The training loop behind `brigade train`: builds the model and optimizer from
+// a recipe, draws batches, steps, evaluates, logs (progress line + metrics.jsonl),
+// checkpoints, resumes exactly, and finally samples text. Single process today;
+// parallel plans (dp/tp/pp, ZeRO) will wrap the same loop.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "brigade/core/allocator.h"
+#include "brigade/train/config.h"
+
+namespace brigade::train {
+
+struct TrainOptions {
+  bool resume = false;      // continue from <out_dir>/checkpoint
+  int64_t stop_at = -1;     // stop (and checkpoint) once this step is reached; the schedule still
+                            // plans for train.steps. -1 = run to train.steps
+  bool quiet = false;       // no progress line
+  bool sample = true;       // generate a text sample at the end
+};
+
+struct TrainResult {
+  int64_t steps = 0;            // steps completed in total (resume included)
+  double last_loss = 0.0;
+  double val_loss = -1.0;       // last evaluation (-1 if none)
+  double tokens_per_s = 0.0;    // median over this run's steps
+  double mfu = 0.0;             // tokens/s * flops/token / measured GEMM peak
+  double gemm_peak_gflops = 0.0;
+  MemStats memory;
+  std::string sample;
+  std::string checkpoint_dir;
+};
+
+TrainResult run_training(const Recipe& recipe, const TrainOptions& opts);
+
+// Measured fp32 GEMM throughput (GFLOP/s) on the current thread count: the MFU ceiling.
+double measure_gemm_peak_gflops();
+
+}  // namespace brigade::train
