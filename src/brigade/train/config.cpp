@@ -1,1 +1,474 @@
-// placeholder
+// Recipe parsing: strict TOML (toml++) into the Recipe struct, `--set` overrides,
+// validation with messages that say what to change, and recipe_to_toml().
+// One table (kFields) lists every key with its type and its place in Recipe; parsing,
+// overrides, suggestions and serialisation all walk that table, so adding a key
+// is one line there plus the struct field (and docs/recipes.md).
+// Not the trainer: this file knows nothing about models or data beyond the values.
+#include "brigade/train/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "brigade/core/error.h"
+
+namespace brigade::train {
+namespace {
+
+enum class Kind { Int, Int32, UInt64, Float, String };
+
+struct Field {
+  const char* section;
+  const char* key;
+  Kind kind;
+  void* (*ptr)(Recipe&);
+  std::string name() const { return std::string(section) + "." + key; }
+};
+
+#define BRIGADE_FIELD(sec, member, kind) \
+  Field { #sec, #member, Kind::kind, [](Recipe& r) -> void* { return &r.sec.member; } }
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> kFields = {
+      BRIGADE_FIELD(run, name, String),
+      BRIGADE_FIELD(run, out_dir, String),
+      BRIGADE_FIELD(run, seed, UInt64),
+      BRIGADE_FIELD(run, threads, Int32),
+      BRIGADE_FIELD(model, type, String),
+      BRIGADE_FIELD(model, vocab_size, Int),
+      BRIGADE_FIELD(model, block_size, Int),
+      BRIGADE_FIELD(model, n_layer, Int),
+      BRIGADE_FIELD(model, n_head, Int),
+      BRIGADE_FIELD(model, n_embd, Int),
+      BRIGADE_FIELD(model, dropout, Float),
+      BRIGADE_FIELD(model, layer_norm_eps, Float),
+      BRIGADE_FIELD(model, init_std, Float),
+      BRIGADE_FIELD(data, corpus, String),
+      BRIGADE_FIELD(data, dir, String),
+      BRIGADE_FIELD(data, val_fraction, Float),
+      BRIGADE_FIELD(train, steps, Int),
+      BRIGADE_FIELD(train, batch_size, Int),
+      BRIGADE_FIELD(train, seq_len, Int),
+      BRIGADE_FIELD(train, eval_every, Int),
+      BRIGADE_FIELD(train, eval_batches, Int),
+      BRIGADE_FIELD(train, log_every, Int),
+      BRIGADE_FIELD(train, checkpoint_every, Int),
+      BRIGADE_FIELD(train, grad_clip, Float),
+      BRIGADE_FIELD(optim, name, String),
+      BRIGADE_FIELD(optim, lr, Float),
+      BRIGADE_FIELD(optim, weight_decay, Float),
+      BRIGADE_FIELD(optim, beta1, Float),
+      BRIGADE_FIELD(optim, beta2, Float),
+      BRIGADE_FIELD(optim, eps, Float),
+      BRIGADE_FIELD(optim, momentum, Float),
+      BRIGADE_FIELD(schedule, name, String),
+      BRIGADE_FIELD(schedule, warmup_steps, Int),
+      BRIGADE_FIELD(schedule, min_lr, Float),
+      BRIGADE_FIELD(sample, prompt, String),
+      BRIGADE_FIELD(sample, tokens, Int),
+      BRIGADE_FIELD(sample, temperature, Float),
+      BRIGADE_FIELD(sample, top_k, Int),
+  };
+  return kFields;
+}
+#undef BRIGADE_FIELD
+
+const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "sample"};
+
+const Field* find_field(std::string_view section, std::string_view key) {
+  for (const auto& f : fields())
+    if (section == f.section && key == f.key) return &f;
+  return nullptr;
+}
+
+bool is_section(std::string_view s) {
+  return std::find(std::begin(kSections), std::end(kSections), s) != std::end(kSections);
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// " (did you mean 'x'?)" or "" when nothing is close.
+std::string suggest(std::string_view wrong, const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(wrong, c);
+    if (d < best_d) best_d = d, best = &c;
+  }
+  if (best && best_d <= std::max<size_t>(2, wrong.size() / 3)) return fmt::format(" (did you mean '{}'?)", *best);
+  return "";
+}
+
+// Suggestion for an unknown "section.key": the same key in another section wins,
+// then the closest full name.
+std::string suggest_key(std::string_view section, std::string_view key) {
+  for (const auto& f : fields())
+    if (key == f.key && section != f.section) return fmt::format(" (did you mean '{}'?)", f.name());
+  return suggest(std::string(section) + "." + std::string(key), recipe_keys());
+}
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::date: return "a date";
+    case toml::node_type::time: return "a time";
+    case toml::node_type::date_time: return "a date-time";
+    default: return "nothing";
+  }
+}
+
+const char* expected_name(Kind k) {
+  switch (k) {
+    case Kind::Int:
+    case Kind::Int32: return "an integer";
+    case Kind::UInt64: return "a non-negative integer";
+    case Kind::Float: return "a number";
+    case Kind::String: return "a string";
+  }
+  return "?";
+}
+
+std::string toml_string(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20 || c == 0x7F) out += fmt::format("\\u{:04X}", unsigned(c));
+        else out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string toml_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string show_value(const toml::node& n) {
+  if (auto s = n.as_string()) return toml_string(s->get());
+  if (auto i = n.as_integer()) return std::to_string(i->get());
+  if (auto f = n.as_floating_point()) return toml_float(f->get());
+  if (auto b = n.as_boolean()) return b->get() ? "true" : "false";
+  return type_name(n);
+}
+
+std::string position(const std::string& origin, const toml::source_region& src) {
+  const auto& b = src.begin;
+  if (b.line == 0) return origin;
+  return fmt::format("{}:{}:{}", origin, b.line, b.column);
+}
+
+// Stores `v` into the field; `where` prefixes the message ("recipe f.toml:3:9").
+void assign(const Field& f, Recipe& r, const toml::node& v, const std::string& where) {
+  auto type_error = [&]() {
+    return ConfigError(fmt::format("{}: key '{}' must be {}, got {} ({}); fix the value in the recipe or --set",
+                                   where, f.name(), expected_name(f.kind), type_name(v), show_value(v)));
+  };
+  void* p = f.ptr(r);
+  switch (f.kind) {
+    case Kind::Int: {
+      auto i = v.as_integer();
+      if (!i) throw type_error();
+      *static_cast<int64_t*>(p) = i->get();
+      break;
+    }
+    case Kind::Int32: {
+      auto i = v.as_integer();
+      if (!i) throw type_error();
+      BRIGADE_CHECK(i->get() >= std::numeric_limits<int>::min() && i->get() <= std::numeric_limits<int>::max(),
+                    ConfigError, "{}: key '{}' = {} does not fit a 32-bit integer; use a smaller value", where,
+                    f.name(), i->get());
+      *static_cast<int*>(p) = int(i->get());
+      break;
+    }
+    case Kind::UInt64: {
+      auto i = v.as_integer();
+      if (!i) throw type_error();
+      BRIGADE_CHECK(i->get() >= 0, ConfigError, "{}: key '{}' = {} must be >= 0; use a non-negative value", where,
+                    f.name(), i->get());
+      *static_cast<uint64_t*>(p) = uint64_t(i->get());
+      break;
+    }
+    case Kind::Float: {
+      if (auto d = v.as_floating_point()) *static_cast<double*>(p) = d->get();
+      else if (auto i = v.as_integer()) *static_cast<double*>(p) = double(i->get());
+      else throw type_error();
+      break;
+    }
+    case Kind::String: {
+      auto s = v.as_string();
+      if (!s) throw type_error();
+      *static_cast<std::string*>(p) = s->get();
+      break;
+    }
+  }
+}
+
+std::string field_toml(const Field& f, const Recipe& r) {
+  void* p = f.ptr(const_cast<Recipe&>(r));
+  switch (f.kind) {
+    case Kind::Int: return std::to_string(*static_cast<int64_t*>(p));
+    case Kind::Int32: return std::to_string(*static_cast<int*>(p));
+    case Kind::UInt64: return std::to_string(*static_cast<uint64_t*>(p));
+    case Kind::Float: return toml_float(*static_cast<double*>(p));
+    case Kind::String: return toml_string(*static_cast<std::string*>(p));
+  }
+  return "";
+}
+
+std::string trim(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string_view::npos ? std::string() : std::string(s.substr(b, e - b + 1));
+}
+
+void apply_table(Recipe& r, const toml::table& root, const std::string& origin) {
+  for (auto&& [k, v] : root) {
+    const std::string sec(k.str());
+    const std::string where = "recipe " + position(origin, k.source());
+    if (!is_section(sec)) {
+      if (v.is_table()) {
+        throw ConfigError(fmt::format("{}: unknown section '[{}]'{}; sections are [run] [model] [data] [train] "
+                                      "[optim] [schedule] [sample]",
+                                      where, sec, suggest(sec, {std::begin(kSections), std::end(kSections)})));
+      }
+      std::string hint;
+      for (const auto& f : fields())
+        if (sec == f.key) {
+          hint = fmt::format(" (did you mean '{}'?)", f.name());
+          break;
+        }
+      throw ConfigError(fmt::format("{}: unknown top-level key '{}'{}; every key belongs under a [section] "
+                                    "header, e.g. [train] then steps = 1000",
+                                    where, sec, hint));
+    }
+    const toml::table* t = v.as_table();
+    BRIGADE_CHECK(t != nullptr, ConfigError, "{}: '{}' must be a table ([{}]), got {}; write it as a section", where,
+                  sec, sec, type_name(v));
+    for (auto&& [kk, vv] : *t) {
+      const std::string key(kk.str());
+      const Field* f = find_field(sec, key);
+      BRIGADE_CHECK(f != nullptr, ConfigError, "recipe {}: unknown key '{}.{}'{}; see docs/recipes.md for every key",
+                    position(origin, kk.source()), sec, key, suggest_key(sec, key));
+      assign(*f, r, vv, "recipe " + position(origin, vv.source()));
+    }
+  }
+}
+
+[[noreturn]] void range_error(const std::string& origin, const std::string& what) {
+  throw ConfigError(fmt::format("recipe {}: {}", origin.empty() ? "<defaults>" : origin, what));
+}
+
+}  // namespace
+
+std::vector<std::string> recipe_keys() {
+  std::vector<std::string> out;
+  for (const auto& f : fields()) out.push_back(f.name());
+  return out;
+}
+
+void apply_override(Recipe& r, const std::string& text) {
+  const size_t eq = text.find('=');
+  const std::string key = trim(std::string_view(text).substr(0, eq == std::string::npos ? text.size() : eq));
+  BRIGADE_CHECK(eq != std::string::npos && !key.empty(), ConfigError,
+                "override '{}' must look like section.key=value (e.g. train.steps=500)", text);
+  const size_t dot = key.find('.');
+  const std::string sec = dot == std::string::npos ? std::string() : key.substr(0, dot);
+  const std::string name = dot == std::string::npos ? key : key.substr(dot + 1);
+  const Field* f = find_field(sec, name);
+  if (!f) {
+    std::string hint = dot == std::string::npos ? suggest_key("", name) : suggest_key(sec, name);
+    throw ConfigError(fmt::format("override '{}': unknown key '{}'{}; keys look like section.key, see "
+                                  "docs/recipes.md",
+                                  text, key, hint));
+  }
+  const std::string raw = trim(std::string_view(text).substr(eq + 1));
+  const std::string where = fmt::format("override '{}'", text);
+  // Parse the value as TOML; anything that is not a single TOML value is a bare string.
+  std::optional<toml::table> parsed;
+  try {
+    parsed = toml::parse("v = " + raw + "\n");
+  } catch (const toml::parse_error&) {
+  }
+  const toml::node* node = nullptr;
+  if (parsed && parsed->size() == 1) node = parsed->get("v");
+  if (f->kind == Kind::String && !(node && node->is_string())) {
+    assign(*f, r, toml::value<std::string>(raw), where);  // run.name=2024-01-01 stays the text typed
+  } else if (node) {
+    assign(*f, r, *node, where);
+  } else {
+    assign(*f, r, toml::value<std::string>(raw), where);  // -> "must be an integer, got a string"
+  }
+}
+
+void validate_recipe(const Recipe& r, const std::string& origin) {
+  auto fail = [&](const std::string& what) { range_error(origin, what); };
+  auto positive = [&](int64_t v, const char* key) {
+    if (v <= 0) fail(fmt::format("{} = {} must be > 0; set a positive value", key, v));
+  };
+  auto non_negative = [&](int64_t v, const char* key, const char* zero_means) {
+    if (v < 0) fail(fmt::format("{} = {} must be >= 0 ({}); set a non-negative value", key, v, zero_means));
+  };
+  for (const auto& f : fields()) {
+    if (f.kind != Kind::Float) continue;
+    double v = *static_cast<double*>(f.ptr(const_cast<Recipe&>(r)));
+    if (!std::isfinite(v)) fail(fmt::format("{} = {} must be a finite number; set a real value", f.name(), v));
+  }
+
+  if (r.run.name.empty()) fail("run.name is empty; give the run a name");
+  if (r.run.out_dir.empty()) fail("run.out_dir is empty; set a folder for checkpoints and metrics");
+  if (r.run.threads < 0) fail(fmt::format("run.threads = {} must be >= 0 (0 = all cores)", r.run.threads));
+  if (r.run.seed > uint64_t(std::numeric_limits<int64_t>::max()))
+    fail(fmt::format("run.seed = {} does not fit a TOML integer; use a seed below 2^63", r.run.seed));
+
+  if (r.model.type != "gpt")
+    fail(fmt::format("model.type = \"{}\" is not a known model; use \"gpt\"", r.model.type));
+  constexpr int64_t kMinVocab = 16;
+  if (r.model.vocab_size < kMinVocab || r.model.vocab_size > (int64_t(1) << 31) - 1)
+    fail(fmt::format("model.vocab_size = {} is out of range; use a value between {} and 2^31-1 (4096 suits the KJV)",
+                     r.model.vocab_size, kMinVocab));
+  positive(r.model.block_size, "model.block_size");
+  positive(r.model.n_layer, "model.n_layer");
+  positive(r.model.n_head, "model.n_head");
+  positive(r.model.n_embd, "model.n_embd");
+  if (r.model.n_embd % r.model.n_head != 0)
+    fail(fmt::format("model.n_embd = {} is not divisible by model.n_head = {}; choose n_embd as a multiple of n_head",
+                     r.model.n_embd, r.model.n_head));
+  if (!(r.model.dropout >= 0 && r.model.dropout < 1))
+    fail(fmt::format("model.dropout = {} must be in [0, 1); use e.g. 0.0 or 0.1", r.model.dropout));
+  if (!(r.model.layer_norm_eps > 0))
+    fail(fmt::format("model.layer_norm_eps = {} must be > 0; use e.g. 1e-5", r.model.layer_norm_eps));
+  if (!(r.model.init_std > 0)) fail(fmt::format("model.init_std = {} must be > 0; use e.g. 0.02", r.model.init_std));
+
+  if (r.data.corpus.empty()) fail("data.corpus is empty; use \"kjv\" or a path to a text file or folder");
+  if (r.data.dir.empty()) fail("data.dir is empty; set the folder for prepared data");
+  if (!(r.data.val_fraction > 0 && r.data.val_fraction < 1))
+    fail(fmt::format("data.val_fraction = {} must be in (0, 1); use e.g. 0.05", r.data.val_fraction));
+
+  positive(r.train.steps, "train.steps");
+  positive(r.train.batch_size, "train.batch_size");
+  positive(r.train.seq_len, "train.seq_len");
+  if (r.train.seq_len > r.model.block_size)
+    fail(fmt::format("train.seq_len = {} exceeds model.block_size = {}; lower train.seq_len or raise model.block_size",
+                     r.train.seq_len, r.model.block_size));
+  non_negative(r.train.eval_every, "train.eval_every", "0 = only at the end");
+  positive(r.train.eval_batches, "train.eval_batches");
+  positive(r.train.log_every, "train.log_every");
+  non_negative(r.train.checkpoint_every, "train.checkpoint_every", "0 = only at the end");
+  if (!(r.train.grad_clip >= 0))
+    fail(fmt::format("train.grad_clip = {} must be >= 0 (0 = off)", r.train.grad_clip));
+
+  if (r.optim.name != "adamw" && r.optim.name != "sgd")
+    fail(fmt::format("optim.name = \"{}\" is not a known optimizer; use \"adamw\" or \"sgd\"{}", r.optim.name,
+                     suggest(r.optim.name, {"adamw", "sgd"})));
+  if (!(r.optim.lr > 0)) fail(fmt::format("optim.lr = {} must be > 0; use e.g. 1e-3", r.optim.lr));
+  if (!(r.optim.weight_decay >= 0))
+    fail(fmt::format("optim.weight_decay = {} must be >= 0; use e.g. 0.1 (or 0 for none)", r.optim.weight_decay));
+  if (!(r.optim.beta1 >= 0 && r.optim.beta1 < 1))
+    fail(fmt::format("optim.beta1 = {} must be in [0, 1); use e.g. 0.9", r.optim.beta1));
+  if (!(r.optim.beta2 >= 0 && r.optim.beta2 < 1))
+    fail(fmt::format("optim.beta2 = {} must be in [0, 1); use e.g. 0.95", r.optim.beta2));
+  if (!(r.optim.eps > 0)) fail(fmt::format("optim.eps = {} must be > 0; use e.g. 1e-8", r.optim.eps));
+  if (!(r.optim.momentum >= 0 && r.optim.momentum < 1))
+    fail(fmt::format("optim.momentum = {} must be in [0, 1); use e.g. 0.9", r.optim.momentum));
+
+  if (r.schedule.name != "cosine" && r.schedule.name != "constant")
+    fail(fmt::format("schedule.name = \"{}\" is not a known schedule; use \"cosine\" or \"constant\"{}",
+                     r.schedule.name, suggest(r.schedule.name, {"cosine", "constant"})));
+  non_negative(r.schedule.warmup_steps, "schedule.warmup_steps", "0 = no warmup");
+  if (r.schedule.warmup_steps > r.train.steps)
+    fail(fmt::format("schedule.warmup_steps = {} exceeds train.steps = {}; lower the warmup or train longer",
+                     r.schedule.warmup_steps, r.train.steps));
+  if (!(r.schedule.min_lr >= 0)) fail(fmt::format("schedule.min_lr = {} must be >= 0", r.schedule.min_lr));
+  if (r.schedule.name == "cosine" && r.schedule.min_lr > r.optim.lr)
+    fail(fmt::format("schedule.min_lr = {} exceeds optim.lr = {}; the cosine floor must be below the peak lr",
+                     r.schedule.min_lr, r.optim.lr));
+
+  non_negative(r.sample.tokens, "sample.tokens", "0 = no sample");
+  if (!(r.sample.temperature > 0))
+    fail(fmt::format("sample.temperature = {} must be > 0; use e.g. 0.8 (small values approach greedy)",
+                     r.sample.temperature));
+  non_negative(r.sample.top_k, "sample.top_k", "0 = no top-k filter");
+  if (r.sample.top_k > r.model.vocab_size)
+    fail(fmt::format("sample.top_k = {} exceeds model.vocab_size = {}; lower sample.top_k", r.sample.top_k,
+                     r.model.vocab_size));
+}
+
+Recipe parse_recipe(const std::string& toml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, origin);
+  } catch (const toml::parse_error& e) {
+    const auto& b = e.source().begin;
+    throw ConfigError(fmt::format("recipe {}:{}:{}: invalid TOML: {}; fix the syntax", origin, b.line, b.column,
+                                  e.description()));
+  }
+  Recipe r;
+  r.path = origin;
+  apply_table(r, root, origin);
+  for (const auto& o : overrides) apply_override(r, o);
+  validate_recipe(r, origin);
+  return r;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  BRIGADE_CHECK(fs::exists(path, ec), ConfigError,
+                "recipe file '{}' not found; check the path (recipes/ holds examples, e.g. recipes/gpt-kjv.toml)",
+                path);
+  BRIGADE_CHECK(fs::is_regular_file(path, ec), ConfigError, "recipe '{}' is not a file; pass a .toml recipe file",
+                path);
+  std::ifstream in(path, std::ios::binary);
+  BRIGADE_CHECK(in.good(), IoError, "recipe file '{}' cannot be opened; check its permissions", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  BRIGADE_CHECK(!in.bad(), IoError, "recipe file '{}' could not be read; check the disk", path);
+  return parse_recipe(ss.str(), path, overrides);
+}
+
+std::string recipe_to_toml(const Recipe& r) {
+  std::string out = "# Brigade recipe: every key, defaults included (written by recipe_to_toml).\n";
+  if (!r.path.empty()) out += "# Source: " + r.path + "\n";
+  std::string_view current;
+  for (const auto& f : fields()) {
+    if (current != f.section) {
+      current = f.section;
+      out += fmt::format("\n[{}]\n", f.section);
+    }
+    out += fmt::format("{} = {}\n", f.key, field_toml(f, r));
+  }
+  return out;
+}
+
+}  // namespace brigade::train

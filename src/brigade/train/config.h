@@ -15,6 +15,7 @@ struct RunConfig {
   std::string out_dir = "runs/run";  // checkpoints, metrics.jsonl
   uint64_t seed = 1337;
   int threads = 0;                   // 0 = all cores (OpenMP default)
+  bool operator==(const RunConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -27,12 +28,14 @@ struct ModelConfig {
   double dropout = 0.0;
   double layer_norm_eps = 1e-5;
   double init_std = 0.02;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {
   std::string corpus = "kjv";        // "kjv" (Debian bible-kjv) or a path to a text file or folder
   std::string dir = "data/kjv";      // prepared data: tokenizer.model, train.bin, val.bin, meta.json
   double val_fraction = 0.05;
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -44,6 +47,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;      // 0 = only at the end
   double grad_clip = 1.0;            // global L2 norm; 0 = off
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct OptimConfig {
@@ -54,12 +58,14 @@ struct OptimConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double momentum = 0.9;             // sgd only
+  bool operator==(const OptimConfig&) const = default;
 };
 
 struct ScheduleConfig {
   std::string name = "cosine";       // "cosine" | "constant"
   int64_t warmup_steps = 100;
   double min_lr = 1e-4;              // cosine floor
+  bool operator==(const ScheduleConfig&) const = default;
 };
 
 struct SampleConfig {
@@ -67,6 +73,7 @@ struct SampleConfig {
   int64_t tokens = 64;
   double temperature = 0.8;
   int64_t top_k = 40;
+  bool operator==(const SampleConfig&) const = default;
 };
 
 struct Recipe {
@@ -78,6 +85,7 @@ struct Recipe {
   OptimConfig optim;
   ScheduleConfig schedule;
   SampleConfig sample;
+  bool operator==(const Recipe&) const = default;  // compares path too
 };
 
 // Reads `path`, applies `overrides` ("section.key=value", in order), validates
@@ -88,5 +96,13 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& origin,
                     const std::vector<std::string>& overrides = {});
 // The recipe as TOML (every key, defaults included), stored beside checkpoints.
 std::string recipe_to_toml(const Recipe& r);
+
+// Helpers (used by the functions above; exposed for the CLI and tests).
+// Applies one "section.key=value" override; ConfigError names the override.
+void apply_override(Recipe& r, const std::string& override_text);
+// Range and combination checks; ConfigError "recipe ORIGIN: <what>; <what to change>".
+void validate_recipe(const Recipe& r, const std::string& origin);
+// Every recipe key as "section.key", in file order.
+std::vector<std::string> recipe_keys();
 
 }  // namespace brigade::train

@@ -1,0 +1,210 @@
+// Recipe parsing: defaults, the shipped recipe, every error kind (syntax, unknown
+// section/key with suggestions, wrong types, ranges, combinations, missing file),
+// overrides, and the recipe_to_toml round trip.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "brigade/core/error.h"
+#include "brigade/train/config.h"
+
+namespace brigade::train {
+namespace {
+
+// Expects parse_recipe(text) to throw ConfigError whose message contains every needle.
+void expect_error(const std::string& text, std::vector<std::string> needles,
+                  const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_recipe(text, "r.toml", overrides);
+    ADD_FAILURE() << "expected ConfigError for:\n" << text;
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    for (const auto& n : needles) EXPECT_NE(m.find(n), std::string::npos) << "missing '" << n << "' in: " << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << "message should be one line: " << m;
+  }
+}
+
+TEST(Recipe, EmptyTextGivesDefaults) {
+  Recipe r = parse_recipe("", "empty.toml");
+  Recipe d;
+  d.path = "empty.toml";
+  EXPECT_EQ(r, d);
+  EXPECT_EQ(r.model.vocab_size, 4096);
+  EXPECT_EQ(r.optim.name, "adamw");
+  EXPECT_NO_THROW(validate_recipe(Recipe{}, ""));
+}
+
+TEST(Recipe, ParsesValuesAndAcceptsIntegersForFloats) {
+  Recipe r = parse_recipe(R"(
+[run]
+name = "x"
+seed = 7
+threads = 2
+[model]
+n_layer = 2
+n_embd = 64
+n_head = 8
+dropout = 0      # integer where a float is expected: fine
+[optim]
+lr = 3e-4
+name = "sgd"
+[schedule]
+name = "constant"
+warmup_steps = 0
+min_lr = 1
+[train]
+steps = 10
+)", "r.toml");
+  EXPECT_EQ(r.run.name, "x");
+  EXPECT_EQ(r.run.seed, 7u);
+  EXPECT_EQ(r.run.threads, 2);
+  EXPECT_EQ(r.model.n_layer, 2);
+  EXPECT_EQ(r.model.dropout, 0.0);
+  EXPECT_DOUBLE_EQ(r.optim.lr, 3e-4);
+  EXPECT_EQ(r.optim.name, "sgd");
+  EXPECT_EQ(r.schedule.min_lr, 1.0);  // constant schedule: min_lr > lr is allowed
+  EXPECT_EQ(r.train.steps, 10);
+  EXPECT_EQ(r.train.batch_size, 8);  // untouched keys keep their defaults
+  // Dotted keys and inline tables are plain TOML too.
+  EXPECT_EQ(parse_recipe("train.steps = 5\nschedule = { warmup_steps = 2 }", "r.toml").train.steps, 5);
+}
+
+TEST(Recipe, ShippedRecipeLoads) {
+  const std::string path = std::string(BRIGADE_SOURCE_DIR) + "/recipes/gpt-kjv.toml";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
+  Recipe r = load_recipe(path);
+  EXPECT_EQ(r.path, path);
+  EXPECT_EQ(r.data.corpus, "kjv");
+}
+
+TEST(Recipe, InvalidTomlNamesFileLineAndColumn) {
+  expect_error("[train]\nsteps = 10\nlr = = 3\n", {"recipe r.toml:3:", "invalid TOML"});
+  expect_error("[train\n", {"r.toml:1:", "invalid TOML"});
+  expect_error("[train]\nsteps = 1\nsteps = 2\n", {"r.toml:3:", "invalid TOML"});  // duplicate key
+}
+
+TEST(Recipe, UnknownKeysAndSectionsSuggestTheClosest) {
+  expect_error("[train]\nstepz = 10\n",
+               {"recipe r.toml:2:", "unknown key 'train.stepz'", "(did you mean 'train.steps'?)"});
+  expect_error("[trian]\nsteps = 10\n", {"unknown section '[trian]'", "(did you mean 'train'?)"});
+  expect_error("[model]\nseq_len = 64\n", {"unknown key 'model.seq_len'", "did you mean 'train.seq_len'?"});
+  expect_error("steps = 10\n", {"unknown top-level key 'steps'", "did you mean 'train.steps'?"});
+  expect_error("[train]\nzzzzzzzz = 1\n", {"unknown key 'train.zzzzzzzz'"});
+  expect_error("[train.extra]\nx = 1\n", {"unknown key 'train.extra'"});
+  expect_error("train = 3\n", {"'train' must be a table"});
+}
+
+TEST(Recipe, WrongTypesNameKeyExpectedAndActual) {
+  expect_error("[model]\nn_layer = \"four\"\n",
+               {"recipe r.toml:2:", "key 'model.n_layer'", "must be an integer", "got a string", "\"four\""});
+  expect_error("[train]\nsteps = 10.0\n", {"key 'train.steps'", "must be an integer", "got a float"});
+  expect_error("[optim]\nlr = \"fast\"\n", {"key 'optim.lr'", "must be a number", "got a string"});
+  expect_error("[run]\nname = 3\n", {"key 'run.name'", "must be a string", "got an integer"});
+  expect_error("[run]\nname = true\n", {"got a boolean"});
+  expect_error("[train]\nsteps = [1, 2]\n", {"got an array"});
+  expect_error("[run]\nseed = -1\n", {"run.seed", ">= 0"});
+  expect_error("[run]\nthreads = 99999999999\n", {"run.threads", "32-bit"});
+}
+
+TEST(Recipe, RangeAndCombinationChecksSayWhatToChange) {
+  expect_error("[model]\nn_embd = 100\nn_head = 3\n", {"recipe r.toml:", "n_embd = 100", "n_head = 3", "multiple"});
+  expect_error("[train]\nseq_len = 256\n", {"train.seq_len = 256", "model.block_size = 128", "lower"});
+  expect_error("[model]\ndropout = 1.0\n", {"model.dropout", "[0, 1)"});
+  expect_error("[model]\ndropout = -0.1\n", {"model.dropout"});
+  expect_error("[optim]\nlr = 0\n", {"optim.lr = 0", "> 0"});
+  expect_error("[optim]\nname = \"adam\"\n", {"optim.name = \"adam\"", "\"adamw\" or \"sgd\"", "did you mean 'adamw'"});
+  expect_error("[schedule]\nname = \"linear\"\n", {"schedule.name", "\"cosine\" or \"constant\""});
+  expect_error("[train]\nsteps = 50\n", {"schedule.warmup_steps = 100", "train.steps = 50"});
+  expect_error("[model]\nvocab_size = 3\n", {"model.vocab_size = 3"});
+  expect_error("[train]\nbatch_size = 0\n", {"train.batch_size = 0", "> 0"});
+  expect_error("[model]\nn_layer = -1\n", {"model.n_layer"});
+  expect_error("[data]\nval_fraction = 0\n", {"data.val_fraction"});
+  expect_error("[model]\ntype = \"llama\"\n", {"model.type"});
+  expect_error("[optim]\nlr = nan\n", {"optim.lr", "finite"});
+  expect_error("[schedule]\nmin_lr = 0.1\n", {"schedule.min_lr = 0.1", "optim.lr"});
+  expect_error("[sample]\ntemperature = 0\n", {"sample.temperature"});
+  expect_error("[sample]\ntop_k = 5000\n", {"sample.top_k = 5000", "model.vocab_size"});
+  expect_error("[train]\neval_every = -1\n", {"train.eval_every"});
+  expect_error("[run]\nname = \"\"\n", {"run.name"});
+}
+
+TEST(Recipe, OverridesApplyInOrderAndParseAsToml) {
+  Recipe r = parse_recipe("[train]\nsteps = 10\n[schedule]\nwarmup_steps = 0\n", "r.toml",
+                          {"train.steps=20", "optim.lr = 5e-4", "run.name=my-run", "data.corpus=/tmp/my corpus.txt",
+                           "run.out_dir=\"runs/x\"", "model.dropout=0", "train.steps=30", "run.name=2024-01-01"});
+  EXPECT_EQ(r.train.steps, 30);
+  EXPECT_DOUBLE_EQ(r.optim.lr, 5e-4);
+  EXPECT_EQ(r.run.name, "2024-01-01");  // a TOML date, kept as the text typed for a string key
+  EXPECT_EQ(r.data.corpus, "/tmp/my corpus.txt");
+  EXPECT_EQ(r.run.out_dir, "runs/x");
+  EXPECT_EQ(r.model.dropout, 0.0);
+  // Overrides are validated like the file.
+  expect_error("", {"train.seq_len = 512"}, {"train.seq_len=512"});
+}
+
+TEST(Recipe, BadOverridesNameTheOverride) {
+  expect_error("", {"override 'train.stepz=5'", "unknown key 'train.stepz'", "did you mean 'train.steps'?"},
+               {"train.stepz=5"});
+  expect_error("", {"override 'steps=5'", "did you mean 'train.steps'?"}, {"steps=5"});
+  expect_error("", {"override 'train.steps'", "section.key=value"}, {"train.steps"});
+  expect_error("", {"override 'train.steps=abc'", "must be an integer", "got a string"}, {"train.steps=abc"});
+  expect_error("", {"override 'train.steps=1.5'", "got a float"}, {"train.steps=1.5"});
+  expect_error("", {"override '=3'"}, {"=3"});
+}
+
+TEST(Recipe, ToTomlRoundTripsEveryKey) {
+  Recipe r;
+  r.run.name = "quote \" and \\ backslash\ttab";
+  r.run.seed = 123456789012345ull;
+  r.run.threads = 3;
+  r.model.n_embd = 96;
+  r.model.n_head = 6;
+  r.model.dropout = 0.1;
+  r.model.layer_norm_eps = 1e-6;
+  r.optim.lr = 1.0;  // prints as 1.0, not 1
+  r.optim.momentum = 0.95;
+  r.schedule.min_lr = 3.3333333333333335e-05;
+  r.sample.prompt = "Unicode: caf\xc3\xa9 \xe2\x80\x94 line\nbreak";
+  r.data.val_fraction = 0.1 + 0.2;  // 0.30000000000000004 must survive
+  const std::string text = recipe_to_toml(r);
+  for (const auto& key : recipe_keys()) {
+    std::string k = key.substr(key.find('.') + 1);
+    EXPECT_NE(text.find("\n" + k + " = "), std::string::npos) << key << " missing from:\n" << text;
+  }
+  EXPECT_NE(text.find("lr = 1.0\n"), std::string::npos) << text;
+  Recipe back = parse_recipe(text, "saved.toml");
+  r.path = "saved.toml";
+  EXPECT_EQ(back, r);
+  // Defaults round trip too, and the output is stable.
+  Recipe d;
+  EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
+  EXPECT_EQ(recipe_keys().size(), 38u);
+}
+
+TEST(Recipe, MissingFileIsConfigErrorNamingThePath) {
+  try {
+    load_recipe("/nonexistent/dir/recipe.toml");
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/dir/recipe.toml"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_recipe(std::filesystem::temp_directory_path().string()), ConfigError);
+}
+
+TEST(Recipe, LoadAppliesOverrides) {
+  auto path = std::filesystem::temp_directory_path() / ("brigade_recipe_" + std::to_string(::getpid()) + ".toml");
+  {
+    std::ofstream out(path);
+    out << "[train]\nsteps = 200\n";
+  }
+  Recipe r = load_recipe(path.string(), {"train.batch_size=4"});
+  EXPECT_EQ(r.train.steps, 200);
+  EXPECT_EQ(r.train.batch_size, 4);
+  EXPECT_EQ(r.path, path.string());
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace brigade::train
