@@ -5,11 +5,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <sys/wait.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+
+#include <fmt/ranges.h>
 
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
@@ -352,4 +357,71 @@ TEST_F(SafetensorsTest, TruncationAtAnyLengthAndHeaderGarbageNeverCrash) {
   SafetensorsReader r(p);
   ::truncate(p.c_str(), off_t(r.data_start()));
   expect_ckpt_error([&] { for (const auto& name : r.names()) r.get(name); }, p, "truncated after it was opened");
+}
+
+// ---- cross-checks with the Python side (skipped where /usr/bin/python3 has no torch) ----
+
+namespace {
+bool have_torch() {
+  static const bool ok = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0;
+  return ok;
+}
+std::string run_capture(const std::string& cmd, int* rc) {
+  std::string out;
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int st = ::pclose(f);
+  *rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+std::string hex(const std::string& b) {
+  std::string s;
+  for (unsigned char c : b) s += fmt::format("{:02x}", c);
+  return s;
+}
+}  // namespace
+
+TEST_F(SafetensorsTest, PythonReaderReadsOurFiles) {
+  if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  const NamedTensors in = sample_tensors();
+  const std::string p = path("py.safetensors");
+  save_safetensors(p, in, {{"k", "v"}});
+  const std::string script = fmt::format(
+      "import sys; sys.path.insert(0, '{}/tests/reference'); import st_io\n"
+      "d, m = st_io.load('{}'); assert m == {{'k': 'v'}}, m\n"
+      "for k in sorted(d): print(k, st_io.NAMES[d[k].dtype], list(d[k].shape), st_io.tensor_bytes(d[k]).hex())\n",
+      BRIGADE_SOURCE_DIR, p);
+  spit(path("read.py"), script);
+  int rc = -1;
+  const std::string out = run_capture("/usr/bin/python3 " + path("read.py"), &rc);
+  ASSERT_EQ(rc, 0) << out;
+  std::map<std::string, std::string> want;
+  for (const auto& [name, t] : in)
+    want[name] = fmt::format("{} {} [{}] {}", name, safetensors_dtype(t.dtype()), fmt::join(t.shape(), ", "),
+                             hex(bytes_of(t)));
+  std::string expect;
+  for (const auto& [name, line] : want) expect += line + "\n";
+  EXPECT_EQ(out, expect);
+}
+
+TEST_F(SafetensorsTest, CheckCheckpointScriptAcceptsOurWeights) {
+  if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  // Re-save the parity fixture's parameters with the C++ writer, as Brigade would.
+  SafetensorsReader fx(std::string(BRIGADE_FIXTURES_DIR) + "/gpt2_tiny.safetensors");
+  NamedTensors params, batch;
+  for (const auto& n : fx.names())
+    if (n.rfind("transformer.", 0) == 0) params.emplace_back(n, fx.get(n));
+  for (const char* n : {"ids", "targets", "loss"}) batch.emplace_back(n, fx.get(n));
+  save_safetensors(path("model.safetensors"), params, {{"config", fx.metadata("config").value()}});
+  save_safetensors(path("batch.safetensors"), batch);
+  const std::string cmd = fmt::format("/usr/bin/python3 {}/tests/reference/check_checkpoint.py --model {} --batch {}",
+                                      BRIGADE_SOURCE_DIR, path("model.safetensors"), path("batch.safetensors"));
+  int rc = -1;
+  std::string out = run_capture(cmd + " 2>&1", &rc);
+  EXPECT_EQ(rc, 0) << out;
+  out = run_capture(cmd + " --expected-loss 1.0 2>&1", &rc);
+  EXPECT_EQ(rc, 1) << out;
 }
