@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <random>
 
 #include "brigade/ckpt/safetensors.h"
@@ -13,6 +14,7 @@
 #include "brigade/core/rng.h"
 
 using namespace brigade;
+using brigade::ckpt::TensorInfo;
 
 namespace {
 
@@ -170,4 +172,35 @@ TEST(Rng, BadArgumentsThrow) {
   EXPECT_THROW(g.uniform_(Tensor::zeros({4}), 2.0, 1.0), ValueError);
   EXPECT_THROW(g.normal_(Tensor::zeros({1, 4}).expand({3, 4})), ValueError);
   EXPECT_THROW(g.normal_(Tensor()), ValueError);
+}
+
+// The GPT-2 init recipe of tests/reference/gpt2_ref.py (GPT2.init_weights), replayed with
+// Generator, reproduces the parity fixture's initial parameters bit for bit. This is
+// the order the C++ model must follow.
+TEST(Rng, ReproducesGpt2FixtureInit) {
+  ckpt::SafetensorsReader r(std::string(BRIGADE_FIXTURES_DIR) + "/gpt2_tiny.safetensors");
+  const auto cfg = nlohmann::json::parse(r.metadata("config").value());
+  const int64_t L = cfg.at("n_layer");
+  const uint64_t seed = std::stoull(r.metadata("init_seed").value());
+  const double proj_std = 0.02 / std::sqrt(2.0 * double(L));
+  Generator g(seed);
+  auto check_normal = [&](const std::string& name, double std) {
+    const TensorInfo& ti = r.info(name);
+    Tensor t = Tensor::empty(ti.shape);  // stored (HF) layout, contiguous f32
+    g.normal_(t, 0.0, std);
+    EXPECT_EQ(r.raw_bytes(name), std::string(static_cast<const char*>(t.raw_data()), t.nbytes())) << name;
+  };
+  check_normal("transformer.wte.weight", 0.02);
+  check_normal("transformer.wpe.weight", 0.02);
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string h = fmt::format("transformer.h.{}.", i);
+    check_normal(h + "attn.c_attn.weight", 0.02);
+    check_normal(h + "attn.c_proj.weight", proj_std);
+    check_normal(h + "mlp.c_fc.weight", 0.02);
+    check_normal(h + "mlp.c_proj.weight", proj_std);
+    for (const char* n : {"ln_1.weight", "ln_2.weight"}) {
+      const std::vector<float> ones(size_t(r.info(h + n).numel()), 1.0f);
+      EXPECT_EQ(r.get(h + n).to_vector(), ones) << h + n;
+    }
+  }
 }
