@@ -28,7 +28,7 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
   po.out_dir = r.data.dir;
   po.vocab_size = r.model.vocab_size;
   po.val_fraction = r.data.val_fraction;
-  data::prepare(po, [](const std::string& msg) { fmt::print(stderr, "prepare: {}\n", msg); });
+  data::prepare(po, [](const data::PrepareProgress& p) { fmt::print(stderr, "prepare: {}\n", p.message); });
   return 0;
 }
 

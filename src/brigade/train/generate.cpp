@@ -21,8 +21,8 @@ std::string generate_text(const models::GPT& model, const data::Tokenizer& tok, 
   const int64_t V = model.config().vocab_size, block = model.config().block_size;
   Generator gen(o.seed);
   autograd::NoGradGuard no_grad;
-  std::vector<float> probs(size_t(V));
-  std::vector<int> order(size_t(V));
+  std::vector<float> probs(static_cast<size_t>(V));
+  std::vector<int> order(static_cast<size_t>(V));
   for (int64_t step = 0; step < o.tokens; ++step) {
     const int64_t start = std::max<int64_t>(0, int64_t(ids.size()) - block);
     const int64_t T = int64_t(ids.size()) - start;

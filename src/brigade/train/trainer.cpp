@@ -122,15 +122,19 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   po.out_dir = r.data.dir;
   po.vocab_size = r.model.vocab_size;
   po.val_fraction = r.data.val_fraction;
-  data::prepare(po, [&](const std::string& msg) { say("prepare: " + msg); });
+  data::prepare(po, [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
   const fs::path data_dir(r.data.dir);
-  data::Tokenizer tok = data::Tokenizer::load((data_dir / "tokenizer.model").string());
+  data::Tokenizer tok = data::Tokenizer::load((data_dir / data::kTokenizerFile).string());
   BRIGADE_CHECK(tok.vocab_size() == r.model.vocab_size, ConfigError,
                 "{}: the tokenizer in {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again or set "
                 "data.dir to a fresh folder",
                 r.path, r.data.dir, tok.vocab_size(), r.model.vocab_size);
-  data::TokenDataset train_ds = data::TokenDataset::open((data_dir / "train.bin").string());
-  data::TokenDataset val_ds = data::TokenDataset::open((data_dir / "val.bin").string());
+  data::TokenDataset train_ds((data_dir / data::kTrainFile).string());
+  data::TokenDataset val_ds((data_dir / data::kValFile).string());
+  for (const data::TokenDataset* ds : {&train_ds, &val_ds})
+    BRIGADE_CHECK(ds->vocab_size() == r.model.vocab_size, ConfigError,
+                  "{}: token file {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again", r.path,
+                  ds->path(), ds->vocab_size(), r.model.vocab_size);
   const int64_t B = r.train.batch_size, T = r.train.seq_len;
   data::BatchSampler sampler(train_ds, B, T, r.run.seed);
   data::BatchSampler val_sampler(val_ds, B, T, r.run.seed);
@@ -180,9 +184,9 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     model.train(false);
     Tensor x = Tensor::empty({B, T}, DType::I64), y = Tensor::empty({B, T}, DType::I64);  // (B, T)
     double total = 0.0;
-    const int64_t n = std::max<int64_t>(1, std::min(r.train.eval_batches, val_sampler.num_eval_batches()));
+    const int64_t n = std::max<int64_t>(1, r.train.eval_batches);
     for (int64_t i = 0; i < n; ++i) {
-      val_sampler.eval_batch(i, x, y);
+      val_sampler.get_eval_batch(i, n, x, y);
       total += model.loss(x, y).item();
     }
     model.train(true);
@@ -248,7 +252,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     const bool ckpt_now = r.train.checkpoint_every > 0 && state.step % r.train.checkpoint_every == 0;
     if (ckpt_now || state.step == last_step) {
       state.rng_state = model.dropout_generator().state();
-      save_checkpoint(ckpt_dir, model, opt.get(), state, r, (data_dir / "tokenizer.model").string());
+      save_checkpoint(ckpt_dir, model, opt.get(), state, r, (data_dir / data::kTokenizerFile).string());
     }
   }
 
