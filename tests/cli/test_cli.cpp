@@ -18,18 +18,18 @@ namespace {
 
 const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 
-struct Run {
+struct CmdResult {
   int code = -1;
   std::string out, err;
 };
 
 // Runs `args` through the shell with a time limit; captures stdout and stderr.
-Run brigade(const std::string& args, const fs::path& cwd) {
+CmdResult brigade(const std::string& args, const fs::path& cwd) {
   const fs::path out = cwd / "stdout.txt", err = cwd / "stderr.txt";
   const std::string cmd = "cd '" + cwd.string() + "' && timeout 300 " + kBin + " " + args + " >'" + out.string() +
                           "' 2>'" + err.string() + "'";
   int st = std::system(cmd.c_str());
-  Run r;
+  CmdResult r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   auto slurp = [](const fs::path& p) {
     std::ifstream f(p);
@@ -117,7 +117,7 @@ class Cli : public ::testing::Test {
     return out;
   }
   // Asserts a failed run that printed exactly one "brigade: error:" line containing `needle`.
-  void expect_clean_error(const Run& r, const std::string& needle) {
+  void expect_clean_error(const CmdResult& r, const std::string& needle) {
     EXPECT_EQ(r.code, 1) << r.err;
     std::istringstream s(r.err);
     std::string line, last;
@@ -136,9 +136,9 @@ class Cli : public ::testing::Test {
 };
 
 TEST_F(Cli, SameSeedSameThreadsGivesBitwiseIdenticalLossCurve) {
-  Run a = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=a", dir_);
+  CmdResult a = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=a", dir_);
   ASSERT_EQ(a.code, 0) << a.err;
-  Run b = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=b", dir_);
+  CmdResult b = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=b", dir_);
   ASSERT_EQ(b.code, 0) << b.err;
   std::vector<std::string> la = losses("a"), lb = losses("b");
   ASSERT_EQ(la.size(), 16u);
@@ -148,12 +148,12 @@ TEST_F(Cli, SameSeedSameThreadsGivesBitwiseIdenticalLossCurve) {
 }
 
 TEST_F(Cli, StopAndResumeGivesBitwiseIdenticalLosses) {
-  Run full = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=full", dir_);
+  CmdResult full = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=full", dir_);
   ASSERT_EQ(full.code, 0) << full.err;
-  Run first = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=split --stop-at 8", dir_);
+  CmdResult first = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=split --stop-at 8", dir_);
   ASSERT_EQ(first.code, 0) << first.err;
   EXPECT_EQ(losses("split").size(), 8u);
-  Run second = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=split --resume", dir_);
+  CmdResult second = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=split --resume", dir_);
   ASSERT_EQ(second.code, 0) << second.err;
   EXPECT_EQ(losses("full"), losses("split"));
   // the checkpoints at the end are identical too
@@ -167,30 +167,30 @@ TEST_F(Cli, StopAndResumeGivesBitwiseIdenticalLosses) {
 }
 
 TEST_F(Cli, TrainPrintsValLossAndSampleThenGenerateContinuesPrompt) {
-  Run r = brigade("train tiny.toml --quiet", dir_);
+  CmdResult r = brigade("train tiny.toml --quiet", dir_);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("final val loss:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("And the king"), std::string::npos) << r.out;
-  Run g1 = brigade("generate --ckpt run/checkpoint --prompt 'And the people' --tokens 10 --seed 3", dir_);
+  CmdResult g1 = brigade("generate --ckpt run/checkpoint --prompt 'And the people' --tokens 10 --seed 3", dir_);
   ASSERT_EQ(g1.code, 0) << g1.err;
   EXPECT_EQ(g1.out.rfind("And the people", 0), 0u) << g1.out;
-  Run g2 = brigade("generate --ckpt run/checkpoint --prompt 'And the people' --tokens 10 --seed 3", dir_);
+  CmdResult g2 = brigade("generate --ckpt run/checkpoint --prompt 'And the people' --tokens 10 --seed 3", dir_);
   EXPECT_EQ(g1.out, g2.out);
 }
 
 TEST_F(Cli, UnknownRecipeKeyIsNamed) {
   write("bad.toml", std::string(kRecipe) + "\n[extra]\nfoo = 1\n");
   expect_clean_error(brigade("train bad.toml --quiet", dir_), "extra");
-  Run r = brigade("train tiny.toml --quiet --set train.stepz=3", dir_);
+  CmdResult r = brigade("train tiny.toml --quiet --set train.stepz=3", dir_);
   expect_clean_error(r, "train.stepz");
 }
 
 TEST_F(Cli, MistypedRecipeValueIsNamed) {
-  Run r = brigade("train tiny.toml --quiet --set 'train.steps=\"many\"'", dir_);
+  CmdResult r = brigade("train tiny.toml --quiet --set 'train.steps=\"many\"'", dir_);
   expect_clean_error(r, "train.steps");
   std::string text = std::regex_replace(std::string(kRecipe), std::regex("n_layer = 2"), "n_layer = \"two\"");
   write("typo.toml", text);
-  Run r2 = brigade("train typo.toml --quiet", dir_);
+  CmdResult r2 = brigade("train typo.toml --quiet", dir_);
   expect_clean_error(r2, "model.n_layer");
   EXPECT_NE(r2.err.find("typo.toml"), std::string::npos) << r2.err;
 }
@@ -231,7 +231,7 @@ TEST_F(Cli, TruncatedOrCorruptedCheckpointIsAClearError) {
 
 TEST_F(Cli, PromptWithUnknownCharactersIsAClearError) {
   ASSERT_EQ(brigade("train tiny.toml --quiet --no-sample", dir_).code, 0);
-  Run r = brigade("generate --ckpt run/checkpoint --prompt 'And the king ☃ é'", dir_);
+  CmdResult r = brigade("generate --ckpt run/checkpoint --prompt 'And the king ☃ é'", dir_);
   expect_clean_error(r, "U+2603");
 }
 

@@ -121,6 +121,7 @@ int64_t Tensor::size(int64_t d) const { return impl_->shape[size_t(wrap_dim(d, d
 int64_t Tensor::stride(int64_t d) const { return impl_->strides[size_t(wrap_dim(d, dim(), "stride"))]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // as torch: nothing to lay out
   int64_t acc = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (impl_->shape[size_t(i)] == 1) continue;

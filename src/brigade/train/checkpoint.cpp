@@ -38,7 +38,11 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
   fs::create_directories(tmp, ec);
   BRIGADE_CHECK(!ec, IoError, "could not create checkpoint directory {}: {}", tmp.string(), ec.message());
 
-  std::map<std::string, std::string> meta{{"format", "pt"}, {"brigade.model", recipe.model.type}};
+  const ModelConfig& mc = recipe.model;
+  nlohmann::json cfg{{"type", mc.type},       {"vocab_size", mc.vocab_size}, {"block_size", mc.block_size},
+                     {"n_layer", mc.n_layer}, {"n_head", mc.n_head},         {"n_embd", mc.n_embd},
+                     {"layer_norm_eps", mc.layer_norm_eps}};
+  std::map<std::string, std::string> meta{{"format", "pt"}, {"brigade.config", cfg.dump()}};
   ckpt::save_safetensors((tmp / "model.safetensors").string(), model.named_parameters(), meta);
   if (opt) ckpt::save_safetensors((tmp / "optimizer.safetensors").string(), opt->state_tensors(), {});
   nlohmann::json js{{"version", kStateVersion},        {"step", state.step},

@@ -116,14 +116,17 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     if (!opts.quiet) fmt::print(stderr, "{}\n", s);
   };
 
-  // ---- data (prepared on first use; prepare() skips work already done)
-  data::PrepareOptions po;
-  po.corpus = r.data.corpus;
-  po.out_dir = r.data.dir;
-  po.vocab_size = r.model.vocab_size;
-  po.val_fraction = r.data.val_fraction;
-  data::prepare(po, [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
+  // ---- data: prepared on first use; once prepared, `brigade prepare` owns it (so a damaged
+  // or stale token file is reported, not silently rebuilt)
   const fs::path data_dir(r.data.dir);
+  if (!fs::exists(data_dir / data::kMetaFile)) {
+    data::PrepareOptions po;
+    po.corpus = r.data.corpus;
+    po.out_dir = r.data.dir;
+    po.vocab_size = r.model.vocab_size;
+    po.val_fraction = r.data.val_fraction;
+    data::prepare(po, [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
+  }
   data::Tokenizer tok = data::Tokenizer::load((data_dir / data::kTokenizerFile).string());
   BRIGADE_CHECK(tok.vocab_size() == r.model.vocab_size, ConfigError,
                 "{}: the tokenizer in {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again or set "
