@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
-bash scripts/build.sh
+bash scripts/build.sh brigade
 ./build/bin/brigade prepare recipes/gpt-kjv.toml
 ./build/bin/brigade train recipes/gpt-kjv.toml
 echo

@@ -166,6 +166,32 @@ TEST_F(Cli, StopAndResumeGivesBitwiseIdenticalLosses) {
             slurp(dir_ / "split/checkpoint/optimizer.safetensors"));
 }
 
+TEST_F(Cli, InterruptCheckpointsAndResumesExactly) {
+  // A long run, stopped with SIGINT once a few steps are logged.
+  const std::string long_run = "train tiny.toml --quiet --no-sample --set train.steps=100000 --set train.eval_every=0";
+  const std::string script = "cd '" + dir_.string() + "' && (" + kBin + " " + long_run +
+                             " --set run.out_dir=intr >/dev/null 2>intr.err & pid=$!; "
+                             "for i in $(seq 600); do [ -f intr/metrics.jsonl ] && "
+                             "[ $(wc -l < intr/metrics.jsonl) -ge 5 ] && break; sleep 0.1; done; "
+                             "kill -INT $pid; wait $pid; echo $? > intr.code)";
+  ASSERT_EQ(std::system(script.c_str()), 0);
+  std::ifstream code(dir_ / "intr.code");
+  int rc = -1;
+  code >> rc;
+  EXPECT_EQ(rc, 130);
+  const size_t done = losses("intr").size();
+  ASSERT_GE(done, 5u);
+  std::ifstream st(dir_ / "intr/checkpoint/state.json");
+  std::string state((std::istreambuf_iterator<char>(st)), {});
+  EXPECT_NE(state.find("\"step\": " + std::to_string(done)), std::string::npos) << state;
+  // resume for 3 more steps == an uninterrupted run of done + 3 steps (same schedule)
+  const std::string until = " --stop-at " + std::to_string(done + 3);
+  ASSERT_EQ(brigade(long_run + " --set run.out_dir=intr --resume" + until, dir_).code, 0);
+  ASSERT_EQ(brigade(long_run + " --set run.out_dir=straight" + until, dir_).code, 0);
+  EXPECT_EQ(losses("intr"), losses("straight"));
+  EXPECT_EQ(losses("straight").size(), done + 3);
+}
+
 TEST_F(Cli, TrainPrintsValLossAndSampleThenGenerateContinuesPrompt) {
   CmdResult r = brigade("train tiny.toml --quiet", dir_);
   ASSERT_EQ(r.code, 0) << r.err;

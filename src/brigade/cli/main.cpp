@@ -35,6 +35,7 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
 int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
   train::TrainResult res = train::run_training(r, o);
+  if (res.interrupted) return 130;  // the conventional exit status after SIGINT
   fmt::print("final val loss: {:.4f}\n", res.val_loss);
   if (!res.sample.empty()) fmt::print("sample:\n{}\n", res.sample);
   return 0;
@@ -47,14 +48,7 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
                 "runs/gpt-kjv/checkpoint)",
                 ckpt);
   train::Recipe r = train::checkpoint_recipe(ckpt);
-  models::GPTConfig c;
-  c.vocab_size = r.model.vocab_size;
-  c.block_size = r.model.block_size;
-  c.n_layer = r.model.n_layer;
-  c.n_head = r.model.n_head;
-  c.n_embd = r.model.n_embd;
-  c.layer_norm_eps = r.model.layer_norm_eps;
-  models::GPT model(c);
+  models::GPT model(train::gpt_config(r.model));
   train::load_model_weights((fs::path(ckpt) / "model.safetensors").string(), model);
   model.train(false);
   data::Tokenizer tok = data::Tokenizer::load((fs::path(ckpt) / "tokenizer.model").string());

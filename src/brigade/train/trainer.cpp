@@ -2,7 +2,10 @@
 #include "brigade/train/trainer.h"
 
 #include <omp.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <chrono>
@@ -30,6 +33,19 @@ namespace brigade::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+models::GPTConfig gpt_config(const ModelConfig& m) {
+  models::GPTConfig c;
+  c.vocab_size = m.vocab_size;
+  c.block_size = m.block_size;
+  c.n_layer = m.n_layer;
+  c.n_head = m.n_head;
+  c.n_embd = m.n_embd;
+  c.dropout = m.dropout;
+  c.layer_norm_eps = m.layer_norm_eps;
+  c.init_std = m.init_std;
+  return c;
+}
+
 double measure_gemm_peak_gflops() {
   const int64_t n = 1024;
   autograd::NoGradGuard ng;
@@ -44,6 +60,31 @@ double measure_gemm_peak_gflops() {
 }
 
 namespace {
+
+// Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second signal
+// kills as usual (SA_RESETHAND).
+std::atomic<bool> g_stop_requested{false};
+extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
+
+class StopSignalGuard {
+ public:
+  StopSignalGuard() {
+    g_stop_requested.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignalGuard() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
 
 std::string fmt_duration(double s) {
   if (s < 0 || !std::isfinite(s)) return "?";
@@ -70,18 +111,6 @@ nlohmann::json memory_json(const MemStats& m) {
   return j;
 }
 
-models::GPTConfig gpt_config(const ModelConfig& m) {
-  models::GPTConfig c;
-  c.vocab_size = m.vocab_size;
-  c.block_size = m.block_size;
-  c.n_layer = m.n_layer;
-  c.n_head = m.n_head;
-  c.n_embd = m.n_embd;
-  c.dropout = m.dropout;
-  c.layer_norm_eps = m.layer_norm_eps;
-  c.init_std = m.init_std;
-  return c;
-}
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params) {
   if (o.name == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay});
@@ -203,6 +232,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   const int64_t start_step = state.step;
   Allocator::instance().reset_peak();
   model.train(true);
+  StopSignalGuard stop_guard;
+  bool interrupted = false;
   for (int64_t step = state.step; step < last_step; ++step) {
     const auto t0 = Clock::now();
     sampler.get_batch(step, x, y);
@@ -252,14 +283,22 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       if (tty) fmt::print(stderr, "\n");
       say(fmt::format("step {:>5}/{} | val loss {:.4f}", state.step, last_step, state.last_val_loss));
     }
+    interrupted = g_stop_requested.load() && state.step < last_step;
     const bool ckpt_now = r.train.checkpoint_every > 0 && state.step % r.train.checkpoint_every == 0;
-    if (ckpt_now || state.step == last_step) {
+    if (ckpt_now || state.step == last_step || interrupted) {
       state.rng_state = model.dropout_generator().state();
       save_checkpoint(ckpt_dir, model, opt.get(), state, r, (data_dir / data::kTokenizerFile).string());
+    }
+    if (interrupted) {
+      if (tty) fmt::print(stderr, "\n");
+      say(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with --resume", state.step,
+                      ckpt_dir));
+      break;
     }
   }
 
   TrainResult res;
+  res.interrupted = interrupted;
   res.steps = state.step;
   res.last_loss = last_loss;
   res.val_loss = state.last_val_loss;
@@ -276,7 +315,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     std::ofstream mj(out_dir / "memory.json");
     mj << memory_json(res.memory).dump(2) << '\n';
   }
-  if (opts.sample) {
+  if (opts.sample && !interrupted) {
     SampleOptions so{r.sample.tokens, r.sample.temperature, r.sample.top_k, r.run.seed};
     model.train(false);
     res.sample = generate_text(model, tok, r.sample.prompt, so);

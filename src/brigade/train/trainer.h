@@ -1,6 +1,7 @@
 // The training loop behind `brigade train`: builds the model and optimizer from
 // a recipe, draws batches, steps, evaluates, logs (progress line + metrics.jsonl),
-// checkpoints, resumes exactly, and finally samples text. Single process today;
+// checkpoints, resumes exactly, and finally samples text. Ctrl-C (or SIGTERM)
+// finishes the current step, checkpoints and returns with interrupted = true. Single process today;
 // parallel plans (dp/tp/pp, ZeRO) will wrap the same loop.
 #pragma once
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "brigade/core/allocator.h"
+#include "brigade/models/gpt/gpt.h"
 #include "brigade/train/config.h"
 
 namespace brigade::train {
@@ -21,6 +23,7 @@ struct TrainOptions {
 };
 
 struct TrainResult {
+  bool interrupted = false;     // stopped by SIGINT/SIGTERM (checkpoint saved)
   int64_t steps = 0;            // steps completed in total (resume included)
   double last_loss = 0.0;
   double val_loss = -1.0;       // last evaluation (-1 if none)
@@ -33,6 +36,9 @@ struct TrainResult {
 };
 
 TrainResult run_training(const Recipe& recipe, const TrainOptions& opts);
+
+// The model section of a recipe as the GPT model's own config.
+models::GPTConfig gpt_config(const ModelConfig& m);
 
 // Measured fp32 GEMM throughput (GFLOP/s) on the current thread count: the MFU ceiling.
 double measure_gemm_peak_gflops();
