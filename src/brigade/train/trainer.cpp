@@ -242,8 +242,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     autograd::backward(loss);
     last_loss = loss.item();
     BRIGADE_CHECK(std::isfinite(last_loss), ValueError,
-                  "loss became {} at step {}; lower optim.lr or raise train.grad_clip protection (checkpoint in {} is "
-                  "from before the divergence)",
+                  "loss became {} at step {}; the run diverged: lower optim.lr, keep train.grad_clip on, or resume "
+                  "from the last checkpoint in {}",
                   last_loss, step + 1, ckpt_dir);
     const double norm = optim::clip_grad_norm(params, r.train.grad_clip);
     const double lr = sched.lr_at(step);
