@@ -148,12 +148,14 @@ TEST_F(Cli, SameSeedSameThreadsGivesBitwiseIdenticalLossCurve) {
 }
 
 TEST_F(Cli, StopAndResumeGivesBitwiseIdenticalLosses) {
-  CmdResult full = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=full", dir_);
+  // with dropout on, so the dropout generator's state must travel in the checkpoint too
+  const std::string train = "train tiny.toml --quiet --no-sample --set model.dropout=0.1";
+  CmdResult full = brigade(train + " --set run.out_dir=full", dir_);
   ASSERT_EQ(full.code, 0) << full.err;
-  CmdResult first = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=split --stop-at 8", dir_);
+  CmdResult first = brigade(train + " --set run.out_dir=split --stop-at 8", dir_);
   ASSERT_EQ(first.code, 0) << first.err;
   EXPECT_EQ(losses("split").size(), 8u);
-  CmdResult second = brigade("train tiny.toml --quiet --no-sample --set run.out_dir=split --resume", dir_);
+  CmdResult second = brigade(train + " --set run.out_dir=split --resume", dir_);
   ASSERT_EQ(second.code, 0) << second.err;
   EXPECT_EQ(losses("full"), losses("split"));
   // the checkpoints at the end are identical too
@@ -164,6 +166,30 @@ TEST_F(Cli, StopAndResumeGivesBitwiseIdenticalLosses) {
   EXPECT_EQ(slurp(dir_ / "full/checkpoint/model.safetensors"), slurp(dir_ / "split/checkpoint/model.safetensors"));
   EXPECT_EQ(slurp(dir_ / "full/checkpoint/optimizer.safetensors"),
             slurp(dir_ / "split/checkpoint/optimizer.safetensors"));
+}
+
+TEST_F(Cli, ResumeRecoversFromACrashBetweenCheckpointRenames) {
+  ASSERT_EQ(brigade("train tiny.toml --quiet --no-sample --stop-at 8", dir_).code, 0);
+  // the state a crash between "checkpoint -> checkpoint.old" and "tmp -> checkpoint" leaves
+  fs::rename(dir_ / "run/checkpoint", dir_ / "run/checkpoint.old");
+  fs::create_directories(dir_ / "run/checkpoint.tmp");
+  CmdResult r = brigade("train tiny.toml --quiet --no-sample --resume", dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(losses("run").size(), 16u);
+  EXPECT_FALSE(fs::exists(dir_ / "run/checkpoint.old"));
+  EXPECT_FALSE(fs::exists(dir_ / "run/checkpoint.tmp"));
+  ASSERT_EQ(brigade("train tiny.toml --quiet --no-sample --set run.out_dir=straight", dir_).code, 0);
+  EXPECT_EQ(losses("run"), losses("straight"));
+}
+
+TEST_F(Cli, NothingToResumeAndBadStopAtAreClearErrors) {
+  ASSERT_EQ(brigade("train tiny.toml --quiet --no-sample", dir_).code, 0);
+  expect_clean_error(brigade("train tiny.toml --quiet --no-sample --resume", dir_), "nothing to train");
+  expect_clean_error(brigade("train tiny.toml --quiet --no-sample --stop-at 0", dir_), "--stop-at");
+  CmdResult w = brigade("train tiny.toml --no-sample --resume --set train.steps=18 --set optim.lr=0.01", dir_);
+  EXPECT_EQ(w.code, 0) << w.err;
+  EXPECT_NE(w.err.find("warning: resuming with settings that differ"), std::string::npos) << w.err;
+  EXPECT_NE(w.err.find("optim.lr"), std::string::npos) << w.err;
 }
 
 TEST_F(Cli, InterruptCheckpointsAndResumesExactly) {

@@ -9,6 +9,7 @@
 // Adding an op = one entry in all_cases(). Also: determinism (Cpu twice, bitwise)
 // and bad-input errors. Dropout (random) has its own tests at the end.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -762,6 +763,284 @@ TEST(Ops, CpuKernelsAreDeterministic) {
   const TVec r1 = run(), r2 = run();
   ASSERT_EQ(r1.size(), r2.size());
   for (size_t i = 0; i < r1.size(); ++i) EXPECT_TRUE(bitwise_equal(r1[i], r2[i])) << "result " << i;
+}
+
+// ------------------------------------------------------------------ parallel branches and thread counts
+//
+// The harness shapes above stay below the OpenMP thresholds of ops/cpu, so they only
+// run the serial branches. These cases are sized just above each threshold:
+//   elementwise.cpp  kParallelMin = 1 << 15   (n, N * C, V * C)
+//   norm.cpp         kParallelMin = 1 << 14   (N * C, N * V)
+//   attention.cpp    BH * T * T * HS > 1 << 16 (row / head loops), BH * T * HS > 1 << 15 (k, v transposes)
+//   matmul.cpp       gather n > 1 << 15; linear_backward's bias grad is column_sum (elementwise.cpp)
+//   core/tensor.cpp  copy_kernel n > 1 << 16  (StridedCopyParallelBranch below)
+// Each case runs forward and backward on Ref once and on Cpu with 1, 2 and 3 OpenMP
+// threads; every Cpu run must match Ref within the op's harness tolerance. Outputs of
+// kernels whose file comment claims results independent of the thread count
+// (elementwise.cpp, norm.cpp) must be bitwise identical across thread counts.
+// No finite differences here: the harness above checks the maths on small shapes.
+
+// Sets the OpenMP thread count, restores the previous one on scope exit.
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) : prev_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~OmpThreads() { omp_set_num_threads(prev_); }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+
+ private:
+  int prev_;
+};
+
+struct BigCase {
+  std::string name;
+  std::function<TVec()> run;   // forward + backward on the active backend; inputs captured
+  double tol = 2e-6;           // cpu vs ref, every output: the harness tolerance of the op
+  std::vector<bool> bitwise = {};  // per output: thread-count independent (empty: all outputs)
+  // Oracle in double, used instead of the Ref backend where ref's f32 rounding is the larger error.
+  std::function<std::vector<DVec>()> exact = {};
+};
+
+std::vector<BigCase> all_big_cases() {
+  std::vector<BigCase> cs;
+  // elementwise.cpp: n = 130 * 257 = 33410 > 1 << 15 (and not a multiple of any block size).
+  const int64_t R = 130, C = 257;
+  const Tensor a = randn({R, C}, 101), b = randn({R, C}, 102, 0.5, 2.0);
+  const Tensor at = randn({C, R}, 103).transpose(0, 1);                   // (R, C), column-major
+  const Tensor as = randn({R, 2 * C + 1}, 104).slice(1, 1, 2 * C + 1, 2);  // (R, C), stride 2
+  const Tensor row = randn({C}, 105, 0.5, 2.0), col = randn({R, 1}, 106, 0.5, 2.0);
+
+  cs.push_back({"binary_contig", [=] {
+                  return TVec{ops::add(a, b), ops::sub(a, b), ops::mul(a, b), ops::div(a, b)};
+                }});
+  cs.push_back({"binary_strided_bcast", [=] {
+                  return TVec{ops::add(at, row), ops::mul(as, col), ops::div(at, b), ops::sub(row, as),
+                              ops::mul(at, as)};
+                }});
+  cs.push_back({"unary_contig", [=] {
+                  return TVec{ops::add_scalar(a, 0.75), ops::mul_scalar(a, -1.5), ops::neg(a), ops::exp(a),
+                              ops::tanh(a), ops::log(b), ops::sqrt(b)};
+                }});
+  cs.push_back({"unary_strided", [=] {
+                  return TVec{ops::add_scalar(at, 0.75), ops::mul_scalar(as, -1.5), ops::neg(at), ops::exp(as),
+                              ops::tanh(at)};
+                }});
+  cs.push_back({"add_inplace_mul_scalar_inplace", [=] {
+                  Tensor d0 = a.clone();  // contiguous dst and src
+                  ops::add_(d0, b, -0.5);
+                  Tensor d1 = Tensor::empty({C, R}).transpose(0, 1);  // (R, C) strided dst, broadcast src
+                  d1.copy_(a);
+                  ops::add_(d1, row, 2.0);
+                  Tensor d2 = a.clone();
+                  ops::mul_scalar_(d2, 0.3);
+                  Tensor d3 = Tensor::empty({C, R}).transpose(0, 1);  // (R, C) strided
+                  d3.copy_(b);
+                  ops::mul_scalar_(d3, -1.25);
+                  return TVec{d0, d1.contiguous(), d2, d3.contiguous()};
+                }});
+  // Reductions with short sums (<= 520 terms): column_sum (64-column chunks) and row sums.
+  const Tensor a3 = randn({4, R, C}, 107);  // (4, R, C): column sums over 4 rows of 33410
+  cs.push_back({"partial_sums", [=] {
+                  return TVec{ops::sum(a, {0}), ops::sum(a, {1}, true), ops::sum_to(a, {C}), ops::sum_to(a, {R, 1}),
+                              ops::mean(a, {0}), ops::sum(a3, {0}), ops::sum(a3, {0, 1}), ops::sum(at, {0}),
+                              ops::sum_to(as, {1, C})};
+                }});
+  {  // Long sums (33410 terms and more): contiguous_sum's 4096-blocks and row sums of whole
+     // slices. The ref kernel sums in f32 in one sequential chain (measured 1.5e-5 off on these
+     // sizes), so the oracle here is the sum in double. Positive values: no cancellation, so
+     // the f32 result must be within a few ulp per block of the exact sum.
+    const Tensor p = randn({R, C}, 128, 0, 1), p3 = randn({4, R, C}, 129, 0, 1);
+    auto exact = [](const Tensor& t, int64_t parts) {  // sums of `parts` equal contiguous slices
+      const std::vector<float> v = t.to_vector();
+      DVec s(static_cast<size_t>(parts), 0.0);
+      const size_t len = v.size() / size_t(parts);
+      for (size_t i = 0; i < v.size(); ++i) s[i / len] += double(v[i]);
+      return s;
+    };
+    DVec mean3 = exact(p3, 1);
+    mean3[0] /= double(p3.numel());
+    cs.push_back({"long_sums", [=] {
+                    return TVec{ops::sum_all(p), ops::sum_all(p3), ops::mean(p3, {}), ops::sum(p3, {1, 2}),
+                                ops::sum_to(p3, {4, 1, 1})};
+                  },
+                  2e-6, {}, [=] {
+                    return std::vector<DVec>{exact(p, 1), exact(p3, 1), mean3, exact(p3, 4), exact(p3, 4)};
+                  }});
+  }
+  cs.push_back({"gelu", [=] {
+                  Tensor x = ops::mul_scalar(a, 4.0);
+                  return TVec{ops::gelu(x), ops::gelu_backward(b, x)};
+                },
+                1e-5});
+  {  // embedding: N * C = 600 * 70 > 1 << 15 (C not a multiple of the 16-column chunks),
+     // V * C = 500 * 70 > 1 << 15; ids repeat, some rows of V are never used.
+    const int64_t N = 600, V = 500, EC = 70;
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < N; ++i) ids.push_back((i * i * 7 + 3) % 311);
+    const Tensor w = randn({V, EC}, 108), gy = randn({N, EC}, 109), idt = Tensor::from_vector_i64(ids, {N});
+    const Tensor wt = randn({EC, V}, 110).transpose(0, 1);  // (V, EC) strided
+    cs.push_back({"embedding", [=] {
+                    return TVec{ops::embedding(w, idt), ops::embedding(wt, idt), ops::embedding_backward(gy, idt, V)};
+                  }});
+  }
+  {  // layer norm: N * C = 200 * 130 > 1 << 14; backward has 7 blocks of 32 rows (the last partial).
+    const int64_t N = 200, LC = 130;
+    const Tensor x = randn({N, LC}, 111, -2, 2), w = randn({LC}, 112, 0.5, 1.5), bb = randn({LC}, 113);
+    const Tensor gy = randn({N, LC}, 114);
+    cs.push_back({"layer_norm", [=] {
+                    ops::LayerNormOut o = ops::layer_norm(x, w, bb, 1e-5);
+                    ops::LayerNormGrads g = ops::layer_norm_backward(gy, x, w, o.mean, o.rstd);
+                    return TVec{o.y, o.mean, o.rstd, g.gx, g.gw, g.gb};
+                  },
+                  1e-5});
+  }
+  {  // softmax: N * C = 150 * 130 > 1 << 14
+    const Tensor x = randn({150, 130}, 115, -5, 5), gy = randn({150, 130}, 116);
+    cs.push_back({"softmax", [=] {
+                    Tensor y = ops::softmax(x);
+                    return TVec{y, ops::softmax_backward(gy, y)};
+                  },
+                  1e-5});
+  }
+  {  // cross-entropy: N * V = 64 * 300 > 1 << 14, every third row ignored
+    const int64_t N = 64, V = 300;
+    std::vector<int64_t> t;
+    for (int64_t i = 0; i < N; ++i) t.push_back(i % 3 == 1 ? -100 : (i * 37 + 5) % V);
+    const Tensor logits = randn({N, V}, 117, -4, 4), tt = Tensor::from_vector_i64(t, {N});
+    cs.push_back({"cross_entropy", [=] {
+                    ops::CrossEntropyOut o = ops::cross_entropy(logits, tt, -100);
+                    return TVec{o.loss, o.lse, ops::cross_entropy_backward(0.7, logits, tt, o.lse, -100)};
+                  },
+                  1e-5});
+  }
+  // attention: BH * T * HS = 4 * 130 * 64 = 33280 > 1 << 15, BH * T * T * HS = 4.3e6 > 1 << 16;
+  // T = 130 spans three 64-key blocks. Not claimed thread-independent: tolerance only.
+  for (bool causal : {true, false}) {
+    const Shape sh{2, 2, 130, 64};
+    const Tensor q = randn(sh, 118, -2, 2), k = randn(sh, 119, -2, 2), v = randn(sh, 120), g = randn(sh, 121);
+    const double scale = 0.125;
+    cs.push_back({causal ? "attention_causal" : "attention_full",
+                  [=] {
+                    ops::AttentionOut o = ops::attention(q, k, v, causal, scale);
+                    ops::AttentionGrads r = ops::attention_backward(g, q, k, v, o.out, o.lse, causal, scale);
+                    return TVec{o.out, o.lse, r.gq, r.gk, r.gv};
+                  },
+                  1e-5, {false, false, false, false, false}});
+  }
+  // linear: the bias grad is column_sum (elementwise.cpp) with N * OUT = 300 * 130 > 1 << 15;
+  // y, gx, gw come from oneDNN (no thread-count claim). The strided x makes matmul.cpp gather.
+  for (auto layout : {ops::WeightLayout::OutIn, ops::WeightLayout::InOut}) {
+    const bool oi = layout == ops::WeightLayout::OutIn;
+    const int64_t N = 300, IN = 24, OUT = 130;
+    const Tensor x = randn({N, IN}, 122), w = randn(oi ? Shape{OUT, IN} : Shape{IN, OUT}, 123);
+    const Tensor bias = randn({OUT}, 124), gy = randn({N, OUT}, 125);
+    cs.push_back({oi ? "linear_OutIn" : "linear_InOut",
+                  [=] {
+                    ops::LinearGrads r = ops::linear_backward(gy, x, w, layout);
+                    return TVec{ops::linear(x, w, bias, layout), r.gx, r.gw, r.gb};
+                  },
+                  1e-5, {false, false, false, true}});
+  }
+  return cs;
+}
+
+const std::vector<BigCase>& big_cases() {
+  static const std::vector<BigCase> cs = all_big_cases();
+  return cs;
+}
+
+class ParallelBranches : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(ParallelBranches, CpuMatchesRefAtOneTwoAndThreeThreads) {
+  const BigCase& c = big_cases()[GetParam()];
+  std::vector<DVec> want;
+  if (c.exact) {
+    want = c.exact();
+  } else {
+    ops::BackendScope s(ops::Backend::Ref);
+    for (const Tensor& t : c.run()) want.push_back(to_d(t));
+  }
+  ASSERT_TRUE(c.bitwise.empty() || c.bitwise.size() == want.size()) << c.name;
+  const int before = omp_get_max_threads();
+  std::vector<TVec> runs;
+  for (int threads : {1, 2, 3}) {
+    OmpThreads t(threads);
+    ASSERT_EQ(omp_get_max_threads(), threads);
+    ops::BackendScope s(ops::Backend::Cpu);
+    runs.push_back(c.run());
+    const TVec& y = runs.back();
+    ASSERT_EQ(y.size(), want.size()) << c.name;
+    for (size_t k = 0; k < y.size(); ++k) {
+      ASSERT_EQ(y[k].numel(), int64_t(want[k].size())) << c.name << " output " << k;
+      EXPECT_LE(rel_err(to_d(y[k]), want[k]), c.tol)
+          << c.name << ": cpu (" << threads << " threads) vs " << (c.exact ? "double" : "ref") << ", output " << k;
+    }
+  }
+  EXPECT_EQ(omp_get_max_threads(), before) << "thread count not restored";
+  for (size_t k = 0; k < want.size(); ++k) {
+    if (!c.bitwise.empty() && !c.bitwise[k]) continue;
+    for (size_t r = 1; r < runs.size(); ++r)
+      EXPECT_TRUE(bitwise_equal(runs[0][k], runs[r][k]))
+          << c.name << ": output " << k << " differs between 1 and " << r + 1 << " threads";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, ParallelBranches, ::testing::Range<size_t>(0, big_cases().size()),
+                         [](const ::testing::TestParamInfo<size_t>& info) { return big_cases()[info.param].name; });
+
+TEST(Ops, SumSquaresParallelBranchIsThreadIndependent) {
+  // elementwise.cpp sum_squares: n = 33410 > 1 << 15, blocks of 4096 summed in double.
+  const Tensor x = randn({130, 257}, 126);
+  double want;
+  {
+    ops::BackendScope s(ops::Backend::Ref);
+    want = ops::sum_squares(x);
+  }
+  std::vector<double> got;
+  for (int threads : {1, 2, 3}) {
+    OmpThreads t(threads);
+    ops::BackendScope s(ops::Backend::Cpu);
+    got.push_back(ops::sum_squares(x));
+    EXPECT_NEAR(got.back(), want, 1e-12 * want) << threads << " threads";
+  }
+  EXPECT_EQ(got[0], got[1]);
+  EXPECT_EQ(got[0], got[2]);
+}
+
+TEST(Ops, StridedCopyParallelBranch) {
+  // core/tensor.cpp copy_kernel: parallel over rows when n > 1 << 16. Expected values by index.
+  const int64_t R = 300, C = 257;  // 77100 elements
+  const Tensor x = randn({R, C}, 127);
+  const std::vector<float> xv = x.to_vector();
+  for (int threads : {1, 2, 3}) {
+    OmpThreads t(threads);
+    // Contiguous -> contiguous (flat loop).
+    EXPECT_EQ(x.clone().to_vector(), xv) << threads << " threads";
+    // Strided source: the transpose, made contiguous.
+    const Tensor xt = x.transpose(0, 1).contiguous();  // (C, R)
+    ASSERT_TRUE(xt.is_contiguous());
+    const float* p = xt.data<float>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < R; ++j) bad += p[i * R + j] != xv[size_t(j * C + i)];
+    EXPECT_EQ(bad, 0) << "transpose().contiguous(), " << threads << " threads";
+    // Strided destination: every other column of a wider buffer; the gaps stay untouched.
+    Tensor store = Tensor::full({R, 2 * C + 1}, -7.0);  // (R, 2C + 1)
+    store.slice(1, 1, 2 * C + 1, 2).copy_(x);
+    const float* s = store.data<float>();
+    bad = 0;
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < 2 * C + 1; ++j)
+        bad += s[i * (2 * C + 1) + j] != (j % 2 == 1 ? xv[size_t(i * C + j / 2)] : -7.0f);
+    EXPECT_EQ(bad, 0) << "copy_ into a strided view, " << threads << " threads";
+    // Conversion on the strided path: f32 transpose -> i64 (exact for integer values).
+    const Tensor xi = ops::mul_scalar(x, 1000.0).transpose(0, 1).to(DType::I64);  // (C, R), i64
+    const std::vector<int64_t> iv = xi.to_vector_i64();
+    bad = 0;
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < R; ++j) bad += iv[size_t(i * R + j)] != int64_t(xv[size_t(j * C + i)] * 1000.0f);
+    EXPECT_EQ(bad, 0) << "transpose().to(i64), " << threads << " threads";
+  }
 }
 
 // ------------------------------------------------------------------ bad input

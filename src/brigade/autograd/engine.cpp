@@ -102,6 +102,10 @@ void backward(const Tensor& root, const Tensor& grad) {
     if (found == pending.end()) continue;  // no gradient reached this node
     Tensor gout = std::move(found->second);
     pending.erase(found);
+    BRIGADE_CHECK(!n->released, ValueError,
+                  "backward(): the graph through {} was already freed by a previous backward(); run the forward "
+                  "again before a second backward",
+                  n->name());
     std::vector<Tensor> gins = n->backward(gout);
     BRIGADE_ASSERT(gins.size() == n->next.size() || dynamic_cast<AccumulateGrad*>(n), "node {} returned {} grads for {} inputs",
                    n->name(), gins.size(), n->next.size());
@@ -115,7 +119,10 @@ void backward(const Tensor& root, const Tensor& grad) {
       else
         p->second = ops::add(p->second, gins[i]);  // several consumers: sum their gradients
     }
-    n->release();
+    if (!dynamic_cast<AccumulateGrad*>(n)) {
+      n->release();
+      n->released = true;
+    }
   }
 }
 

@@ -22,6 +22,7 @@ struct Node {
   // Drops saved tensors once backward has run (frees activations early).
   virtual void release() {}
   std::vector<std::shared_ptr<Node>> next;
+  bool released = false;  // backward has run and saved tensors are gone
 };
 
 // Sink node of a leaf that requires grad: accumulates into the leaf's .grad.

@@ -1,7 +1,8 @@
 // Every derivative rule of the engine, one Node per differentiable function.
 // Convention: backward returns fresh gradients for each input in the order the
 // inputs were recorded (undefined where not needed); the engine sums gradients
-// of shared inputs and AccumulateGrad adds into leaves.
+// of shared inputs and AccumulateGrad adds into leaves. A node that saves its own
+// output saves output.detach(), never the recorded tensor (that would be a cycle).
 #include "brigade/autograd/functions.h"
 
 #include <cmath>
@@ -372,7 +373,7 @@ Tensor gelu(const Tensor& x) {
 Tensor softmax(const Tensor& x) {
   Tensor y = ops::softmax(x);
   auto n = std::make_shared<SoftmaxBackward>();
-  if (needs_grad({x})) n->y = y;
+  if (needs_grad({x})) n->y = y.detach();  // detached: a node must not own its own output (cycle)
   return record(y, n, {x});
 }
 
@@ -392,7 +393,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal)
     n->q = q;
     n->k = k;
     n->v = v;
-    n->out = r.out;
+    n->out = r.out.detach();  // detached: r.out is the recorded output (no cycle)
     n->lse = r.lse;
     n->causal = causal;
     n->scale = scale;

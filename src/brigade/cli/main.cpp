@@ -89,7 +89,21 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", so.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    if (argc == 1) {
+      fmt::print(stderr, "{}", app.help());
+      return 2;
+    }
+    const std::string sub = app.get_subcommands().empty() ? "" : " " + app.get_subcommands()[0]->get_name();
+    fmt::print(stderr, "brigade: error: {} (see `brigade{} --help`)\n", e.what(), sub);
+    return 2;
+  }
   try {
     if (prep->parsed()) return cmd_prepare(recipe, sets);
     if (tr->parsed()) {

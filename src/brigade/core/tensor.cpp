@@ -111,8 +111,9 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dt, std::function
 // ---------------------------------------------------------------- metadata
 
 static int64_t wrap_dim(int64_t d, int64_t ndim, const char* what) {
+  BRIGADE_CHECK(ndim > 0, ShapeError, "{}: a 0-d tensor has no dimension {}", what, d);
   int64_t r = d < 0 ? d + ndim : d;
-  BRIGADE_CHECK(r >= 0 && r < std::max<int64_t>(ndim, 1), ShapeError,
+  BRIGADE_CHECK(r >= 0 && r < ndim, ShapeError,
                 "{}: dimension {} is out of range for a tensor with {} dimensions", what, d, ndim);
   return r;
 }
@@ -330,6 +331,8 @@ Tensor Tensor::expand(const Shape& shape) const {
   Shape s(shape.size()), st(shape.size(), 0);
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i < lead) {
+      BRIGADE_CHECK(shape[i] >= 0, ShapeError, "expand {} -> {}: new leading dimension {} must be >= 0 (-1 only "
+                    "keeps an existing dimension)", shape_str(this->shape()), shape_str(shape), i);
       s[i] = shape[i];
       continue;
     }

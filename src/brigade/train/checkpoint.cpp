@@ -1,6 +1,9 @@
 // Checkpoint directories; see checkpoint.h.
 #include "brigade/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -8,6 +11,7 @@
 #include <set>
 
 #include "brigade/ckpt/safetensors.h"
+#include "brigade/data/atomic_file.h"
 #include "brigade/core/error.h"
 
 namespace brigade::train {
@@ -15,11 +19,23 @@ namespace brigade::train {
 namespace fs = std::filesystem;
 constexpr int kStateVersion = 1;
 
-static void write_text(const fs::path& p, const std::string& s) {
-  std::ofstream f(p, std::ios::binary);
-  f << s;
-  f.flush();
-  BRIGADE_CHECK(f.good(), IoError, "could not write {}: check free disk space and permissions", p.string());
+static void fsync_dir(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void recover_checkpoint(const std::string& dir) {
+  const fs::path final_dir(dir), old = dir + ".old";
+  std::error_code ec;
+  if (!fs::exists(final_dir) && fs::exists(old / "state.json")) {
+    fs::rename(old, final_dir, ec);
+    BRIGADE_CHECK(!ec, IoError, "could not restore the previous checkpoint {} to {}: {}; rename it by hand",
+                  old.string(), dir, ec.message());
+    fsync_dir(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+  }
 }
 
 static std::string read_text(const fs::path& p) {
@@ -33,6 +49,8 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.string() + ".tmp";
   const fs::path old = final_dir.string() + ".old";
+  const fs::path parent = final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path();
+  recover_checkpoint(dir);  // a previous save that died between its two renames
   std::error_code ec;
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
@@ -48,25 +66,34 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
   nlohmann::json js{{"version", kStateVersion},        {"step", state.step},
                     {"tokens_seen", state.tokens_seen}, {"rng_state", state.rng_state},
                     {"last_val_loss", state.last_val_loss}};
-  write_text(tmp / "state.json", js.dump(2) + "\n");
-  write_text(tmp / "recipe.toml", recipe_to_toml(recipe));
+  data::write_file_atomic((tmp / "state.json").string(), js.dump(2) + "\n");
+  data::write_file_atomic((tmp / "recipe.toml").string(), recipe_to_toml(recipe));
   if (!tokenizer_path.empty()) {
-    fs::copy_file(tokenizer_path, tmp / "tokenizer.model", fs::copy_options::overwrite_existing, ec);
-    BRIGADE_CHECK(!ec, IoError, "could not copy tokenizer {} into the checkpoint: {}", tokenizer_path, ec.message());
+    std::ifstream in(tokenizer_path, std::ios::binary);
+    BRIGADE_CHECK(in.good(), IoError, "could not read tokenizer {} to store it in the checkpoint", tokenizer_path);
+    data::write_file_atomic((tmp / "tokenizer.model").string(),
+                            std::string(std::istreambuf_iterator<char>(in), {}));
   }
-  // Swap in atomically: dir -> dir.old, tmp -> dir, drop dir.old.
+  // Swap in: dir -> dir.old, tmp -> dir, drop dir.old. Every file is already fsynced;
+  // a crash between the renames leaves dir.old, which recover_checkpoint() restores.
   fs::remove_all(old, ec);
-  if (fs::exists(final_dir)) fs::rename(final_dir, old, ec);
+  if (fs::exists(final_dir)) {
+    fs::rename(final_dir, old, ec);
+    BRIGADE_CHECK(!ec, IoError, "could not move the previous checkpoint {} aside: {}", dir, ec.message());
+  }
   fs::rename(tmp, final_dir, ec);
   BRIGADE_CHECK(!ec, IoError, "could not move checkpoint {} into place: {}", final_dir.string(), ec.message());
+  fsync_dir(parent);
   fs::remove_all(old, ec);
 }
 
 bool checkpoint_exists(const std::string& dir) {
+  recover_checkpoint(dir);
   return fs::exists(fs::path(dir) / "state.json") && fs::exists(fs::path(dir) / "model.safetensors");
 }
 
 Recipe checkpoint_recipe(const std::string& dir) {
+  recover_checkpoint(dir);
   const fs::path p = fs::path(dir) / "recipe.toml";
   BRIGADE_CHECK(fs::exists(p), CheckpointError,
                 "{} is not a Brigade checkpoint (no recipe.toml); pass the directory written by `brigade train`, "

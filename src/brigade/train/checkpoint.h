@@ -4,8 +4,10 @@
 //   state.json             step, tokens seen, RNG state, last val loss, format version
 //   recipe.toml            the full recipe (every key) the run used
 //   tokenizer.model        the SentencePiece model the data was encoded with
-// Written into "<dir>.tmp" then renamed over <dir>, so a crash never leaves a
-// half-written checkpoint. Errors name the directory and the file.
+// Written into "<dir>.tmp" (every file fsynced), then swapped in by two renames
+// (<dir> -> <dir>.old, <dir>.tmp -> <dir>); a crash between them leaves <dir>.old,
+// which recover_checkpoint() moves back. So a crash never leaves a half-written
+// or missing checkpoint. Errors name the directory and the file.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,7 +27,9 @@ struct TrainState {
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,
                      const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path);
-bool checkpoint_exists(const std::string& dir);
+bool checkpoint_exists(const std::string& dir);  // repairs an interrupted swap first
+// If <dir> is missing but <dir>.old holds a checkpoint, moves it back.
+void recover_checkpoint(const std::string& dir);
 // Recipe stored in the checkpoint (the run's own, defaults filled in).
 Recipe checkpoint_recipe(const std::string& dir);
 TrainState checkpoint_state(const std::string& dir);

@@ -13,6 +13,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "brigade/autograd/engine.h"
@@ -118,6 +121,39 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn:
   throw ConfigError(fmt::format("unknown optimizer '{}': use 'adamw' or 'sgd'", o.name));
 }
 
+// "section.key" -> "value" lines of a recipe, for comparing two recipes.
+std::map<std::string, std::string> recipe_values(const Recipe& r) {
+  std::map<std::string, std::string> out;
+  std::string section;
+  std::istringstream in(recipe_to_toml(r));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
+}
+
+// Settings that change the numbers of a resumed run (everything except logging,
+// evaluation, sampling, naming and the run length).
+std::string resume_differences(const Recipe& saved, const Recipe& now) {
+  static const std::set<std::string> harmless{"run.name",         "run.out_dir",        "train.steps",
+                                              "train.eval_every", "train.eval_batches", "train.log_every",
+                                              "train.checkpoint_every"};
+  const auto a = recipe_values(saved), b = recipe_values(now);
+  std::string diff;
+  for (const auto& [key, value] : b) {
+    if (harmless.count(key) || key.rfind("sample.", 0) == 0) continue;
+    auto it = a.find(key);
+    if (it != a.end() && it->second != value) diff += fmt::format("{}{} ({} -> {})", diff.empty() ? "" : ", ", key, it->second, value);
+  }
+  return diff;
+}
+
 // Keeps metrics.jsonl consistent on resume: drops records past the resumed step.
 void truncate_metrics(const fs::path& p, int64_t step) {
   std::ifstream in(p);
@@ -187,14 +223,25 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   fs::create_directories(out_dir);
   const std::string ckpt_dir = (out_dir / "checkpoint").string();
   const fs::path metrics_path = out_dir / "metrics.jsonl";
+  BRIGADE_CHECK(opts.stop_at == -1 || opts.stop_at >= 1, ConfigError, "--stop-at {}: must be a step >= 1",
+                opts.stop_at);
+  const int64_t last_step = opts.stop_at >= 1 ? std::min(opts.stop_at, r.train.steps) : r.train.steps;
   TrainState state;
   if (opts.resume) {
     BRIGADE_CHECK(checkpoint_exists(ckpt_dir), CheckpointError,
                   "--resume: no checkpoint in {}; run without --resume to start training", ckpt_dir);
     state = checkpoint_state(ckpt_dir);
+    const std::string diff = resume_differences(checkpoint_recipe(ckpt_dir), r);
+    if (!diff.empty())
+      say("warning: resuming with settings that differ from the checkpoint's recipe: " + diff +
+          "; the continuation will not match an uninterrupted run");
     load_model_weights((fs::path(ckpt_dir) / "model.safetensors").string(), model);
     load_optimizer_state(ckpt_dir, *opt, state.step);
     model.dropout_generator().set_state(state.rng_state);
+    BRIGADE_CHECK(state.step < last_step, ConfigError,
+                  "nothing to train: the checkpoint in {} is at step {} and this run ends at step {}; raise "
+                  "train.steps (e.g. --set train.steps={}) or --stop-at to continue",
+                  ckpt_dir, state.step, last_step, r.train.steps + state.step);
     truncate_metrics(metrics_path, state.step);
     say(fmt::format("resumed from {} at step {}", ckpt_dir, state.step));
   } else {
@@ -203,7 +250,6 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   std::ofstream metrics(metrics_path, std::ios::app);
   BRIGADE_CHECK(metrics.good(), IoError, "cannot write {}: check the run.out_dir permissions", metrics_path.string());
 
-  const int64_t last_step = opts.stop_at >= 0 ? std::min(opts.stop_at, r.train.steps) : r.train.steps;
   const double flops_per_token = model.flops_per_token(T);
   const double peak = measure_gemm_peak_gflops();
   say(fmt::format("model: GPT {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters | data: {} train / {} val "
