@@ -90,7 +90,9 @@ TEST(DType, Every16BitPatternRoundTrips) {
     }
     ASSERT_EQ(float_to_f16(f), h) << std::hex << h;
     const float b = bf16_to_float(uint16_t(h));
-    if (!bf16_nan(uint16_t(h))) ASSERT_EQ(float_to_bf16(b), h) << std::hex << h;
+    if (!bf16_nan(uint16_t(h))) {
+      ASSERT_EQ(float_to_bf16(b), h) << std::hex << h;
+    }
   }
 }
 
