@@ -95,7 +95,6 @@ void backward(const Tensor& root, const Tensor& grad) {
 
   std::unordered_map<Node*, Tensor> pending;
   pending[root_node.get()] = g;
-  std::vector<std::shared_ptr<Node>> keep_alive{root_node};
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     Node* n = *it;
     auto found = pending.find(n);
@@ -107,12 +106,11 @@ void backward(const Tensor& root, const Tensor& grad) {
                   "again before a second backward",
                   n->name());
     std::vector<Tensor> gins = n->backward(gout);
-    BRIGADE_ASSERT(gins.size() == n->next.size() || dynamic_cast<AccumulateGrad*>(n), "node {} returned {} grads for {} inputs",
-                   n->name(), gins.size(), n->next.size());
+    BRIGADE_ASSERT(gins.size() == n->next.size(), "node {} returned {} grads for {} inputs", n->name(), gins.size(),
+                   n->next.size());
     for (size_t i = 0; i < gins.size(); ++i) {
       Node* c = n->next[i].get();
       if (!c || !gins[i].defined()) continue;
-      keep_alive.push_back(n->next[i]);
       auto p = pending.find(c);
       if (p == pending.end())
         pending.emplace(c, std::move(gins[i]));

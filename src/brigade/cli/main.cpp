@@ -23,12 +23,8 @@ namespace {
 
 int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& sets) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
-  data::PrepareOptions po;
-  po.corpus = r.data.corpus;
-  po.out_dir = r.data.dir;
-  po.vocab_size = r.model.vocab_size;
-  po.val_fraction = r.data.val_fraction;
-  data::prepare(po, [](const data::PrepareProgress& p) { fmt::print(stderr, "prepare: {}\n", p.message); });
+  data::prepare(train::prepare_options(r),
+                [](const data::PrepareProgress& p) { fmt::print(stderr, "prepare: {}\n", p.message); });
   return 0;
 }
 

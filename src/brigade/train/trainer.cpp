@@ -49,6 +49,15 @@ models::GPTConfig gpt_config(const ModelConfig& m) {
   return c;
 }
 
+data::PrepareOptions prepare_options(const Recipe& r) {
+  data::PrepareOptions po;
+  po.corpus = r.data.corpus;
+  po.out_dir = r.data.dir;
+  po.vocab_size = r.model.vocab_size;
+  po.val_fraction = r.data.val_fraction;
+  return po;
+}
+
 double measure_gemm_peak_gflops() {
   const int64_t n = 1024;
   autograd::NoGradGuard ng;
@@ -185,12 +194,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   // or stale token file is reported, not silently rebuilt)
   const fs::path data_dir(r.data.dir);
   if (!fs::exists(data_dir / data::kMetaFile)) {
-    data::PrepareOptions po;
-    po.corpus = r.data.corpus;
-    po.out_dir = r.data.dir;
-    po.vocab_size = r.model.vocab_size;
-    po.val_fraction = r.data.val_fraction;
-    data::prepare(po, [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
+    data::prepare(prepare_options(r), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
   }
   data::Tokenizer tok = data::Tokenizer::load((data_dir / data::kTokenizerFile).string());
   BRIGADE_CHECK(tok.vocab_size() == r.model.vocab_size, ConfigError,
@@ -220,7 +224,10 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                         r.schedule.warmup_steps, r.train.steps};
 
   const fs::path out_dir(r.run.out_dir);
-  fs::create_directories(out_dir);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  BRIGADE_CHECK(!ec, IoError, "cannot create run.out_dir {}: {}; choose a writable folder", out_dir.string(),
+                ec.message());
   const std::string ckpt_dir = (out_dir / "checkpoint").string();
   const fs::path metrics_path = out_dir / "metrics.jsonl";
   BRIGADE_CHECK(opts.stop_at == -1 || opts.stop_at >= 1, ConfigError, "--stop-at {}: must be a step >= 1",

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "brigade/core/allocator.h"
+#include "brigade/data/prepare.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/train/config.h"
 
@@ -39,6 +40,8 @@ TrainResult run_training(const Recipe& recipe, const TrainOptions& opts);
 
 // The model section of a recipe as the GPT model's own config.
 models::GPTConfig gpt_config(const ModelConfig& m);
+// What `brigade prepare` builds for a recipe (corpus, data dir, vocab, val split).
+data::PrepareOptions prepare_options(const Recipe& r);
 
 // Measured fp32 GEMM throughput (GFLOP/s) on the current thread count: the MFU ceiling.
 double measure_gemm_peak_gflops();

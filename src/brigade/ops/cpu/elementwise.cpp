@@ -178,22 +178,23 @@ void column_sum(int64_t N, int64_t C, const float* x, float* out) {
 }
 
 namespace {
-// Sum of a contiguous range in fixed blocks of kBlock (each summed with a fixed
+// Sum of term(i) over [0, n) in fixed blocks of kBlock (each summed with a fixed
 // SIMD split), the block sums then added serially: the order never depends on threads.
-float contiguous_sum(int64_t n, const float* x) {
+template <typename Acc, typename Term>
+Acc blocked_sum(int64_t n, Term term) {
   constexpr int64_t kBlock = 4096;
   const int64_t nb = (n + kBlock - 1) / kBlock;
-  std::vector<float> part(static_cast<size_t>(nb));
+  std::vector<Acc> part(static_cast<size_t>(nb));
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t i0 = b * kBlock, i1 = std::min(n, i0 + kBlock);
-    float s = 0.f;
+    Acc s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = i0; i < i1; ++i) s += x[i];
+    for (int64_t i = i0; i < i1; ++i) s += term(i);
     part[size_t(b)] = s;
   }
-  float s = 0.f;
-  for (float p : part) s += p;
+  Acc s = 0;
+  for (Acc p : part) s += p;
   return s;
 }
 }  // namespace
@@ -207,7 +208,7 @@ void reduce_sum(int nd, const int64_t* shape, const float* in, const int64_t* si
   }
   if (is_contig(nd, shape, si)) {
     if (out_numel == 1) {
-      out[0] = contiguous_sum(n, in);
+      out[0] = blocked_sum<float>(n, [in](int64_t i) { return in[i]; });
       return;
     }
     // Split dims into a reduced prefix / kept suffix or a kept prefix / reduced suffix.
@@ -246,20 +247,7 @@ void reduce_sum(int nd, const int64_t* shape, const float* in, const int64_t* si
 double sum_squares(int nd, const int64_t* shape, const float* in, const int64_t* si) {
   const int64_t n = ref::numel_of(nd, shape);
   if (!(nd == 0 || is_contig(nd, shape, si))) return ref::sum_squares<float>(nd, shape, in, si);
-  constexpr int64_t kBlock = 4096;
-  const int64_t nb = (n + kBlock - 1) / kBlock;
-  std::vector<double> part(static_cast<size_t>(nb));
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t i0 = b * kBlock, i1 = std::min(n, i0 + kBlock);
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = i0; i < i1; ++i) s += double(in[i]) * double(in[i]);
-    part[size_t(b)] = s;
-  }
-  double s = 0.0;
-  for (double p : part) s += p;
-  return s;
+  return blocked_sum<double>(n, [in](int64_t i) { return double(in[i]) * double(in[i]); });
 }
 
 // ---------------------------------------------------------------- GELU (tanh approximation)
