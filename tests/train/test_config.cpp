@@ -168,6 +168,12 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   r.schedule.min_lr = 3.3333333333333335e-05;
   r.sample.prompt = "Unicode: caf\xc3\xa9 \xe2\x80\x94 line\nbreak";
   r.data.val_fraction = 0.1 + 0.2;  // 0.30000000000000004 must survive
+  r.train.accumulation = 3;
+  r.parallel.dp = 4;
+  r.parallel.zero = 2;
+  r.parallel.allreduce = "ring";
+  r.parallel.bucket_mb = 0.5;
+  r.parallel.overlap = false;  // a boolean key
   const std::string text = recipe_to_toml(r);
   for (const auto& key : recipe_keys()) {
     std::string k = key.substr(key.find('.') + 1);
@@ -180,7 +186,29 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // Defaults round trip too, and the output is stable.
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
-  EXPECT_EQ(recipe_keys().size(), 38u);
+  EXPECT_EQ(recipe_keys().size(), 44u);
+}
+
+TEST(Recipe, ParallelKeysAreValidated) {
+  const char* base = "[train]\nsteps = 10\n[schedule]\nwarmup_steps = 1\n";
+  auto msg = [&](const std::string& set) -> std::string {
+    try {
+      parse_recipe(base, "p.toml", {set});
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(msg("parallel.zero=4").find("ZeRO stage"), std::string::npos);
+  EXPECT_NE(msg("parallel.dp=0").find("parallel.dp"), std::string::npos);
+  EXPECT_NE(msg("parallel.allreduce=rign").find("did you mean"), std::string::npos) << msg("parallel.allreduce=rign");
+  EXPECT_NE(msg("parallel.bucket_mb=0").find("parallel.bucket_mb"), std::string::npos);
+  EXPECT_NE(msg("parallel.overlap=1").find("true or false"), std::string::npos) << msg("parallel.overlap=1");
+  EXPECT_NE(msg("train.accumulation=0").find("train.accumulation"), std::string::npos);
+  Recipe ok = parse_recipe(base, "p.toml", {"parallel.overlap=false", "parallel.zero=3", "train.accumulation=2"});
+  EXPECT_FALSE(ok.parallel.overlap);
+  EXPECT_EQ(ok.parallel.zero, 3);
+  EXPECT_EQ(ok.train.accumulation, 2);
 }
 
 TEST(Recipe, MissingFileIsConfigErrorNamingThePath) {

@@ -31,7 +31,16 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
   } else {
     ops::add_(g, grad_out);  // gradients accumulate: leaf.grad += grad_out
   }
+  if (grad_ready_hook) grad_ready_hook();
   return {};
+}
+
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook) {
+  BRIGADE_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad(), ValueError,
+                "set_grad_ready_hook(): {} is not a leaf that requires grad", leaf.defined() ? leaf.str() : "undefined");
+  auto node = std::dynamic_pointer_cast<AccumulateGrad>(gradient_edge(leaf));
+  BRIGADE_ASSERT(node != nullptr, "no AccumulateGrad for leaf {}", leaf.str());
+  node->grad_ready_hook = std::move(hook);
 }
 
 std::shared_ptr<Node> gradient_edge(const Tensor& t) {

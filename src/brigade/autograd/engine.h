@@ -4,6 +4,7 @@
 // into tensor.grad(), allocated under MemTag::Grads; node outputs are fresh.
 // Not thread-safe across concurrent backward calls on one graph.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -31,7 +32,16 @@ struct AccumulateGrad final : Node {
   const char* name() const override { return "AccumulateGrad"; }
   std::vector<Tensor> backward(const Tensor& grad_out) override;
   std::weak_ptr<TensorImpl> leaf_;
+  // Runs after the leaf's gradient for this backward pass is complete (the engine
+  // sums every consumer's contribution first, so it runs once per backward). By
+  // then every node that read the leaf in this backward has run. Used by data
+  // parallelism to launch gradient communication during the backward pass.
+  std::function<void()> grad_ready_hook;
 };
+
+// Installs (or, with an empty function, removes) the grad-ready hook of a leaf
+// that requires grad.
+void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook);
 
 // Whether operations are recorded (thread-local; on by default).
 bool grad_enabled();

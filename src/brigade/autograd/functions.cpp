@@ -127,6 +127,22 @@ struct NarrowBackward : Node {
 
 }  // namespace
 
+struct HookBackward : Node {
+  const char* name() const override { return "HookBackward"; }
+  std::function<void()> fn;
+  std::vector<Tensor> backward(const Tensor& g) override {
+    if (fn) fn();
+    return {g};
+  }
+  void release() override { fn = nullptr; }
+};
+
+Tensor backward_hook(const Tensor& x, std::function<void()> on_backward) {
+  auto n = std::make_shared<HookBackward>();
+  n->fn = std::move(on_backward);
+  return record(x.detach(), n, {x});
+}
+
 Tensor reshape(const Tensor& a, const Shape& shape) {
   auto n = std::make_shared<ReshapeBackward>();
   n->in_shape = a.shape();

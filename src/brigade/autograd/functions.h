@@ -4,6 +4,8 @@
 // ops:: calls so they run on every backend. Model code calls these (via
 // `namespace F = brigade::fn`), never ops:: directly.
 #pragma once
+#include <functional>
+
 #include "brigade/core/rng.h"
 #include "brigade/core/tensor.h"
 #include "brigade/ops/ops.h"
@@ -23,6 +25,12 @@ Tensor add_scalar(const Tensor& a, double s);
 Tensor reshape(const Tensor& a, const Shape& shape);
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
+
+// Identity in the forward (a view of x); in the backward, calls on_backward() once
+// before passing the gradient through. Placed on a block's output, it runs before
+// any node inside the block (they all depend on it): ZeRO-3 gathers the block's
+// parameters there.
+Tensor backward_hook(const Tensor& x, std::function<void()> on_backward);
 
 // ---- reductions
 Tensor sum_all(const Tensor& a);

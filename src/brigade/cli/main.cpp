@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "brigade/core/error.h"
+#include "brigade/dist/process_group.h"
 #include "brigade/data/prepare.h"
 #include "brigade/data/tokenizer.h"
 #include "brigade/models/gpt/gpt.h"
@@ -32,6 +33,7 @@ int cmd_train(const std::string& recipe_path, const std::vector<std::string>& se
   train::Recipe r = train::load_recipe(recipe_path, sets);
   train::TrainResult res = train::run_training(r, o);
   if (res.interrupted) return 130;  // the conventional exit status after SIGINT
+  if (dist::Env::world_rank() != 0) return 0;  // rank 0 reports for the job
   fmt::print("final val loss: {:.4f}\n", res.val_loss);
   if (!res.sample.empty()) fmt::print("sample:\n{}\n", res.sample);
   return 0;
@@ -52,9 +54,36 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
   return 0;
 }
 
+// Under mpirun: every rank's error names its rank, and one failing rank ends the
+// whole job (MPI_Abort) instead of leaving the others waiting in a collective.
+int finish(int code, const std::string& message) {
+  if (!message.empty()) {
+    std::fflush(stdout);
+    if (isatty(fileno(stderr))) fmt::print(stderr, "\n");  // end a live progress line first
+    if (dist::Env::world_size() > 1)
+      fmt::print(stderr, "brigade: error: [rank {} of {}] {}\n", dist::Env::world_rank(), dist::Env::world_size(),
+                 message);
+    else
+      fmt::print(stderr, "brigade: error: {}\n", message);
+    std::fflush(stderr);
+    if (dist::Env::world_size() > 1) dist::Env::abort(code);
+  }
+  dist::Env::finalize();
+  return code;
+}
+
+int run(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  dist::Env::init(&argc, &argv);
+  return run(argc, argv);
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"Brigade: train language models on the CPU, with every optimization measured"};
   app.require_subcommand(1);
   std::string recipe, ckpt, prompt;
@@ -101,23 +130,20 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (prep->parsed()) return cmd_prepare(recipe, sets);
+    if (prep->parsed()) return finish(cmd_prepare(recipe, sets), "");
     if (tr->parsed()) {
       topts.sample = !no_sample;
-      return cmd_train(recipe, sets, topts);
+      return finish(cmd_train(recipe, sets, topts), "");
     }
-    if (gen->parsed()) return cmd_generate(ckpt, prompt, so, threads);
+    if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
   } catch (const brigade::Error& e) {
-    std::fflush(stdout);
-    if (isatty(fileno(stderr))) fmt::print(stderr, "\n");  // end a live progress line first
-    fmt::print(stderr, "brigade: error: {}\n", e.what());
-    return 1;
+    return finish(1, e.what());
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "brigade: error: out of memory; reduce train.batch_size, train.seq_len or the model size\n");
-    return 1;
+    return finish(1, "out of memory; reduce train.batch_size, train.seq_len or the model size");
   } catch (const std::exception& e) {
-    fmt::print(stderr, "brigade: internal error: {} (please report this)\n", e.what());
-    return 3;
+    return finish(3, fmt::format("internal error: {} (please report this)", e.what()));
   }
-  return 0;
+  return finish(0, "");
 }
+
+}  // namespace

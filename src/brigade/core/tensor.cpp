@@ -42,8 +42,17 @@ Storage::Storage(void* external, size_t nbytes, std::function<void()> release_fn
 Storage::~Storage() {
   if (release)
     release();
-  else
+  else if (data)
     Allocator::instance().deallocate(data, bytes, tag);
+}
+void Storage::free_data() {
+  BRIGADE_CHECK(!release, InternalError, "free_data(): borrowed storage cannot be released");
+  if (data) Allocator::instance().deallocate(data, bytes, tag);
+  data = nullptr;
+}
+void Storage::materialize() {
+  BRIGADE_CHECK(!release, InternalError, "materialize(): borrowed storage");
+  if (!data && bytes) data = Allocator::instance().allocate(bytes, tag);
 }
 
 // ---------------------------------------------------------------- factories
@@ -138,6 +147,8 @@ std::string Tensor::str() const {
 }
 
 void* Tensor::raw_data() const {
+  BRIGADE_ASSERT(impl_->storage->materialized(), "tensor {} '{}' used while its storage is released (a sharded "
+                 "parameter read outside its gather)", str(), impl_->meta ? impl_->meta->name : std::string());
   return static_cast<char*>(impl_->storage->data) + impl_->offset * int64_t(element_size());
 }
 

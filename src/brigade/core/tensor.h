@@ -32,6 +32,12 @@ struct Storage {
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
+  // Sharded parameters (ZeRO-3): give the buffer back to the allocator while the
+  // Storage, and every view of it, stays alive; materialize() allocates it again
+  // (contents undefined) so the views see the new buffer. Owned storage only.
+  void free_data();
+  void materialize();
+  bool materialized() const { return data != nullptr || bytes == 0; }
 };
 
 class Tensor;

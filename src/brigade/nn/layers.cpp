@@ -58,8 +58,10 @@ TransformerBlock::TransformerBlock(int64_t C, int64_t n_head, double dropout, do
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) const {
-  Tensor h = F::add(x, attn->forward(ln_1->forward(x)));  // (B, T, C)
-  return F::add(h, mlp->forward(ln_2->forward(h)));       // (B, T, C)
+  if (pre_forward_hook) pre_forward_hook();
+  Tensor h = F::add(x, attn->forward(ln_1->forward(x)));   // (B, T, C)
+  Tensor out = F::add(h, mlp->forward(ln_2->forward(h)));  // (B, T, C)
+  return post_forward_hook ? post_forward_hook(out) : out;
 }
 
 }  // namespace brigade::nn

@@ -3,6 +3,7 @@
 // require grad. Modules hold no autograd state; forward passes are plain
 // member functions of each layer (signatures differ per layer).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -29,6 +30,12 @@ class Module {
   bool is_training() const { return training_; }
   // Stores each parameter's full name in its tensor (for error messages).
   void name_parameters(const std::string& prefix = "");
+
+  // Forward hooks, for plans applied from outside (ZeRO-3 gathers a block's
+  // parameters before its forward and releases them after). Run by layers that
+  // opt in: TransformerBlock today. The post hook may replace the output.
+  std::function<void()> pre_forward_hook;
+  std::function<Tensor(const Tensor&)> post_forward_hook;
 
  protected:
   Tensor register_parameter(const std::string& name, const Shape& shape);  // zero-initialised

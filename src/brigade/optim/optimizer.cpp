@@ -38,7 +38,7 @@ static Tensor state_like(const Tensor& p) {
   return t;
 }
 
-AdamW::AdamW(NamedTensors params, AdamWOptions o, bool (*decay)(const std::string&, const Tensor&))
+AdamW::AdamW(NamedTensors params, AdamWOptions o, const std::function<bool(const std::string&, const Tensor&)>& decay)
     : Optimizer(std::move(params)), o_(o) {
   for (auto& [n, p] : params_) {
     decay_.push_back(decay(n, p));

@@ -5,6 +5,7 @@
 // Update loops run one pass per parameter with OpenMP; a flat-buffer fused
 // version belongs to the CPU performance work.
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 
@@ -27,6 +28,7 @@ class Optimizer {
   // State for checkpoints: tensors named "<state>.<param name>", plus the step count.
   virtual NamedTensors state_tensors() const = 0;
   void load_state(const std::map<std::string, Tensor>& tensors, int64_t steps);
+  void set_steps(int64_t steps) { steps_ = steps; }  // after filling state_tensors() directly
   const NamedTensors& params() const { return params_; }
 
  protected:
@@ -43,7 +45,7 @@ class AdamW final : public Optimizer {
  public:
   // decay(name, p) selects the parameters that get weight decay.
   AdamW(NamedTensors params, AdamWOptions o,
-        bool (*decay)(const std::string&, const Tensor&) = &default_decay);
+        const std::function<bool(const std::string&, const Tensor&)>& decay = &default_decay);
   void step(double lr) override;
   NamedTensors state_tensors() const override;
 

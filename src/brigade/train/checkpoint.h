@@ -10,7 +10,9 @@
 // or missing checkpoint. Errors name the directory and the file.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "brigade/nn/module.h"
 #include "brigade/optim/optimizer.h"
@@ -27,6 +29,35 @@ struct TrainState {
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,
                      const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path);
+// save_checkpoint in three steps, for multi-process saves (rank 0 runs begin and
+// commit; every rank may write its files into the returned temporary folder in between):
+std::string begin_checkpoint(const std::string& dir);  // -> "<dir>.tmp", empty and fresh
+// `params`: the model's parameters by name (model.named_parameters(), or copies gathered from shards).
+void write_checkpoint_files(const std::string& tmp, const nn::NamedTensors& params, const optim::Optimizer* opt,
+                            const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path);
+void commit_checkpoint(const std::string& dir);        // the atomic swap
+
+// ZeRO checkpoints: the optimizer state as flat shards of the parameter space,
+//   optimizer-<rank>-of-<dp>.safetensors  one tensor per state ("exp_avg", ...) holding
+//                                         flat elements [lo, hi) (metadata lo, hi)
+//   optimizer.index.json                  dp, numel, the layout (name, offset, numel)
+//                                         and every shard's file and range
+// so a run saved at one dp size resumes at another: each rank reads the ranges it
+// now owns from whichever files hold them.
+struct FlatLayoutEntry {
+  std::string name;
+  int64_t offset = 0, numel = 0;
+};
+void write_optimizer_shard(const std::string& tmp, int rank, int dp, int64_t lo, int64_t hi,
+                           const std::map<std::string, Tensor>& flat_state);
+void write_optimizer_index(const std::string& tmp, int dp, int64_t numel, const std::vector<FlatLayoutEntry>& layout,
+                           const std::vector<std::pair<int64_t, int64_t>>& shard_ranges,
+                           const std::vector<std::string>& state_names);
+// State `name` -> flat elements [lo, hi) (gaps between parameters are zero), from either
+// format: the shards above, or optimizer.safetensors ("<state>.<param>") re-cut by `layout`.
+std::map<std::string, Tensor> read_optimizer_flat(const std::string& dir, const std::vector<FlatLayoutEntry>& layout,
+                                                  int64_t lo, int64_t hi);
+bool checkpoint_is_sharded(const std::string& dir);
 bool checkpoint_exists(const std::string& dir);  // repairs an interrupted swap first
 // If <dir> is missing but <dir>.old holds a checkpoint, moves it back.
 void recover_checkpoint(const std::string& dir);

@@ -19,7 +19,7 @@
 namespace brigade::train {
 namespace {
 
-enum class Kind { Int, Int32, UInt64, Float, String };
+enum class Kind { Int, Int32, UInt64, Float, String, Bool };
 
 struct Field {
   const char* section;
@@ -58,6 +58,7 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(train, log_every, Int),
       BRIGADE_FIELD(train, checkpoint_every, Int),
       BRIGADE_FIELD(train, grad_clip, Float),
+      BRIGADE_FIELD(train, accumulation, Int),
       BRIGADE_FIELD(optim, name, String),
       BRIGADE_FIELD(optim, lr, Float),
       BRIGADE_FIELD(optim, weight_decay, Float),
@@ -68,6 +69,11 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(schedule, name, String),
       BRIGADE_FIELD(schedule, warmup_steps, Int),
       BRIGADE_FIELD(schedule, min_lr, Float),
+      BRIGADE_FIELD(parallel, dp, Int),
+      BRIGADE_FIELD(parallel, zero, Int),
+      BRIGADE_FIELD(parallel, allreduce, String),
+      BRIGADE_FIELD(parallel, bucket_mb, Float),
+      BRIGADE_FIELD(parallel, overlap, Bool),
       BRIGADE_FIELD(sample, prompt, String),
       BRIGADE_FIELD(sample, tokens, Int),
       BRIGADE_FIELD(sample, temperature, Float),
@@ -77,7 +83,7 @@ const std::vector<Field>& fields() {
 }
 #undef BRIGADE_FIELD
 
-const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "sample"};
+const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "parallel", "sample"};
 
 const Field* find_field(std::string_view section, std::string_view key) {
   for (const auto& f : fields())
@@ -143,6 +149,7 @@ const char* expected_name(Kind k) {
     case Kind::UInt64: return "a non-negative integer";
     case Kind::Float: return "a number";
     case Kind::String: return "a string";
+    case Kind::Bool: return "true or false";
   }
   return "?";
 }
@@ -231,6 +238,12 @@ void assign(const Field& f, Recipe& r, const toml::node& v, const std::string& w
       *static_cast<std::string*>(p) = s->get();
       break;
     }
+    case Kind::Bool: {
+      auto b = v.as_boolean();
+      if (!b) throw type_error();
+      *static_cast<bool*>(p) = b->get();
+      break;
+    }
   }
 }
 
@@ -242,6 +255,7 @@ std::string field_toml(const Field& f, const Recipe& r) {
     case Kind::UInt64: return std::to_string(*static_cast<uint64_t*>(p));
     case Kind::Float: return toml_float(*static_cast<double*>(p));
     case Kind::String: return toml_string(*static_cast<std::string*>(p));
+    case Kind::Bool: return *static_cast<bool*>(p) ? "true" : "false";
   }
   return "";
 }
@@ -258,7 +272,7 @@ void apply_table(Recipe& r, const toml::table& root, const std::string& origin) 
     if (!is_section(sec)) {
       if (v.is_table()) {
         throw ConfigError(fmt::format("{}: unknown section '[{}]'{}; sections are [run] [model] [data] [train] "
-                                      "[optim] [schedule] [sample]",
+                                      "[optim] [schedule] [parallel] [sample]",
                                       where, sec, suggest(sec, {std::begin(kSections), std::end(kSections)})));
       }
       std::string hint;
@@ -400,6 +414,22 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (!(r.optim.eps > 0)) fail(fmt::format("optim.eps = {} must be > 0; use e.g. 1e-8", r.optim.eps));
   if (!(r.optim.momentum >= 0 && r.optim.momentum < 1))
     fail(fmt::format("optim.momentum = {} must be in [0, 1); use e.g. 0.9", r.optim.momentum));
+
+  positive(r.train.accumulation, "train.accumulation");
+
+  if (r.parallel.dp < 1 || r.parallel.dp > 65536)
+    fail(fmt::format("parallel.dp = {} must be between 1 and 65536; it must equal the number of processes "
+                     "(mpirun -np <dp>)",
+                     r.parallel.dp));
+  if (r.parallel.zero < 0 || r.parallel.zero > 3)
+    fail(fmt::format("parallel.zero = {} is not a ZeRO stage; use 0 (none), 1 (optimizer state), 2 (+ gradients) or "
+                     "3 (+ parameters)",
+                     r.parallel.zero));
+  if (r.parallel.allreduce != "mpi" && r.parallel.allreduce != "ring" && r.parallel.allreduce != "tree")
+    fail(fmt::format("parallel.allreduce = \"{}\" is not a known algorithm; use \"mpi\", \"ring\" or \"tree\"{}",
+                     r.parallel.allreduce, suggest(r.parallel.allreduce, {"mpi", "ring", "tree"})));
+  if (!(r.parallel.bucket_mb > 0 && r.parallel.bucket_mb <= 4096))
+    fail(fmt::format("parallel.bucket_mb = {} must be in (0, 4096]; use e.g. 4 or 25", r.parallel.bucket_mb));
 
   if (r.schedule.name != "cosine" && r.schedule.name != "constant")
     fail(fmt::format("schedule.name = \"{}\" is not a known schedule; use \"cosine\" or \"constant\"{}",

@@ -47,6 +47,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;      // 0 = only at the end
   double grad_clip = 1.0;            // global L2 norm; 0 = off
+  int64_t accumulation = 1;          // micro-steps per optimizer step (batch_size rows each)
   bool operator==(const TrainConfig&) const = default;
 };
 
@@ -68,6 +69,17 @@ struct ScheduleConfig {
   bool operator==(const ScheduleConfig&) const = default;
 };
 
+// Data parallelism (see docs/distributed.md). Launch with `mpirun -np <dp>`;
+// global batch = train.batch_size x train.accumulation x parallel.dp.
+struct ParallelConfig {
+  int64_t dp = 1;                    // data-parallel ranks; must equal the number of processes
+  int64_t zero = 0;                  // ZeRO stage: 0 (plain DDP), 1 (optimizer state), 2 (+ grads), 3 (+ params)
+  std::string allreduce = "mpi";     // "mpi" | "ring" | "tree"
+  double bucket_mb = 4.0;            // gradient bucket size (MiB), filled in reverse parameter order
+  bool overlap = true;               // communicate buckets during the backward pass
+  bool operator==(const ParallelConfig&) const = default;
+};
+
 struct SampleConfig {
   std::string prompt = "In the beginning";
   int64_t tokens = 64;
@@ -84,6 +96,7 @@ struct Recipe {
   TrainConfig train;
   OptimConfig optim;
   ScheduleConfig schedule;
+  ParallelConfig parallel;
   SampleConfig sample;
   bool operator==(const Recipe&) const = default;  // compares path too
 };

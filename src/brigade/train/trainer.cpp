@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
+#include <cstdlib>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +30,8 @@
 #include "brigade/ops/ops.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/optim/schedule.h"
+#include "brigade/parallel/data_parallel.h"
+#include "brigade/dist/process_group.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/generate.h"
 
@@ -124,8 +128,11 @@ nlohmann::json memory_json(const MemStats& m) {
 }
 
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params) {
-  if (o.name == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay});
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
+                                                const parallel::DataParallel& dp) {
+  if (o.name == "adamw")
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
+                                          [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
   if (o.name == "sgd") return std::make_unique<optim::SGD>(params, optim::SGDOptions{o.momentum, o.weight_decay, false});
   throw ConfigError(fmt::format("unknown optimizer '{}': use 'adamw' or 'sgd'", o.name));
 }
@@ -149,7 +156,9 @@ std::map<std::string, std::string> recipe_values(const Recipe& r) {
 
 // Settings that change the numbers of a resumed run (everything except logging,
 // evaluation, sampling, naming and the run length).
-std::string resume_differences(const Recipe& saved, const Recipe& now) {
+// layout = false: every other setting; layout = true: only the batch split (is_layout_key).
+bool is_layout_key(const std::string& key);
+std::string resume_differences(const Recipe& saved, const Recipe& now, bool layout) {
   static const std::set<std::string> harmless{"run.name",         "run.out_dir",        "train.steps",
                                               "train.eval_every", "train.eval_batches", "train.log_every",
                                               "train.checkpoint_every"};
@@ -157,6 +166,7 @@ std::string resume_differences(const Recipe& saved, const Recipe& now) {
   std::string diff;
   for (const auto& [key, value] : b) {
     if (harmless.count(key) || key.rfind("sample.", 0) == 0) continue;
+    if (is_layout_key(key) != layout) continue;
     auto it = a.find(key);
     if (it != a.end() && it->second != value) diff += fmt::format("{}{} ({} -> {})", diff.empty() ? "" : ", ", key, it->second, value);
   }
@@ -183,19 +193,84 @@ void truncate_metrics(const fs::path& p, int64_t step) {
 
 }  // namespace
 
+// GPT's ZeRO-3 units: each transformer block, plus one unit for everything else
+// (embeddings, final norm and the tied head), which stays gathered for the step.
+std::vector<parallel::ParamUnit> gpt_units(models::GPT& m) {
+  std::vector<parallel::ParamUnit> units(1);
+  units[0].name = "embeddings+head";
+  const auto& blocks = *m.transformer->h;
+  std::vector<parallel::ParamUnit> block_units(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    block_units[i].name = fmt::format("transformer.h.{}", i);
+    block_units[i].module = &blocks[i];
+  }
+  for (auto& [name, p] : m.named_parameters()) {
+    bool placed = false;
+    for (size_t i = 0; i < blocks.size() && !placed; ++i)
+      if (name.rfind(block_units[i].name + ".", 0) == 0) {
+        block_units[i].params.emplace_back(name, p);
+        placed = true;
+      }
+    if (!placed) units[0].params.emplace_back(name, p);
+  }
+  for (auto& u : block_units) units.push_back(std::move(u));
+  return units;
+}
+
+namespace {
+
+// Test hook (docs/distributed.md): BRIGADE_FAULT="<rank>:<step>:kill|raise" makes that
+// rank die (SIGKILL) or throw in the middle of that step, after its forward pass.
+struct Fault {
+  int rank = -1;
+  int64_t step = -1;
+  std::string kind;
+};
+Fault fault_from_env() {
+  Fault f;
+  const char* e = std::getenv("BRIGADE_FAULT");
+  if (!e) return f;
+  char kind[16] = {0};
+  long long step = -1;
+  if (std::sscanf(e, "%d:%lld:%15s", &f.rank, &step, kind) == 3) {
+    f.step = step;
+    f.kind = kind;
+  }
+  return f;
+}
+
+// Settings that may differ on resume without changing the numbers beyond float
+// rounding, as long as the global batch stays the same: how the batch is split.
+bool is_layout_key(const std::string& key) {
+  return key.rfind("parallel.", 0) == 0 || key == "train.batch_size" || key == "train.accumulation";
+}
+
+}  // namespace
+
 TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
-  const bool tty = isatty(fileno(stderr)) && !opts.quiet;
+  std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
+  const int rank = world->rank(), P = world->size();
+  const bool lead = rank == 0;  // rank 0 alone prints, writes logs and the shared checkpoint files
+  BRIGADE_CHECK(P == r.parallel.dp, ConfigError,
+                "{}: parallel.dp = {} but this job has {} process{}; launch with `mpirun -np {} brigade train ...` "
+                "or set parallel.dp = {}",
+                r.path, r.parallel.dp, P, P == 1 ? "" : "es", r.parallel.dp, P);
+  // Gradients travel on `world`; the trainer's own small messages (loss, stop flag, eval, memory)
+  // on a duplicate, so the gradient group's byte counter measures the algorithm alone.
+  std::shared_ptr<dist::ProcessGroup> ctrl = world->split(0, rank);
+  const bool tty = lead && isatty(fileno(stderr)) && !opts.quiet;
   auto say = [&](const std::string& s) {
-    if (!opts.quiet) fmt::print(stderr, "{}\n", s);
+    if (lead && !opts.quiet) fmt::print(stderr, "{}\n", s);
   };
 
-  // ---- data: prepared on first use; once prepared, `brigade prepare` owns it (so a damaged
-  // or stale token file is reported, not silently rebuilt)
+  // ---- data: prepared on first use (by rank 0); once prepared, `brigade prepare` owns it (so a
+  // damaged or stale token file is reported, not silently rebuilt)
   const fs::path data_dir(r.data.dir);
-  if (!fs::exists(data_dir / data::kMetaFile)) {
+  if (lead && !fs::exists(data_dir / data::kMetaFile)) {
     data::prepare(prepare_options(r), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
   }
+  ctrl->barrier();
   data::Tokenizer tok = data::Tokenizer::load((data_dir / data::kTokenizerFile).string());
   BRIGADE_CHECK(tok.vocab_size() == r.model.vocab_size, ConfigError,
                 "{}: the tokenizer in {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again or set "
@@ -207,27 +282,31 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     BRIGADE_CHECK(ds->vocab_size() == r.model.vocab_size, ConfigError,
                   "{}: token file {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again", r.path,
                   ds->path(), ds->vocab_size(), r.model.vocab_size);
-  const int64_t B = r.train.batch_size, T = r.train.seq_len;
-  data::BatchSampler sampler(train_ds, B, T, r.run.seed);
-  data::BatchSampler val_sampler(val_ds, B, T, r.run.seed);
+  const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation;
+  const int64_t tokens_per_step = B * T * A * P;  // the global batch
+  // Micro-step m of rank p takes rows [(m P + p) B, +B) of the global batch, so the rows
+  // seen per step do not depend on how the batch is split (dp x accumulation x batch_size).
+  // Evaluation uses the same split of its (fixed) windows, so val loss does not depend on it either.
+  std::vector<data::BatchSampler> samplers, val_samplers;
+  for (int64_t m = 0; m < A; ++m) {
+    samplers.emplace_back(train_ds, B, T, r.run.seed, int(m * P + rank), int(A * P));
+    val_samplers.emplace_back(val_ds, B, T, r.run.seed, int(m * P + rank), int(A * P));
+  }
 
-  // ---- model + optimizer
+  // ---- model
   models::GPT model(gpt_config(r.model));
   {
     Generator init_gen(r.run.seed);
     model.init_weights(init_gen);
   }
   model.dropout_generator().manual_seed(r.run.seed + 1);
-  const nn::NamedTensors params = model.named_parameters();
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, params);
-  optim::Schedule sched{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
-                        r.schedule.warmup_steps, r.train.steps};
 
   const fs::path out_dir(r.run.out_dir);
   std::error_code ec;
-  fs::create_directories(out_dir, ec);
+  if (lead) fs::create_directories(out_dir, ec);
   BRIGADE_CHECK(!ec, IoError, "cannot create run.out_dir {}: {}; choose a writable folder", out_dir.string(),
                 ec.message());
+  ctrl->barrier();
   const std::string ckpt_dir = (out_dir / "checkpoint").string();
   const fs::path metrics_path = out_dir / "metrics.jsonl";
   BRIGADE_CHECK(opts.stop_at == -1 || opts.stop_at >= 1, ConfigError, "--stop-at {}: must be a step >= 1",
@@ -238,48 +317,140 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     BRIGADE_CHECK(checkpoint_exists(ckpt_dir), CheckpointError,
                   "--resume: no checkpoint in {}; run without --resume to start training", ckpt_dir);
     state = checkpoint_state(ckpt_dir);
-    const std::string diff = resume_differences(checkpoint_recipe(ckpt_dir), r);
+    const Recipe saved = checkpoint_recipe(ckpt_dir);
+    const std::string diff = resume_differences(saved, r, /*layout=*/false);
     if (!diff.empty())
       say("warning: resuming with settings that differ from the checkpoint's recipe: " + diff +
           "; the continuation will not match an uninterrupted run");
+    const std::string layout_diff = resume_differences(saved, r, /*layout=*/true);
+    const int64_t saved_global =
+        saved.train.batch_size * saved.train.accumulation * saved.parallel.dp;
+    if (!layout_diff.empty())
+      say(saved_global == B * A * P
+              ? "resuming with a different batch split (" + layout_diff +
+                    "): same global batch, so the continuation matches an uninterrupted run up to float rounding"
+              : fmt::format("warning: the global batch changes from {} to {} rows ({}); the continuation will not "
+                            "match an uninterrupted run",
+                            saved_global, B * A * P, layout_diff));
     load_model_weights((fs::path(ckpt_dir) / "model.safetensors").string(), model);
-    load_optimizer_state(ckpt_dir, *opt, state.step);
     model.dropout_generator().set_state(state.rng_state);
     BRIGADE_CHECK(state.step < last_step, ConfigError,
                   "nothing to train: the checkpoint in {} is at step {} and this run ends at step {}; raise "
                   "train.steps (e.g. --set train.steps={}) or --stop-at to continue",
                   ckpt_dir, state.step, last_step, r.train.steps + state.step);
-    truncate_metrics(metrics_path, state.step);
+  }
+
+  // ---- data parallelism (one rank: the same code, collectives are no-ops) + optimizer
+  parallel::DataParallelOptions dpo;
+  dpo.zero = int(r.parallel.zero);
+  dpo.algo = dist::allreduce_algo_from_name(r.parallel.allreduce);
+  dpo.bucket_bytes = int64_t(r.parallel.bucket_mb * double(1 << 20));
+  dpo.overlap = r.parallel.overlap;
+  dpo.accumulation = A;
+  parallel::DataParallel dp(gpt_units(model), world, dpo);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
+  std::vector<FlatLayoutEntry> layout;
+  for (const auto& e : dp.layout()) layout.push_back({e.name, e.offset, e.numel});
+  if (opts.resume) {
+    if (dpo.zero == 0 && !checkpoint_is_sharded(ckpt_dir)) {
+      load_optimizer_state(ckpt_dir, *opt, state.step);
+    } else if (dpo.zero == 0) {  // a ZeRO checkpoint resumed without ZeRO: re-assemble per parameter
+      std::map<std::string, Shape> shapes;
+      for (auto& [name, p] : model.named_parameters()) shapes[name] = p.shape();
+      std::map<std::string, Tensor> named;
+      for (auto& [kind, flat] : read_optimizer_flat(ckpt_dir, layout, 0, dp.flat_numel()))
+        for (const auto& e : layout)
+          named.emplace(kind + "." + e.name, flat.narrow(0, e.offset, e.numel).view(shapes.at(e.name)));
+      opt->load_state(named, state.step);
+    } else {
+      dp.load_shard_state(read_optimizer_flat(ckpt_dir, layout, dp.shard_begin(), dp.shard_end()),
+                          opt->state_tensors());
+      opt->set_steps(state.step);
+    }
+    if (lead) truncate_metrics(metrics_path, state.step);
     say(fmt::format("resumed from {} at step {}", ckpt_dir, state.step));
-  } else {
+  } else if (lead) {
     std::ofstream(metrics_path, std::ios::trunc);
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
-  BRIGADE_CHECK(metrics.good(), IoError, "cannot write {}: check the run.out_dir permissions", metrics_path.string());
+  optim::Schedule sched{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
+                        r.schedule.warmup_steps, r.train.steps};
+  std::ofstream metrics;
+  if (lead) {
+    metrics.open(metrics_path, std::ios::app);
+    BRIGADE_CHECK(metrics.good(), IoError, "cannot write {}: check the run.out_dir permissions",
+                  metrics_path.string());
+  }
 
   const double flops_per_token = model.flops_per_token(T);
-  const double peak = measure_gemm_peak_gflops();
+  double peak = measure_gemm_peak_gflops();  // per rank, measured by all ranks at once
+  ctrl->allreduce(&peak, 1);                // the job's ceiling: the sum over ranks
   say(fmt::format("model: GPT {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters | data: {} train / {} val "
                   "tokens | {} threads, GEMM peak {:.0f} GFLOP/s",
                   r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
                   double(model.num_parameters()) / 1e6, train_ds.size(), val_ds.size(), omp_get_max_threads(), peak));
+  if (P > 1 || A > 1)
+    say(fmt::format("parallel: dp {} x accumulation {} x batch {} = {} rows per step | ZeRO-{} | allreduce {} | "
+                    "buckets {} MiB | overlap {}",
+                    P, A, B, B * A * P, dpo.zero, r.parallel.allreduce, r.parallel.bucket_mb,
+                    r.parallel.overlap ? "on" : "off"));
 
   auto evaluate = [&]() {
     autograd::NoGradGuard ng;
     model.train(false);
+    dp.gather_persistent();
     Tensor x = Tensor::empty({B, T}, DType::I64), y = Tensor::empty({B, T}, DType::I64);  // (B, T)
     double total = 0.0;
     const int64_t n = std::max<int64_t>(1, r.train.eval_batches);
-    for (int64_t i = 0; i < n; ++i) {
-      val_sampler.get_eval_batch(i, n, x, y);
-      total += model.loss(x, y).item();
-    }
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t m = 0; m < A; ++m) {
+        val_samplers[size_t(m)].get_eval_batch(i, n, x, y);
+        total += model.loss(x, y).item();
+      }
+    dp.release_persistent();
     model.train(true);
-    return total / double(n);
+    double mean = total / double(n * A);
+    ctrl->allreduce(&mean, 1);
+    return mean / double(P);
   };
 
+  const std::string tokenizer_path = (data_dir / data::kTokenizerFile).string();
+  auto save = [&]() {  // collective: every rank calls it
+    state.rng_state = model.dropout_generator().state();
+    // Rank 0 copies every parameter (ZeRO-3: one gathered unit at a time, so no rank ever holds
+    // the whole model as parameters; the copies are checkpoint staging, tagged "other").
+    std::map<std::string, Tensor> copies;
+    dp.for_each_unit_gathered([&](const nn::NamedTensors& ps) {
+      if (!lead) return;
+      MemTagScope tag(MemTag::Other);
+      for (auto& [name, p] : ps) copies[name] = dpo.zero == 3 ? p.clone() : p;
+    });
+    nn::NamedTensors full;
+    for (auto& [name, p] : model.named_parameters())
+      if (lead) full.emplace_back(name, copies.at(name));
+    const std::string tmp = ckpt_dir + ".tmp";
+    if (lead) begin_checkpoint(ckpt_dir);
+    ctrl->barrier();
+    const std::map<std::string, Tensor> shard = dpo.zero >= 1 ? dp.shard_state(opt->state_tensors())
+                                                               : std::map<std::string, Tensor>();
+    if (dpo.zero >= 1) write_optimizer_shard(tmp, rank, P, dp.shard_begin(), dp.shard_end(), shard);
+    ctrl->barrier();
+    if (lead) {
+      write_checkpoint_files(tmp, full, dpo.zero == 0 ? opt.get() : nullptr, state, r, tokenizer_path);
+      if (dpo.zero >= 1) {
+        std::vector<std::pair<int64_t, int64_t>> ranges;
+        for (int p = 0; p < P; ++p) ranges.push_back(dp.shard_range(p));
+        std::vector<std::string> kinds;
+        for (auto& [kind, t] : shard) kinds.push_back(kind);
+        write_optimizer_index(tmp, P, dp.flat_numel(), layout, ranges, kinds);
+      }
+      commit_checkpoint(ckpt_dir);
+    }
+    ctrl->barrier();
+  };
+
+  const Fault fault = fault_from_env();
   Tensor x = Tensor::empty({B, T}, DType::I64), y = Tensor::empty({B, T}, DType::I64);  // (B, T)
-  std::vector<double> step_times;
+  std::vector<double> step_times, comm_waits;
   double last_loss = 0.0, tok_s = 0.0;
   const auto t_start = Clock::now();
   const int64_t start_step = state.step;
@@ -289,36 +460,65 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   bool interrupted = false;
   for (int64_t step = state.step; step < last_step; ++step) {
     const auto t0 = Clock::now();
-    sampler.get_batch(step, x, y);
-    opt->zero_grad();
-    Tensor loss = model.loss(x, y);
-    autograd::backward(loss);
-    last_loss = loss.item();
+    // Dropout masks: one stream per rank, re-seeded from (seed, step, rank) every step, so a run
+    // resumes exactly at any dp size without saving per-rank generator states.
+    model.dropout_generator().manual_seed(
+        data::splitmix64(r.run.seed ^ data::splitmix64((uint64_t(step) << 16) + uint64_t(rank))));
+    dp.reset_stats();
+    dp.begin_step();
+    double loss_sum = 0.0;
+    for (int64_t m = 0; m < A; ++m) {
+      dp.begin_micro_step(m);
+      samplers[size_t(m)].get_batch(step, x, y);
+      Tensor loss = model.loss(x, y);
+      if (fault.rank == rank && fault.step == step + 1) {
+        if (fault.kind == "kill") ::raise(SIGKILL);
+        throw ValueError(fmt::format("injected fault at step {} (BRIGADE_FAULT={}:{}:{})", step + 1, fault.rank,
+                                     fault.step, fault.kind));
+      }
+      autograd::backward(loss);
+      loss_sum += loss.item();
+    }
+    dp.finish_gradients();
+    double agreed[2] = {loss_sum / double(A), g_stop_requested.load() ? 1.0 : 0.0};
+    ctrl->allreduce(agreed, 1);  // the global batch's mean loss (x P)
+    ctrl->allreduce_max(agreed + 1, 1);  // stop when any rank was asked to
+    last_loss = agreed[0] / double(P);
     BRIGADE_CHECK(std::isfinite(last_loss), ValueError,
                   "loss became {} at step {}; the run diverged: lower optim.lr, keep train.grad_clip on, or resume "
                   "from the last checkpoint in {}",
                   last_loss, step + 1, ckpt_dir);
-    const double norm = optim::clip_grad_norm(params, r.train.grad_clip);
+    const double norm = dp.clip_grad_norm(r.train.grad_clip);
     const double lr = sched.lr_at(step);
     opt->step(lr);
-    loss = Tensor();
+    dp.after_optimizer_step();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     step_times.push_back(dt);
+    comm_waits.push_back(dp.comm_wait_seconds());
     state.step = step + 1;
-    state.tokens_seen += B * T;
-    tok_s = double(B * T) / dt;
+    state.tokens_seen += tokens_per_step;
+    tok_s = double(tokens_per_step) / dt;
     const double mfu = tok_s * flops_per_token / (peak * 1e9);
 
     const bool log_now = r.train.log_every > 0 && (state.step % r.train.log_every == 0 || state.step == last_step);
-    if (log_now) {
-      nlohmann::json j{{"step", state.step}, {"loss", last_loss},     {"lr", lr},
-                       {"grad_norm", norm},  {"tokens_per_s", tok_s}, {"mfu", mfu},
+    if (log_now && lead) {
+      nlohmann::json j{{"step", state.step},
+                       {"loss", last_loss},
+                       {"lr", lr},
+                       {"grad_norm", norm},
+                       {"tokens_per_s", tok_s},
+                       {"mfu", mfu},
                        {"tokens_seen", state.tokens_seen},
+                       {"global_batch", B * A * P},
                        {"mem_peak", memory_json(Allocator::instance().stats())["peak"]}};
+      if (P > 1) {
+        j["comm_wait_s"] = dp.comm_wait_seconds();
+        j["bytes_sent"] = dp.bytes_sent();
+      }
       metrics << j.dump() << '\n';
       metrics.flush();
     }
-    if (!opts.quiet) {
+    if (!opts.quiet && lead) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
       const double eta = elapsed / double(state.step - start_step) * double(last_step - state.step);
       std::string line = fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
@@ -331,17 +531,16 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     const bool eval_now = r.train.eval_every > 0 && state.step % r.train.eval_every == 0;
     if (eval_now || state.step == last_step) {
       state.last_val_loss = evaluate();
-      metrics << nlohmann::json{{"step", state.step}, {"val_loss", state.last_val_loss}}.dump() << '\n';
-      metrics.flush();
+      if (lead) {
+        metrics << nlohmann::json{{"step", state.step}, {"val_loss", state.last_val_loss}}.dump() << '\n';
+        metrics.flush();
+      }
       if (tty) fmt::print(stderr, "\n");
       say(fmt::format("step {:>5}/{} | val loss {:.4f}", state.step, last_step, state.last_val_loss));
     }
-    interrupted = g_stop_requested.load() && state.step < last_step;
+    interrupted = agreed[1] > 0.0 && state.step < last_step;
     const bool ckpt_now = r.train.checkpoint_every > 0 && state.step % r.train.checkpoint_every == 0;
-    if (ckpt_now || state.step == last_step || interrupted) {
-      state.rng_state = model.dropout_generator().state();
-      save_checkpoint(ckpt_dir, model, opt.get(), state, r, (data_dir / data::kTokenizerFile).string());
-    }
+    if (ckpt_now || state.step == last_step || interrupted) save();
     if (interrupted) {
       if (tty) fmt::print(stderr, "\n");
       say(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with --resume", state.step,
@@ -358,27 +557,55 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   if (!step_times.empty()) {
     std::vector<double> s = step_times;
     std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
-    res.tokens_per_s = double(B * T) / s[s.size() / 2];
+    res.tokens_per_s = double(tokens_per_step) / s[s.size() / 2];
+    std::vector<double> c = comm_waits;
+    std::nth_element(c.begin(), c.begin() + long(c.size() / 2), c.end());
+    res.comm_wait_share = c[c.size() / 2] / s[s.size() / 2];
   }
   res.gemm_peak_gflops = peak;
   res.mfu = res.tokens_per_s * flops_per_token / (peak * 1e9);
   res.memory = Allocator::instance().stats();
   res.checkpoint_dir = ckpt_dir;
   {
-    std::ofstream mj(out_dir / "memory.json");
-    mj << memory_json(res.memory).dump(2) << '\n';
+    // Every rank's memory by tag, gathered to rank 0 (a sum of vectors that are zero but for one slot).
+    std::vector<double> all(size_t(P) * 2 * kNumMemTags, 0.0);
+    for (int i = 0; i < kNumMemTags; ++i) {
+      all[(size_t(rank) * 2) * kNumMemTags + size_t(i)] = double(res.memory.live[size_t(i)]);
+      all[(size_t(rank) * 2 + 1) * kNumMemTags + size_t(i)] = double(res.memory.peak[size_t(i)]);
+    }
+    ctrl->allreduce(all.data(), int64_t(all.size()));
+    if (lead) {
+      nlohmann::json mj = memory_json(res.memory);
+      mj["dp"] = P;
+      mj["zero"] = dpo.zero;
+      for (int p = 0; p < P; ++p) {
+        nlohmann::json rj;
+        for (int i = 0; i < kNumMemTags; ++i) {
+          const std::string name(mem_tag_name(MemTag(i)));
+          rj["live"][name] = int64_t(all[(size_t(p) * 2) * kNumMemTags + size_t(i)]);
+          rj["peak"][name] = int64_t(all[(size_t(p) * 2 + 1) * kNumMemTags + size_t(i)]);
+        }
+        mj["ranks"].push_back(rj);
+      }
+      std::ofstream(out_dir / "memory.json") << mj.dump(2) << '\n';
+    }
   }
   if (opts.sample && !interrupted) {
-    SampleOptions so{r.sample.tokens, r.sample.temperature, r.sample.top_k, r.run.seed};
-    model.train(false);
-    res.sample = generate_text(model, tok, r.sample.prompt, so);
+    dp.gather_all();  // collective
+    if (lead) {
+      SampleOptions so{r.sample.tokens, r.sample.temperature, r.sample.top_k, r.run.seed};
+      model.train(false);
+      res.sample = generate_text(model, tok, r.sample.prompt, so);
+    }
   }
-  if (!opts.quiet) {
+  if (!opts.quiet && lead) {
     say(fmt::format("done: {} steps | final loss {:.4f} | val loss {:.4f} | {:.0f} tok/s (median) | MFU {:.1f}% of "
                     "{:.0f} GFLOP/s | peak memory {} (params {}, grads {}, optimizer {}, activations {})",
                     res.steps, res.last_loss, res.val_loss, res.tokens_per_s, 100.0 * res.mfu, peak,
                     fmt_bytes(res.memory.peak_total), fmt_bytes(res.memory.peak[0]), fmt_bytes(res.memory.peak[1]),
                     fmt_bytes(res.memory.peak[2]), fmt_bytes(res.memory.peak[3])));
+    if (P > 1)
+      say(fmt::format("communication: {:.1f}% of the median step spent waiting (rank 0)", 100.0 * res.comm_wait_share));
     say("checkpoint: " + ckpt_dir);
   }
   return res;

@@ -1,8 +1,9 @@
 // The training loop behind `brigade train`: builds the model and optimizer from
 // a recipe, draws batches, steps, evaluates, logs (progress line + metrics.jsonl),
 // checkpoints, resumes exactly, and finally samples text. Ctrl-C (or SIGTERM)
-// finishes the current step, checkpoints and returns with interrupted = true. Single process today;
-// parallel plans (dp/tp/pp, ZeRO) will wrap the same loop.
+// finishes the current step, checkpoints and returns with interrupted = true. Under mpirun the
+// same loop runs on every rank with data parallelism and ZeRO (parallel.*; docs/distributed.md):
+// rank 0 alone prints and writes logs; the stop decision and the logged loss are agreed by all.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -30,7 +31,8 @@ struct TrainResult {
   double val_loss = -1.0;       // last evaluation (-1 if none)
   double tokens_per_s = 0.0;    // median over this run's steps
   double mfu = 0.0;             // tokens/s * flops/token / measured GEMM peak
-  double gemm_peak_gflops = 0.0;
+  double gemm_peak_gflops = 0.0;   // summed over ranks
+  double comm_wait_share = 0.0;    // median step: time rank 0 waited on communication / step time
   MemStats memory;
   std::string sample;
   std::string checkpoint_dir;
