@@ -1,5 +1,7 @@
 // Optimizers, clipping and schedules against values worked out by hand (AdamW's
-// numerics against PyTorch are covered by the GPT-2 parity test in tests/models).
+// numerics against PyTorch are covered by the GPT-2 parity test in tests/models; LAMB
+// and SGD against PyTorch fixtures in test_optim_fixtures.cpp; schedules against their
+// closed forms in test_schedule.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -94,4 +96,47 @@ TEST(Schedule, WarmupThenCosineToTheFloor) {
   optim::Schedule c{optim::ScheduleKind::Constant, 0.5, 0.0, 0, 10};
   EXPECT_DOUBLE_EQ(c.lr_at(7), 0.5);
   EXPECT_THROW(optim::schedule_from_name("linear-ish"), ConfigError);
+}
+
+TEST(Clip, ByValueClampsEachElement) {
+  Tensor a = param({0, 0, 0, 0}, {2, 2}, {0.5f, -3.0f, 2.0f, -0.25f});
+  nn::NamedTensors ps{{"a", a}};
+  optim::clip_grad_value(ps, 1.0);
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{0.5f, -1.0f, 1.0f, -0.25f}));
+  optim::clip_grad_value(ps, 0.0);  // off
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{0.5f, -1.0f, 1.0f, -0.25f}));
+}
+
+TEST(Clip, NormThenValueAsTheTrainerAppliesThem) {
+  // g = (3, 4): norm 5 -> clip to 2.5 gives (1.5, 2) (up to torch's 1e-6) -> clamp at 1.8 gives (1.5, 1.8)
+  Tensor a = param({0, 0}, {2}, {3, 4});
+  nn::NamedTensors ps{{"a", a}};
+  EXPECT_DOUBLE_EQ(optim::clip_grad_norm(ps, 2.5), 5.0);
+  optim::clip_grad_value(ps, 1.8);
+  EXPECT_NEAR(a.grad().to_vector()[0], 1.5, 1e-6);
+  EXPECT_FLOAT_EQ(a.grad().to_vector()[1], 1.8f);
+}
+
+TEST(SGD, NesterovAddsTheMomentumLookahead) {
+  // b1 = g; d1 = g + mu b1; b2 = mu b1 + g; d2 = g + mu b2
+  Tensor p = param({1.0f}, {1}, {2.0f});
+  optim::SGD opt({{"p", p}}, optim::SGDOptions{0.5, 0.0, true});
+  opt.step(0.1);
+  EXPECT_FLOAT_EQ(p.to_vector()[0], 1.0f - 0.1f * (2.0f + 0.5f * 2.0f));
+  opt.step(0.1);
+  EXPECT_FLOAT_EQ(p.to_vector()[0], 0.7f - 0.1f * (2.0f + 0.5f * 3.0f));
+  EXPECT_THROW(optim::SGD({{"p", p}}, optim::SGDOptions{0.0, 0.0, true}), ValueError);
+}
+
+TEST(LAMB, FirstStepOfAOneElementParameterMovesByLr) {
+  // t = 1: r = g/(|g| + eps) = sign(g) (no decay on vectors); ||w|| = |w|, ||r|| = 1 -> ratio |w|,
+  // so w -= lr |w| sign(g): w = 2, g = 5, lr = 0.1 gives 2 - 0.2 (up to eps)
+  Tensor w = param({2.0f}, {1}, {5.0f});
+  optim::LAMB opt({{"w", w}}, optim::LAMBOptions{0.9, 0.999, 1e-6, 0.5});
+  opt.step(0.1);
+  EXPECT_NEAR(w.to_vector()[0], 1.8, 1e-6);
+  EXPECT_NEAR(opt.trust_ratios()[0], 2.0 * (5.0 + 1e-6) / 5.0, 1e-6);
+  EXPECT_EQ(opt.state_tensors()[0].first, "exp_avg.w");
+  EXPECT_EQ(opt.state_tensors()[1].first, "exp_avg_sq.w");
+  EXPECT_EQ(opt.state_tensors()[0].second.tag(), MemTag::Optimizer);
 }

@@ -1,6 +1,7 @@
 // Optimizers; see optimizer.h.
 #include "brigade/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "brigade/core/error.h"
@@ -88,7 +89,115 @@ NamedTensors AdamW::state_tensors() const {
   return out;
 }
 
+// ---------------------------------------------------------------- LAMB
+
+LAMB::LAMB(NamedTensors params, LAMBOptions o, const std::function<bool(const std::string&, const Tensor&)>& decay)
+    : Optimizer(std::move(params)), o_(o) {
+  for (auto& [n, p] : params_) {
+    decay_.push_back(decay(n, p));
+    m_.push_back(state_like(p));
+    v_.push_back(state_like(p));
+  }
+  num_global_ = int(params_.size());
+  for (int i = 0; i < num_global_; ++i) global_.push_back(i);
+  ratios_.assign(size_t(num_global_), 1.0);
+}
+
+void LAMB::set_norm_reduction(std::vector<int> global_index, int num_global, AllreduceSum allreduce_sum) {
+  BRIGADE_CHECK(global_index.size() == params_.size(), ValueError,
+                "LAMB::set_norm_reduction: {} global indices for {} optimizer parameters; pass one per parameter, "
+                "in the optimizer's order",
+                global_index.size(), params_.size());
+  for (size_t i = 0; i < global_index.size(); ++i)
+    BRIGADE_CHECK(global_index[i] >= 0 && global_index[i] < num_global, ValueError,
+                  "LAMB::set_norm_reduction: parameter '{}' has global index {}, outside [0, {}); indices come from "
+                  "the full parameter list",
+                  params_[i].first, global_index[i], num_global);
+  global_ = std::move(global_index);
+  num_global_ = num_global;
+  allreduce_ = std::move(allreduce_sum);
+  ratios_.assign(size_t(num_global_), 1.0);
+}
+
+void LAMB::step(double lr) {
+  ++steps_;
+  // 1 - beta in double, then rounded (as torch's alpha=1-beta): 1.0f - 0.999f is 1.3e-5 off
+  const float b1 = float(o_.beta1), b2 = float(o_.beta2), eps = float(o_.eps);
+  const float c1 = float(1.0 - o_.beta1), c2 = float(1.0 - o_.beta2);
+  const float bc1 = float(1.0 - std::pow(o_.beta1, double(steps_)));
+  const float bc2 = float(1.0 - std::pow(o_.beta2, double(steps_)));
+  // Pass 1: moments, and the partial sums ||w||^2, ||r||^2 per global parameter (in
+  // blocks of kBlock added serially: the same bits for any thread count).
+  constexpr int64_t kBlock = 4096;
+  std::vector<double> sums(2 * size_t(num_global_), 0.0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].second;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const float wd = decay_[i] ? float(o_.weight_decay) : 0.0f;
+    const float* pp = p.data<float>();
+    const float* gp = g.data<float>();
+    float* mp = m_[i].data<float>();
+    float* vp = v_[i].data<float>();
+    const int64_t n = p.numel(), nb = (n + kBlock - 1) / kBlock;
+    std::vector<double> wsq(static_cast<size_t>(nb)), rsq(static_cast<size_t>(nb));
+#pragma omp parallel for schedule(static) if (n > 16384)
+    for (int64_t b = 0; b < nb; ++b) {
+      double ws = 0.0, rs = 0.0;
+      for (int64_t j = b * kBlock, e = std::min(n, j + kBlock); j < e; ++j) {
+        const float gj = gp[j];
+        mp[j] = mp[j] * b1 + c1 * gj;
+        vp[j] = vp[j] * b2 + c2 * gj * gj;
+        const float r = (mp[j] / bc1) / (std::sqrt(vp[j] / bc2) + eps) + wd * pp[j];
+        ws += double(pp[j]) * double(pp[j]);
+        rs += double(r) * double(r);
+      }
+      wsq[size_t(b)] = ws;
+      rsq[size_t(b)] = rs;
+    }
+    double& w_total = sums[2 * size_t(global_[i])];
+    double& r_total = sums[2 * size_t(global_[i]) + 1];
+    for (int64_t b = 0; b < nb; ++b) w_total += wsq[size_t(b)], r_total += rsq[size_t(b)];
+  }
+  if (allreduce_) allreduce_(sums.data(), int64_t(sums.size()));
+  for (int k = 0; k < num_global_; ++k) {
+    const double w = std::sqrt(sums[2 * size_t(k)]), r = std::sqrt(sums[2 * size_t(k) + 1]);
+    ratios_[size_t(k)] = (w > 0.0 && r > 0.0) ? w / r : 1.0;
+  }
+  // Pass 2: w -= lr ratio r, with r recomputed from the updated moments (the same expression).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i].second;
+    if (!p.grad().defined()) continue;
+    const float wd = decay_[i] ? float(o_.weight_decay) : 0.0f;
+    const float scale = float(lr * ratios_[size_t(global_[i])]);
+    float* pp = p.data<float>();
+    const float* mp = m_[i].data<float>();
+    const float* vp = v_[i].data<float>();
+    const int64_t n = p.numel();
+#pragma omp parallel for simd schedule(static) if (n > 16384)
+    for (int64_t j = 0; j < n; ++j) {
+      const float r = (mp[j] / bc1) / (std::sqrt(vp[j] / bc2) + eps) + wd * pp[j];
+      pp[j] -= scale * r;
+    }
+  }
+}
+
+NamedTensors LAMB::state_tensors() const {
+  NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back("exp_avg." + params_[i].first, m_[i]);
+    out.emplace_back("exp_avg_sq." + params_[i].first, v_[i]);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- SGD
+
 SGD::SGD(NamedTensors params, SGDOptions o) : Optimizer(std::move(params)), o_(o) {
+  BRIGADE_CHECK(!o_.nesterov || o_.momentum > 0.0, ValueError,
+                "SGD with Nesterov momentum needs momentum > 0 (got {}); set optim.momentum (e.g. 0.9) or turn "
+                "optim.nesterov off",
+                o_.momentum);
   for (auto& [n, p] : params_) buf_.push_back(o_.momentum != 0.0 ? state_like(p) : Tensor());
 }
 
@@ -144,6 +253,21 @@ double clip_grad_norm(const NamedTensors& params, double max_norm) {
     }
   }
   return norm;
+}
+
+void clip_grad_value(const NamedTensors& params, double clip_value) {
+  if (!(clip_value > 0.0)) return;
+  const float c = float(clip_value);
+  for (auto& [n, p] : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    BRIGADE_CHECK(g.dtype() == DType::F32 && g.is_contiguous(), InternalError,
+                  "clip_grad_value: gradient of '{}' is not contiguous f32", n);
+    float* gp = g.data<float>();
+    const int64_t m = g.numel();
+#pragma omp parallel for simd schedule(static) if (m > 16384)
+    for (int64_t j = 0; j < m; ++j) gp[j] = std::clamp(gp[j], -c, c);
+  }
 }
 
 }  // namespace brigade::optim
