@@ -1,0 +1,464 @@
+// `brigade ablate`; see ablate.h.
+#include "brigade/train/ablate.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "brigade/core/allocator.h"
+#include "brigade/core/error.h"
+#include "brigade/data/atomic_file.h"
+#include "brigade/dist/process_group.h"
+#include "brigade/train/config.h"
+#include "brigade/train/plot.h"
+
+extern char** environ;
+
+namespace brigade::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// Splits at commas outside double quotes (so a string value may hold a comma: "a, b").
+std::vector<std::string> split_values(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool quoted = false, escaped = false;
+  for (char c : s) {
+    if (quoted && escaped) escaped = false;
+    else if (quoted && c == '\\') escaped = true;
+    else if (c == '"') quoted = !quoted;
+    else if (c == ',' && !quoted) {
+      out.push_back(trim(cur));
+      cur.clear();
+      continue;
+    }
+    cur += c;
+  }
+  out.push_back(trim(cur));
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+// A folder name from a variant: "03_train.accumulation=2_optim.lr=3e-3" (odd characters -> '_').
+std::string folder_name(size_t index, const std::vector<std::string>& overrides) {
+  std::string name;
+  for (const auto& o : overrides) {
+    if (!name.empty()) name += '_';
+    for (char c : o) name += (std::isalnum(static_cast<unsigned char>(c)) || std::strchr("._=+-", c)) ? c : '_';
+  }
+  if (name.size() > 100) name.resize(100);
+  return fmt::format("{:02}_{}", index + 1, name);
+}
+
+std::string find_on_path(const std::string& exe) {
+  const char* path = std::getenv("PATH");
+  if (!path) return "";
+  std::istringstream in(path);
+  for (std::string dir; std::getline(in, dir, ':');) {
+    const fs::path p = fs::path(dir.empty() ? "." : dir) / exe;
+    if (::access(p.c_str(), X_OK) == 0) return p.string();
+  }
+  return "";
+}
+
+// Ctrl-C / SIGTERM while a variant runs: remember it and pass SIGTERM on to the child,
+// which then checkpoints and exits 130 (a terminal's Ctrl-C reaches it directly too).
+std::atomic<bool> g_ablate_stop{false};
+extern "C" void on_ablate_signal(int) { g_ablate_stop.store(true); }
+
+class SignalForwarder {
+ public:
+  SignalForwarder() {
+    g_ablate_stop.store(false);
+    struct sigaction sa {};
+    sa.sa_handler = on_ablate_signal;
+    sa.sa_flags = 0;  // no SA_RESTART: waitpid returns EINTR
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalForwarder() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed).
+int run_child(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  BRIGADE_CHECK(rc == 0, IoError, "cannot start {}: {}; check that the brigade binary (and mpirun for parallel.dp > 1) "
+                "can be executed", args[0], std::strerror(rc));
+  bool forwarded = false;
+  int status = 0;
+  for (;;) {
+    if (g_ablate_stop.load() && !forwarded) {  // also a signal that came before waitpid started
+      ::kill(pid, SIGTERM);
+      forwarded = true;
+    }
+    const pid_t w = ::waitpid(pid, &status, 0);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) return 127;
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 1;
+}
+
+// The line of a child's log that explains a failure: its "brigade: error:" line, else its last line.
+std::string failure_line(const std::string& log) {
+  std::ifstream in(log);
+  std::string line, last, error;
+  while (std::getline(in, line)) {
+    line = trim(line);
+    if (line.empty()) continue;
+    last = line;
+    if (line.rfind("brigade: error:", 0) == 0 && error.empty()) error = line.substr(15);
+  }
+  return trim(error.empty() ? last : error);
+}
+
+std::string pct(double v, double base) {
+  if (!(base != 0) || !std::isfinite(v) || !std::isfinite(base)) return "";
+  return fmt::format("{:+.1f}%", 100.0 * (v - base) / std::fabs(base));
+}
+
+std::string mib(int64_t b) { return fmt::format("{:.1f}", double(b) / double(1 << 20)); }
+
+std::string md_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+}  // namespace
+
+VaryAxis parse_vary(const std::string& text) {
+  const size_t eq = text.find('=');
+  VaryAxis a;
+  a.key = trim(text.substr(0, eq == std::string::npos ? text.size() : eq));
+  BRIGADE_CHECK(eq != std::string::npos && !a.key.empty(), ConfigError,
+                "--vary '{}' must look like section.key=v1,v2,... (e.g. --vary train.accumulation=1,2)", text);
+  a.values = split_values(text.substr(eq + 1));
+  for (const auto& v : a.values)
+    BRIGADE_CHECK(!v.empty(), ConfigError, "--vary '{}': empty value in the list; separate values by single commas, "
+                  "e.g. {}=1,2", text, a.key);
+  BRIGADE_CHECK(a.key != "run.out_dir", ConfigError,
+                "--vary '{}': ablate gives every variant its own folder under --out; vary another key", text);
+  // The key and every value must be what --set accepts (unknown keys get a did-you-mean).
+  for (const auto& v : a.values) {
+    Recipe scratch;
+    try {
+      apply_override(scratch, a.key + "=" + v);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("--vary '{}': {}", text, e.what()));
+    }
+  }
+  return a;
+}
+
+std::vector<std::vector<std::string>> variant_overrides(const std::vector<VaryAxis>& axes) {
+  std::vector<std::vector<std::string>> out{{}};
+  for (const auto& a : axes) {
+    std::vector<std::vector<std::string>> next;
+    for (const auto& prefix : out)
+      for (const auto& v : a.values) {
+        next.push_back(prefix);
+        next.back().push_back(a.key + "=" + v);
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
+bool read_variant_result(VariantResult& v) {
+  const fs::path dir(v.dir);
+  try {
+    v.metrics = read_run_metrics((dir / "metrics.jsonl").string());
+  } catch (const Error& e) {
+    v.error = e.what();
+    return false;
+  }
+  const RunMetrics& m = v.metrics;
+  if (m.losses.empty()) {
+    v.error = fmt::format("no training steps were logged in {}", (dir / "metrics.jsonl").string());
+    return false;
+  }
+  v.tokens_per_s = median_tokens_per_s(m);
+  v.final_loss = m.losses.back();
+  v.final_val_loss = m.val_losses.empty() ? -1.0 : m.val_losses.back();
+  v.steps = int64_t(std::max(m.steps.back(), m.val_steps.empty() ? 0.0 : m.val_steps.back()));
+  std::ifstream in(dir / "memory.json");
+  if (!in) {
+    v.error = fmt::format("no memory.json in {}", dir.string());
+    return false;
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (int i = 0; i < kNumMemTags && i < int(v.peak.size()); ++i)
+      v.peak[size_t(i)] = j.at("peak").value(std::string(mem_tag_name(MemTag(i))), int64_t(0));
+    v.peak_total = j.at("peak_total").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    v.error = fmt::format("{}/memory.json is unreadable ({})", dir.string(), e.what());
+    return false;
+  }
+  return true;
+}
+
+std::string ablation_table(const std::vector<VariantResult>& vs) {
+  std::string t =
+      "| # | variant | steps | tokens/s | vs base | params MiB | grads MiB | optimizer MiB | activations MiB | "
+      "peak total MiB | vs base | train loss | val loss | vs base |\n"
+      "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  const VariantResult* base = !vs.empty() && vs[0].ok ? &vs[0] : nullptr;
+  for (size_t i = 0; i < vs.size(); ++i) {
+    const VariantResult& v = vs[i];
+    if (!v.ok) {
+      const char* status = v.error.empty() ? "not run" : v.error == "interrupted" ? "interrupted" : "failed";
+      t += fmt::format("| {} | {} | {} | | | | | | | | | | | |\n", i + 1, md_escape(v.label), status);
+      continue;
+    }
+    auto delta = [&](double now, double then) {
+      if (i == 0) return std::string("base");
+      return base ? pct(now, then) : std::string();
+    };
+    const bool has_val = v.final_val_loss >= 0;
+    t += fmt::format("| {} | {} | {} | {:.0f} | {} | {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} |\n", i + 1,
+                     md_escape(v.label), v.steps, v.tokens_per_s,
+                     delta(v.tokens_per_s, base ? base->tokens_per_s : 0), mib(v.peak[0]), mib(v.peak[1]),
+                     mib(v.peak[2]), mib(v.peak[3]), mib(v.peak_total),
+                     delta(double(v.peak_total), base ? double(base->peak_total) : 0), v.final_loss,
+                     has_val ? fmt::format("{:.4f}", v.final_val_loss) : "",
+                     has_val && (i == 0 || (base && base->final_val_loss >= 0))
+                         ? delta(v.final_val_loss, base ? base->final_val_loss : 0)
+                         : "");
+  }
+  return t;
+}
+
+std::string ablation_plot_svg(const std::vector<VariantResult>& vs, const std::string& title) {
+  std::vector<PlotSeries> series;
+  for (size_t i = 0; i < vs.size(); ++i)
+    if (vs[i].ok)
+      series.push_back({fmt::format("{}: {}", i + 1, vs[i].label), vs[i].metrics.steps, vs[i].metrics.losses,
+                        vs[i].metrics.steps.size() == 1, false});
+  PlotOptions o;
+  o.title = title;
+  o.y_label = "train loss";
+  o.height = std::max(480, 200 + 18 * int(series.size()));
+  return line_plot_svg(series, o);
+}
+
+int run_ablation(const AblateOptions& o) {
+  BRIGADE_CHECK(dist::Env::world_size() == 1, ConfigError,
+                "brigade ablate runs as one process and launches its variants itself (with mpirun for "
+                "parallel.dp > 1); run it without mpirun");
+  BRIGADE_CHECK(o.steps >= 1, ConfigError, "--steps {}: must be >= 1 (steps per variant)", o.steps);
+  BRIGADE_CHECK(!o.vary.empty(), ConfigError,
+                "nothing to compare: give at least one --vary section.key=v1,v2 (e.g. --vary train.accumulation=1,2)");
+  std::vector<VaryAxis> axes;
+  std::set<std::string> seen;
+  for (const auto& text : o.vary) {
+    axes.push_back(parse_vary(text));
+    BRIGADE_CHECK(seen.insert(axes.back().key).second, ConfigError,
+                  "--vary {} is given twice; list all its values in one --vary {}=v1,v2,...", axes.back().key,
+                  axes.back().key);
+  }
+  const Recipe base = load_recipe(o.recipe, o.sets);
+  const std::vector<std::vector<std::string>> combos = variant_overrides(axes);
+  BRIGADE_CHECK(combos.size() <= 256, ConfigError,
+                "--vary gives {} variants; that is too many to run one after another (at most 256): vary fewer keys "
+                "or values", combos.size());
+
+  const fs::path out =
+      o.out_dir.empty() ? fs::path(base.run.out_dir).parent_path() / (base.run.name + "-ablate") : fs::path(o.out_dir);
+  std::string binary = o.binary;
+  if (binary.empty()) {
+    std::error_code ec;
+    binary = fs::read_symlink("/proc/self/exe", ec).string();
+    BRIGADE_CHECK(!ec, IoError, "cannot find the brigade binary (/proc/self/exe: {}); run ablate on Linux",
+                  ec.message());
+  }
+
+  // Check every variant's recipe before running anything: a bad combination fails now, not after an hour.
+  std::vector<VariantResult> results(combos.size());
+  std::string mpirun;
+  for (size_t i = 0; i < combos.size(); ++i) {
+    VariantResult& v = results[i];
+    v.overrides = combos[i];
+    v.label = join(combos[i], ", ");
+    v.dir = (out / folder_name(i, combos[i])).string();
+    std::vector<std::string> sets = o.sets;
+    sets.insert(sets.end(), combos[i].begin(), combos[i].end());
+    Recipe r;
+    try {
+      r = load_recipe(o.recipe, sets);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("variant {} ({}): {}", i + 1, v.label, e.what()));
+    }
+    if (r.parallel.dp > 1 && mpirun.empty()) {
+      mpirun = find_on_path("mpirun");
+      BRIGADE_CHECK(!mpirun.empty(), ConfigError,
+                    "variant {} ({}) has parallel.dp = {}, which needs mpirun, and there is none on PATH; install "
+                    "openmpi-bin or leave parallel.dp > 1 out of the --vary list",
+                    i + 1, v.label, r.parallel.dp);
+    }
+  }
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  BRIGADE_CHECK(!ec, IoError, "cannot create the ablation folder {}: {}; choose a writable --out", out.string(),
+                ec.message());
+
+  auto say = [&](const std::string& s) {
+    if (!o.quiet) fmt::print(stderr, "{}\n", s);
+  };
+  say(fmt::format("ablate: {} variant{} x {} steps of {} -> {}", combos.size(), combos.size() == 1 ? "" : "s",
+                  o.steps, o.recipe, out.string()));
+  bool interrupted = false;
+  {
+    SignalForwarder forward;
+    for (size_t i = 0; i < results.size() && !interrupted; ++i) {
+      VariantResult& v = results[i];
+      if (g_ablate_stop.load()) {  // a signal between two variants
+        interrupted = true;
+        break;
+      }
+      fs::remove_all(v.dir, ec);
+      fs::create_directories(v.dir, ec);
+      BRIGADE_CHECK(!ec, IoError, "cannot create {}: {}", v.dir, ec.message());
+      std::vector<std::string> sets = o.sets;
+      sets.insert(sets.end(), v.overrides.begin(), v.overrides.end());
+      const Recipe r = load_recipe(o.recipe, sets);
+      std::vector<std::string> args;
+      if (r.parallel.dp > 1)
+        args = {mpirun, "--oversubscribe", "--bind-to", "none", "-np", std::to_string(r.parallel.dp)};
+      for (const std::string& a : {binary, std::string("train"), o.recipe, std::string("--no-sample"),
+                                   std::string("--stop-at"), std::to_string(o.steps), std::string("--set"),
+                                   std::string("train.log_every=1")})
+        args.push_back(a);
+      for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+      args.insert(args.end(), {"--set", "run.out_dir=" + v.dir});
+      say(fmt::format("ablate: [{}/{}] {}", i + 1, results.size(), v.label));
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string log = (fs::path(v.dir) / "train.log").string();
+      const int rc = run_child(args, log);
+      v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      interrupted = rc == 130 || g_ablate_stop.load();
+      if (interrupted && rc != 0) {
+        v.error = "interrupted";
+        break;
+      }
+      if (rc != 0) {
+        v.error = fmt::format("exit {}: {} (log: {})", rc, failure_line(log), log);
+      } else {
+        v.ok = read_variant_result(v);
+      }
+      if (v.ok)
+        say(fmt::format("ablate:        {:.1f}s | {:.0f} tok/s | peak {} MiB | loss {:.4f} | val loss {:.4f}", v.seconds,
+                        v.tokens_per_s, mib(v.peak_total), v.final_loss, v.final_val_loss));
+      else
+        say(fmt::format("ablate:        failed: {}", v.error));
+    }
+  }
+
+  // The report (also after a failure or an interrupt: what ran is kept).
+  const std::string cmd = fmt::format(
+      "brigade ablate {} --steps {}{}{}", o.recipe, o.steps,
+      [&] {
+        std::string s;
+        for (const auto& v : o.vary) s += " --vary " + v;
+        return s;
+      }(),
+      [&] {
+        std::string s;
+        for (const auto& v : o.sets) s += " --set " + v;
+        return s;
+      }());
+  const std::string table = ablation_table(results);
+  std::string md = fmt::format("# Ablation: {}\n\n`{}`\n\n", o.recipe, cmd);
+  md += fmt::format(
+      "{} variants, {} steps each (`brigade train --stop-at {}`, one after another, each in its own process); the "
+      "baseline (\"base\") is variant 1. tokens/s is the median over the steps; peak memory is rank 0's high-water "
+      "mark per category during training, in MiB (the total includes workspace and other); train loss is the last "
+      "step's, val loss the evaluation at the last step.\n\n",
+      results.size(), o.steps, o.steps);
+  md += table + "\n![train loss of every variant](ablate.svg)\n\n";
+  nlohmann::json js = nlohmann::json::array();
+  for (size_t i = 0; i < results.size(); ++i) {
+    const VariantResult& v = results[i];
+    md += fmt::format("- {}: `{}`{}\n", i + 1, v.dir, v.ok ? "" : " — " + (v.error.empty() ? "not run" : v.error));
+    nlohmann::json j{{"variant", i + 1}, {"label", v.label}, {"overrides", v.overrides}, {"dir", v.dir},
+                     {"ok", v.ok}};
+    if (v.ok) {
+      nlohmann::json peak;
+      for (int t = 0; t < kNumMemTags && t < int(v.peak.size()); ++t)
+        peak[std::string(mem_tag_name(MemTag(t)))] = v.peak[size_t(t)];
+      j.update({{"steps", v.steps},
+                {"seconds", v.seconds},
+                {"tokens_per_s", v.tokens_per_s},
+                {"peak", peak},
+                {"peak_total", v.peak_total},
+                {"final_loss", v.final_loss},
+                {"final_val_loss", v.final_val_loss}});
+    } else {
+      j["error"] = v.error.empty() ? "not run" : v.error;
+    }
+    js.push_back(j);
+  }
+  data::write_file_atomic((out / "ablate.md").string(), md);
+  data::write_file_atomic((out / "ablate.json").string(), js.dump(2) + "\n");
+  data::write_file_atomic((out / "ablate.svg").string(),
+                          ablation_plot_svg(results, fmt::format("train loss: {} ({} steps)",
+                                                                 fs::path(o.recipe).filename().string(), o.steps)));
+  fmt::print("{}\n", table);
+  fmt::print("report: {} | plot: {}\n", (out / "ablate.md").string(), (out / "ablate.svg").string());
+  std::fflush(stdout);
+  if (interrupted) {
+    say("ablate: interrupted; the report covers the variants that finished");
+    return 130;
+  }
+  std::vector<std::string> failed;
+  for (size_t i = 0; i < results.size(); ++i)
+    if (!results[i].ok) failed.push_back(fmt::format("{} ({})", i + 1, results[i].error));
+  BRIGADE_CHECK(failed.empty(), ValueError, "{} of {} variants failed: {}; the report lists the others",
+                failed.size(), results.size(), join(failed, "; "));
+  return 0;
+}
+
+}  // namespace brigade::train
