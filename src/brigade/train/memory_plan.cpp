@@ -1,0 +1,316 @@
+// Memory prediction from the recipe alone; see memory_plan.h.
+#include "brigade/train/memory_plan.h"
+
+#include <algorithm>
+
+#include "brigade/core/error.h"
+#include "brigade/models/gpt/gpt.h"
+#include "brigade/train/trainer.h"
+
+namespace brigade::train {
+
+namespace {
+
+constexpr int64_t kAlign = 16;       // floats: parallel::DataParallel starts every parameter on 64 bytes
+constexpr int64_t kMaxInFlight = 2;  // parallel::DataParallel::kMaxInFlight (reduce-scatters in flight)
+
+int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+// Bytes the allocator accounts for `n` fp32 values (or n elements of `size` bytes).
+int64_t held(int64_t n, int64_t size = 4) { return int64_t(Allocator::round_size(size_t(n * size))); }
+
+// parallel::DataParallel's flat layout and buckets, rebuilt from the planned units.
+struct FlatPlan {
+  struct Param {
+    std::string name;
+    int64_t offset = 0, numel = 0;
+  };
+  struct Range {
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<Param> params;
+  std::vector<Range> units;    // flat range of each unit, in unit order
+  std::vector<Range> buckets;  // in firing order (reverse parameter order)
+  int64_t S = 0, lo = 0, hi = 0;
+};
+
+FlatPlan flat_plan(const std::vector<PlannedUnit>& units, int P, int rank, int zero, int64_t bucket_bytes) {
+  FlatPlan f;
+  int64_t off = 0;
+  for (const PlannedUnit& u : units) {
+    FlatPlan::Range ur{off, off};
+    for (const auto& [name, n] : u.params) {
+      f.params.push_back({name, off, n});
+      off = round_up(off + n, kAlign);
+    }
+    ur.end = off;
+    f.units.push_back(ur);
+  }
+  f.S = round_up((off + P - 1) / P, kAlign);
+  f.lo = int64_t(rank) * f.S;
+  f.hi = f.lo + f.S;
+  if (zero == 3) {
+    for (size_t u = f.units.size(); u-- > 0;)
+      if (!units[u].params.empty()) f.buckets.push_back(f.units[u]);
+  } else {
+    bool open = false;
+    FlatPlan::Range cur;
+    for (size_t k = f.params.size(); k-- > 0;) {
+      if (!open) cur.end = round_up(f.params[k].offset + f.params[k].numel, kAlign);
+      open = true;
+      cur.begin = f.params[k].offset;
+      if ((cur.end - cur.begin) * 4 >= bucket_bytes) {
+        f.buckets.push_back(cur);
+        open = false;
+      }
+    }
+    if (open) f.buckets.push_back(cur);
+  }
+  return f;
+}
+
+int64_t states_per_param(const OptimConfig& o) {
+  if (o.name == "adamw" || o.name == "lamb") return 2;
+  if (o.name == "sgd") return o.momentum != 0.0 ? 1 : 0;
+  throw ConfigError(fmt::format("unknown optimizer '{}': use 'adamw', 'lamb' or 'sgd'", o.name));
+}
+
+std::string mib(int64_t b) { return format_bytes(b); }
+
+}  // namespace
+
+std::string format_bytes(int64_t b) {
+  if (b >= (int64_t(1) << 30)) return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30));
+  if (b >= (int64_t(1) << 20)) return fmt::format("{:.2f} MiB", double(b) / double(1 << 20));
+  return fmt::format("{:.1f} KiB", double(b) / 1024.0);
+}
+
+std::vector<PlannedUnit> planned_gpt_units(const ModelConfig& m) {
+  const int64_t C = m.n_embd;
+  std::vector<PlannedUnit> units;
+  units.push_back({"embeddings+head",
+                   {{"transformer.wte.weight", m.vocab_size * C},
+                    {"transformer.wpe.weight", m.block_size * C},
+                    {"transformer.ln_f.weight", C},
+                    {"transformer.ln_f.bias", C}}});
+  for (int64_t i = 0; i < m.n_layer; ++i) {
+    const std::string p = fmt::format("transformer.h.{}.", i);
+    units.push_back({fmt::format("transformer.h.{}", i),
+                     {{p + "ln_1.weight", C},
+                      {p + "ln_1.bias", C},
+                      {p + "attn.c_attn.weight", C * 3 * C},
+                      {p + "attn.c_attn.bias", 3 * C},
+                      {p + "attn.c_proj.weight", C * C},
+                      {p + "attn.c_proj.bias", C},
+                      {p + "ln_2.weight", C},
+                      {p + "ln_2.bias", C},
+                      {p + "mlp.c_fc.weight", C * 4 * C},
+                      {p + "mlp.c_fc.bias", 4 * C},
+                      {p + "mlp.c_proj.weight", 4 * C * C},
+                      {p + "mlp.c_proj.bias", C}}});
+  }
+  return units;
+}
+
+MemoryPrediction predict_memory(const Recipe& r, int rank) {
+  const int P = int(r.parallel.dp), zero = int(r.parallel.zero);
+  BRIGADE_CHECK(rank >= 0 && rank < P, ValueError, "predict_memory: rank {} is outside parallel.dp = {}", rank, P);
+  MemoryPrediction out;
+  out.rank = rank;
+  out.dp = P;
+  out.zero = zero;
+  const std::vector<PlannedUnit> units = planned_gpt_units(r.model);
+  const int64_t bucket_bytes = int64_t(r.parallel.bucket_mb * double(1 << 20));
+  const FlatPlan f = flat_plan(units, P, rank, zero, bucket_bytes);
+  const int64_t padded = f.S * P;
+  const bool async = P > 1 && r.parallel.overlap;  // a communication thread (else collectives run inline)
+  auto unit_bytes = [&](size_t u) { return held(f.units[u].end - f.units[u].begin); };
+  auto bucket_bytes_of = [&](size_t b) { return held(f.buckets[b].end - f.buckets[b].begin); };
+  PredictedCategory& params = out.tags[size_t(MemTag::Params)];
+  PredictedCategory& grads = out.tags[size_t(MemTag::Grads)];
+  PredictedCategory& optim = out.tags[size_t(MemTag::Optimizer)];
+  PredictedCategory& acts = out.tags[size_t(MemTag::Activations)];
+  PredictedCategory& work = out.tags[size_t(MemTag::Workspace)];
+  PredictedCategory& other = out.tags[size_t(MemTag::Other)];
+  const int64_t flat_numel = f.params.empty() ? 0 : f.params.back().offset + f.params.back().numel;
+  int64_t n_params = 0;
+  for (const auto& p : f.params) n_params += p.numel;
+  const std::string layout_words =
+      fmt::format("{} parameters, each 16-float aligned = {} floats, padded to dp x S = {} x {}", n_params,
+                  round_up(flat_numel, kAlign), P, f.S);
+
+  // ---- parameters
+  if (zero < 3) {
+    params.live = params.peak = held(padded);
+    params.formula = fmt::format("flat fp32 buffer: 4 B x ({})", layout_words);
+  } else {
+    const size_t blocks = units.size() - 1;
+    const int64_t block = blocks > 0 ? unit_bytes(1) : 0;
+    params.live = held(f.S);
+    params.peak = params.live + unit_bytes(0) + int64_t(std::min<size_t>(blocks, 2)) * block;
+    params.formula = fmt::format(
+        "shard 4 B x S ({}; {}) + gathered during the step: embeddings+head unit {} + {} block units "
+        "(computing + prefetched) x {}",
+        mib(params.live), layout_words, mib(unit_bytes(0)), std::min<size_t>(blocks, 2), mib(block));
+  }
+
+  // ---- gradients
+  int64_t first_bucket = 0;  // zero >= 2: armed at the start of every micro-step
+  if (zero < 2) {
+    grads.live = grads.peak = held(padded);
+    grads.formula = "flat fp32 buffer, the same layout as the parameters (every gradient a view)";
+  } else {
+    // A bucket fires when its gradients are complete: its buffer becomes the staging of a
+    // reduce-scatter and the next bucket is armed, so inline (one rank or overlap off) two
+    // consecutive buffers are alive at once. With the communication thread the stagings of
+    // earlier buckets live until their reduce-scatter ends: at most kMaxInFlight pending, plus
+    // (ZeRO-2) one just completed whose task is still being destroyed; under ZeRO-3 the wait
+    // for each unit's gather (queued after the earlier reduce-scatters) retires them sooner.
+    const size_t low_window = 2;
+    const size_t high_window = !async ? 2 : zero == 3 ? size_t(kMaxInFlight) + 1 : size_t(kMaxInFlight) + 2;
+    auto most = [&](size_t window) {
+      int64_t worst = 0;
+      for (size_t b = 0; b < f.buckets.size(); ++b) {
+        int64_t s = 0;
+        for (size_t k = b; k < std::min(f.buckets.size(), b + window); ++k) s += bucket_bytes_of(k);
+        worst = std::max(worst, s);
+      }
+      return worst;
+    };
+    if (!f.buckets.empty()) first_bucket = bucket_bytes_of(0);
+    grads.live = held(f.S);
+    grads.peak = grads.live + most(high_window);
+    grads.peak_low = grads.live + most(low_window);
+    grads.formula = fmt::format(
+        "shard 4 B x S ({}) + the most bucket buffers alive at once: {} consecutive of {} buckets ({}) = {}",
+        mib(grads.live),
+        high_window == low_window ? fmt::format("{}", low_window) : fmt::format("{} to {}", low_window, high_window),
+        f.buckets.size(),
+        zero == 3 ? "ZeRO-3: one per unit"
+                  : fmt::format("reverse parameter order, >= {} MiB each", r.parallel.bucket_mb),
+        high_window == low_window ? mib(most(low_window))
+                                  : fmt::format("{} to {} (overlap on: how many depends on how fast the "
+                                                "reduce-scatters finish)",
+                                                mib(most(low_window)), mib(most(high_window))));
+  }
+
+  // ---- optimizer state
+  const int64_t states = states_per_param(r.optim);
+  int64_t per_state = 0, tensors = 0;
+  for (const auto& p : f.params) {
+    const int64_t a = zero >= 1 ? std::max(p.offset, f.lo) : p.offset;
+    const int64_t b = zero >= 1 ? std::min(p.offset + p.numel, f.hi) : p.offset + p.numel;
+    if (a >= b) continue;
+    per_state += held(b - a);
+    ++tensors;
+  }
+  optim.live = optim.peak = states * per_state;
+  optim.formula = fmt::format(
+      "{} state{} ({}) x {} tensor{} {}, each rounded by the allocator: {} x {}", states, states == 1 ? "" : "s",
+      r.optim.name, tensors, tensors == 1 ? "" : "s",
+      zero >= 1 ? fmt::format("(this rank's pieces of its ZeRO shard [{}, {}))", f.lo, f.hi) : "(one per parameter)",
+      states, mib(per_state));
+
+  // ---- activations: one micro-batch (train.batch_size rows) through the recompute plan
+  const int64_t B = r.train.batch_size, T = r.train.seq_len;
+  const models::GPTConfig cfg = gpt_config(r.model);
+  const models::RecomputePolicy policy{r.memory.recompute, r.memory.every_k,
+                                       int64_t(r.memory.budget_mb * double(1 << 20))};
+  const std::vector<nn::Recompute> modes = models::plan_recompute(cfg, B, T, policy);
+  for (nn::Recompute m : modes) out.recompute += models::recompute_name(m)[0];
+  acts.peak = models::estimate_activation_peak(cfg, B, T, modes);
+  acts.live = 2 * held(B * T, 8);  // the batch's ids and targets, kept by the loop
+  {
+    models::GPTConfig no_blocks = cfg;
+    no_blocks.n_layer = 0;
+    const int64_t head = models::estimate_activation_peak(no_blocks, B, T, {});
+    const int64_t logits = held(B * T * r.model.vocab_size);
+    const int64_t per_block = r.model.n_layer > 0 ? (acts.peak - head) / r.model.n_layer : 0;
+    acts.formula = fmt::format(
+        "peak of one micro-batch of B x T = {} x {} tokens (train.batch_size rows; accumulation does not "
+        "add): embeddings and head = {} (logits B x T x V = {}, alive twice at the cross-entropy backward, "
+        "with ln_f and the tied head's gradient) + {} block{} x {} each (what a block keeps for its backward, "
+        "and with recompute the re-run block's transients; recompute {}: blocks {})",
+        B, T, mib(head), mib(logits), r.model.n_layer, r.model.n_layer == 1 ? "" : "s", mib(per_block),
+        r.memory.recompute, out.recompute);
+  }
+
+  // ---- workspace: the reduce-scatter output of one bucket (the communication runs one at a time)
+  if (zero >= 1) {
+    int64_t worst = 0;
+    for (const auto& bk : f.buckets) {
+      const int64_t mine = std::max<int64_t>(0, std::min(bk.end, f.hi) - std::max(bk.begin, f.lo));
+      worst = std::max(worst, held(std::max<int64_t>(mine, 1)));
+    }
+    work.peak = worst;
+    work.formula = "largest reduce-scatter output: this rank's part of one bucket (4 B x overlap with its shard)";
+  } else {
+    work.formula = "none (ZeRO-0 allreduces the gradient buffer in place)";
+  }
+
+  // ---- other: ZeRO-3 checkpoints are written by rank 0 from per-parameter copies
+  if (zero == 3 && rank == 0) {
+    for (const auto& p : f.params) other.peak += held(p.numel);
+    other.formula = "rank 0 under ZeRO-3: a copy of every parameter while a checkpoint is written";
+  } else {
+    other.formula = "none";
+  }
+
+  // ---- total: at the activation peak (the head's backward) the steady state is held, plus the
+  // embeddings+head unit (ZeRO-3) and the first gradient bucket, armed for the backward (ZeRO >= 2)
+  const int64_t unit0 = zero == 3 ? unit_bytes(0) : 0;
+  out.total_peak = params.live + grads.live + optim.live + acts.peak + unit0 + first_bucket;
+  for (PredictedCategory& c : out.tags)
+    if (c.peak_low == 0) c.peak_low = c.peak;
+  out.total_formula = "params + grads + optimizer held between steps + the activation peak" +
+                      std::string(zero == 3 ? " + the gathered embeddings+head unit" : "") +
+                      (zero >= 2 ? " + the first gradient bucket (armed)" : "");
+  return out;
+}
+
+std::string dry_run_report(const Recipe& r) {
+  std::vector<MemoryPrediction> ranks;
+  for (int p = 0; p < int(r.parallel.dp); ++p) ranks.push_back(predict_memory(r, p));
+  bool differ = false;
+  for (const MemoryPrediction& m : ranks) {
+    for (int i = 0; i < kNumMemTags; ++i) {
+      const PredictedCategory &a = m.tags[size_t(i)], &b = ranks[0].tags[size_t(i)];
+      differ = differ || a.peak != b.peak || a.peak_low != b.peak_low || a.live != b.live;
+    }
+    differ = differ || m.total_peak != ranks[0].total_peak;
+  }
+  const size_t cols = differ ? ranks.size() : 1;
+  const MemoryPrediction& p0 = ranks[0];
+  const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation, P = r.parallel.dp;
+  std::string s = fmt::format(
+      "dry run: {} (nothing trained, no data read)\n"
+      "model: GPT {} layers, {} dims, {} heads, vocab {}, block {} | micro-batch {} x {} tokens, accumulation {}, "
+      "dp {} (global batch {} rows) | optimizer {} | ZeRO-{} | recompute {} (blocks {})\n\n",
+      r.path.empty() ? "default recipe" : r.path, r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
+      r.model.block_size, B, T, A, P, B * A * P, r.optim.name, r.parallel.zero, r.memory.recompute, p0.recompute);
+  s += fmt::format("{:<12}", "category");
+  for (size_t c = 0; c < cols; ++c)
+    s += fmt::format(" {:>34}", cols > 1 ? fmt::format("rank {} peak (live)", c) : std::string("peak (live)"));
+  s += "\n";
+  for (MemTag t :
+       {MemTag::Params, MemTag::Grads, MemTag::Optimizer, MemTag::Activations, MemTag::Workspace, MemTag::Other}) {
+    s += fmt::format("{:<12}", mem_tag_name(t));
+    for (size_t c = 0; c < cols; ++c) {
+      const PredictedCategory& pc = ranks[c][t];
+      const std::string peak = pc.peak_low == pc.peak
+                                   ? format_bytes(pc.peak)
+                                   : fmt::format("{} to {}", format_bytes(pc.peak_low), format_bytes(pc.peak));
+      s += fmt::format(" {:>34}", fmt::format("{} ({})", peak, format_bytes(pc.live)));
+    }
+    s += "\n";
+  }
+  s += fmt::format("{:<12}", "total");
+  for (size_t c = 0; c < cols; ++c) s += fmt::format(" {:>34}", format_bytes(ranks[c].total_peak));
+  s += "\n\nformulas (rank 0; bytes as the allocator rounds them: 64 B up to 4 KiB, 4 KiB up to 1 MiB, then 64 KiB):\n";
+  for (MemTag t :
+       {MemTag::Params, MemTag::Grads, MemTag::Optimizer, MemTag::Activations, MemTag::Workspace, MemTag::Other})
+    s += fmt::format("  {:<12} {}\n", mem_tag_name(t), p0[t].formula);
+  s += fmt::format("  {:<12} {}\n", "total", p0.total_formula);
+  return s;
+}
+
+}  // namespace brigade::train

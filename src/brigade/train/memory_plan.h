@@ -1,0 +1,78 @@
+// Memory accounting ahead of time: what `brigade train RECIPE --dry-run` prints and what
+// a run writes beside its measurements in memory.json["predicted"]. For one rank of a
+// recipe's plan (model, micro-batch, optimizer, data parallelism + ZeRO stage, activation
+// recompute policy) it predicts the bytes the caching allocator will account per MemTag,
+// rounded as Allocator::round_size rounds them, from formulas alone: no model is built and
+// no data is read. docs/memory.md "Memory accounting and --dry-run" gives the formulas and
+// a predicted-vs-measured table.
+//
+// Categories (peak = high-water mark during the training loop, live = between steps):
+//   params       zero 0-2: the flat fp32 parameter buffer (each parameter 16-float aligned,
+//                padded to dp x S); zero 3: this rank's shard S, plus at the peak the
+//                embeddings+head unit and two block units gathered (computing + prefetched)
+//   grads        zero 0-1: the flat gradient buffer (same size as params); zero 2-3: the
+//                gradient shard plus the bucket buffers alive at once: 2 consecutive buckets
+//                without overlap or with one rank; with overlap it depends on how fast the
+//                reduce-scatters finish: 2 up to 4 (ZeRO-2) or 3 (ZeRO-3, whose gathers
+//                order the queue), predicted as the range [peak_low, peak]
+//   optimizer    per optimizer tensor (a parameter, or its piece of this rank's shard under
+//                ZeRO >= 1): 2 states for adamw and lamb, 1 for sgd with momentum, 0 without
+//   activations  the peak of one micro-batch's forward + backward, from the tensors each
+//                op saves per block under the block's recompute mode
+//                (models::estimate_activation_peak, shared with the "budget" planner)
+//   workspace    ZeRO >= 1: one reduce-scatter output (this rank's part of a bucket) at a time
+//   other        ZeRO-3, rank 0: the per-parameter copies a checkpoint is written from
+// Total: the steady state plus the activation peak, plus what ZeRO holds transiently at that
+// moment (the head's backward): the embeddings+head unit (zero 3) and the first armed
+// gradient bucket (zero >= 2).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "brigade/core/allocator.h"
+#include "brigade/train/config.h"
+
+namespace brigade::train {
+
+struct PredictedCategory {
+  int64_t peak = 0;      // bytes, as the allocator accounts them (an upper bound where timing decides)
+  int64_t peak_low = 0;  // the lower end where the peak depends on communication timing (ZeRO-2/3
+                         // gradient buckets with overlap on); equal to peak everywhere else
+  int64_t live = 0;      // bytes held between steps (what memory.json's "live" reports at the end)
+  std::string formula;   // the formula in words, with this recipe's numbers
+};
+
+struct MemoryPrediction {
+  int rank = 0, dp = 1, zero = 0;
+  std::array<PredictedCategory, kNumMemTags> tags;  // indexed by MemTag
+  int64_t total_peak = 0;
+  std::string total_formula;
+  std::string recompute;  // per-block modes, e.g. "nnnn" (n = none, s = selective, f = full)
+
+  const PredictedCategory& operator[](MemTag t) const { return tags[size_t(t)]; }
+};
+
+// Predicted memory of `rank` (0 <= rank < parallel.dp) for the recipe. ConfigError for a
+// recipe training would also refuse (e.g. a recompute budget below the least possible).
+MemoryPrediction predict_memory(const Recipe& r, int rank = 0);
+
+// One transformer block's or the embeddings+head unit's parameters (numel each, in the
+// model's parameter order). The flat layout of parallel::DataParallel is built from these.
+struct PlannedUnit {
+  std::string name;
+  std::vector<std::pair<std::string, int64_t>> params;  // full name, numel
+};
+// GPT's parameter units as train's gpt_units() builds them: "embeddings+head" (wte, wpe,
+// ln_f), then transformer.h.0 .. h.{L-1}.
+std::vector<PlannedUnit> planned_gpt_units(const ModelConfig& m);
+
+// The `--dry-run` report: a table of predicted peak (and live) bytes per category, one
+// column per rank when ranks differ, and the formula of each category.
+std::string dry_run_report(const Recipe& r);
+
+// Bytes as "12.3 MiB" (KiB below 1 MiB, GiB from 1 GiB).
+std::string format_bytes(int64_t bytes);
+
+}  // namespace brigade::train
