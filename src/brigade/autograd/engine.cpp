@@ -11,11 +11,22 @@ namespace brigade::autograd {
 
 namespace {
 thread_local bool g_grad_enabled = true;
-}
+thread_local int g_recompute_depth = 0;
+thread_local uint64_t g_node_seq = 0;
+}  // namespace
+
+Node::Node() : seq(g_node_seq++) {}
+uint64_t next_node_seq() { return g_node_seq; }
 
 bool grad_enabled() { return g_grad_enabled; }
 NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+EnableGradGuard::EnableGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { g_grad_enabled = prev_; }
+
+bool recomputing() { return g_recompute_depth > 0; }
+RecomputeScope::RecomputeScope() { ++g_recompute_depth; }
+RecomputeScope::~RecomputeScope() { --g_recompute_depth; }
 
 std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
   auto impl = leaf_.lock();
@@ -82,7 +93,12 @@ void backward(const Tensor& root, const Tensor& grad) {
                   "backward(): root {} is not a scalar; pass the gradient of the output explicitly", root.str());
     g = Tensor::ones(root.shape(), root.dtype());
   }
+  backward(std::move(root_node), g);
+}
 
+void backward(std::shared_ptr<Node> root_node, const Tensor& g) {
+  BRIGADE_CHECK(root_node != nullptr && g.defined(), ValueError,
+                "backward(): needs a graph node and the gradient of its output");
   // Topological order (iterative DFS post-order), counting incoming edges.
   std::vector<Node*> order;
   std::unordered_map<Node*, int> visited;

@@ -15,6 +15,7 @@ namespace brigade::autograd {
 // One recorded operation with a single output. `next[i]` produces input i
 // (nullptr when input i needs no gradient).
 struct Node {
+  Node();
   virtual ~Node() = default;
   virtual const char* name() const = 0;
   // Gradient of the output -> gradients of the inputs (same order as `next`;
@@ -24,7 +25,13 @@ struct Node {
   virtual void release() {}
   std::vector<std::shared_ptr<Node>> next;
   bool released = false;  // backward has run and saved tensors are gone
+  // Creation order on this thread (increasing). fn::checkpoint uses it to tell the
+  // nodes its recompute recorded from nodes of the surrounding graph.
+  uint64_t seq = 0;
 };
+
+// The seq the next Node created on this thread will get.
+uint64_t next_node_seq();
 
 // Sink node of a leaf that requires grad: accumulates into the leaf's .grad.
 struct AccumulateGrad final : Node {
@@ -55,6 +62,32 @@ class NoGradGuard {
  private:
   bool prev_;
 };
+// Turns recording back on inside a NoGradGuard (the recompute of fn::checkpoint).
+class EnableGradGuard {
+ public:
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// True while fn::checkpoint re-runs a region's forward inside the backward pass
+// (thread-local; not during the inner backward that follows). Forward hooks of plans
+// consult it: when a region contains a ZeRO-3 unit's hooks, the recomputed forward
+// neither prefetches the next unit (already backpropagated) nor releases the unit
+// the inner backward is about to read (data_parallel.cpp).
+bool recomputing();
+// Marks the scope as a recompute (nests).
+class RecomputeScope {
+ public:
+  RecomputeScope();
+  ~RecomputeScope();
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+};
 
 // The node that receives the gradient of `t`: its grad_fn, its AccumulateGrad
 // (leaves with requires_grad), or nullptr.
@@ -68,5 +101,8 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 // Runs the backward pass from `root`. A scalar root gets gradient 1 unless
 // `grad` is given. The graph is released as it is consumed.
 void backward(const Tensor& root, const Tensor& grad = Tensor());
+// Same, from the node that produced a tensor (gradient_edge) and that tensor's
+// gradient: lets the caller drop the tensor's values first (fn::checkpoint does).
+void backward(std::shared_ptr<Node> root_node, const Tensor& grad);
 
 }  // namespace brigade::autograd

@@ -52,4 +52,41 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
 // Mean cross-entropy of logits (N, V) against targets (N), ignoring ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 
+// ---- activation recompute (checkpointing)
+
+// What a checkpointed region keeps from its forward pass besides its inputs.
+enum class CheckpointKeep : uint8_t {
+  Inputs,       // nothing else: the backward re-runs the whole region ("full" recompute)
+  GemmOutputs,  // also the outputs of linear() and matmul() inside the region: the recompute
+                // takes them instead of running the GEMMs again, and re-runs everything else
+                // (norms, attention, activations, dropout, adds) ("selective" recompute)
+};
+
+struct CheckpointOptions {
+  CheckpointKeep keep = CheckpointKeep::Inputs;
+  // The generator the region's dropout draws from (nullptr: the region draws nothing).
+  // Its state is copied before the forward, set back for the recompute (so the same
+  // masks come out) and restored afterwards (so the backward does not move the stream).
+  Generator* rng = nullptr;
+};
+
+using CheckpointFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Runs fn(inputs) without recording a graph and records one node instead, which keeps
+// only the inputs (plus what `options.keep` says, plus the rng state). Its backward
+// re-runs fn with recording on, on detached copies of the inputs, backpropagates the
+// incoming gradient through that recomputed graph (an inner autograd::backward) and
+// returns the inputs' gradients. Parameters that fn reads (captured, not passed in
+// `inputs`) get their gradients in that inner backward, through their usual
+// AccumulateGrad nodes, so .grad accumulates and grad-ready hooks fire as without
+// recompute. Gradients are bitwise those of fn run directly (same kernels, same
+// reduction order, same dropout masks), given fn is deterministic.
+// Rules: fn must read every tensor that needs a gradient and is not a leaf through
+// `inputs` (a captured non-leaf would make the recompute backpropagate into the
+// surrounding graph: a ValueError); the output is recorded even when no input needs
+// a gradient (fn may read parameters that do). Under no_grad, and inside another
+// region (nested checkpoints), fn simply runs: the outermost region decides.
+// autograd::recomputing() is true while the backward re-runs fn.
+Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options = {});
+
 }  // namespace brigade::fn

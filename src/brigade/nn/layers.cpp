@@ -50,17 +50,30 @@ Tensor MLP::forward(const Tensor& x) const {
   return drop->forward(c_proj->forward(h));  // (B, T, C)
 }
 
-TransformerBlock::TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen) {
+TransformerBlock::TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen)
+    : gen_(gen) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(C, eps));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(C, n_head, dropout, gen));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(C, eps));
   mlp = register_module("mlp", std::make_shared<MLP>(C, dropout, gen));
 }
 
+Tensor TransformerBlock::body(const Tensor& x) const {
+  Tensor h = F::add(x, attn->forward(ln_1->forward(x)));  // (B, T, C)
+  return F::add(h, mlp->forward(ln_2->forward(h)));       // (B, T, C)
+}
+
 Tensor TransformerBlock::forward(const Tensor& x) const {
   if (pre_forward_hook) pre_forward_hook();
-  Tensor h = F::add(x, attn->forward(ln_1->forward(x)));   // (B, T, C)
-  Tensor out = F::add(h, mlp->forward(ln_2->forward(h)));  // (B, T, C)
+  Tensor out;
+  if (recompute == Recompute::None) {
+    out = body(x);
+  } else {
+    F::CheckpointOptions o;
+    o.keep = recompute == Recompute::Selective ? F::CheckpointKeep::GemmOutputs : F::CheckpointKeep::Inputs;
+    o.rng = gen_;
+    out = F::checkpoint([this](const std::vector<Tensor>& in) { return body(in[0]); }, {x}, o);  // (B, T, C)
+  }
   return post_forward_hook ? post_forward_hook(out) : out;
 }
 

@@ -66,14 +66,30 @@ class MLP : public Module {
   std::shared_ptr<Dropout> drop;
 };
 
+// Activation recompute of one transformer block (chosen by a plan from outside,
+// see models::plan_recompute and docs/memory.md):
+//   None       the backward reads what the forward saved;
+//   Full       the block keeps only its input; the backward re-runs the whole block;
+//   Selective  the block keeps its input and its four GEMM outputs (qkv, attention
+//              projection, MLP up- and down-projection); the backward re-runs the
+//              cheap parts: both LayerNorms, the attention core, GELU, dropout, adds.
+enum class Recompute : uint8_t { None, Full, Selective };
+
 // Pre-LN transformer block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen);
+  // Runs pre_forward_hook, the block (through fn::checkpoint unless recompute is
+  // None), then post_forward_hook: the hooks stay outside the recomputed region.
   Tensor forward(const Tensor& x) const;
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
+  Recompute recompute = Recompute::None;
+
+ private:
+  Tensor body(const Tensor& x) const;
+  Generator* gen_;  // the dropout generator (its state is replayed by a recompute)
 };
 
 }  // namespace brigade::nn

@@ -173,12 +173,18 @@ DataParallel::DataParallel(std::vector<ParamUnit> units, std::shared_ptr<dist::P
       const size_t u = module_units[k];
       const long next = k + 1 < module_units.size() ? long(module_units[k + 1]) : -1;
       const long prev = k > 0 ? long(module_units[k - 1]) : -1;
+      // Activation recompute (fn::checkpoint): a TransformerBlock checkpoints inside its hooks, so
+      // they run once, in the real forward. A checkpoint around a whole unit re-runs them in the
+      // backward (autograd::recomputing()); then the next unit, already backpropagated, is not
+      // prefetched (it would stay gathered), and the unit is not released after its recomputed
+      // forward, since the backward through that graph reads it next (the backward hook would
+      // gather it again at once); it is released when its gradients are handed off.
       units_[u].module->pre_forward_hook = [this, u, next] {
         ensure_gathered(u);
-        if (next >= 0) prefetch(size_t(next));
+        if (next >= 0 && !autograd::recomputing()) prefetch(size_t(next));
       };
       units_[u].module->post_forward_hook = [this, u, prev](const Tensor& out) -> Tensor {
-        if (!keep_all_) release_unit(u);
+        if (!keep_all_ && !autograd::recomputing()) release_unit(u);
         if (!out.requires_grad()) return out;
         return fn::backward_hook(out, [this, u, prev] {
           ensure_gathered(u);

@@ -74,6 +74,9 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(parallel, allreduce, String),
       BRIGADE_FIELD(parallel, bucket_mb, Float),
       BRIGADE_FIELD(parallel, overlap, Bool),
+      BRIGADE_FIELD(memory, recompute, String),
+      BRIGADE_FIELD(memory, every_k, Int),
+      BRIGADE_FIELD(memory, budget_mb, Float),
       BRIGADE_FIELD(sample, prompt, String),
       BRIGADE_FIELD(sample, tokens, Int),
       BRIGADE_FIELD(sample, temperature, Float),
@@ -83,7 +86,7 @@ const std::vector<Field>& fields() {
 }
 #undef BRIGADE_FIELD
 
-const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "parallel", "sample"};
+const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "parallel", "memory", "sample"};
 
 const Field* find_field(std::string_view section, std::string_view key) {
   for (const auto& f : fields())
@@ -272,7 +275,7 @@ void apply_table(Recipe& r, const toml::table& root, const std::string& origin) 
     if (!is_section(sec)) {
       if (v.is_table()) {
         throw ConfigError(fmt::format("{}: unknown section '[{}]'{}; sections are [run] [model] [data] [train] "
-                                      "[optim] [schedule] [parallel] [sample]",
+                                      "[optim] [schedule] [parallel] [memory] [sample]",
                                       where, sec, suggest(sec, {std::begin(kSections), std::end(kSections)})));
       }
       std::string hint;
@@ -430,6 +433,22 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
                      r.parallel.allreduce, suggest(r.parallel.allreduce, {"mpi", "ring", "tree"})));
   if (!(r.parallel.bucket_mb > 0 && r.parallel.bucket_mb <= 4096))
     fail(fmt::format("parallel.bucket_mb = {} must be in (0, 4096]; use e.g. 4 or 25", r.parallel.bucket_mb));
+
+  const std::string& rc = r.memory.recompute;
+  if (rc != "none" && rc != "full" && rc != "selective" && rc != "every_k" && rc != "budget")
+    fail(fmt::format("memory.recompute = \"{}\" is not a recompute policy; use \"none\", \"full\", \"selective\", "
+                     "\"every_k\" or \"budget\"{}",
+                     rc, suggest(rc, {"none", "full", "selective", "every_k", "budget"})));
+  if (r.memory.every_k < 1)
+    fail(fmt::format("memory.every_k = {} must be >= 1 (recompute blocks 0, k, 2k, ...)", r.memory.every_k));
+  if (!(r.memory.budget_mb >= 0))
+    fail(fmt::format("memory.budget_mb = {} must be >= 0", r.memory.budget_mb));
+  if (rc == "budget" && r.memory.budget_mb <= 0)
+    fail("memory.recompute = \"budget\" needs memory.budget_mb > 0 (the peak activation MiB of a step)");
+  if (rc != "budget" && r.memory.budget_mb > 0)
+    fail(fmt::format("memory.budget_mb = {} has no effect with memory.recompute = \"{}\"; set recompute = "
+                     "\"budget\" or remove budget_mb",
+                     r.memory.budget_mb, rc));
 
   if (r.schedule.name != "cosine" && r.schedule.name != "constant")
     fail(fmt::format("schedule.name = \"{}\" is not a known schedule; use \"cosine\" or \"constant\"{}",

@@ -80,6 +80,15 @@ struct ParallelConfig {
   bool operator==(const ParallelConfig&) const = default;
 };
 
+// Activation memory (see docs/memory.md "Activation recompute"): which transformer
+// blocks the backward recomputes instead of keeping their activations.
+struct MemoryConfig {
+  std::string recompute = "none";    // "none" | "full" | "selective" | "every_k" | "budget"
+  int64_t every_k = 2;               // every_k: full recompute of blocks 0, k, 2k, ...
+  double budget_mb = 0.0;            // budget: peak activation MiB per step (0 = unset)
+  bool operator==(const MemoryConfig&) const = default;
+};
+
 struct SampleConfig {
   std::string prompt = "In the beginning";
   int64_t tokens = 64;
@@ -97,6 +106,7 @@ struct Recipe {
   OptimConfig optim;
   ScheduleConfig schedule;
   ParallelConfig parallel;
+  MemoryConfig memory;
   SampleConfig sample;
   bool operator==(const Recipe&) const = default;  // compares path too
 };

@@ -165,7 +165,8 @@ std::string resume_differences(const Recipe& saved, const Recipe& now, bool layo
   const auto a = recipe_values(saved), b = recipe_values(now);
   std::string diff;
   for (const auto& [key, value] : b) {
-    if (harmless.count(key) || key.rfind("sample.", 0) == 0) continue;
+    // memory.*: activation recompute leaves every number bitwise the same
+    if (harmless.count(key) || key.rfind("sample.", 0) == 0 || key.rfind("memory.", 0) == 0) continue;
     if (is_layout_key(key) != layout) continue;
     auto it = a.find(key);
     if (it != a.end() && it->second != value) diff += fmt::format("{}{} ({} -> {})", diff.empty() ? "" : ", ", key, it->second, value);
@@ -300,6 +301,10 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     model.init_weights(init_gen);
   }
   model.dropout_generator().manual_seed(r.run.seed + 1);
+  // Activation recompute ([memory], docs/memory.md): a per-block plan for one micro-batch of B x T.
+  const models::RecomputePolicy recompute{r.memory.recompute, r.memory.every_k,
+                                          int64_t(r.memory.budget_mb * double(1 << 20))};
+  model.set_recompute(models::plan_recompute(model.config(), B, T, recompute));
 
   const fs::path out_dir(r.run.out_dir);
   std::error_code ec;
@@ -393,6 +398,14 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                     "buckets {} MiB | overlap {}",
                     P, A, B, B * A * P, dpo.zero, r.parallel.allreduce, r.parallel.bucket_mb,
                     r.parallel.overlap ? "on" : "off"));
+  if (r.memory.recompute != "none") {
+    std::string blocks;
+    for (nn::Recompute m : model.recompute_modes()) blocks += models::recompute_name(m)[0];
+    say(fmt::format("memory: recompute {} (blocks {}: f = full, s = selective, n = none) | estimated activation peak "
+                    "{}",
+                    r.memory.recompute, blocks,
+                    fmt_bytes(models::estimate_activation_peak(model.config(), B, T, model.recompute_modes()))));
+  }
 
   auto evaluate = [&]() {
     autograd::NoGradGuard ng;

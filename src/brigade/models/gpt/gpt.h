@@ -4,6 +4,9 @@
 // in tests/reference bit for bit when given the same seed.
 // Not parallel-aware: parallelism and precision are applied by a plan from outside.
 #pragma once
+#include <string>
+#include <vector>
+
 #include "brigade/core/rng.h"
 #include "brigade/nn/layers.h"
 
@@ -42,11 +45,37 @@ class GPT : public nn::Module {
   double flops_per_token(int64_t T) const;
   const GPTConfig& config() const { return cfg_; }
   Generator& dropout_generator() { return gen_; }
+  // Per-block activation recompute (one entry per block; from plan_recompute below).
+  void set_recompute(const std::vector<nn::Recompute>& modes);
+  std::vector<nn::Recompute> recompute_modes() const;
   std::shared_ptr<GPTTransformer> transformer;
 
  private:
   GPTConfig cfg_;
   Generator gen_;  // dropout masks
 };
+
+// ---- Activation recompute plan (docs/memory.md "Activation recompute").
+// A policy becomes one nn::Recompute per block; GPT::set_recompute applies it.
+struct RecomputePolicy {
+  std::string mode = "none";  // "none" | "full" | "selective" | "every_k" | "budget"
+  int64_t every_k = 2;        // every_k: full recompute of blocks 0, k, 2k, ...
+  int64_t budget_bytes = 0;   // budget: bound on the step's peak activation bytes
+};
+
+// Estimated peak of live activation bytes (MemTag::Activations, as the allocator
+// counts them, rounded blocks) of one training step: forward, loss and backward of
+// a batch of B rows of T tokens, with the batch's token tensors included.
+// `modes` has one entry per block.
+int64_t estimate_activation_peak(const GPTConfig& c, int64_t B, int64_t T, const std::vector<nn::Recompute>& modes);
+// Extra forward FLOPs the backward spends recomputing, for one step.
+double recompute_flops(const GPTConfig& c, int64_t B, int64_t T, const std::vector<nn::Recompute>& modes);
+// The per-block modes of a policy. "budget" picks, among all mixes of none /
+// selective / full blocks, the one with the fewest recompute FLOPs whose estimated
+// peak fits the budget (recomputed blocks first: they are the last to be backpropagated,
+// when the most activations are still held); ConfigError when even full recompute of
+// every block does not fit.
+std::vector<nn::Recompute> plan_recompute(const GPTConfig& c, int64_t B, int64_t T, const RecomputePolicy& p);
+const char* recompute_name(nn::Recompute r);  // "none" | "full" | "selective"
 
 }  // namespace brigade::models
