@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -285,6 +286,169 @@ TEST_F(Cli, PromptWithUnknownCharactersIsAClearError) {
   ASSERT_EQ(brigade("train tiny.toml --quiet --no-sample", dir_).code, 0);
   CmdResult r = brigade("generate --ckpt run/checkpoint --prompt 'And the king ☃ é'", dir_);
   expect_clean_error(r, "U+2603");
+}
+
+
+// ---- early stopping, loss plots, ablate
+
+std::string slurp_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// (step, val_loss) of every evaluation in a run's metrics.jsonl, at full precision.
+std::vector<std::pair<int64_t, double>> val_losses(const fs::path& metrics) {
+  std::ifstream f(metrics);
+  std::vector<std::pair<int64_t, double>> out;
+  std::regex re("\"step\":([0-9]+),\"val_loss\":([-0-9.eE+]+)");
+  std::smatch m;
+  for (std::string line; std::getline(f, line);)
+    if (std::regex_search(line, m, re)) out.emplace_back(std::stoll(m[1]), std::stod(m[2]));
+  return out;
+}
+
+// The early-stopping rule as docs/recipes.md states it, written again here: an evaluation
+// improves if it is the first or lower than the best by more than min_delta; the run stops
+// at the patience-th evaluation in a row without improvement. -> (stop step or 0, best step)
+std::pair<int64_t, int64_t> expected_early_stop(const std::vector<std::pair<int64_t, double>>& evals, int patience,
+                                                double min_delta) {
+  int64_t best_step = 0, bad = 0;
+  double best = 0;
+  for (const auto& [step, loss] : evals) {
+    if (best_step == 0 || loss < best - min_delta) {
+      best = loss, best_step = step, bad = 0;
+    } else if (++bad == patience) {
+      return {step, best_step};
+    }
+  }
+  return {0, best_step};
+}
+
+int64_t state_step(const fs::path& ckpt) {
+  std::smatch m;
+  const std::string s = slurp_file(ckpt / "state.json");
+  std::regex re("\"step\": ([0-9]+)");
+  return std::regex_search(s, m, re) ? std::stoll(m[1]) : -1;
+}
+
+// Number of "x,y" points of every <polyline> in an SVG.
+std::vector<size_t> polyline_points(const std::string& svg) {
+  std::vector<size_t> out;
+  std::regex re("<polyline[^>]* points=\"([^\"]*)\"");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), re); it != std::sregex_iterator(); ++it) {
+    const std::string pts = (*it)[1];
+    out.push_back(size_t(std::count(pts.begin(), pts.end(), ',')));
+  }
+  return out;
+}
+
+// Settings where the tiny model's val loss stops improving well before train.steps:
+// an evaluation every step and a high learning rate.
+const std::string kEarlyStop =
+    "train tiny.toml --quiet --no-sample --set train.steps=40 --set optim.lr=3e-2 --set train.eval_every=1 "
+    "--set train.early_stop=true ";
+
+TEST_F(Cli, EarlyStopStopsWhereTheRuleSaysAndKeepsTheBestModel) {
+  CmdResult r = brigade(kEarlyStop + "--set train.patience=2 --set train.min_delta=0.01 --set run.out_dir=es", dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto evals = val_losses(dir_ / "es/metrics.jsonl");
+  const auto [stop, best] = expected_early_stop(evals, 2, 0.01);
+  ASSERT_GT(stop, 0) << "val loss kept improving for 40 steps; these settings no longer exercise early stopping";
+  ASSERT_LT(stop, 40);
+  EXPECT_EQ(evals.back().first, stop);  // it stopped right there
+  EXPECT_EQ(losses("es").size(), size_t(stop));
+  EXPECT_NE(r.out.find("early stop at step " + std::to_string(stop)), std::string::npos) << r.out;
+  const std::string metrics = slurp_file(dir_ / "es/metrics.jsonl");
+  EXPECT_NE(metrics.find("\"best_step\":" + std::to_string(best) + ","), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"early_stop\":true,\"step\":" + std::to_string(stop) + "}"), std::string::npos) << metrics;
+  // best/ is the checkpoint of the best step; checkpoint/ the last one
+  EXPECT_EQ(state_step(dir_ / "es/best"), best);
+  EXPECT_EQ(state_step(dir_ / "es/checkpoint"), stop);
+  // ... and holds exactly the weights an ordinary run has at that step
+  ASSERT_EQ(brigade("train tiny.toml --quiet --no-sample --set train.steps=40 --set optim.lr=3e-2 --set run.out_dir=ref "
+                    "--stop-at " + std::to_string(best),
+                    dir_)
+                .code,
+            0);
+  EXPECT_EQ(slurp_file(dir_ / "es/best/model.safetensors"), slurp_file(dir_ / "ref/checkpoint/model.safetensors"));
+  // the best checkpoint is a checkpoint: generate reads it
+  CmdResult g = brigade("generate --ckpt es/best --prompt 'And the king' --tokens 5", dir_);
+  EXPECT_EQ(g.code, 0) << g.err;
+  // every run draws loss.svg beside metrics.jsonl: train loss, val loss and the best point
+  const std::string svg = slurp_file(dir_ / "es/loss.svg");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(polyline_points(svg), (std::vector<size_t>{size_t(stop), evals.size(), 1}));
+  EXPECT_NE(svg.find(">step</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">val loss</text>"), std::string::npos);
+  EXPECT_EQ(polyline_points(slurp_file(dir_ / "ref/loss.svg")).size(), 2u);
+}
+
+TEST_F(Cli, EarlyStopStateSurvivesResume) {
+  const std::string es = kEarlyStop + "--set train.patience=2 ";
+  ASSERT_EQ(brigade(es + "--set run.out_dir=full", dir_).code, 0);
+  const auto evals = val_losses(dir_ / "full/metrics.jsonl");
+  const auto [stop, best] = expected_early_stop(evals, 2, 0.0);
+  ASSERT_GT(stop, 2) << "val loss kept improving for 40 steps; these settings no longer exercise early stopping";
+  // with min_delta = 0 the kept model is the one with the lowest val loss
+  EXPECT_EQ(best, std::min_element(evals.begin(), evals.end(),
+                                   [](const auto& a, const auto& b) { return a.second < b.second; })->first);
+  // stop one step before the early stop (one evaluation without improvement already counted), resume
+  ASSERT_EQ(brigade(es + "--set run.out_dir=split --stop-at " + std::to_string(stop - 1), dir_).code, 0);
+  CmdResult r = brigade(es + "--set run.out_dir=split --resume", dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(losses("full"), losses("split"));
+  EXPECT_EQ(val_losses(dir_ / "full/metrics.jsonl"), val_losses(dir_ / "split/metrics.jsonl"));
+  EXPECT_EQ(state_step(dir_ / "split/best"), best);
+  EXPECT_EQ(slurp_file(dir_ / "full/best/model.safetensors"), slurp_file(dir_ / "split/best/model.safetensors"));
+  // nothing left to do: resuming a run that stopped early says why and where the best model is
+  expect_clean_error(brigade(es + "--set run.out_dir=split --resume", dir_), "early stopping ended the run");
+  // early stopping needs periodic evaluations
+  expect_clean_error(brigade("train tiny.toml --quiet --set train.early_stop=true --set train.eval_every=0", dir_),
+                     "train.eval_every");
+}
+
+TEST_F(Cli, AblateRunsEveryVariantAndWritesTheTableAndThePlot) {
+  CmdResult r = brigade("ablate tiny.toml --vary train.accumulation=1,2 --vary optim.lr=1e-3,3e-3 --steps 3 --out abl",
+                        dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string md = slurp_file(dir_ / "abl/ablate.md");
+  const char* rows[] = {"| 1 | train.accumulation=1, optim.lr=1e-3 | 3 |", "| 2 | train.accumulation=1, optim.lr=3e-3 | 3 |",
+                        "| 3 | train.accumulation=2, optim.lr=1e-3 | 3 |", "| 4 | train.accumulation=2, optim.lr=3e-3 | 3 |"};
+  for (const char* row : rows) {
+    EXPECT_NE(md.find(row), std::string::npos) << row << "\n" << md;
+    EXPECT_NE(r.out.find(row), std::string::npos) << "the table is printed too\n" << r.out;
+  }
+  EXPECT_EQ(md.find("failed"), std::string::npos) << md;
+  EXPECT_NE(md.find("tokens/s"), std::string::npos);
+  EXPECT_NE(md.find("activations MiB"), std::string::npos);
+  EXPECT_NE(md.find("![train loss of every variant](ablate.svg)"), std::string::npos);
+  const std::string svg = slurp_file(dir_ / "abl/ablate.svg");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(polyline_points(svg), (std::vector<size_t>{3, 3, 3, 3}));
+  const std::string json = slurp_file(dir_ / "abl/ablate.json");
+  EXPECT_EQ(std::regex_search(json, std::regex("\"ok\": true")), true) << json;
+  // every variant is an ordinary run folder (log_every = 1, the given steps, its own loss.svg)
+  size_t runs = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "abl"))
+    if (e.is_directory()) {
+      ++runs;
+      EXPECT_EQ(losses(fs::relative(e.path(), dir_).string()).size(), 3u) << e.path();
+      EXPECT_TRUE(fs::exists(e.path() / "loss.svg")) << e.path();
+      EXPECT_TRUE(fs::exists(e.path() / "memory.json")) << e.path();
+    }
+  EXPECT_EQ(runs, 4u);
+}
+
+TEST_F(Cli, AblateChecksKeysAndVariantsBeforeRunningAnything) {
+  CmdResult bad = brigade("ablate tiny.toml --vary train.acumulation=1,2 --out bad1", dir_);
+  expect_clean_error(bad, "did you mean 'train.accumulation'");
+  EXPECT_NE(bad.err.find("--vary"), std::string::npos) << bad.err;
+  expect_clean_error(brigade("ablate tiny.toml --vary train.accumulation=1,two --out bad2", dir_), "must be an integer");
+  // model.n_head = 3 does not divide n_embd = 32: refused before variant 1 runs
+  expect_clean_error(brigade("ablate tiny.toml --vary model.n_head=2,3 --out bad3", dir_), "variant 2 (model.n_head=3)");
+  expect_clean_error(brigade("ablate tiny.toml --vary train.steps=1,2 --vary train.steps=3 --out bad4", dir_),
+                     "given twice");
+  for (const char* d : {"bad1", "bad2", "bad3", "bad4"}) EXPECT_FALSE(fs::exists(dir_ / d)) << d;
 }
 
 }  // namespace

@@ -115,7 +115,7 @@ TEST(Recipe, RangeAndCombinationChecksSayWhatToChange) {
   expect_error("[model]\ndropout = -0.1\n", {"model.dropout"});
   expect_error("[optim]\nlr = 0\n", {"optim.lr = 0", "> 0"});
   expect_error("[optim]\nname = \"adam\"\n", {"optim.name = \"adam\"", "\"adamw\" or \"sgd\"", "did you mean 'adamw'"});
-  expect_error("[schedule]\nname = \"linear\"\n", {"schedule.name", "\"cosine\" or \"constant\""});
+  expect_error("[schedule]\nname = \"exponential\"\n", {"schedule.name = \"exponential\"", "\"cosine\"", "\"wsd\""});
   expect_error("[train]\nsteps = 50\n", {"schedule.warmup_steps = 100", "train.steps = 50"});
   expect_error("[model]\nvocab_size = 3\n", {"model.vocab_size = 3"});
   expect_error("[train]\nbatch_size = 0\n", {"train.batch_size = 0", "> 0"});
@@ -186,7 +186,7 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // Defaults round trip too, and the output is stable.
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
-  EXPECT_EQ(recipe_keys().size(), 47u);
+  EXPECT_EQ(recipe_keys().size(), 60u);
 }
 
 TEST(Recipe, ParallelKeysAreValidated) {

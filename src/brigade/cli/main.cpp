@@ -1,4 +1,4 @@
-// `brigade`: the command-line front-end. Subcommands: prepare, train, generate.
+// `brigade`: the command-line front-end. Subcommands: prepare, train, generate, ablate.
 // Every error ends in one line "brigade: error: ..." on stderr and a non-zero exit.
 #include <omp.h>
 #include <unistd.h>
@@ -12,9 +12,11 @@
 #include "brigade/data/prepare.h"
 #include "brigade/data/tokenizer.h"
 #include "brigade/models/gpt/gpt.h"
+#include "brigade/train/ablate.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
 #include "brigade/train/generate.h"
+#include "brigade/train/memory_plan.h"
 #include "brigade/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -31,10 +33,17 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
 
 int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
+  if (o.dry_run) {  // the plan's memory per category, from the recipe alone (memory_plan.h)
+    if (dist::Env::world_rank() == 0) fmt::print("{}", train::dry_run_report(r));
+    return 0;
+  }
   train::TrainResult res = train::run_training(r, o);
   if (res.interrupted) return 130;  // the conventional exit status after SIGINT
   if (dist::Env::world_rank() != 0) return 0;  // rank 0 reports for the job
   fmt::print("final val loss: {:.4f}\n", res.val_loss);
+  if (res.early_stopped)
+    fmt::print("early stop at step {}: best val loss {:.4f} at step {} (kept in {})\n", res.steps, res.best_val_loss,
+               res.best_step, res.best_dir);
   if (!res.sample.empty()) fmt::print("sample:\n{}\n", res.sample);
   return 0;
 }
@@ -104,6 +113,9 @@ int run(int argc, char** argv) {
   tr->add_option("--stop-at", topts.stop_at, "Stop and checkpoint at this step (the schedule still spans train.steps)");
   tr->add_flag("--quiet", topts.quiet, "No progress output");
   tr->add_flag("--no-sample", no_sample, "Skip the text sample at the end");
+  tr->add_flag("--dry-run", topts.dry_run,
+               "Print the predicted memory per category (params, grads, optimizer, activations, workspace) and "
+               "exit without training");
 
   auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
   gen->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/gpt-kjv/checkpoint)")->required();
@@ -113,6 +125,19 @@ int run(int argc, char** argv) {
   gen->add_option("--top-k", so.top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
   gen->add_option("--seed", so.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
+
+  train::AblateOptions aopts;
+  auto* abl = app.add_subcommand("ablate", "Run a recipe under each combination of --vary values and compare "
+                                           "tokens/s, peak memory and loss (table + loss-curve plot)");
+  abl->add_option("recipe", recipe, "Recipe TOML file")->required();
+  abl->add_option("--vary", aopts.vary, "section.key=v1,v2,... (repeatable; every combination runs)")
+      ->required()
+      ->allow_extra_args(false);  // one value per --vary, so the recipe may follow it
+  abl->add_option("--steps", aopts.steps, "Steps per variant (train --stop-at)")->capture_default_str();
+  abl->add_option("--out", aopts.out_dir, "Report folder (default: <run.out_dir's parent>/<run.name>-ablate)");
+  abl->add_option("--set", sets, "Override a recipe key for every variant: section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  abl->add_flag("--quiet", aopts.quiet, "No per-variant progress lines");
 
   try {
     app.parse(argc, argv);
@@ -136,6 +161,11 @@ int run(int argc, char** argv) {
       return finish(cmd_train(recipe, sets, topts), "");
     }
     if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
+    if (abl->parsed()) {
+      aopts.recipe = recipe;
+      aopts.sets = sets;
+      return finish(train::run_ablation(aopts), "");
+    }
   } catch (const brigade::Error& e) {
     return finish(1, e.what());
   } catch (const std::bad_alloc&) {

@@ -54,6 +54,9 @@ void AdamW::step(double lr) {
   //   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
   //   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
   const float b1 = float(o_.beta1), b2 = float(o_.beta2), eps = float(o_.eps);
+  // 1 - beta in double, then rounded (as torch passes the Python float 1 - beta to its kernel);
+  // 1.0f - float(beta) differs, e.g. by 2e-7 relative for beta = 0.95.
+  const float omb1 = float(1.0 - o_.beta1), omb2 = float(1.0 - o_.beta2);
   const double bc1 = 1.0 - std::pow(o_.beta1, double(steps_));
   const double bc2 = 1.0 - std::pow(o_.beta2, double(steps_));
   const float step_size = float(lr / bc1);
@@ -72,8 +75,8 @@ void AdamW::step(double lr) {
     for (int64_t j = 0; j < n; ++j) {
       const float gj = gp[j];
       pp[j] *= decay;
-      mp[j] = mp[j] * b1 + (1.0f - b1) * gj;
-      vp[j] = vp[j] * b2 + (1.0f - b2) * gj * gj;
+      mp[j] = mp[j] * b1 + omb1 * gj;
+      vp[j] = vp[j] * b2 + omb2 * gj * gj;
       const float denom = std::sqrt(vp[j]) / bc2_sqrt + eps;
       pp[j] -= step_size * (mp[j] / denom);
     }

@@ -256,6 +256,16 @@ void DataParallel::begin_step() {
   if (o_.zero == 3) gather_persistent();
 }
 
+void DataParallel::set_accumulation(int64_t micro_steps) {
+  BRIGADE_CHECK(micro_steps >= 1, ValueError, "accumulation must be >= 1, got {}", micro_steps);
+  o_.accumulation = micro_steps;
+}
+
+double DataParallel::local_grad_sq() const {
+  BRIGADE_CHECK(o_.zero < 2, ValueError, "local_grad_sq(): ZeRO-{} keeps no local gradient", o_.zero);
+  return ops::sum_squares(view_of(flat_grads_, 0, {padded_}));
+}
+
 void DataParallel::begin_micro_step(int64_t micro) {
   BRIGADE_ASSERT(micro >= 0 && micro < o_.accumulation, "micro-step {} of {}", micro, o_.accumulation);
   if (micro > 0 && o_.zero >= 2)  // gradients of parameters the last backward did not reach

@@ -87,6 +87,11 @@ class DataParallel {
   //   begin_step(); for each micro-step m: { begin_micro_step(m); forward; backward; }
   //   finish_gradients(); clip_grad_norm(); optimizer.step(); after_optimizer_step();
   void begin_step();
+  // Micro-steps of the next step (adaptive accumulation changes it between steps).
+  void set_accumulation(int64_t micro_steps);
+  // ZeRO 0/1, between micro-steps (before the last one communicates): the squared L2
+  // norm of this rank's local accumulated gradient, unscaled. For the noise-scale estimate.
+  double local_grad_sq() const;
   void begin_micro_step(int64_t micro);
   void finish_gradients();
   double clip_grad_norm(double max_norm);  // global L2 norm over all ranks' gradients, before clipping

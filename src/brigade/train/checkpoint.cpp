@@ -67,7 +67,11 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
   if (opt) ckpt::save_safetensors((tmp / "optimizer.safetensors").string(), opt->state_tensors(), {});
   nlohmann::json js{{"version", kStateVersion},        {"step", state.step},
                     {"tokens_seen", state.tokens_seen}, {"rng_state", state.rng_state},
-                    {"last_val_loss", state.last_val_loss}};
+                    {"last_val_loss", state.last_val_loss}, {"accumulation", state.accumulation_state}};
+  if (state.early_stop.best_step > 0)
+    js["early_stop"] = {{"best_step", state.early_stop.best_step},
+                        {"best_val_loss", state.early_stop.best_val_loss},
+                        {"evals_since_best", state.early_stop.evals_since_best}};
   data::write_file_atomic((tmp / "state.json").string(), js.dump(2) + "\n");
   data::write_file_atomic((tmp / "recipe.toml").string(), recipe_to_toml(recipe));
   if (!tokenizer_path.empty()) {
@@ -231,6 +235,13 @@ TrainState checkpoint_state(const std::string& dir) {
     s.tokens_seen = js.at("tokens_seen").get<int64_t>();
     s.rng_state = js.at("rng_state").get<std::string>();
     s.last_val_loss = js.at("last_val_loss").get<double>();
+    if (js.contains("early_stop")) {  // absent in older checkpoints and before the first evaluation
+      const auto& es = js.at("early_stop");
+      s.early_stop.best_step = es.at("best_step").get<int64_t>();
+      s.early_stop.best_val_loss = es.at("best_val_loss").get<double>();
+      s.early_stop.evals_since_best = es.at("evals_since_best").get<int64_t>();
+    }
+    s.accumulation_state = js.value("accumulation", std::string());  // absent in older checkpoints
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("checkpoint state {} is missing a field ({})", p.string(), e.what()));
   }

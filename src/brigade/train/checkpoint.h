@@ -1,7 +1,7 @@
 // Checkpoint directories: everything needed to resume exactly or to sample.
 //   model.safetensors      weights by Hugging Face name (loads into HF/PyTorch GPT-2)
 //   optimizer.safetensors  optimizer state by "<state>.<param name>"
-//   state.json             step, tokens seen, RNG state, last val loss, format version
+//   state.json             step, tokens seen, RNG state, last val loss, early-stopping state, format version
 //   recipe.toml            the full recipe (every key) the run used
 //   tokenizer.model        the SentencePiece model the data was encoded with
 // Written into "<dir>.tmp" (every file fsynced), then swapped in by two renames
@@ -17,6 +17,7 @@
 #include "brigade/nn/module.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/train/config.h"
+#include "brigade/train/early_stop.h"
 
 namespace brigade::train {
 
@@ -25,6 +26,8 @@ struct TrainState {
   int64_t tokens_seen = 0;
   std::string rng_state;        // model (dropout) generator
   double last_val_loss = -1.0;
+  EarlyStopState early_stop;    // train.early_stop: best so far and evaluations since (absent = none yet)
+  std::string accumulation_state;  // adaptive accumulation (AccumulationPolicy::state); "" = none
 };
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,

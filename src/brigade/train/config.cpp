@@ -57,8 +57,16 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(train, eval_batches, Int),
       BRIGADE_FIELD(train, log_every, Int),
       BRIGADE_FIELD(train, checkpoint_every, Int),
+      BRIGADE_FIELD(train, early_stop, Bool),
+      BRIGADE_FIELD(train, patience, Int),
+      BRIGADE_FIELD(train, min_delta, Float),
       BRIGADE_FIELD(train, grad_clip, Float),
+      BRIGADE_FIELD(train, clip_value, Float),
       BRIGADE_FIELD(train, accumulation, Int),
+      BRIGADE_FIELD(train, accumulation_mode, String),
+      BRIGADE_FIELD(train, accumulation_max, Int),
+      BRIGADE_FIELD(train, ramp_steps, Int),
+      BRIGADE_FIELD(train, noise_ema, Float),
       BRIGADE_FIELD(optim, name, String),
       BRIGADE_FIELD(optim, lr, Float),
       BRIGADE_FIELD(optim, weight_decay, Float),
@@ -66,9 +74,14 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(optim, beta2, Float),
       BRIGADE_FIELD(optim, eps, Float),
       BRIGADE_FIELD(optim, momentum, Float),
+      BRIGADE_FIELD(optim, nesterov, Bool),
       BRIGADE_FIELD(schedule, name, String),
       BRIGADE_FIELD(schedule, warmup_steps, Int),
       BRIGADE_FIELD(schedule, min_lr, Float),
+      BRIGADE_FIELD(schedule, step_every, Int),
+      BRIGADE_FIELD(schedule, step_gamma, Float),
+      BRIGADE_FIELD(schedule, decay_steps, Int),
+      BRIGADE_FIELD(schedule, decay_shape, String),
       BRIGADE_FIELD(parallel, dp, Int),
       BRIGADE_FIELD(parallel, zero, Int),
       BRIGADE_FIELD(parallel, allreduce, String),
@@ -403,10 +416,22 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   non_negative(r.train.checkpoint_every, "train.checkpoint_every", "0 = only at the end");
   if (!(r.train.grad_clip >= 0))
     fail(fmt::format("train.grad_clip = {} must be >= 0 (0 = off)", r.train.grad_clip));
+  if (!(r.train.clip_value >= 0))
+    fail(fmt::format("train.clip_value = {} must be >= 0 (0 = off); it clamps each gradient element to [-v, v]",
+                     r.train.clip_value));
+  if (r.train.patience < 1)
+    fail(fmt::format("train.patience = {} must be >= 1 (evaluations without improvement before early stopping)",
+                     r.train.patience));
+  if (!(r.train.min_delta >= 0))
+    fail(fmt::format("train.min_delta = {} must be >= 0; use e.g. 0 (any decrease counts) or 0.01",
+                     r.train.min_delta));
+  if (r.train.early_stop && r.train.eval_every == 0)
+    fail("train.early_stop = true needs periodic evaluations, but train.eval_every = 0 (only at the end); set "
+         "train.eval_every to a positive period, e.g. 100");
 
-  if (r.optim.name != "adamw" && r.optim.name != "sgd")
-    fail(fmt::format("optim.name = \"{}\" is not a known optimizer; use \"adamw\" or \"sgd\"{}", r.optim.name,
-                     suggest(r.optim.name, {"adamw", "sgd"})));
+  if (r.optim.name != "adamw" && r.optim.name != "lamb" && r.optim.name != "sgd")
+    fail(fmt::format("optim.name = \"{}\" is not a known optimizer; use \"lamb\", \"adamw\" or \"sgd\"{}",
+                     r.optim.name, suggest(r.optim.name, {"adamw", "lamb", "sgd"})));
   if (!(r.optim.lr > 0)) fail(fmt::format("optim.lr = {} must be > 0; use e.g. 1e-3", r.optim.lr));
   if (!(r.optim.weight_decay >= 0))
     fail(fmt::format("optim.weight_decay = {} must be >= 0; use e.g. 0.1 (or 0 for none)", r.optim.weight_decay));
@@ -417,8 +442,40 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (!(r.optim.eps > 0)) fail(fmt::format("optim.eps = {} must be > 0; use e.g. 1e-8", r.optim.eps));
   if (!(r.optim.momentum >= 0 && r.optim.momentum < 1))
     fail(fmt::format("optim.momentum = {} must be in [0, 1); use e.g. 0.9", r.optim.momentum));
+  if (r.optim.nesterov && r.optim.name != "sgd")
+    fail(fmt::format("optim.nesterov = true applies to optim.name = \"sgd\" only, not \"{}\"; remove it or use sgd",
+                     r.optim.name));
+  if (r.optim.nesterov && r.optim.momentum == 0)
+    fail("optim.nesterov = true needs optim.momentum > 0 (got 0); set e.g. optim.momentum = 0.9");
 
   positive(r.train.accumulation, "train.accumulation");
+  const std::string& am = r.train.accumulation_mode;
+  if (am != "static" && am != "ramp" && am != "noise_scale")
+    fail(fmt::format("train.accumulation_mode = \"{}\" is not a known mode; use \"static\", \"ramp\" or "
+                     "\"noise_scale\"{}",
+                     am, suggest(am, {"static", "ramp", "noise_scale"})));
+  non_negative(r.train.accumulation_max, "train.accumulation_max", "0 = train.accumulation");
+  non_negative(r.train.ramp_steps, "train.ramp_steps", "0 = no ramp");
+  if (am == "static" && r.train.accumulation_max != 0 && r.train.accumulation_max != r.train.accumulation)
+    fail(fmt::format("train.accumulation_max = {} has no effect with train.accumulation_mode = \"static\"; set "
+                     "accumulation_mode = \"ramp\" or \"noise_scale\", or remove accumulation_max",
+                     r.train.accumulation_max));
+  if (am != "static" && r.train.accumulation_max <= r.train.accumulation)
+    fail(fmt::format("train.accumulation_mode = \"{}\" needs train.accumulation_max > train.accumulation ({} <= {}); "
+                     "raise accumulation_max",
+                     am, r.train.accumulation_max, r.train.accumulation));
+  if (am == "ramp" && r.train.ramp_steps <= 0)
+    fail("train.accumulation_mode = \"ramp\" needs train.ramp_steps > 0 (steps to reach accumulation_max)");
+  if (am == "noise_scale" && r.train.accumulation < 2)
+    fail(fmt::format("train.accumulation_mode = \"noise_scale\" measures the gradient of one micro-batch against "
+                     "the whole step, so it needs train.accumulation >= 2 (got {})",
+                     r.train.accumulation));
+  if (am == "noise_scale" && r.parallel.zero >= 2)
+    fail(fmt::format("train.accumulation_mode = \"noise_scale\" needs the local micro-batch gradient, which ZeRO-{} "
+                     "does not keep; use parallel.zero = 0 or 1",
+                     r.parallel.zero));
+  if (!(r.train.noise_ema >= 0 && r.train.noise_ema < 1))
+    fail(fmt::format("train.noise_ema = {} must be in [0, 1); use e.g. 0.9", r.train.noise_ema));
 
   if (r.parallel.dp < 1 || r.parallel.dp > 65536)
     fail(fmt::format("parallel.dp = {} must be between 1 and 65536; it must equal the number of processes "
@@ -450,17 +507,54 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
                      "\"budget\" or remove budget_mb",
                      r.memory.budget_mb, rc));
 
-  if (r.schedule.name != "cosine" && r.schedule.name != "constant")
-    fail(fmt::format("schedule.name = \"{}\" is not a known schedule; use \"cosine\" or \"constant\"{}",
-                     r.schedule.name, suggest(r.schedule.name, {"cosine", "constant"})));
+  const std::string& sn = r.schedule.name;
+  if (sn != "constant" && sn != "cosine" && sn != "linear" && sn != "step" && sn != "wsd")
+    fail(fmt::format("schedule.name = \"{}\" is not a known schedule; use \"constant\", \"cosine\", \"linear\", "
+                     "\"step\" or \"wsd\"{}",
+                     sn, suggest(sn, {"constant", "cosine", "linear", "step", "wsd"})));
   non_negative(r.schedule.warmup_steps, "schedule.warmup_steps", "0 = no warmup");
   if (r.schedule.warmup_steps > r.train.steps)
     fail(fmt::format("schedule.warmup_steps = {} exceeds train.steps = {}; lower the warmup or train longer",
                      r.schedule.warmup_steps, r.train.steps));
   if (!(r.schedule.min_lr >= 0)) fail(fmt::format("schedule.min_lr = {} must be >= 0", r.schedule.min_lr));
-  if (r.schedule.name == "cosine" && r.schedule.min_lr > r.optim.lr)
-    fail(fmt::format("schedule.min_lr = {} exceeds optim.lr = {}; the cosine floor must be below the peak lr",
-                     r.schedule.min_lr, r.optim.lr));
+  if (sn != "constant" && r.schedule.min_lr > r.optim.lr)
+    fail(fmt::format("schedule.min_lr = {} exceeds optim.lr = {}; the floor of the \"{}\" schedule must be below the "
+                     "peak lr",
+                     r.schedule.min_lr, r.optim.lr, sn));
+  const int64_t after_warmup = r.train.steps - r.schedule.warmup_steps;
+  if (sn == "step" && r.schedule.step_every <= 0)
+    fail(fmt::format("schedule.name = \"step\" needs schedule.step_every > 0 (got {}): the period in steps between "
+                     "lr decays, e.g. {}",
+                     r.schedule.step_every, std::max<int64_t>(after_warmup / 3, 1)));
+  if (sn == "step" && r.schedule.step_every >= after_warmup)
+    fail(fmt::format("schedule.step_every = {} is not below the {} steps after warmup, so the lr would never decay; "
+                     "lower schedule.step_every or use schedule.name = \"constant\"",
+                     r.schedule.step_every, after_warmup));
+  if (sn != "step" && r.schedule.step_every != 0)
+    fail(fmt::format("schedule.step_every = {} only applies to schedule.name = \"step\" (this is \"{}\"); remove it",
+                     r.schedule.step_every, sn));
+  if (!(r.schedule.step_gamma > 0 && r.schedule.step_gamma < 1))
+    fail(fmt::format("schedule.step_gamma = {} must be in (0, 1): the lr factor per step period, e.g. 0.1 or 0.5",
+                     r.schedule.step_gamma));
+  if (sn == "wsd" && r.schedule.decay_steps <= 0)
+    fail(fmt::format("schedule.name = \"wsd\" needs schedule.decay_steps > 0 (got {}): the length of the final "
+                     "decay, e.g. {} (20% of train.steps)",
+                     r.schedule.decay_steps, std::max<int64_t>(r.train.steps / 5, 1)));
+  if (sn == "wsd" && r.schedule.decay_steps > after_warmup)
+    fail(fmt::format("schedule.decay_steps = {} is longer than the {} steps after warmup (train.steps {} - "
+                     "schedule.warmup_steps {}); shorten the decay or the warmup",
+                     r.schedule.decay_steps, after_warmup, r.train.steps, r.schedule.warmup_steps));
+  if (sn != "wsd" && r.schedule.decay_steps != 0)
+    fail(fmt::format("schedule.decay_steps = {} only applies to schedule.name = \"wsd\" (this is \"{}\"); remove it",
+                     r.schedule.decay_steps, sn));
+  const std::string& shape = r.schedule.decay_shape;
+  if (shape != "linear" && shape != "cosine" && shape != "sqrt")
+    fail(fmt::format("schedule.decay_shape = \"{}\" is not a known shape; use \"linear\", \"cosine\" or \"sqrt\"{}",
+                     shape, suggest(shape, {"linear", "cosine", "sqrt"})));
+  if (sn != "wsd" && shape != "linear")
+    fail(fmt::format("schedule.decay_shape = \"{}\" only applies to schedule.name = \"wsd\" (this is \"{}\"); "
+                     "remove it",
+                     shape, sn));
 
   non_negative(r.sample.tokens, "sample.tokens", "0 = no sample");
   if (!(r.sample.temperature > 0))

@@ -46,26 +46,40 @@ struct TrainConfig {
   int64_t eval_batches = 16;
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;      // 0 = only at the end
+  bool early_stop = false;           // stop when val loss stops improving; best model in <out_dir>/best
+  int64_t patience = 5;              // early_stop: evaluations without improvement before stopping
+  double min_delta = 0.0;            // early_stop: an improvement must lower val loss by more than this
   double grad_clip = 1.0;            // global L2 norm; 0 = off
-  int64_t accumulation = 1;          // micro-steps per optimizer step (batch_size rows each)
+  double clip_value = 0.0;           // clamp each gradient element to [-v, v] after grad_clip; 0 = off
+  int64_t accumulation = 1;          // micro-steps per optimizer step (batch_size rows each); the start
+                                     // value for the adaptive modes
+  std::string accumulation_mode = "static";  // "static" | "ramp" | "noise_scale" (train/accumulation.h)
+  int64_t accumulation_max = 0;      // ceiling of the adaptive modes (0 = accumulation)
+  int64_t ramp_steps = 0;            // ramp: steps over which accumulation grows to accumulation_max
+  double noise_ema = 0.9;            // noise_scale: moving-average factor of the estimates
   bool operator==(const TrainConfig&) const = default;
 };
 
 struct OptimConfig {
-  std::string name = "adamw";        // "adamw" | "sgd"
+  std::string name = "adamw";        // "adamw" | "lamb" | "sgd" (docs/optimizers.md)
   double lr = 1e-3;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
   double momentum = 0.9;             // sgd only
+  bool nesterov = false;             // sgd only: Nesterov momentum (needs momentum > 0)
   bool operator==(const OptimConfig&) const = default;
 };
 
 struct ScheduleConfig {
-  std::string name = "cosine";       // "cosine" | "constant"
-  int64_t warmup_steps = 100;
-  double min_lr = 1e-4;              // cosine floor
+  std::string name = "cosine";       // "constant" | "cosine" | "linear" | "step" | "wsd" (docs/optimizers.md)
+  int64_t warmup_steps = 100;        // linear warmup, for every schedule
+  double min_lr = 1e-4;              // floor of the decaying schedules
+  int64_t step_every = 0;            // step only: decay period in steps (> 0)
+  double step_gamma = 0.1;           // step only: lr factor per period
+  int64_t decay_steps = 0;           // wsd only: length of the final decay (> 0)
+  std::string decay_shape = "linear";  // wsd only: "linear" | "cosine" | "sqrt"
   bool operator==(const ScheduleConfig&) const = default;
 };
 

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <nlohmann/json.hpp>
@@ -32,8 +33,11 @@
 #include "brigade/optim/schedule.h"
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/dist/process_group.h"
+#include "brigade/train/accumulation.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/generate.h"
+#include "brigade/train/memory_plan.h"
+#include "brigade/train/run_metrics.h"
 
 namespace brigade::train {
 
@@ -127,14 +131,50 @@ nlohmann::json memory_json(const MemStats& m) {
   return j;
 }
 
+// memory.json["predicted"]: what predict_memory (memory_plan.h) expected, beside the measurements.
+nlohmann::json predicted_json(const MemoryPrediction& p, bool formulas) {
+  nlohmann::json j;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    const std::string name(mem_tag_name(MemTag(i)));
+    const PredictedCategory& c = p.tags[size_t(i)];
+    j["live"][name] = c.live;
+    j["peak"][name] = c.peak;
+    j["peak_low"][name] = c.peak_low;  // below peak only where communication timing decides
+    if (formulas) j["formulas"][name] = c.formula;
+  }
+  j["peak_total"] = p.total_peak;
+  if (formulas) {
+    j["formulas"]["total"] = p.total_formula;
+    j["recompute"] = p.recompute;
+  }
+  return j;
+}
+
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
                                                 const parallel::DataParallel& dp) {
   if (o.name == "adamw")
     return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
                                           [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
-  if (o.name == "sgd") return std::make_unique<optim::SGD>(params, optim::SGDOptions{o.momentum, o.weight_decay, false});
-  throw ConfigError(fmt::format("unknown optimizer '{}': use 'adamw' or 'sgd'", o.name));
+  if (o.name == "lamb") {
+    auto lamb = std::make_unique<optim::LAMB>(params, optim::LAMBOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
+                                              [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
+    if (dp.zero() >= 1) {
+      // ZeRO: the optimizer holds views of this rank's shard, and a parameter may be split across
+      // ranks; the trust ratio needs whole-parameter norms, so LAMB sums its partial norms over
+      // the group, indexed by the parameter's place in the flat layout (optimizer.h).
+      std::map<std::string, int> index;
+      for (size_t k = 0; k < dp.layout().size(); ++k) index[dp.layout()[k].name] = int(k);
+      std::vector<int> global;
+      for (const auto& [name, p] : params) global.push_back(index.at(name));
+      lamb->set_norm_reduction(std::move(global), int(dp.layout().size()),
+                               [&dp](double* data, int64_t n) { dp.group().allreduce(data, n); });
+    }
+    return lamb;
+  }
+  if (o.name == "sgd")
+    return std::make_unique<optim::SGD>(params, optim::SGDOptions{o.momentum, o.weight_decay, o.nesterov});
+  throw ConfigError(fmt::format("unknown optimizer '{}': use 'adamw', 'lamb' or 'sgd'", o.name));
 }
 
 // "section.key" -> "value" lines of a recipe, for comparing two recipes.
@@ -161,7 +201,8 @@ bool is_layout_key(const std::string& key);
 std::string resume_differences(const Recipe& saved, const Recipe& now, bool layout) {
   static const std::set<std::string> harmless{"run.name",         "run.out_dir",        "train.steps",
                                               "train.eval_every", "train.eval_batches", "train.log_every",
-                                              "train.checkpoint_every"};
+                                              "train.checkpoint_every", "train.early_stop", "train.patience",
+                                              "train.min_delta"};
   const auto a = recipe_values(saved), b = recipe_values(now);
   std::string diff;
   for (const auto& [key, value] : b) {
@@ -182,7 +223,8 @@ void truncate_metrics(const fs::path& p, int64_t step) {
   for (std::string line; std::getline(in, line);) {
     try {
       auto j = nlohmann::json::parse(line);
-      if (j.value("step", int64_t(0)) <= step) keep.push_back(line);
+      // (an early-stop record is dropped too: a run resumed past it continues, and writes its own)
+      if (j.value("step", int64_t(0)) <= step && !j.contains("early_stop")) keep.push_back(line);
     } catch (...) {
       // a torn last line from a crash: drop it
     }
@@ -284,15 +326,19 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                   "{}: token file {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again", r.path,
                   ds->path(), ds->vocab_size(), r.model.vocab_size);
   const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation;
-  const int64_t tokens_per_step = B * T * A * P;  // the global batch
-  // Micro-step m of rank p takes rows [(m P + p) B, +B) of the global batch, so the rows
+  AccumulationPolicy accumulation(r.train, B * P);  // micro-steps per step (static, ramp or noise_scale)
+  // Micro-step m of rank p takes rows [(m P + p) B, +B) of the step's global batch, so the rows
   // seen per step do not depend on how the batch is split (dp x accumulation x batch_size).
-  // Evaluation uses the same split of its (fixed) windows, so val loss does not depend on it either.
-  std::vector<data::BatchSampler> samplers, val_samplers;
-  for (int64_t m = 0; m < A; ++m) {
-    samplers.emplace_back(train_ds, B, T, r.run.seed, int(m * P + rank), int(A * P));
-    val_samplers.emplace_back(val_ds, B, T, r.run.seed, int(m * P + rank), int(A * P));
-  }
+  // Evaluation uses the same split of its (fixed) windows with the recipe's accumulation, so val
+  // loss depends neither on the split nor on adaptive accumulation.
+  auto make_samplers = [&](const data::TokenDataset& ds, int64_t micro_steps) {
+    std::vector<data::BatchSampler> v;
+    for (int64_t m = 0; m < micro_steps; ++m)
+      v.emplace_back(ds, B, T, r.run.seed, int(m * P + rank), int(micro_steps * P));
+    return v;
+  };
+  std::vector<data::BatchSampler> samplers = make_samplers(train_ds, A);
+  const std::vector<data::BatchSampler> val_samplers = make_samplers(val_ds, A);
 
   // ---- model
   models::GPT model(gpt_config(r.model));
@@ -339,11 +385,28 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                             saved_global, B * A * P, layout_diff));
     load_model_weights((fs::path(ckpt_dir) / "model.safetensors").string(), model);
     model.dropout_generator().set_state(state.rng_state);
+    accumulation.set_state(state.accumulation_state);
     BRIGADE_CHECK(state.step < last_step, ConfigError,
                   "nothing to train: the checkpoint in {} is at step {} and this run ends at step {}; raise "
                   "train.steps (e.g. --set train.steps={}) or --stop-at to continue",
                   ckpt_dir, state.step, last_step, r.train.steps + state.step);
   }
+
+  // ---- early stopping (train.early_stop): its state travels in state.json, so --resume decides as an
+  // uninterrupted run would; the best model so far is the checkpoint <out_dir>/best
+  const std::string best_dir = (out_dir / "best").string();
+  std::optional<EarlyStopper> stopper;
+  if (!r.train.early_stop) state.early_stop = {};
+  if (r.train.early_stop) {
+    stopper.emplace(r.train.patience, r.train.min_delta, state.early_stop);
+    BRIGADE_CHECK(!stopper->exhausted(), ConfigError,
+                  "nothing to train: early stopping ended the run in {} at step {} (val loss did not improve by more "
+                  "than train.min_delta = {} in {} evaluations since step {}); the best model is in {}; to train on, "
+                  "raise train.patience or set train.early_stop=false",
+                  r.run.out_dir, state.step, r.train.min_delta, state.early_stop.evals_since_best,
+                  state.early_stop.best_step, best_dir);
+  }
+  if (lead && !opts.resume) fs::remove_all(best_dir, ec);  // a previous run's best model is not this run's
 
   // ---- data parallelism (one rank: the same code, collectives are no-ops) + optimizer
   parallel::DataParallelOptions dpo;
@@ -378,7 +441,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     std::ofstream(metrics_path, std::ios::trunc);
   }
   optim::Schedule sched{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
-                        r.schedule.warmup_steps, r.train.steps};
+                        r.schedule.warmup_steps, r.train.steps, r.schedule.step_every, r.schedule.step_gamma,
+                        r.schedule.decay_steps, optim::decay_shape_from_name(r.schedule.decay_shape)};
   std::ofstream metrics;
   if (lead) {
     metrics.open(metrics_path, std::ios::app);
@@ -427,8 +491,9 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   };
 
   const std::string tokenizer_path = (data_dir / data::kTokenizerFile).string();
-  auto save = [&]() {  // collective: every rank calls it
+  auto save = [&](const std::string& dir) {  // collective: every rank calls it; dir = ckpt_dir or best_dir
     state.rng_state = model.dropout_generator().state();
+    state.accumulation_state = accumulation.state();
     // Rank 0 copies every parameter (ZeRO-3: one gathered unit at a time, so no rank ever holds
     // the whole model as parameters; the copies are checkpoint staging, tagged "other").
     std::map<std::string, Tensor> copies;
@@ -440,8 +505,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     nn::NamedTensors full;
     for (auto& [name, p] : model.named_parameters())
       if (lead) full.emplace_back(name, copies.at(name));
-    const std::string tmp = ckpt_dir + ".tmp";
-    if (lead) begin_checkpoint(ckpt_dir);
+    const std::string tmp = dir + ".tmp";
+    if (lead) begin_checkpoint(dir);
     ctrl->barrier();
     const std::map<std::string, Tensor> shard = dpo.zero >= 1 ? dp.shard_state(opt->state_tensors())
                                                                : std::map<std::string, Tensor>();
@@ -456,31 +521,41 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
         for (auto& [kind, t] : shard) kinds.push_back(kind);
         write_optimizer_index(tmp, P, dp.flat_numel(), layout, ranges, kinds);
       }
-      commit_checkpoint(ckpt_dir);
+      commit_checkpoint(dir);
     }
     ctrl->barrier();
   };
 
   const Fault fault = fault_from_env();
   Tensor x = Tensor::empty({B, T}, DType::I64), y = Tensor::empty({B, T}, DType::I64);  // (B, T)
-  std::vector<double> step_times, comm_waits;
+  std::vector<double> step_times, step_rates, comm_waits;
   double last_loss = 0.0, tok_s = 0.0;
   const auto t_start = Clock::now();
   const int64_t start_step = state.step;
   Allocator::instance().reset_peak();
   model.train(true);
   StopSignalGuard stop_guard;
-  bool interrupted = false;
+  bool interrupted = false, stopped_early = false;
   for (int64_t step = state.step; step < last_step; ++step) {
     const auto t0 = Clock::now();
     // Dropout masks: one stream per rank, re-seeded from (seed, step, rank) every step, so a run
     // resumes exactly at any dp size without saving per-rank generator states.
     model.dropout_generator().manual_seed(
         data::splitmix64(r.run.seed ^ data::splitmix64((uint64_t(step) << 16) + uint64_t(rank))));
+    const int64_t acc = accumulation.at(step);
+    if (int64_t(samplers.size()) != acc) samplers = make_samplers(train_ds, acc);
+    const int64_t tokens_per_step = B * T * acc * P;  // this step's global batch
+    dp.set_accumulation(acc);
     dp.reset_stats();
     dp.begin_step();
-    double loss_sum = 0.0;
-    for (int64_t m = 0; m < A; ++m) {
+    double loss_sum = 0.0, small_sq = 0.0;
+    for (int64_t m = 0; m < acc; ++m) {
+      if (m == 1 && accumulation.measures_noise()) {
+        // |G_small|^2: the gradient of one micro-batch (B rows), averaged over the ranks
+        small_sq = dp.local_grad_sq();
+        ctrl->allreduce(&small_sq, 1);
+        small_sq /= double(P);
+      }
       dp.begin_micro_step(m);
       samplers[size_t(m)].get_batch(step, x, y);
       Tensor loss = model.loss(x, y);
@@ -493,7 +568,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       loss_sum += loss.item();
     }
     dp.finish_gradients();
-    double agreed[2] = {loss_sum / double(A), g_stop_requested.load() ? 1.0 : 0.0};
+    double agreed[2] = {loss_sum / double(acc), g_stop_requested.load() ? 1.0 : 0.0};
     ctrl->allreduce(agreed, 1);  // the global batch's mean loss (x P)
     ctrl->allreduce_max(agreed + 1, 1);  // stop when any rank was asked to
     last_loss = agreed[0] / double(P);
@@ -502,6 +577,9 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                   "from the last checkpoint in {}",
                   last_loss, step + 1, ckpt_dir);
     const double norm = dp.clip_grad_norm(r.train.grad_clip);
+    // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
+    optim::clip_grad_value(dp.optimizer_params(), r.train.clip_value);
+    if (accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * P);
     const double lr = sched.lr_at(step);
     opt->step(lr);
     dp.after_optimizer_step();
@@ -511,6 +589,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     state.step = step + 1;
     state.tokens_seen += tokens_per_step;
     tok_s = double(tokens_per_step) / dt;
+    step_rates.push_back(tok_s);
     const double mfu = tok_s * flops_per_token / (peak * 1e9);
 
     const bool log_now = r.train.log_every > 0 && (state.step % r.train.log_every == 0 || state.step == last_step);
@@ -522,8 +601,11 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                        {"tokens_per_s", tok_s},
                        {"mfu", mfu},
                        {"tokens_seen", state.tokens_seen},
-                       {"global_batch", B * A * P},
-                       {"mem_peak", memory_json(Allocator::instance().stats())["peak"]}};
+                       {"global_batch", B * acc * P},
+                       {"accumulation", acc},
+                       {"mem_peak", memory_json(Allocator::instance().stats())["peak"]},
+                       {"mem_live", memory_json(Allocator::instance().stats())["live"]}};
+      if (accumulation.measures_noise()) j["noise_scale"] = accumulation.noise_scale();
       if (P > 1) {
         j["comm_wait_s"] = dp.comm_wait_seconds();
         j["bytes_sent"] = dp.bytes_sent();
@@ -550,10 +632,34 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       }
       if (tty) fmt::print(stderr, "\n");
       say(fmt::format("step {:>5}/{} | val loss {:.4f}", state.step, last_step, state.last_val_loss));
+      // Early stopping counts the periodic evaluations and the one at train.steps, not one at a
+      // --stop-at step, so a run split by --stop-at/--resume stops where an uninterrupted one does.
+      if (stopper && (eval_now || state.step == r.train.steps)) {
+        const EarlyStopper::Verdict verdict = stopper->observe(state.step, state.last_val_loss);
+        state.early_stop = stopper->state();
+        if (verdict == EarlyStopper::Verdict::Improved) save(best_dir);
+        stopped_early = verdict == EarlyStopper::Verdict::Stop && state.step < r.train.steps;
+      }
     }
-    interrupted = agreed[1] > 0.0 && state.step < last_step;
+    interrupted = agreed[1] > 0.0 && state.step < last_step && !stopped_early;
     const bool ckpt_now = r.train.checkpoint_every > 0 && state.step % r.train.checkpoint_every == 0;
-    if (ckpt_now || state.step == last_step || interrupted) save();
+    if (ckpt_now || state.step == last_step || interrupted || stopped_early) save(ckpt_dir);
+    if (stopped_early) {
+      const EarlyStopState& es = state.early_stop;
+      if (lead) {
+        metrics << nlohmann::json{{"step", state.step},
+                                  {"early_stop", true},
+                                  {"best_step", es.best_step},
+                                  {"best_val_loss", es.best_val_loss}}
+                       .dump()
+                << '\n';
+        metrics.flush();
+      }
+      say(fmt::format("early stop at step {}: val loss did not improve by more than {} in {} evaluations; best val "
+                      "loss {:.4f} at step {}, kept in {}",
+                      state.step, r.train.min_delta, es.evals_since_best, es.best_val_loss, es.best_step, best_dir));
+      break;
+    }
     if (interrupted) {
       if (tty) fmt::print(stderr, "\n");
       say(fmt::format("interrupted at step {}: checkpoint saved in {}; continue with --resume", state.step,
@@ -570,7 +676,9 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   if (!step_times.empty()) {
     std::vector<double> s = step_times;
     std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
-    res.tokens_per_s = double(tokens_per_step) / s[s.size() / 2];
+    std::vector<double> rates = step_rates;
+    std::nth_element(rates.begin(), rates.begin() + long(rates.size() / 2), rates.end());
+    res.tokens_per_s = rates[rates.size() / 2];
     std::vector<double> c = comm_waits;
     std::nth_element(c.begin(), c.begin() + long(c.size() / 2), c.end());
     res.comm_wait_share = c[c.size() / 2] / s[s.size() / 2];
@@ -579,6 +687,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   res.mfu = res.tokens_per_s * flops_per_token / (peak * 1e9);
   res.memory = Allocator::instance().stats();
   res.checkpoint_dir = ckpt_dir;
+  res.early_stopped = stopped_early;
+  if (stopper && state.early_stop.best_step > 0) {
+    res.best_step = state.early_stop.best_step;
+    res.best_val_loss = state.early_stop.best_val_loss;
+    res.best_dir = best_dir;
+  }
   {
     // Every rank's memory by tag, gathered to rank 0 (a sum of vectors that are zero but for one slot).
     std::vector<double> all(size_t(P) * 2 * kNumMemTags, 0.0);
@@ -591,6 +705,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       nlohmann::json mj = memory_json(res.memory);
       mj["dp"] = P;
       mj["zero"] = dpo.zero;
+      mj["predicted"] = predicted_json(predict_memory(r, 0), /*formulas=*/true);
       for (int p = 0; p < P; ++p) {
         nlohmann::json rj;
         for (int i = 0; i < kNumMemTags; ++i) {
@@ -598,9 +713,19 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
           rj["live"][name] = int64_t(all[(size_t(p) * 2) * kNumMemTags + size_t(i)]);
           rj["peak"][name] = int64_t(all[(size_t(p) * 2 + 1) * kNumMemTags + size_t(i)]);
         }
+        rj["predicted"] = predicted_json(predict_memory(r, p), /*formulas=*/false);
         mj["ranks"].push_back(rj);
       }
       std::ofstream(out_dir / "memory.json") << mj.dump(2) << '\n';
+    }
+  }
+  if (lead) {  // loss.svg beside metrics.jsonl: the whole run's curves (a resumed run's included)
+    metrics.flush();
+    try {
+      write_loss_plot(read_run_metrics(metrics_path.string()), (out_dir / "loss.svg").string(),
+                      fmt::format("{}: loss", r.run.name));
+    } catch (const Error& e) {
+      say(fmt::format("warning: could not draw {}: {}", (out_dir / "loss.svg").string(), e.what()));
     }
   }
   if (opts.sample && !interrupted) {
@@ -612,14 +737,25 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     }
   }
   if (!opts.quiet && lead) {
+    // measured / predicted peak per category (the prediction of `brigade train --dry-run`)
+    const MemoryPrediction pred = predict_memory(r, 0);
+    auto vs = [&](MemTag t) {
+      const PredictedCategory& c = pred[t];
+      const std::string p = c.peak_low == c.peak ? format_bytes(c.peak)
+                                                 : format_bytes(c.peak_low) + " to " + format_bytes(c.peak);
+      return fmt::format("{} {} / {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)]), p);
+    };
     say(fmt::format("done: {} steps | final loss {:.4f} | val loss {:.4f} | {:.0f} tok/s (median) | MFU {:.1f}% of "
-                    "{:.0f} GFLOP/s | peak memory {} (params {}, grads {}, optimizer {}, activations {})",
+                    "{:.0f} GFLOP/s | peak memory measured / predicted {} / {} ({}, {}, {}, {}, {})",
                     res.steps, res.last_loss, res.val_loss, res.tokens_per_s, 100.0 * res.mfu, peak,
-                    fmt_bytes(res.memory.peak_total), fmt_bytes(res.memory.peak[0]), fmt_bytes(res.memory.peak[1]),
-                    fmt_bytes(res.memory.peak[2]), fmt_bytes(res.memory.peak[3])));
+                    format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
+                    vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
     if (P > 1)
       say(fmt::format("communication: {:.1f}% of the median step spent waiting (rank 0)", 100.0 * res.comm_wait_share));
     say("checkpoint: " + ckpt_dir);
+    if (!res.best_dir.empty())
+      say(fmt::format("best: val loss {:.4f} at step {} in {}", res.best_val_loss, res.best_step, res.best_dir));
+    say("loss plot: " + (out_dir / "loss.svg").string());
   }
   return res;
 }

@@ -4,6 +4,9 @@
 // finishes the current step, checkpoints and returns with interrupted = true. Under mpirun the
 // same loop runs on every rank with data parallelism and ZeRO (parallel.*; docs/distributed.md):
 // rank 0 alone prints and writes logs; the stop decision and the logged loss are agreed by all.
+// With train.early_stop the run also stops once val loss has not improved for train.patience
+// evaluations, keeping the best model in <out_dir>/best (early_stop.h). Every run ends by
+// drawing <out_dir>/loss.svg (train and val loss against step) from its metrics.jsonl.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -22,6 +25,8 @@ struct TrainOptions {
                             // plans for train.steps. -1 = run to train.steps
   bool quiet = false;       // no progress line
   bool sample = true;       // generate a text sample at the end
+  bool dry_run = false;     // `--dry-run`: print the predicted memory per category (memory_plan.h) and
+                            // exit without training, reading data or creating run.out_dir (the CLI's job)
 };
 
 struct TrainResult {
@@ -36,6 +41,10 @@ struct TrainResult {
   MemStats memory;
   std::string sample;
   std::string checkpoint_dir;
+  bool early_stopped = false;   // train.early_stop ended the run (checkpoint saved at that step)
+  int64_t best_step = 0;        // train.early_stop: step of the best val loss (0 = none)
+  double best_val_loss = -1.0;
+  std::string best_dir;         // <out_dir>/best: the model at best_step ("" without early_stop)
 };
 
 TrainResult run_training(const Recipe& recipe, const TrainOptions& opts);
