@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "brigade/core/error.h"
+#include "support/test_support.h"
 #include "brigade/train/accumulation.h"
 #include "brigade/train/config.h"
 
@@ -62,19 +63,7 @@ class Accumulation : public ::testing::Test {
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    std::ofstream c(dir_ / "corpus.txt");  // the same kind of corpus as tests/cli/test_cli.cpp
-    const char* subj[] = {"the king", "a shepherd", "the people", "my servant", "the prophet", "his son"};
-    const char* verb[] = {"went up to", "spake unto", "came down from", "looked upon", "dwelt in", "built"};
-    const char* obj[] = {"the city", "the mountain", "the temple", "the river", "the house of bread", "the land"};
-    uint32_t s = 12345;
-    auto pick = [&](int n) {
-      s = s * 1664525u + 1013904223u;
-      return int((s >> 16) % uint32_t(n));
-    };
-    for (int i = 0; i < 3000; ++i) {
-      const int a = pick(6), b = pick(6), o = pick(6);
-      c << "And " << subj[a] << " " << verb[b] << " " << obj[o] << ", and it was good.\n";
-    }
+    test_support::write_tiny_corpus(dir_ / "corpus.txt");
     std::ofstream(dir_ / "acc.toml") << kRecipe;
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -85,10 +74,7 @@ class Accumulation : public ::testing::Test {
     const int st = std::system(cmd.c_str());
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
-  std::string err() const {
-    std::ifstream f(dir_ / "err.txt");
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
+  std::string err() const { return test_support::slurp(dir_ / "err.txt"); }
   // Step records ("loss") and eval records ("val_loss") of a run.
   std::vector<nlohmann::json> records(const std::string& out, const char* key) const {
     std::vector<nlohmann::json> v;

@@ -13,16 +13,17 @@
 #include <sstream>
 #include <string>
 
+#include "support/test_support.h"
+
 namespace fs = std::filesystem;
+using namespace brigade;
 
 namespace {
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
+using test_support::CmdResult;
+using test_support::slurp;
 
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-};
+const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 
 // Runs `args` through the shell with a time limit; captures stdout and stderr.
 CmdResult brigade(const std::string& args, const fs::path& cwd) {
@@ -32,29 +33,9 @@ CmdResult brigade(const std::string& args, const fs::path& cwd) {
   int st = std::system(cmd.c_str());
   CmdResult r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  auto slurp = [](const fs::path& p) {
-    std::ifstream f(p);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
-}
-
-// A small corpus with enough structure to learn from, written deterministically.
-void write_corpus(const fs::path& p) {
-  const char* subj[] = {"the king", "a shepherd", "the people", "my servant", "the prophet", "his son"};
-  const char* verb[] = {"went up to", "spake unto", "came down from", "looked upon", "dwelt in", "built"};
-  const char* obj[] = {"the city", "the mountain", "the temple", "the river", "the house of bread", "the land"};
-  std::ofstream f(p);
-  uint32_t s = 12345;
-  for (int i = 0; i < 3000; ++i) {
-    auto pick = [&](int n) {
-      s = s * 1664525u + 1013904223u;
-      return int((s >> 16) % uint32_t(n));
-    };
-    f << "And " << subj[pick(6)] << " " << verb[pick(6)] << " " << obj[pick(6)] << ", and it was good.\n";
-  }
 }
 
 const char* kRecipe = R"(
@@ -99,7 +80,7 @@ class Cli : public ::testing::Test {
             std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    write_corpus(dir_ / "corpus.txt");
+    test_support::write_tiny_corpus(dir_ / "corpus.txt");
     write("tiny.toml", kRecipe);
   }
   void TearDown() override { fs::remove_all(dir_); }

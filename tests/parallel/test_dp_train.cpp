@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "support/test_support.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -35,37 +37,9 @@ namespace {
 const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 const std::string kMpirun = BRIGADE_MPIRUN;  // empty when CMake found none
 
-// Open MPI as root, on shared memory, idle ranks yielding (ranks outnumber cores), one thread each.
-const char* kMpiEnv =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-    "OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1";
-
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-  double seconds = 0;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-// A small corpus with enough structure to learn from, written deterministically (as tests/cli).
-void write_corpus(const fs::path& p) {
-  const char* subj[] = {"the king", "a shepherd", "the people", "my servant", "the prophet", "his son"};
-  const char* verb[] = {"went up to", "spake unto", "came down from", "looked upon", "dwelt in", "built"};
-  const char* obj[] = {"the city", "the mountain", "the temple", "the river", "the house of bread", "the land"};
-  std::ofstream f(p);
-  uint32_t s = 12345;
-  for (int i = 0; i < 3000; ++i) {
-    auto pick = [&](int n) {
-      s = s * 1664525u + 1013904223u;
-      return int((s >> 16) % uint32_t(n));
-    };
-    f << "And " << subj[pick(6)] << " " << verb[pick(6)] << " " << obj[pick(6)] << ", and it was good.\n";
-  }
-}
+using brigade::test_support::CmdResult;
+using brigade::test_support::kMpiEnv;
+using brigade::test_support::slurp;
 
 // tests/cli's tiny recipe, one thread per process, 20 steps, evaluation at 10 and 20;
 // batch_size 8 is the single-process reference (the global batch of every run here).
@@ -135,7 +109,7 @@ class DpTrain : public ::testing::Test {
             std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    write_corpus(dir_ / "corpus.txt");
+    brigade::test_support::write_tiny_corpus(dir_ / "corpus.txt");
     std::ofstream(dir_ / "tiny.toml") << kRecipe;
   }
   void TearDown() override {

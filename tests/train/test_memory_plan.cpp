@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "support/test_support.h"
 #include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
 #include "brigade/models/gpt/gpt.h"
@@ -313,20 +314,9 @@ namespace {
 
 const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 const std::string kMpirun = BRIGADE_MPIRUN;  // empty when CMake found none
-// Open MPI as root, on shared memory, idle ranks yielding (ranks outnumber cores), one thread each.
-const char* kMpiEnv =
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-    "OMPI_MCA_mpi_yield_when_idle=1 OMP_NUM_THREADS=1";
-
-struct CmdResult {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
+using test_support::CmdResult;
+using test_support::kMpiEnv;
+using test_support::slurp;
 
 bool have_mpirun() { return !kMpirun.empty() && ::access(kMpirun.c_str(), X_OK) == 0; }
 
