@@ -31,6 +31,7 @@
 #include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/parallel/data_parallel.h"
+#include "brigade/train/trainer.h"
 #include "brigade/train/config.h"
 
 using namespace brigade;
@@ -299,23 +300,8 @@ models::GPTConfig zero_config() {
   return c;
 }
 
-// The trainer's units (gpt_units in train/trainer.cpp): embeddings + head, then one per block.
-std::vector<parallel::ParamUnit> units_of(models::GPT& m) {
-  const auto& blocks = *m.transformer->h;
-  std::vector<parallel::ParamUnit> units(1 + blocks.size());
-  units[0].name = "embeddings+head";
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    units[i + 1].name = "transformer.h." + std::to_string(i);
-    units[i + 1].module = &blocks[i];
-  }
-  for (auto& [name, p] : m.named_parameters()) {
-    size_t u = 0;
-    for (size_t i = 0; i < blocks.size() && u == 0; ++i)
-      if (name.rfind(units[i + 1].name + ".", 0) == 0) u = i + 1;
-    units[u].params.emplace_back(name, p);
-  }
-  return units;
-}
+// The trainer's unit split (train/trainer.h).
+std::vector<parallel::ParamUnit> units_of(models::GPT& m) { return train::gpt_units(m); }
 
 // GPT::loss with every whole block (hooks included) inside a checkpoint.
 Tensor loss_with_outer_checkpoints(models::GPT& m, const Tensor& ids, const Tensor& targets) {

@@ -29,6 +29,7 @@
 #include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/parallel/data_parallel.h"
+#include "brigade/train/trainer.h"
 
 using namespace brigade;
 
@@ -54,25 +55,8 @@ std::unique_ptr<models::GPT> make_gpt() {
   return m;
 }
 
-// The trainer's unit split (gpt_units in src/brigade/train/trainer.cpp): one unit for
-// the parameters outside the blocks (embeddings, final norm, tied head; module null:
-// gathered for the whole step), then one unit per transformer block.
-std::vector<parallel::ParamUnit> units_of(models::GPT& m) {
-  const auto& blocks = *m.transformer->h;
-  std::vector<parallel::ParamUnit> units(1 + blocks.size());
-  units[0].name = "embeddings+head";
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    units[i + 1].name = "transformer.h." + std::to_string(i);
-    units[i + 1].module = &blocks[i];
-  }
-  for (auto& [name, p] : m.named_parameters()) {
-    size_t u = 0;
-    for (size_t i = 0; i < blocks.size() && u == 0; ++i)
-      if (name.rfind(units[i + 1].name + ".", 0) == 0) u = i + 1;
-    units[u].params.emplace_back(name, p);
-  }
-  return units;
-}
+// The trainer's unit split (train/trainer.h).
+std::vector<parallel::ParamUnit> units_of(models::GPT& m) { return train::gpt_units(m); }
 
 // Deterministic token batch number `k`: (kB, kT) ids in [0, vocab).
 std::pair<Tensor, Tensor> batch(int k) {

@@ -236,8 +236,6 @@ void truncate_metrics(const fs::path& p, int64_t step) {
 
 }  // namespace
 
-// GPT's ZeRO-3 units: each transformer block, plus one unit for everything else
-// (embeddings, final norm and the tied head), which stays gathered for the step.
 std::vector<parallel::ParamUnit> gpt_units(models::GPT& m) {
   std::vector<parallel::ParamUnit> units(1);
   units[0].name = "embeddings+head";

@@ -11,10 +11,12 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "brigade/core/allocator.h"
 #include "brigade/data/prepare.h"
 #include "brigade/models/gpt/gpt.h"
+#include "brigade/parallel/data_parallel.h"
 #include "brigade/train/config.h"
 
 namespace brigade::train {
@@ -51,6 +53,10 @@ TrainResult run_training(const Recipe& recipe, const TrainOptions& opts);
 
 // The model section of a recipe as the GPT model's own config.
 models::GPTConfig gpt_config(const ModelConfig& m);
+// How data parallelism groups GPT's parameters (ZeRO-3 gather units, flat-layout order):
+// one unit for everything outside the blocks (embeddings, final norm, tied head; gathered
+// for the whole step), then one unit per transformer block.
+std::vector<parallel::ParamUnit> gpt_units(models::GPT& m);
 // What `brigade prepare` builds for a recipe (corpus, data dir, vocab, val split).
 data::PrepareOptions prepare_options(const Recipe& r);
 
