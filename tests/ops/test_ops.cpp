@@ -6,10 +6,16 @@
 //   (b) every backward (ref kernels in double, and ops:: on Cpu in f32) vs central
 //       finite differences of the double-precision ref forward, on the scalar
 //       L = sum(out0 * R) for a random R.
+// Every case also runs in bf16 and f16 (OpHarness16): the inputs rounded to the dtype, run on
+// Cpu and Ref, each output compared with the Ref backend in f32 on the same rounded values
+// (widened), within the case's per-dtype tolerance; output dtypes checked against the
+// contract in ops.h.
 // Adding an op = one entry in all_cases(). Also: determinism (Cpu twice, bitwise),
 // shapes above the OpenMP thresholds of ops/cpu run at 1, 2 and 3 threads against
 // ref (bitwise across thread counts where the kernels claim it; ParallelBranches),
-// and bad-input errors. Dropout (random) has its own tests at the end.
+// and bad-input errors. Dropout (random) has its own tests at the end, followed by the
+// 16-bit tests outside the table: ops::cast against the scalar conversions, the dtype
+// rules for mixed dtypes, and the oneDNN bf16 GEMM path.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -20,7 +26,9 @@
 #include <random>
 #include <string>
 
+#include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
+#include "brigade/ops/cpu/kernels.h"
 #include "brigade/ops/ops.h"
 #include "brigade/ops/ref/kernels.h"
 
@@ -93,10 +101,11 @@ Tensor contig_f32(const DVec& v, const Shape& s) {
   return Tensor::from_vector(f, s);
 }
 
-// The f32 tensor an op sees for this input: a view with the requested layout whose
-// logical values are v. Memory outside the view holds NaN, so stray reads show up.
-Tensor make_tensor(const Input& x, const DVec& v) {
-  Tensor logical = contig_f32(v, x.shape);
+// The tensor (f32, or dt with v already representable in it) an op sees for this input: a
+// view with the requested layout whose logical values are v. Memory outside the view holds
+// NaN, so stray reads show up.
+Tensor make_tensor(const Input& x, const DVec& v, DType dt = DType::F32) {
+  Tensor logical = contig_f32(v, x.shape).to(dt);
   const int64_t nd = int64_t(x.shape.size());
   switch (x.layout) {
     case Layout::Contig: return logical;
@@ -104,7 +113,7 @@ Tensor make_tensor(const Input& x, const DVec& v) {
       Shape st = x.shape;
       const int64_t a = x.d0 < 0 ? x.d0 + nd : x.d0, b = x.d1 < 0 ? x.d1 + nd : x.d1;
       std::swap(st[size_t(a)], st[size_t(b)]);
-      Tensor store = Tensor::full(st, std::nan(""));  // x.shape with d0, d1 swapped
+      Tensor store = Tensor::full(st, std::nan(""), dt);  // x.shape with d0, d1 swapped
       Tensor view = store.transpose(a, b);
       view.copy_(logical);
       return view;
@@ -112,7 +121,7 @@ Tensor make_tensor(const Input& x, const DVec& v) {
     case Layout::Sliced: {
       Shape big = x.shape;
       big.back() = 2 * big.back() + 1;
-      Tensor store = Tensor::full(big, std::nan(""));  // (..., 2C + 1)
+      Tensor store = Tensor::full(big, std::nan(""), dt);  // (..., 2C + 1)
       Tensor view = store.slice(-1, 1, big.back(), 2);
       view.copy_(logical);
       return view;
@@ -126,6 +135,15 @@ Tensor make_tensor(const Input& x, const DVec& v) {
     }
   }
   return logical;
+}
+
+// v rounded to dt (nearest even, as the ops round); f32 values are returned unchanged.
+DVec round_to(DVec v, DType dt) {
+  for (auto& e : v) {
+    const float f = float(e);
+    e = dt == DType::BF16 ? bf16_to_float(float_to_bf16(f)) : dt == DType::F16 ? f16_to_float(float_to_f16(f)) : f;
+  }
+  return v;
 }
 
 DVec to_d(const Tensor& t) {
@@ -162,7 +180,32 @@ struct OpCase {
   double tol_f32 = 2e-6;    // ref f32 forward vs ref double forward
   double tol_fd_d = 1e-7;   // ref double backward vs finite differences
   double tol_fd_f = 5e-5;   // cpu f32 backward vs finite differences
+  // 16-bit variants: each output (in the dtype) vs ref f32 on the same rounded inputs, per
+  // dtype: tol_bf16 / tol_f16 + tol_cpu. The default is one rounding of the output (kBf16,
+  // kF16 below); a case whose test-side backward composes several ops rounds each
+  // intermediate to the dtype too, and states its count with rounds16().
+  double tol_bf16, tol_f16;
+  std::vector<bool> f32_outputs = {};  // forward outputs that are f32 whatever the inputs (lse, mean, ...)
+  OpCase();
+  OpCase& rounds16(int n);
 };
+
+// One round-to-nearest of a value y to the dtype moves it by at most half an ulp, i.e. by
+// the unit roundoff u |y|: u = 2^-8 = 3.9e-3 in bf16 (8 significant bits), 2^-11 = 4.9e-4 in
+// f16 (11 bits). rel_err normalises by max |y|, so one rounded output is within u of the f32
+// oracle (measured up to 0.985 u on these cases). On cpu the f32 result before rounding
+// already differs from ref f32 by up to the case's tol_cpu, which is added to the bound
+// (|round(y_cpu) - y_ref| <= u |y_cpu| + |y_cpu - y_ref|). Compute is f32 inside every op,
+// so a single op rounds once; only compositions of ops (test-side backwards such as tanh's
+// g * (1 - y*y)) round more often, and their tolerance is that many units (each rounding's
+// relative error survives the following *, / and sums of same-sign-dominated terms).
+constexpr double kBf16 = 1.0 / 256, kF16 = 1.0 / 2048;
+OpCase::OpCase() : tol_bf16(kBf16), tol_f16(kF16) {}
+OpCase& OpCase::rounds16(int n) {
+  tol_bf16 = n * kBf16;
+  tol_f16 = n * kF16;
+  return *this;
+}
 
 Shape cstr(const Shape& s) { return contiguous_strides(s); }
 // Strides reading a contiguous tensor of shape `s` over the broadcast shape `out`.
@@ -200,6 +243,8 @@ OpCase binary_case(const std::string& name, ref::BinaryOp op, std::vector<Input>
     return {};
   };
   const Shape sa = ins[0].shape, sb = ins[1].shape;
+  // 16-bit: mul's gradients round g * x then sum_to; div's gb rounds g * y, / b, then sum_to.
+  c.rounds16(op == ref::BinaryOp::Div ? 3 : op == ref::BinaryOp::Mul ? 2 : 1);
   c.fwd_d = [op, sa, sb](const std::vector<DVec>& x) -> std::vector<DVec> {
     const Shape out = ops::broadcast_shapes(sa, sb);
     DVec y(static_cast<size_t>(shape_numel(out)));
@@ -243,6 +288,7 @@ OpCase matmul_case(Input a, Input b, bool ta, bool tb) {
   c.bwd = [ta, tb](const TVec& x, const TVec&, const Tensor& g) -> TVec {
     return matmul_grads(x[0], x[1], g, ta, tb);
   };
+  c.rounds16(2);  // the gradient GEMM's output, then sum_to over broadcast batch dims
   const Shape sa = a.shape, sb = b.shape;
   c.fwd_d = [sa, sb, ta, tb](const std::vector<DVec>& x) -> std::vector<DVec> {
     const size_t na = sa.size(), nb = sb.size();
@@ -315,7 +361,7 @@ OpCase reduce_case(const std::string& name, Input x, std::vector<int64_t> dims, 
   // Backward: broadcast g (viewed with keepdim) back over x's shape.
   c.bwd = [=](const TVec& v, const TVec&, const Tensor& g) -> TVec {
     Tensor gk = g.reshape(keep);
-    Tensor r = ops::add(Tensor::zeros(sh), gk);  // sh
+    Tensor r = ops::add(Tensor::zeros(sh, g.dtype()), gk);  // sh
     return {is_mean ? ops::mul_scalar(r, 1.0 / double(count)) : r};
   };
   c.fwd_d = [=](const std::vector<DVec>& v) -> std::vector<DVec> {
@@ -365,6 +411,7 @@ std::vector<OpCase> all_cases() {
                           in({5, 7}).Range(-3, 3), [](const Tensor&, const Tensor& y, const Tensor& g) {
                             return ops::mul(g, ops::add_scalar(ops::neg(ops::mul(y, y)), 1.0));  // g (1 - y^2)
                           }));
+  cs.back().rounds16(3);  // 16-bit: y*y, 1 - y*y and the product are each rounded
   cs.push_back(unary_case("sqrt", [](const Tensor& x) { return ops::sqrt(x); }, UnaryOp::Sqrt, 0,
                           in({3, 4}).Expand(1).Range(0.2, 3), [](const Tensor&, const Tensor& y, const Tensor& g) {
                             return ops::div(ops::mul_scalar(g, 0.5), y);  // g / (2 sqrt(x))
@@ -376,7 +423,7 @@ std::vector<OpCase> all_cases() {
     c.name = "add_inplace_bcast_noncontig_dst";
     c.inputs = {in({4, 3}), in({3})};
     c.fwd = [](const TVec& x) -> TVec {
-      Tensor dst = Tensor::empty({3, 4}).transpose(0, 1);  // (4, 3), column-major
+      Tensor dst = Tensor::empty({3, 4}, x[0].dtype()).transpose(0, 1);  // (4, 3), column-major
       dst.copy_(x[0]);
       ops::add_(dst, x[1], -0.5);
       return {dst.contiguous()};
@@ -401,7 +448,7 @@ std::vector<OpCase> all_cases() {
     c.inputs = {from.size() >= 2 ? in(from).T() : in(from)};
     c.fwd = [to](const TVec& x) -> TVec { return {ops::sum_to(x[0], to)}; };
     c.bwd = [from](const TVec&, const TVec&, const Tensor& g) -> TVec {
-      return {ops::add(Tensor::zeros(from), g)};
+      return {ops::add(Tensor::zeros(from, g.dtype()), g)};
     };
     c.fwd_d = [from, to](const std::vector<DVec>& x) -> std::vector<DVec> {
       DVec y(static_cast<size_t>(shape_numel(to)));
@@ -495,6 +542,7 @@ std::vector<OpCase> all_cases() {
     };
     c.tol_cpu = 1e-5;
     c.tol_fd_f = 2e-4;  // rstd amplifies f32 rounding of (x - mean)
+    c.f32_outputs = {false, true, true};  // mean, rstd
     cs.push_back(c);
   }
 
@@ -578,6 +626,7 @@ std::vector<OpCase> all_cases() {
     c.tol_cpu = 1e-5;
     c.tol_f32 = 1e-5;
     c.tol_fd_f = 2e-4;
+    c.f32_outputs = {false, true};  // lse
     cs.push_back(c);
   }
 
@@ -607,6 +656,7 @@ std::vector<OpCase> all_cases() {
       return {gl};
     };
     c.tol_cpu = 1e-5;
+    c.f32_outputs = {true, true};  // loss, lse
     cs.push_back(c);
   }
   return cs;
@@ -707,6 +757,92 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpHarness, ::testing::Range<size_t>(0, cases().siz
                            for (char& ch : n)
                              if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n + "_" + std::to_string(info.param);
+                         });
+
+// ------------------------------------------------------------------ the harness in bf16 and f16
+//
+// The case's inputs (and the backward's seed R) rounded to dt, with the case's layouts. For
+// each backend, forward and backward run on the 16-bit tensors; the oracle is the Ref backend
+// in f32 on the same rounded values widened: the inputs, R, and for the backward the 16-bit
+// forward outputs the backward consumes (so each comparison sees only the rounding of the
+// op(s) under test). Also: output dtypes (dt, or f32 where the contract says so; every
+// gradient has its input's dtype), and Ref in 16-bit is bitwise the f32 Ref forward rounded
+// once (it widens, runs ref<float> and rounds).
+
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+
+class OpHarness16 : public ::testing::TestWithParam<std::tuple<size_t, DType>> {};
+
+TEST_P(OpHarness16, MatchesRefF32OnTheSameRoundedInputs) {
+  const auto [ci, dt] = GetParam();
+  const OpCase& c = cases()[ci];
+  const double tol = dt == DType::BF16 ? c.tol_bf16 : c.tol_f16;
+  std::mt19937 rng(1234 + unsigned(ci));
+  TVec x16, x32;
+  for (const Input& x : c.inputs) {
+    const DVec v = round_to(make_values(x, rng), dt);
+    x16.push_back(make_tensor(x, v, dt));
+    x32.push_back(make_tensor(x, v));
+  }
+  TVec y32;
+  {
+    ops::BackendScope s(ops::Backend::Ref);
+    y32 = c.fwd(x32);
+  }
+  std::uniform_real_distribution<double> U(-1, 1);
+  DVec R(static_cast<size_t>(y32[0].numel()));
+  for (auto& e : R) e = double(float(U(rng)));
+  R = round_to(R, dt);
+  const Tensor R32 = contig_f32(R, y32[0].shape()), R16 = R32.to(dt);
+  auto want_dtype = [&](size_t k) { return k < c.f32_outputs.size() && c.f32_outputs[k] ? DType::F32 : dt; };
+
+  for (auto be : {ops::Backend::Ref, ops::Backend::Cpu}) {
+    const char* bn = be == ops::Backend::Ref ? "ref" : "cpu";
+    TVec y16;
+    {
+      ops::BackendScope s(be);
+      y16 = c.fwd(x16);
+    }
+    ASSERT_EQ(y16.size(), y32.size());
+    for (size_t k = 0; k < y16.size(); ++k) {
+      ASSERT_EQ(y16[k].shape(), y32[k].shape()) << c.name << " output " << k;
+      EXPECT_EQ(y16[k].dtype(), want_dtype(k)) << c.name << " " << bn << ": dtype of output " << k;
+      const double t = want_dtype(k) == DType::F32 ? c.tol_cpu : tol + c.tol_cpu;
+      EXPECT_LE(rel_err(to_d(y16[k]), to_d(y32[k])), t) << c.name << " " << bn << ": forward output " << k;
+      if (be == ops::Backend::Ref) {
+        EXPECT_TRUE(bitwise_equal(y16[k], y32[k].to(y16[k].dtype())))
+            << c.name << ": ref 16-bit forward output " << k << " is not the f32 ref output rounded once";
+      }
+    }
+    if (!c.bwd) continue;
+    TVec y16w;  // the 16-bit forward outputs, widened: what the oracle backward consumes
+    for (const Tensor& y : y16) y16w.push_back(y.to(DType::F32));
+    TVec g16, g32;
+    {
+      ops::BackendScope s(be);
+      g16 = c.bwd(x16, y16, R16);
+    }
+    {
+      ops::BackendScope s(ops::Backend::Ref);
+      g32 = c.bwd(x32, y16w, R32);
+    }
+    ASSERT_EQ(g16.size(), g32.size());
+    for (size_t k = 0; k < g16.size(); ++k) {
+      EXPECT_EQ(g16[k].dtype(), dt) << c.name << " " << bn << ": dtype of grad " << k;
+      EXPECT_LE(rel_err(to_d(g16[k]), to_d(g32[k])), tol + c.tol_cpu) << c.name << " " << bn << ": backward grad " << k;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, OpHarness16,
+                         ::testing::Combine(::testing::Range<size_t>(0, cases().size()),
+                                            ::testing::Values(DType::BF16, DType::F16)),
+                         [](const ::testing::TestParamInfo<std::tuple<size_t, DType>>& info) {
+                           std::string n = cases()[std::get<0>(info.param)].name;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n + "_" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
                          });
 
 // ------------------------------------------------------------------ reductions that return doubles
@@ -1150,6 +1286,450 @@ TEST(Ops, ZeroDimAndEmpty) {
     EXPECT_EQ(ops::add(x, Tensor::from_vector({1, 2}, {2})).to_vector(), (std::vector<float>{4, 5}));
     EXPECT_EQ(ops::sum_all(Tensor::zeros({0, 3})).item(), 0.0);
     EXPECT_EQ(ops::matmul(Tensor::zeros({2, 0}), Tensor::zeros({0, 3})).to_vector(), std::vector<float>(6, 0.f));
+  }
+}
+
+// ------------------------------------------------------------------ 16-bit: ops::cast
+
+uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float f32_from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// f32 values that exercise every branch of the scalar conversions, then random bit patterns;
+// n is odd so no size is a multiple of 16.
+std::vector<float> conversion_values() {
+  std::vector<float> v;
+  const float inf = std::numeric_limits<float>::infinity();
+  for (uint32_t u : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fbfffffu, 0x7f801234u, 0x7fffffffu,
+                     0xffffe000u, 0x7f802000u})  // quiet, signalling, payload and negative NaNs
+    v.push_back(f32_from_bits(u));
+  for (float f : {inf, -inf, 0.0f, -0.0f, 1.0f, -1.0f}) v.push_back(f);
+  // f32 denormals (bf16 keeps them; f16 flushes them to +-0 by rounding) and the smallest normal.
+  for (uint32_t u : {0x00000001u, 0x00000002u, 0x00008000u, 0x00008001u, 0x00018000u, 0x0007ffffu, 0x007fffffu,
+                     0x00400000u, 0x00800000u, 0x807fffffu, 0x80000001u, 0x80018000u})
+    v.push_back(f32_from_bits(u));
+  // f16: max, overflow boundary (65520 rounds to Inf, just below stays 65504), subnormals and
+  // the underflow ties around 2^-25.
+  for (float f : {65504.0f, 65519.996f, 65520.0f, 65536.0f, 1e10f, -65520.0f, -65504.0f, 6.1035156e-5f /*2^-14*/,
+                  6.0975552e-5f /*largest subnormal*/, 5.9604645e-8f /*2^-24*/, 2.9802322e-8f /*2^-25: tie -> 0*/,
+                  2.9802326e-8f /*just above: -> 2^-24*/, 8.940697e-8f /*1.5 * 2^-24: tie -> even 2^-23*/,
+                  1.0e-6f, -3.0e-7f, 1.0e-9f})
+    v.push_back(f);
+  // Ties: 1 + 2^-8 and 1 + 3 * 2^-8 (bf16, to even: 1 and 1 + 2^-6), 1 + 2^-11 and 1 + 3 * 2^-11 (f16).
+  for (float f : {1.00390625f, 1.01171875f, -1.00390625f, 1.00048828125f, 1.00146484375f, 3.3895314e38f /*bf16 max*/,
+                  3.4028235e38f /*f32 max: bf16 rounds up to Inf*/})
+    v.push_back(f);
+  // Every bf16 and f16 value, widened (exact), and the halfway points between neighbours.
+  for (uint32_t h = 0; h < 65536; h += 7) {
+    v.push_back(bf16_to_float(uint16_t(h)));
+    v.push_back(f32_from_bits((uint32_t(h) << 16) | 0x8000u));  // bf16 tie
+    v.push_back(f16_to_float(uint16_t(h)));
+  }
+  std::mt19937 rng(99);
+  for (int i = 0; i < 60001; ++i) v.push_back(f32_from_bits(uint32_t(rng())));
+  if (v.size() % 16 == 0) v.push_back(0.5f);
+  return v;
+}
+
+Tensor f32_tensor_bits(const std::vector<float>& v, const Shape& s) {
+  Tensor t = Tensor::empty(s);  // s
+  std::memcpy(t.raw_data(), v.data(), v.size() * 4);
+  return t;
+}
+std::vector<uint16_t> u16_of(const Tensor& t) {
+  Tensor c = t.contiguous();
+  std::vector<uint16_t> r(size_t(c.numel()));
+  std::memcpy(r.data(), c.raw_data(), r.size() * 2);
+  return r;
+}
+std::vector<uint32_t> u32_of(const Tensor& t) {
+  Tensor c = t.contiguous();
+  std::vector<uint32_t> r(size_t(c.numel()));
+  std::memcpy(r.data(), c.raw_data(), r.size() * 4);
+  return r;
+}
+uint16_t scalar16(DType dt, float f) { return dt == DType::BF16 ? float_to_bf16(f) : float_to_f16(f); }
+float widen16(DType dt, uint16_t h) { return dt == DType::BF16 ? bf16_to_float(h) : f16_to_float(h); }
+
+// Counts positions where got != want and reports the first.
+template <typename T>
+int64_t mismatches(const std::vector<T>& got, const std::vector<T>& want, const std::vector<float>& in,
+                   const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (got[i] != want[i] && bad++ == 0)
+      ADD_FAILURE() << what << ": element " << i << " input bits 0x" << std::hex
+                    << (i < in.size() ? f32_bits(in[i]) : 0u) << " got 0x" << uint64_t(got[i]) << " want 0x"
+                    << uint64_t(want[i]);
+  return bad;
+}
+
+TEST(Ops16, CastFromF32IsBitwiseTheScalarConversion) {
+  const std::vector<float> v = conversion_values();
+  const int64_t n = int64_t(v.size());
+  ASSERT_GT(n, 1 << 16);  // above the OpenMP threshold of cpu/convert.cpp
+  ASSERT_NE(n % 16, 0);
+  const Tensor x = f32_tensor_bits(v, {n});
+  // Strided views of the same values: a transpose (inner stride != 1) and every other column
+  // of a wider buffer (rows with inner stride 2); odd widths, so rows are not multiples of 16.
+  const int64_t R = 9, C = 1021;
+  const std::vector<float> vs(v.begin(), v.begin() + R * C);
+  const Tensor xt = f32_tensor_bits(vs, {C, R}).transpose(0, 1);  // (R, C) viewing a (C, R) buffer
+  std::vector<float> vt(size_t(R * C));  // logical order of xt
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) vt[size_t(i * C + j)] = vs[size_t(j * R + i)];
+  Tensor wide = Tensor::zeros({R, 2 * C + 1});  // (R, 2C + 1)
+  Tensor xs = wide.slice(1, 1, 2 * C + 1, 2);   // (R, C), stride 2
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) wide.data<float>()[i * (2 * C + 1) + 1 + 2 * j] = vs[size_t(i * C + j)];
+  const Tensor xr = f32_tensor_bits(v, {n}).narrow(0, 3, C * R).reshape({R, C});  // offset view
+  const std::vector<float> vr(v.begin() + 3, v.begin() + 3 + R * C);
+
+  for (DType dt : {DType::BF16, DType::F16}) {
+    auto want = [&](const std::vector<float>& in) {
+      std::vector<uint16_t> w;
+      for (float f : in) w.push_back(scalar16(dt, f));
+      return w;
+    };
+    const std::vector<uint16_t> wv = want(v), wt = want(vt), ws = want(vs), wr = want(vr);
+    for (auto be : {ops::Backend::Ref, ops::Backend::Cpu})
+      for (int threads : {1, 2, 3}) {
+        if (be == ops::Backend::Ref && threads > 1) continue;
+        OmpThreads th(threads);
+        ops::BackendScope s(be);
+        const std::string tag = std::string(dtype_name(dt)) + (be == ops::Backend::Cpu ? " cpu " : " ref ") +
+                                std::to_string(threads) + " threads";
+        Tensor y = ops::cast(x, dt);
+        EXPECT_EQ(y.dtype(), dt);
+        EXPECT_TRUE(y.is_contiguous());
+        EXPECT_EQ(mismatches(u16_of(y), wv, v, "contiguous f32->" + tag), 0);
+        EXPECT_EQ(mismatches(u16_of(ops::cast(xt, dt)), wt, vt, "transposed f32->" + tag), 0);
+        EXPECT_EQ(mismatches(u16_of(ops::cast(xs, dt)), ws, vs, "stride-2 f32->" + tag), 0);
+        EXPECT_EQ(mismatches(u16_of(ops::cast(xr, dt)), wr, vr, "offset f32->" + tag), 0);
+        // Every small size (tails of the 16-lane loop).
+        for (int64_t m = 0; m < 40; ++m)
+          EXPECT_EQ(mismatches(u16_of(ops::cast(x.narrow(0, 5, m), dt)),
+                               std::vector<uint16_t>(wv.begin() + 5, wv.begin() + 5 + m),
+                               std::vector<float>(v.begin() + 5, v.begin() + 5 + m),
+                               tag + " size " + std::to_string(m)),
+                    0);
+      }
+  }
+}
+
+TEST(Ops16, CastFrom16BitIsBitwiseTheScalarConversion) {
+  // Every 16-bit pattern (NaNs, Inf, subnormals included), plus 7 more: 65543 elements.
+  const int64_t n = 65536 + 7;
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) bits[size_t(i)] = uint16_t(i * 40503 % 65536);  // a permutation + 7 repeats
+  for (DType from : {DType::BF16, DType::F16}) {
+    Tensor h = Tensor::empty({n}, from);  // (n)
+    std::memcpy(h.raw_data(), bits.data(), bits.size() * 2);
+    std::vector<uint32_t> want32;
+    std::vector<float> wf;
+    for (uint16_t b : bits) {
+      wf.push_back(widen16(from, b));
+      want32.push_back(f32_bits(wf.back()));
+    }
+    const DType other = from == DType::BF16 ? DType::F16 : DType::BF16;
+    std::vector<uint16_t> want_other;
+    for (float f : wf) want_other.push_back(scalar16(other, f));
+    // Strided: the transposed (R, C) view of the same bits.
+    const int64_t R = 11, C = 4001;
+    Tensor ht = Tensor::empty({C, R}, from);  // (C, R)
+    std::memcpy(ht.raw_data(), bits.data(), size_t(R * C) * 2);
+    std::vector<uint32_t> want_t;
+    for (int64_t i = 0; i < R; ++i)
+      for (int64_t j = 0; j < C; ++j) want_t.push_back(want32[size_t(j * R + i)]);
+    for (auto be : {ops::Backend::Ref, ops::Backend::Cpu})
+      for (int threads : {1, 2, 3}) {
+        if (be == ops::Backend::Ref && threads > 1) continue;
+        OmpThreads th(threads);
+        ops::BackendScope s(be);
+        const std::string tag = std::string(dtype_name(from)) + (be == ops::Backend::Cpu ? " cpu " : " ref ") +
+                                std::to_string(threads) + " threads";
+        EXPECT_EQ(mismatches(u32_of(ops::cast(h, DType::F32)), want32, {}, tag + "->f32"), 0);
+        EXPECT_EQ(mismatches(u32_of(ops::cast(ht.transpose(0, 1), DType::F32)), want_t, {}, tag + "->f32 strided"), 0);
+        EXPECT_EQ(mismatches(u16_of(ops::cast(h, other)), want_other, {}, tag + "->other 16-bit"), 0);
+        for (int64_t m = 0; m < 40; ++m)
+          EXPECT_EQ(mismatches(u32_of(ops::cast(h.narrow(0, 3, m), DType::F32)),
+                               std::vector<uint32_t>(want32.begin() + 3, want32.begin() + 3 + m), {},
+                               tag + " size " + std::to_string(m)), 0);
+      }
+  }
+}
+
+TEST(Ops16, CastIsAFreshTaggedCopyAndRejectsIntegers) {
+  const Tensor x = randn({4, 6}, 31).transpose(0, 1);  // (6, 4), strided
+  for (auto be : {ops::Backend::Ref, ops::Backend::Cpu}) {
+    ops::BackendScope s(be);
+    MemTagScope tag(MemTag::Activations);
+    for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+      const Tensor y = ops::cast(x, dt);
+      EXPECT_EQ(y.tag(), MemTag::Activations);
+      EXPECT_EQ(y.shape(), x.shape());
+      EXPECT_TRUE(y.is_contiguous());
+      EXPECT_FALSE(y.same_storage(x));
+      const Tensor z = ops::cast(y, dt);  // same dtype: still a fresh copy
+      EXPECT_FALSE(z.same_storage(y));
+      EXPECT_TRUE(bitwise_equal(z, y));
+      EXPECT_TRUE(bitwise_equal(y, x.to(dt)));  // Tensor::to uses the scalar conversions
+    }
+    const Tensor e = ops::cast(Tensor::zeros({0, 3}), DType::BF16);
+    EXPECT_EQ(e.shape(), Shape({0, 3}));
+  }
+  expect_error<ShapeError>([&] { ops::cast(Tensor::zeros({2}, DType::I32), DType::F32); }, {"cast", "'x'", "i32"});
+  expect_error<ShapeError>([&] { ops::cast(x, DType::I64); }, {"cast", "i64"});
+  expect_error<ValueError>([&] { ops::cast(Tensor(), DType::F32); }, {"cast", "undefined"});
+}
+
+// ------------------------------------------------------------------ 16-bit: dtype rules with mixed dtypes
+
+// The contract of ops.h for inputs of different floating dtypes, on both backends; values are
+// checked against the same op on the inputs widened to f32 (one rounding of the output).
+TEST(Ops16, MixedDtypeRules) {
+  const DType F32 = DType::F32, BF = DType::BF16, H = DType::F16;
+  auto r = [](const Shape& s, unsigned seed, DType dt, double lo = -1, double hi = 1) {
+    return randn(s, seed, lo, hi).to(dt);
+  };
+  auto w32 = [](const Tensor& t) { return t.to(DType::F32); };
+  for (auto be : {ops::Backend::Ref, ops::Backend::Cpu}) {
+    ops::BackendScope s(be);
+    SCOPED_TRACE(be == ops::Backend::Ref ? "ref" : "cpu");
+    auto near = [](const Tensor& got, const Tensor& want, double tol) {
+      EXPECT_LE(rel_err(to_d(got), to_d(want)), tol);
+    };
+    const Tensor a16 = r({3, 5}, 1, BF), b32 = r({3, 5}, 2, F32), c16 = r({5}, 3, H);
+    // elementwise
+    EXPECT_EQ(ops::add(a16, a16).dtype(), BF);
+    EXPECT_EQ(ops::add(a16, b32).dtype(), F32);
+    EXPECT_TRUE(bitwise_equal(ops::add(a16, b32), ops::add(w32(a16), b32)));  // widening is exact
+    EXPECT_EQ(ops::mul(a16, c16).dtype(), F32);
+    EXPECT_EQ(ops::div(c16, c16).dtype(), H);
+    EXPECT_EQ(ops::exp(c16).dtype(), H);
+    EXPECT_EQ(ops::sum(a16, {0}).dtype(), BF);
+    EXPECT_EQ(ops::mean(a16, {}).dtype(), BF);
+    EXPECT_TRUE(bitwise_equal(ops::mean(a16, {1}), ops::mean(w32(a16), {1}).to(BF)));  // one rounding
+    EXPECT_EQ(ops::sum_to(a16, {5}).dtype(), BF);
+    EXPECT_EQ(ops::sum_squares(a16), ops::sum_squares(w32(a16)));
+    // in place: dst keeps its dtype, computed in f32 and rounded once
+    {
+      Tensor d = a16.clone();
+      ops::add_(d, b32, -0.5);
+      EXPECT_EQ(d.dtype(), BF);
+      Tensor want = w32(a16);
+      ops::add_(want, b32, -0.5);
+      EXPECT_TRUE(bitwise_equal(d, want.to(BF)));
+      Tensor d32 = b32.clone();
+      ops::add_(d32, c16, 2.0);  // f32 dst, f16 src
+      Tensor want32 = b32.clone();
+      ops::add_(want32, w32(c16), 2.0);
+      EXPECT_TRUE(bitwise_equal(d32, want32));
+      Tensor dh = Tensor::empty({5, 3}, H).transpose(0, 1);  // (3, 5) strided f16 dst
+      dh.copy_(a16);
+      ops::mul_scalar_(dh, 0.3);
+      EXPECT_EQ(dh.dtype(), H);
+      EXPECT_TRUE(bitwise_equal(dh, ops::mul_scalar(w32(a16), 0.3).to(H)));
+    }
+    // matmul / linear
+    const Tensor x16 = r({4, 6}, 4, BF), w16 = r({3, 6}, 5, BF), w32t = r({3, 6}, 6, F32);
+    EXPECT_EQ(ops::matmul(x16, w16, false, true).dtype(), BF);
+    EXPECT_EQ(ops::matmul(x16, w32t, false, true).dtype(), F32);
+    EXPECT_EQ(ops::matmul(x16.to(H), w16.to(H), false, true).dtype(), H);
+    EXPECT_EQ(ops::matmul(x16, w16.to(H), false, true).dtype(), F32);
+    for (const Tensor& bias : {Tensor(), r({3}, 7, F32), r({3}, 8, BF), r({3}, 9, H)}) {
+      SCOPED_TRACE(bias.defined() ? std::string(dtype_name(bias.dtype())) : "no bias");
+      const Tensor y = ops::linear(x16, w16, bias, ops::WeightLayout::OutIn);
+      EXPECT_EQ(y.dtype(), BF);
+      ops::BackendScope rs(ops::Backend::Ref);
+      near(y, ops::linear(w32(x16), w32(w16), bias.defined() ? w32(bias) : Tensor(), ops::WeightLayout::OutIn),
+           kBf16);
+    }
+    EXPECT_EQ(ops::linear(x16, w32t, Tensor(), ops::WeightLayout::OutIn).dtype(), F32);
+    EXPECT_EQ(ops::linear(x16.to(H), w16.to(H), r({3}, 10, F32), ops::WeightLayout::OutIn).dtype(), H);
+    {
+      const Tensor gy32 = r({4, 3}, 11, F32);
+      ops::LinearGrads g = ops::linear_backward(gy32, x16, w32t, ops::WeightLayout::OutIn);
+      EXPECT_EQ(g.gx.dtype(), BF);
+      EXPECT_EQ(g.gw.dtype(), F32);
+      EXPECT_EQ(g.gb.dtype(), F32);
+      ops::LinearGrads h = ops::linear_backward(gy32.to(H), x16, w16, ops::WeightLayout::OutIn);
+      EXPECT_EQ(h.gx.dtype(), BF);
+      EXPECT_EQ(h.gw.dtype(), BF);
+      EXPECT_EQ(h.gb.dtype(), H);
+      ops::LinearGrads k = ops::linear_backward(gy32.to(BF), x16, w16, ops::WeightLayout::OutIn, false, true, false);
+      EXPECT_FALSE(k.gx.defined());
+      EXPECT_EQ(k.gw.dtype(), BF);
+      EXPECT_FALSE(k.gb.defined());
+    }
+    // embedding
+    {
+      const Tensor wt = r({7, 5}, 12, BF), ids = Tensor::from_vector_i64({3, 0, 6, 3}, {2, 2});
+      const Tensor y = ops::embedding(wt, ids);
+      EXPECT_EQ(y.dtype(), BF);
+      EXPECT_TRUE(bitwise_equal(y, ops::embedding(w32(wt), ids).to(BF)));  // rows copied exactly
+      EXPECT_TRUE(bitwise_equal(ops::embedding(wt.to(H).transpose(0, 1).contiguous().transpose(0, 1), ids),
+                                ops::embedding(w32(wt), ids).to(H)));
+      EXPECT_EQ(ops::embedding_backward(r({2, 2, 5}, 13, H), ids, 7).dtype(), H);
+    }
+    // layer norm: y x's dtype, mean/rstd f32; grads gx x's, gw gb w's
+    {
+      const Tensor x = r({4, 8}, 14, BF, -2, 2), w = r({8}, 15, F32, 0.5, 1.5), b = r({8}, 16, H);
+      ops::LayerNormOut o = ops::layer_norm(x, w, b, 1e-5);
+      EXPECT_EQ(o.y.dtype(), BF);
+      EXPECT_EQ(o.mean.dtype(), F32);
+      EXPECT_EQ(o.rstd.dtype(), F32);
+      ops::LayerNormGrads g = ops::layer_norm_backward(r({4, 8}, 17, H), x, w, o.mean, o.rstd);
+      EXPECT_EQ(g.gx.dtype(), BF);
+      EXPECT_EQ(g.gw.dtype(), F32);
+      EXPECT_EQ(g.gb.dtype(), F32);
+      EXPECT_EQ(ops::layer_norm(x, w.to(H), Tensor(), 1e-5).y.dtype(), BF);
+    }
+    // attention: out q's, lse f32; grads q's, k's, v's dtypes
+    {
+      const Shape sh{1, 2, 5, 4};
+      const Tensor q = r(sh, 18, BF), k = r(sh, 19, F32), v = r(sh, 20, H);
+      ops::AttentionOut o = ops::attention(q, k, v, true, 0.5);
+      EXPECT_EQ(o.out.dtype(), BF);
+      EXPECT_EQ(o.lse.dtype(), F32);
+      ops::AttentionGrads g = ops::attention_backward(r(sh, 21, F32), q, k, v, o.out, o.lse, true, 0.5);
+      EXPECT_EQ(g.gq.dtype(), BF);
+      EXPECT_EQ(g.gk.dtype(), F32);
+      EXPECT_EQ(g.gv.dtype(), H);
+    }
+    // cross-entropy: loss, lse f32; glogits logits' dtype
+    {
+      const Tensor logits = r({3, 9}, 22, H, -3, 3), t = Tensor::from_vector_i64({1, -100, 8}, {3});
+      ops::CrossEntropyOut o = ops::cross_entropy(logits, t);
+      EXPECT_EQ(o.loss.dtype(), F32);
+      EXPECT_EQ(o.lse.dtype(), F32);
+      EXPECT_TRUE(bitwise_equal(o.loss, ops::cross_entropy(w32(logits), t).loss));  // widening is exact
+      EXPECT_EQ(ops::cross_entropy_backward(1.0, logits, t, o.lse).dtype(), H);
+    }
+    // gelu / softmax backward: the dtype of what they differentiate
+    EXPECT_EQ(ops::gelu_backward(b32, a16).dtype(), BF);
+    EXPECT_EQ(ops::softmax_backward(b32, ops::softmax(a16)).dtype(), BF);
+    EXPECT_EQ(ops::softmax(c16.reshape({1, 5})).dtype(), H);
+    // dropout: y and mask in x's dtype; y == x * mask with the stored (rounded) mask
+    for (DType dt : {BF, H}) {
+      Generator g1(5), g2(5);
+      const Tensor x = r({40, 30}, 23, dt);
+      ops::DropoutOut o = ops::dropout(x, 0.3, g1);
+      EXPECT_EQ(o.y.dtype(), dt);
+      EXPECT_EQ(o.mask.dtype(), dt);
+      EXPECT_TRUE(bitwise_equal(o.mask, ops::dropout(w32(x), 0.3, g2).mask.to(dt)));  // same draws
+      EXPECT_TRUE(bitwise_equal(ops::dropout_backward(x, o.mask), o.y));
+      EXPECT_EQ(ops::dropout_backward(r({40, 30}, 25, F32), o.mask).dtype(), dt);  // gx: the mask's (x's) dtype
+      Generator g3(5);
+      EXPECT_TRUE(bitwise_equal(ops::dropout(x, 0.0, g3).y, x));
+    }
+  }
+  // Integer and undefined inputs keep their errors, naming the op and the argument.
+  const Tensor a16 = randn({2, 3}, 24).to(BF);
+  expect_error<ShapeError>([&] { ops::add(a16, Tensor::zeros({2, 3}, DType::I32)); }, {"add", "'b'", "i32"});
+  expect_error<ShapeError>(
+      [&] { ops::linear(a16, Tensor::zeros({4, 3}, DType::I64), Tensor(), ops::WeightLayout::OutIn); },
+      {"linear", "'w'", "i64"});
+  expect_error<ShapeError>([&] { ops::layer_norm(a16, Tensor::ones({3}, DType::I32), Tensor(), 1e-5); },
+                           {"layer_norm", "'w'"});
+  expect_error<ValueError>([&] { ops::exp(Tensor()); }, {"exp", "undefined"});
+  expect_error<ShapeError>([&] { ops::add_(a16, Tensor::zeros({3}, DType::I32)); }, {"add_", "'src'"});
+}
+
+// ------------------------------------------------------------------ 16-bit: the oneDNN bf16 GEMM path
+
+// On the cpu backend, matmul / linear / linear_backward with bf16 operands run oneDNN bf16
+// primitives (not the widened f32 path); results within one bf16 rounding of ref f32 on the
+// same values; primitives cached. f16 takes the widened path (no f16 GEMM in oneDNN here).
+TEST(Ops16, Bf16GemmsUseOneDnnBf16Primitives) {
+  ops::BackendScope s(ops::Backend::Cpu);
+  ASSERT_TRUE(ops::cpu::gemm16_available(DType::BF16)) << "this CPU has AVX512-BF16; oneDNN should serve bf16";
+  const int64_t N = 96, IN = 160, OUT = 72;
+  const Tensor x = randn({2, N / 2, IN}, 41).to(DType::BF16);
+  auto ref32 = [](auto f) {
+    ops::BackendScope r(ops::Backend::Ref);
+    return f();
+  };
+  auto w32 = [](const Tensor& t) { return t.to(DType::F32); };
+  for (auto layout : {ops::WeightLayout::OutIn, ops::WeightLayout::InOut}) {
+    const bool oi = layout == ops::WeightLayout::OutIn;
+    SCOPED_TRACE(oi ? "OutIn" : "InOut");
+    const Tensor w = randn(oi ? Shape{OUT, IN} : Shape{IN, OUT}, 42).to(DType::BF16);
+    for (const Tensor& bias : {randn({OUT}, 43), randn({OUT}, 44).to(DType::BF16)}) {
+      const Tensor y = ops::linear(x, w, bias, layout);
+      const std::string impl = ops::cpu::last_matmul_impl();
+      EXPECT_NE(impl.find("bf16->bf16"), std::string::npos) << impl;
+      EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
+      EXPECT_EQ(y.dtype(), DType::BF16);
+      const Tensor want = ref32([&] { return ops::linear(w32(x), w32(w), w32(bias), layout); });
+      EXPECT_LE(rel_err(to_d(y), to_d(want)), kBf16);
+      // Cached: the same call again creates no primitive and gives the same bits.
+      const int64_t created = ops::cpu::matmul_primitives_created();
+      EXPECT_TRUE(bitwise_equal(ops::linear(x, w, bias, layout), y));
+      EXPECT_EQ(ops::cpu::matmul_primitives_created(), created);
+    }
+    const Tensor gy = randn({2, N / 2, OUT}, 45).to(DType::BF16);
+    const ops::LinearGrads g = ops::linear_backward(gy, x, w, layout);
+    const std::string impl = ops::cpu::last_matmul_impl();
+    EXPECT_NE(impl.find("bf16->bf16"), std::string::npos) << impl;
+    EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
+    const ops::LinearGrads want = ref32([&] { return ops::linear_backward(w32(gy), w32(x), w32(w), layout); });
+    for (auto [got, exp, name] : {std::tuple{g.gx, want.gx, "gx"}, {g.gw, want.gw, "gw"}, {g.gb, want.gb, "gb"}}) {
+      EXPECT_EQ(got.dtype(), DType::BF16) << name;
+      EXPECT_LE(rel_err(to_d(got), to_d(exp)), kBf16) << name;
+    }
+  }
+  // Batched, transposed, broadcast and strided (gathered) bf16 matmuls.
+  const Tensor a = randn({3, 40, 24}, 46).to(DType::BF16), b = randn({24, 56}, 47).to(DType::BF16);
+  const Tensor at = randn({3, 24, 40}, 48).to(DType::BF16).transpose(1, 2);   // (3, 40, 24) strided
+  const Tensor bs = randn({24, 113}, 49).to(DType::BF16).slice(1, 1, 113, 2);  // (24, 56), stride 2
+  for (auto [p, q] : {std::pair{a, b}, {at, b}, {a, bs}}) {
+    const Tensor c = ops::matmul(p, q);
+    EXPECT_NE(ops::cpu::last_matmul_impl().find("bf16->bf16"), std::string::npos) << ops::cpu::last_matmul_impl();
+    EXPECT_EQ(c.dtype(), DType::BF16);
+    EXPECT_LE(rel_err(to_d(c), to_d(ref32([&] { return ops::matmul(w32(p), w32(q)); }))), kBf16);
+  }
+  // Mixed bf16 x f32 and f16 x f16 are widened: the GEMM oneDNN ran was f32.
+  ops::matmul(a, w32(b));
+  EXPECT_NE(ops::cpu::last_matmul_impl().find("f32->f32"), std::string::npos) << ops::cpu::last_matmul_impl();
+  const Tensor ch = ops::matmul(a.to(DType::F16), b.to(DType::F16));
+  EXPECT_EQ(ch.dtype(), DType::F16);
+  if (!ops::cpu::gemm16_available(DType::F16)) {
+    EXPECT_NE(ops::cpu::last_matmul_impl().find("f32->f32"), std::string::npos) << ops::cpu::last_matmul_impl();
+  }
+  EXPECT_LE(rel_err(to_d(ch), to_d(ref32([&] { return ops::matmul(w32(a.to(DType::F16)), w32(b.to(DType::F16))); }))),
+            kF16);
+}
+
+// The bf16 GEMMs at sizes where oneDNN and the bias-grad column sums run multi-threaded.
+TEST(Ops16, Bf16LinearAtOneTwoAndThreeThreads) {
+  const int64_t N = 300, IN = 120, OUT = 130;
+  const Tensor x = randn({N, IN}, 51).to(DType::BF16), w = randn({OUT, IN}, 52).to(DType::BF16);
+  const Tensor bias = randn({OUT}, 53), gy = randn({N, OUT}, 54).to(DType::BF16);
+  TVec want;
+  {
+    ops::BackendScope r(ops::Backend::Ref);
+    ops::LinearGrads g = ops::linear_backward(gy.to(DType::F32), x.to(DType::F32), w.to(DType::F32),
+                                              ops::WeightLayout::OutIn);
+    want = {ops::linear(x.to(DType::F32), w.to(DType::F32), bias, ops::WeightLayout::OutIn), g.gx, g.gw, g.gb};
+  }
+  for (int threads : {1, 2, 3}) {
+    OmpThreads t(threads);
+    ops::BackendScope s(ops::Backend::Cpu);
+    ops::LinearGrads g = ops::linear_backward(gy, x, w, ops::WeightLayout::OutIn);
+    const TVec got{ops::linear(x, w, bias, ops::WeightLayout::OutIn), g.gx, g.gw, g.gb};
+    for (size_t k = 0; k < got.size(); ++k) {
+      EXPECT_EQ(got[k].dtype(), DType::BF16);
+      EXPECT_LE(rel_err(to_d(got[k]), to_d(want[k])), kBf16) << threads << " threads, output " << k;
+    }
   }
 }
 

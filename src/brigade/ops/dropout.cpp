@@ -11,12 +11,13 @@
 namespace brigade::ops {
 
 namespace {
-void check_f32(const Tensor& t, const char* op, const char* name) {
+void check_float(const Tensor& t, const char* op, const char* name) {
   BRIGADE_CHECK(t.defined(), ValueError, "{}: argument '{}' is an undefined tensor", op, name);
-  BRIGADE_CHECK(t.dtype() == DType::F32, ShapeError,
-                "{}: '{}' is {} but only f32 is supported today; convert it with .to(DType::F32)", op, name,
-                t.str());
+  BRIGADE_CHECK(is_floating(t.dtype()), ShapeError,
+                "{}: '{}' is {} but must be a floating tensor (f32, bf16 or f16); convert it with ops::cast", op,
+                name, t.str());
 }
+Tensor f32_of(const Tensor& t) { return t.dtype() == DType::F32 ? t : cast(t, DType::F32); }
 void apply(int64_t n, const float* x, const float* m, float* y) {
   if (current_backend() == Backend::Cpu)
     cpu::dropout_apply(n, x, m, y);
@@ -25,10 +26,12 @@ void apply(int64_t n, const float* x, const float* m, float* y) {
 }
 }  // namespace
 
+// 16-bit x (see ops.h): the mask is drawn in f32 exactly as for f32 x, then rounded to x's
+// dtype; y = x * (the rounded mask) in f32, rounded once, so dropout_backward(x, mask) == y.
 DropoutOut dropout(const Tensor& x, double p, Generator& gen) {
-  check_f32(x, "dropout", "x");
+  check_float(x, "dropout", "x");
   BRIGADE_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: p must be in [0, 1], got {}", p);
-  Tensor xc = x.contiguous();
+  Tensor xc = x.dtype() == DType::F32 ? x.contiguous() : cast(x, DType::F32);  // f32, contiguous
   DropoutOut o;
   o.mask = Tensor::empty(x.shape());  // same as x
   o.y = Tensor::empty(x.shape());     // same as x
@@ -41,20 +44,28 @@ DropoutOut dropout(const Tensor& x, double p, Generator& gen) {
     const float keep = float(1.0 - p), inv = p < 1.0 ? float(1.0 / (1.0 - p)) : 0.0f;
     for (int64_t i = 0; i < n; ++i) m[i] = gen.uniform_float() < keep ? inv : 0.0f;
   }
-  apply(n, xc.data<float>(), m, o.y.data<float>());
+  if (x.dtype() == DType::F32) {
+    apply(n, xc.data<float>(), m, o.y.data<float>());
+    return o;
+  }
+  o.mask = cast(o.mask, x.dtype());
+  const Tensor mf = cast(o.mask, DType::F32);
+  apply(n, xc.data<float>(), mf.data<float>(), o.y.data<float>());
+  o.y = cast(o.y, x.dtype());
   return o;
 }
 
 Tensor dropout_backward(const Tensor& gy, const Tensor& mask) {
-  check_f32(gy, "dropout_backward", "gy");
-  check_f32(mask, "dropout_backward", "mask");
+  check_float(gy, "dropout_backward", "gy");
+  check_float(mask, "dropout_backward", "mask");
   BRIGADE_CHECK(gy.shape() == mask.shape(), ShapeError,
                 "dropout_backward: gy has shape {} but mask has shape {}; they must match", shape_str(gy.shape()),
                 shape_str(mask.shape()));
-  Tensor gc = gy.contiguous(), mc = mask.contiguous();
+  const bool f32 = gy.dtype() == DType::F32 && mask.dtype() == DType::F32;
+  Tensor gc = f32 ? gy.contiguous() : f32_of(gy).contiguous(), mc = f32 ? mask.contiguous() : f32_of(mask).contiguous();
   Tensor gx = Tensor::empty(gy.shape());  // same as gy
   apply(gy.numel(), gc.data<float>(), mc.data<float>(), gx.data<float>());
-  return gx;
+  return f32 ? gx : (mask.dtype() == DType::F32 ? gx : cast(gx, mask.dtype()));
 }
 
 }  // namespace brigade::ops

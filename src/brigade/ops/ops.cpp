@@ -2,10 +2,17 @@
 // allocation, broadcasting, and dispatch to ops/ref (scalar oracle) or ops/cpu
 // (optimised). No arithmetic happens here beyond index bookkeeping and the serial
 // draw of dropout masks; the kernels see only raw pointers + sizes + strides.
+// 16-bit inputs: every floating op first checks its arguments, then (via_f32) runs its
+// own f32 path on the inputs widened exactly to f32 and rounds the outputs once to the
+// dtypes of the contract in ops.h. The exceptions, which never widen: cast itself; on
+// the cpu backend, matmul / linear / linear_backward with bf16 operands (oneDNN bf16
+// GEMMs, gemm16_available); the cpu embedding forward (a bit copy of 16-bit rows); and
+// add_ / mul_scalar_, which widen dst, update it in f32 and store it back rounded.
 #include "brigade/ops/ops.h"
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <string>
 
 #include "brigade/core/error.h"
@@ -35,11 +42,55 @@ void check_defined(const Tensor& t, const char* op, const char* name) {
                 "factory or another op", op, name);
 }
 
-void check_f32(const Tensor& t, const char* op, const char* name) {
+void check_float(const Tensor& t, const char* op, const char* name) {
   check_defined(t, op, name);
-  BRIGADE_CHECK(t.dtype() == DType::F32, ShapeError,
-                "{}: '{}' is {} but only f32 is supported today (bf16/f16 kernels come with the mixed-precision "
-                "work); convert it with .to(DType::F32)", op, name, t.str());
+  BRIGADE_CHECK(is_floating(t.dtype()), ShapeError,
+                "{}: '{}' is {} but must be a floating tensor (f32, bf16 or f16); convert it with ops::cast", op,
+                name, t.str());
+}
+
+// ---- the 16-bit route (see the file comment)
+
+bool is_half(const Tensor& t) { return t.defined() && (t.dtype() == DType::BF16 || t.dtype() == DType::F16); }
+Tensor f32_of(const Tensor& t) { return is_half(t) ? cast(t, DType::F32) : t; }
+Tensor round_to(const Tensor& t, DType dt) { return t.defined() && t.dtype() != dt ? cast(t, dt) : t; }
+// Output dtype of an op of two floating operands: theirs when equal, else f32.
+DType same_or_f32(const Tensor& a, const Tensor& b) { return a.dtype() == b.dtype() ? a.dtype() : DType::F32; }
+
+// The output tensors of each op result type, in declaration order.
+std::vector<Tensor*> outputs_of(Tensor& t) { return {&t}; }
+std::vector<Tensor*> outputs_of(LinearGrads& g) { return {&g.gx, &g.gw, &g.gb}; }
+std::vector<Tensor*> outputs_of(LayerNormOut& o) { return {&o.y, &o.mean, &o.rstd}; }
+std::vector<Tensor*> outputs_of(LayerNormGrads& g) { return {&g.gx, &g.gw, &g.gb}; }
+std::vector<Tensor*> outputs_of(AttentionOut& o) { return {&o.out, &o.lse}; }
+std::vector<Tensor*> outputs_of(AttentionGrads& g) { return {&g.gq, &g.gk, &g.gv}; }
+std::vector<Tensor*> outputs_of(CrossEntropyOut& o) { return {&o.loss, &o.lse}; }
+
+// When any of `in` is bf16/f16: runs `op` (the calling op itself, which then takes its f32
+// path) on the inputs widened exactly to f32 and rounds its outputs once to `out` (one dtype
+// per output, in declaration order; undefined outputs stay undefined). Returns nullopt when
+// every input is f32 or undefined, so the f32 path runs untouched.
+template <class F, class... T>
+auto via_f32(std::initializer_list<DType> out, F&& op, const T&... in) -> std::optional<decltype(op(in...))> {
+  if (!(is_half(in) || ...)) return std::nullopt;
+  auto r = op(f32_of(in)...);
+  std::vector<Tensor*> outs = outputs_of(r);
+  BRIGADE_ASSERT(outs.size() == out.size(), "via_f32: {} output dtypes for {} outputs", out.size(), outs.size());
+  size_t k = 0;
+  for (DType dt : out) {
+    *outs[k] = round_to(*outs[k], dt);
+    ++k;
+  }
+  return r;
+}
+
+// The bf16 GEMM fast path of the cpu backend applies to these operands (all one 16-bit dtype).
+bool gemm16(std::initializer_list<const Tensor*> ops) {
+  if (t_backend != Backend::Cpu) return false;
+  const DType dt = (*ops.begin())->dtype();
+  for (const Tensor* t : ops)
+    if (t->dtype() != dt) return false;
+  return (dt == DType::BF16 || dt == DType::F16) && cpu::gemm16_available(dt);
 }
 
 void check_ids(const Tensor& t, const char* op, const char* name) {
@@ -96,8 +147,11 @@ void check_writable(const Tensor& t, const char* op) {
 std::vector<int64_t> ids_vector(const Tensor& ids) { return ids.to_vector_i64(); }
 
 Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
-  check_f32(a, name, "a");
-  check_f32(b, name, "b");
+  check_float(a, name, "a");
+  check_float(b, name, "b");
+  if (auto r = via_f32({same_or_f32(a, b)}, [&](const Tensor& x, const Tensor& y) { return binary_op(op, name, x, y); },
+                       a, b))
+    return *r;
   const Shape out = broadcast_named(a.shape(), b.shape(), name);
   Tensor y = Tensor::empty(out);  // broadcast(a, b)
   const Shape sa = broadcast_strides(a, out), sb = broadcast_strides(b, out);
@@ -107,7 +161,8 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
 }
 
 Tensor unary_op(UnaryOp op, double s, const char* name, const Tensor& a) {
-  check_f32(a, name, "a");
+  check_float(a, name, "a");
+  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return unary_op(op, s, name, x); }, a)) return *r;
   Tensor y = Tensor::empty(a.shape());  // same as a
   BRIGADE_DISPATCH(unary, op, s, int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data(),
                    y.data<float>());
@@ -131,32 +186,46 @@ Tensor tanh(const Tensor& a) { return unary_op(UnaryOp::Tanh, 0.0, "tanh", a); }
 Tensor sqrt(const Tensor& a) { return unary_op(UnaryOp::Sqrt, 0.0, "sqrt", a); }
 
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
-  check_f32(dst, "add_", "dst");
-  check_f32(src, "add_", "src");
+  check_float(dst, "add_", "dst");
+  check_float(src, "add_", "src");
   const Shape out = broadcast_named(dst.shape(), src.shape(), "add_");
   BRIGADE_CHECK(out == dst.shape(), ShapeError,
                 "add_: src {} must broadcast to dst {} (the result would be {}, which does not fit in dst)",
                 shape_str(src.shape()), shape_str(dst.shape()), shape_str(out));
   check_writable(dst, "add_");
+  if (is_half(dst)) {  // update an f32 copy, store it back rounded once
+    Tensor t = cast(dst, DType::F32);
+    add_(t, src, alpha);
+    Tensor(dst).copy_(cast(t, dst.dtype()));  // a handle on the same storage
+    return;
+  }
+  if (is_half(src)) return add_(dst, cast(src, DType::F32), alpha);
   const Shape ss = broadcast_strides(src, out);
   BRIGADE_DISPATCH(axpy, int(out.size()), out.data(), dst.data<float>(), dst.strides().data(), src.data<float>(),
                    ss.data(), alpha);
 }
 
 void mul_scalar_(const Tensor& dst, double s) {
-  check_f32(dst, "mul_scalar_", "dst");
+  check_float(dst, "mul_scalar_", "dst");
   check_writable(dst, "mul_scalar_");
+  if (is_half(dst)) {
+    Tensor t = cast(dst, DType::F32);
+    mul_scalar_(t, s);
+    Tensor(dst).copy_(cast(t, dst.dtype()));  // a handle on the same storage
+    return;
+  }
   BRIGADE_DISPATCH(scale, int(dst.dim()), dst.shape().data(), dst.data<float>(), dst.strides().data(), s);
 }
 
 Shape broadcast_shapes(const Shape& a, const Shape& b) { return broadcast_named(a, b, "broadcast_shapes"); }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
-  check_f32(g, "sum_to", "g");
+  check_float(g, "sum_to", "g");
   const Shape& gs = g.shape();
   BRIGADE_CHECK(shape.size() <= gs.size() && broadcast_named(shape, gs, "sum_to") == gs, ShapeError,
                 "sum_to: target shape {} does not broadcast to the gradient's shape {}; sum_to only undoes "
                 "broadcasting", shape_str(shape), shape_str(gs));
+  if (auto r = via_f32({g.dtype()}, [&](const Tensor& x) { return sum_to(x, shape); }, g)) return *r;
   Tensor y = Tensor::empty(shape);  // shape
   const Shape cs = contiguous_strides(shape);
   Shape so(gs.size(), 0);
@@ -184,8 +253,9 @@ std::vector<bool> reduce_mask(const Tensor& a, const std::vector<int64_t>& dims,
 }  // namespace
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  check_f32(a, "sum", "a");
+  check_float(a, "sum", "a");
   const std::vector<bool> red = reduce_mask(a, dims, "sum");
+  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return sum(x, dims, keepdim); }, a)) return *r;
   Shape out_keep, out;
   for (size_t i = 0; i < red.size(); ++i) {
     out_keep.push_back(red[i] ? 1 : a.shape()[i]);
@@ -201,6 +271,9 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  check_float(a, "mean", "a");
+  // 16-bit: sum and scale in f32, one rounding at the end.
+  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return mean(x, dims, keepdim); }, a)) return *r;
   Tensor s = sum(a, dims, keepdim);
   const int64_t count = s.numel() ? a.numel() / s.numel() : 0;
   mul_scalar_(s, 1.0 / double(count));
@@ -210,7 +283,8 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 Tensor sum_all(const Tensor& a) { return sum(a, {}, false); }
 
 double sum_squares(const Tensor& a) {
-  check_f32(a, "sum_squares", "a");
+  check_float(a, "sum_squares", "a");
+  if (is_half(a)) return sum_squares(cast(a, DType::F32));
   return t_backend == Backend::Cpu
              ? cpu::sum_squares(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data())
              : ref::sum_squares<float>(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data());
@@ -219,8 +293,8 @@ double sum_squares(const Tensor& a) {
 // ---------------------------------------------------------------- matmul / linear
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
-  check_f32(a, "matmul", "a");
-  check_f32(b, "matmul", "b");
+  check_float(a, "matmul", "a");
+  check_float(b, "matmul", "b");
   BRIGADE_CHECK(a.dim() >= 2 && b.dim() >= 2, ShapeError,
                 "matmul: both operands need at least 2 dims, got a {} and b {}; unsqueeze 1-D vectors first",
                 shape_str(a.shape()), shape_str(b.shape()));
@@ -245,6 +319,15 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   Shape out = bshape;
   out.push_back(M);
   out.push_back(N);
+  if (gemm16({&a, &b})) {  // oneDNN 16-bit GEMM, f32 accumulation, rounded once
+    Tensor c = Tensor::empty(out, a.dtype());  // (..., M, N)
+    cpu::matmul16(a.dtype(), a.dtype(), int(bshape.size()), bshape.data(), a.data<uint16_t>(), abst.data(), sam, sak,
+                  b.data<uint16_t>(), bbst.data(), sbk, sbn, c.raw_data(), M, N, K);
+    return c;
+  }
+  if (auto r = via_f32({same_or_f32(a, b)},
+                       [&](const Tensor& x, const Tensor& y) { return matmul(x, y, trans_a, trans_b); }, a, b))
+    return *r;
   Tensor c = Tensor::empty(out);  // (..., M, N)
   BRIGADE_DISPATCH(matmul, int(bshape.size()), bshape.data(), a.data<float>(), abst.data(), sam, sak,
                    b.data<float>(), bbst.data(), sbk, sbn, c.data<float>(), M, N, K);
@@ -257,8 +340,8 @@ struct LinearDims {
   Tensor x2;  // x viewed (N, IN)
 };
 LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, const char* op) {
-  check_f32(x, op, "x");
-  check_f32(w, op, "w");
+  check_float(x, op, "x");
+  check_float(w, op, "w");
   BRIGADE_CHECK(w.dim() == 2, ShapeError, "{}: the weight must be 2-D ({}), got {}", op,
                 layout == WeightLayout::OutIn ? "(out, in)" : "(in, out)", shape_str(w.shape()));
   BRIGADE_CHECK(x.dim() >= 1, ShapeError, "{}: x must have at least 1 dim, got a 0-d tensor", op);
@@ -282,7 +365,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
   LinearDims d = linear_dims(x, w, layout, "linear");
   Tensor bc;
   if (bias.defined()) {
-    check_f32(bias, "linear", "bias");
+    check_float(bias, "linear", "bias");
     BRIGADE_CHECK(bias.dim() == 1 && bias.size(0) == d.OUT, ShapeError,
                   "linear: bias must be ({}) to match {} output features, got {}", d.OUT, d.OUT,
                   shape_str(bias.shape()));
@@ -290,6 +373,18 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
   }
   Shape out = x.shape();
   out.back() = d.OUT;
+  if (gemm16({&x, &w}) && d.N > 0 && d.IN > 0 && d.OUT > 0) {  // oneDNN 16-bit GEMM + bias, rounded once
+    if (bc.defined() && bc.dtype() != DType::F32 && bc.dtype() != x.dtype()) bc = cast(bc, DType::F32);
+    Tensor y = Tensor::empty(out, x.dtype());  // (..., OUT)
+    cpu::linear16(x.dtype(), x.dtype(), d.N, d.IN, d.OUT, d.x2.data<uint16_t>(), d.x2.stride(0), d.x2.stride(1),
+                  w.data<uint16_t>(), d.swo, d.swi, bc.defined() ? bc.raw_data() : nullptr,
+                  bc.defined() ? bc.dtype() : DType::F32, y.raw_data());
+    return y;
+  }
+  if (auto r = via_f32({same_or_f32(x, w)},
+                       [&](const Tensor& a, const Tensor& b, const Tensor& c) { return linear(a, b, c, layout); },
+                       x, w, bias))
+    return *r;
   Tensor y = Tensor::empty(out);  // (..., OUT)
   BRIGADE_DISPATCH(linear, d.N, d.IN, d.OUT, d.x2.data<float>(), d.x2.stride(0), d.x2.stride(1), w.data<float>(),
                    d.swo, d.swi, bc.defined() ? bc.data<float>() : nullptr, y.data<float>());
@@ -299,17 +394,40 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
 LinearGrads linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, WeightLayout layout, bool need_gx,
                             bool need_gw, bool need_gb) {
   LinearDims d = linear_dims(x, w, layout, "linear_backward");
-  check_f32(gy, "linear_backward", "gy");
+  check_float(gy, "linear_backward", "gy");
   Shape ys = x.shape();
   ys.back() = d.OUT;
   BRIGADE_CHECK(gy.shape() == ys, ShapeError, "linear_backward: gy has shape {} but the output of linear was {}",
                 shape_str(gy.shape()), shape_str(ys));
+  const bool oi = layout == WeightLayout::OutIn;
+  if (gemm16({&gy, &x, &w}) && d.N > 0 && d.IN > 0 && d.OUT > 0) {  // oneDNN 16-bit GEMMs, rounded once
+    const DType dt = x.dtype();
+    Tensor gyc = gy.contiguous();
+    LinearGrads g;
+    if (need_gx) g.gx = Tensor::empty(x.shape(), dt);  // (..., IN)
+    if (need_gw) g.gw = Tensor::empty(w.shape(), dt);  // (OUT, IN) or (IN, OUT)
+    cpu::linear_backward16(dt, d.N, d.IN, d.OUT, gyc.data<uint16_t>(), d.x2.data<uint16_t>(), d.x2.stride(0),
+                           d.x2.stride(1), w.data<uint16_t>(), d.swo, d.swi,
+                           need_gx ? g.gx.data<uint16_t>() : nullptr, need_gw ? g.gw.data<uint16_t>() : nullptr,
+                           oi ? d.IN : 1, oi ? 1 : d.OUT);
+    if (need_gb) {  // column sums of gy in f32, rounded once
+      Tensor gyf = cast(gyc, DType::F32), gbf = Tensor::empty({d.OUT});  // (N, OUT), (OUT)
+      cpu::column_sum(d.N, d.OUT, gyf.data<float>(), gbf.data<float>());
+      g.gb = cast(gbf, dt);  // (OUT)
+    }
+    return g;
+  }
+  if (auto r = via_f32({x.dtype(), w.dtype(), gy.dtype()},
+                       [&](const Tensor& gy_, const Tensor& x_, const Tensor& w_) {
+                         return linear_backward(gy_, x_, w_, layout, need_gx, need_gw, need_gb);
+                       },
+                       gy, x, w))
+    return *r;
   Tensor gyc = gy.contiguous();
   LinearGrads g;
   if (need_gx) g.gx = Tensor::empty(x.shape());  // (..., IN)
   if (need_gw) g.gw = Tensor::empty(w.shape());  // (OUT, IN) or (IN, OUT)
   if (need_gb) g.gb = Tensor::empty({d.OUT});    // (OUT)
-  const bool oi = layout == WeightLayout::OutIn;
   BRIGADE_DISPATCH(linear_backward, d.N, d.IN, d.OUT, gyc.data<float>(), d.x2.data<float>(), d.x2.stride(0),
                    d.x2.stride(1), w.data<float>(), d.swo, d.swi, need_gx ? g.gx.data<float>() : nullptr,
                    need_gw ? g.gw.data<float>() : nullptr, oi ? d.IN : 1, oi ? 1 : d.OUT,
@@ -332,12 +450,19 @@ std::vector<int64_t> checked_ids(const Tensor& ids, int64_t V, const char* op) {
 }  // namespace
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
-  check_f32(weight, "embedding", "weight");
+  check_float(weight, "embedding", "weight");
   BRIGADE_CHECK(weight.dim() == 2, ShapeError, "embedding: weight must be (V, C), got {}", shape_str(weight.shape()));
   const int64_t V = weight.size(0), C = weight.size(1);
   const std::vector<int64_t> v = checked_ids(ids, V, "embedding");
   Shape out = ids.shape();
   out.push_back(C);
+  if (is_half(weight) && t_backend == Backend::Cpu) {  // a bit copy of 16-bit rows (no rounding involved)
+    Tensor y = Tensor::empty(out, weight.dtype());  // (..., C)
+    cpu::embedding16(int64_t(v.size()), C, weight.data<uint16_t>(), weight.stride(0), weight.stride(1), v.data(),
+                     y.data<uint16_t>());
+    return y;
+  }
+  if (auto r = via_f32({weight.dtype()}, [&](const Tensor& w) { return embedding(w, ids); }, weight)) return *r;
   Tensor y = Tensor::empty(out);  // (..., C)
   BRIGADE_DISPATCH(embedding, int64_t(v.size()), C, weight.data<float>(), weight.stride(0), weight.stride(1),
                    v.data(), y.data<float>());
@@ -345,12 +470,13 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
 }
 
 Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t V) {
-  check_f32(gy, "embedding_backward", "gy");
+  check_float(gy, "embedding_backward", "gy");
   BRIGADE_CHECK(V > 0, ValueError, "embedding_backward: V must be positive, got {}", V);
   const std::vector<int64_t> v = checked_ids(ids, V, "embedding_backward");
   BRIGADE_CHECK(gy.dim() == ids.dim() + 1 && Shape(gy.shape().begin(), gy.shape().end() - 1) == ids.shape(),
                 ShapeError, "embedding_backward: gy {} must be ids.shape + (C) with ids {}", shape_str(gy.shape()),
                 shape_str(ids.shape()));
+  if (auto r = via_f32({gy.dtype()}, [&](const Tensor& g) { return embedding_backward(g, ids, V); }, gy)) return *r;
   const int64_t C = gy.size(-1);
   Tensor gyc = gy.contiguous();
   Tensor gw = Tensor::empty({V, C});  // (V, C)
@@ -362,7 +488,7 @@ Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t V) {
 
 namespace {
 void check_vec(const Tensor& t, int64_t C, const char* op, const char* name, const Tensor& x) {
-  check_f32(t, op, name);
+  check_float(t, op, name);
   BRIGADE_CHECK(t.dim() == 1 && t.size(0) == C, ShapeError,
                 "{}: '{}' must be ({}) to match the last dim of x {}, got {}", op, name, C, shape_str(x.shape()),
                 shape_str(t.shape()));
@@ -370,13 +496,19 @@ void check_vec(const Tensor& t, int64_t C, const char* op, const char* name, con
 }  // namespace
 
 LayerNormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
-  check_f32(x, "layer_norm", "x");
+  check_float(x, "layer_norm", "x");
   BRIGADE_CHECK(x.dim() >= 1, ShapeError, "layer_norm: x must have at least 1 dim");
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   check_vec(w, C, "layer_norm", "w", x);
   Tensor bc = b.defined() ? b : Tensor::zeros({C});  // (C); an undefined bias means no bias
   check_vec(bc, C, "layer_norm", "b", x);
   BRIGADE_CHECK(eps >= 0, ValueError, "layer_norm: eps must be >= 0, got {}", eps);
+  if (auto r = via_f32({x.dtype(), DType::F32, DType::F32},
+                       [&](const Tensor& x_, const Tensor& w_, const Tensor& b_) {
+                         return layer_norm(x_, w_, b_, eps);
+                       },
+                       x, w, b))
+    return *r;
   Tensor xc = x.contiguous(), wc = w.contiguous();
   bc = bc.contiguous();
   LayerNormOut o;
@@ -390,14 +522,20 @@ LayerNormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, doubl
 
 LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                    const Tensor& rstd) {
-  check_f32(x, "layer_norm_backward", "x");
-  check_f32(gy, "layer_norm_backward", "gy");
+  check_float(x, "layer_norm_backward", "x");
+  check_float(gy, "layer_norm_backward", "gy");
   check_same_shape(gy, x, "layer_norm_backward", "gy", "x");
   BRIGADE_CHECK(x.dim() >= 1, ShapeError, "layer_norm_backward: x must have at least 1 dim");
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   check_vec(w, C, "layer_norm_backward", "w", x);
   check_vec(mean, N, "layer_norm_backward", "mean", x);
   check_vec(rstd, N, "layer_norm_backward", "rstd", x);
+  if (auto r = via_f32({x.dtype(), w.dtype(), w.dtype()},
+                       [](const Tensor& gy_, const Tensor& x_, const Tensor& w_, const Tensor& m_, const Tensor& r_) {
+                         return layer_norm_backward(gy_, x_, w_, m_, r_);
+                       },
+                       gy, x, w, mean, rstd))
+    return *r;
   Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous(), mc = mean.contiguous(),
          rc = rstd.contiguous();
   LayerNormGrads g;
@@ -412,7 +550,8 @@ LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tens
 // ---------------------------------------------------------------- gelu / softmax
 
 Tensor gelu(const Tensor& x) {
-  check_f32(x, "gelu", "x");
+  check_float(x, "gelu", "x");
+  if (auto r = via_f32({x.dtype()}, [](const Tensor& x_) { return gelu(x_); }, x)) return *r;
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // same as x
   BRIGADE_DISPATCH(gelu, x.numel(), xc.data<float>(), y.data<float>());
@@ -420,9 +559,11 @@ Tensor gelu(const Tensor& x) {
 }
 
 Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
-  check_f32(gy, "gelu_backward", "gy");
-  check_f32(x, "gelu_backward", "x");
+  check_float(gy, "gelu_backward", "gy");
+  check_float(x, "gelu_backward", "x");
   check_same_shape(gy, x, "gelu_backward", "gy", "x");
+  if (auto r = via_f32({x.dtype()}, [](const Tensor& g_, const Tensor& x_) { return gelu_backward(g_, x_); }, gy, x))
+    return *r;
   Tensor gyc = gy.contiguous(), xc = x.contiguous();
   Tensor gx = Tensor::empty(x.shape());  // same as x
   BRIGADE_DISPATCH(gelu_backward, x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
@@ -430,8 +571,9 @@ Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
 }
 
 Tensor softmax(const Tensor& x) {
-  check_f32(x, "softmax", "x");
+  check_float(x, "softmax", "x");
   BRIGADE_CHECK(x.dim() >= 1, ShapeError, "softmax: x must have at least 1 dim, got a 0-d tensor");
+  if (auto r = via_f32({x.dtype()}, [](const Tensor& x_) { return softmax(x_); }, x)) return *r;
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // (..., C)
@@ -440,10 +582,12 @@ Tensor softmax(const Tensor& x) {
 }
 
 Tensor softmax_backward(const Tensor& gy, const Tensor& y) {
-  check_f32(gy, "softmax_backward", "gy");
-  check_f32(y, "softmax_backward", "y");
+  check_float(gy, "softmax_backward", "gy");
+  check_float(y, "softmax_backward", "y");
   check_same_shape(gy, y, "softmax_backward", "gy", "y");
   BRIGADE_CHECK(y.dim() >= 1, ShapeError, "softmax_backward: y must have at least 1 dim");
+  if (auto r = via_f32({y.dtype()}, [](const Tensor& g_, const Tensor& y_) { return softmax_backward(g_, y_); }, gy, y))
+    return *r;
   const int64_t C = y.size(-1), N = C ? y.numel() / C : 0;
   Tensor gyc = gy.contiguous(), yc = y.contiguous();
   Tensor gx = Tensor::empty(y.shape());  // (..., C)
@@ -455,9 +599,9 @@ Tensor softmax_backward(const Tensor& gy, const Tensor& y) {
 
 namespace {
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
-  check_f32(q, op, "q");
-  check_f32(k, op, "k");
-  check_f32(v, op, "v");
+  check_float(q, op, "q");
+  check_float(k, op, "k");
+  check_float(v, op, "v");
   BRIGADE_CHECK(q.dim() == 4, ShapeError, "{}: q must be (B, NH, T, HS), got {}", op, shape_str(q.shape()));
   check_same_shape(k, q, op, "k", "q");
   check_same_shape(v, q, op, "v", "q");
@@ -466,6 +610,12 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op
 
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   check_qkv(q, k, v, "attention");
+  if (auto r = via_f32({q.dtype(), DType::F32},
+                       [&](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+                         return attention(q_, k_, v_, causal, scale);
+                       },
+                       q, k, v))
+    return *r;
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   AttentionOut o;
@@ -479,15 +629,20 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, bool causal, double scale) {
   check_qkv(q, k, v, "attention_backward");
-  check_f32(gout, "attention_backward", "gout");
-  check_f32(out, "attention_backward", "out");
-  check_f32(lse, "attention_backward", "lse");
+  check_float(gout, "attention_backward", "gout");
+  check_float(out, "attention_backward", "out");
+  check_float(lse, "attention_backward", "lse");
   check_same_shape(gout, q, "attention_backward", "gout", "q");
   check_same_shape(out, q, "attention_backward", "out", "q");
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   BRIGADE_CHECK(lse.shape() == Shape({B, NH, T}), ShapeError,
                 "attention_backward: lse must be (B, NH, T) = {}, got {}", shape_str({B, NH, T}),
                 shape_str(lse.shape()));
+  if (auto r = via_f32({q.dtype(), k.dtype(), v.dtype()},
+                       [&](const Tensor& g_, const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& o_,
+                           const Tensor& l_) { return attention_backward(g_, q_, k_, v_, o_, l_, causal, scale); },
+                       gout, q, k, v, out, lse))
+    return *r;
   Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
          oc = out.contiguous(), lc = lse.contiguous();
   AttentionGrads g;
@@ -505,7 +660,7 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
 namespace {
 std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                      const char* op) {
-  check_f32(logits, op, "logits");
+  check_float(logits, op, "logits");
   check_ids(targets, op, "targets");
   BRIGADE_CHECK(logits.dim() == 2, ShapeError, "{}: logits must be (N, V), got {}; flatten (B, T, V) to (B*T, V)",
                 op, shape_str(logits.shape()));
@@ -524,6 +679,9 @@ std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets
 
 CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy");
+  if (auto r = via_f32({DType::F32, DType::F32},
+                       [&](const Tensor& l_) { return cross_entropy(l_, targets, ignore_index); }, logits))
+    return *r;
   const int64_t N = logits.size(0), V = logits.size(1);
   Tensor lc = logits.contiguous();
   CrossEntropyOut o;
@@ -538,14 +696,35 @@ Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& 
                               int64_t ignore_index) {
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy_backward");
   const int64_t N = logits.size(0), V = logits.size(1);
-  check_f32(lse, "cross_entropy_backward", "lse");
+  check_float(lse, "cross_entropy_backward", "lse");
   BRIGADE_CHECK(lse.shape() == Shape({N}), ShapeError, "cross_entropy_backward: lse must be ({}), got {}", N,
                 shape_str(lse.shape()));
+  if (auto r = via_f32({logits.dtype()},
+                       [&](const Tensor& l_, const Tensor& s_) {
+                         return cross_entropy_backward(gloss, l_, targets, s_, ignore_index);
+                       },
+                       logits, lse))
+    return *r;
   Tensor lc = logits.contiguous(), sc = lse.contiguous();
   Tensor g = Tensor::empty({N, V});  // (N, V)
   BRIGADE_DISPATCH(cross_entropy_backward, N, V, gloss, lc.data<float>(), t.data(), sc.data<float>(), ignore_index,
                    g.data<float>());
   return g;
+}
+
+// ---------------------------------------------------------------- cast
+
+Tensor cast(const Tensor& x, DType dt) {
+  check_float(x, "cast", "x");
+  BRIGADE_CHECK(is_floating(dt), ShapeError, "cast: the target dtype is {}, but cast converts between floating "
+                "dtypes (f32, bf16, f16); use Tensor::to for integers", dtype_name(dt));
+  Tensor y = Tensor::empty(x.shape(), dt);  // same as x
+  if (x.numel() == 0) return y;
+  if (t_backend == Backend::Cpu)
+    cpu::cast(x.dtype(), dt, int(x.dim()), x.shape().data(), x.raw_data(), x.strides().data(), y.raw_data());
+  else
+    ref::cast(x.dtype(), dt, int(x.dim()), x.shape().data(), x.raw_data(), x.strides().data(), y.raw_data());
+  return y;
 }
 
 }  // namespace brigade::ops

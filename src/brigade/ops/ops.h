@@ -3,9 +3,38 @@
 // raw ops with no autograd; each backward is an op of its own, used by the
 // derivative rules in autograd/functions.cpp.
 // Conventions: shape letters B T C V NH HS; "(..., C)" means any leading dims.
-// Floating ops take and return f32 today (bf16/f16 kernels come with the
-// mixed-precision work; other dtypes get a ShapeError naming the op). Inputs may
-// be non-contiguous views; outputs are always fresh contiguous tensors.
+// Inputs may be non-contiguous views; outputs are always fresh contiguous tensors,
+// allocated under the current MemTagScope.
+//
+// Dtypes. Every floating op takes f32, bf16 and f16 inputs, on both backends; integer
+// or undefined tensors where floats are expected are a ShapeError / ValueError naming
+// the op and the argument. The contract (autocast relies on it):
+//  - Compute is always f32 inside the kernels (f32 accumulation). 16-bit inputs are
+//    widened exactly; 16-bit outputs are rounded once, round-to-nearest-even, NaN stays
+//    NaN, +-Inf and denormals preserved, f16 values above the f16 max round to Inf as
+//    IEEE says. The scalar conversions of core/dtype.h are the definition; the
+//    vectorised ones (cast on the cpu backend) match them bitwise.
+//  - Output dtypes:
+//      add sub mul div: the operands' dtype when equal, else f32.
+//      add_scalar mul_scalar neg exp log tanh sqrt gelu softmax sum mean sum_all sum_to
+//      cross_entropy_backward: the input's dtype (glogits: logits'). sum_squares: double.
+//      A backward's gradient has the dtype of the tensor it differentiates:
+//      gelu_backward -> x's, softmax_backward -> y's, dropout_backward -> mask's (= x's).
+//      matmul(a, b): a's dtype when a and b agree, else f32.
+//      linear(x, w, bias): x's dtype when x and w agree, else f32 (bias: any floating or
+//      undefined). linear_backward: gx x's, gw w's, gb gy's dtype.
+//      embedding: weight's; embedding_backward: gy's.
+//      layer_norm: y x's; mean, rstd always f32. layer_norm_backward: gx x's, gw gb w's.
+//      attention: out q's, lse always f32; attention_backward: gq gk gv q's k's v's.
+//      cross_entropy: loss and lse always f32.
+//      dropout: y and mask x's dtype (mask holds 0 or 1/(1-p) rounded to it; y = x * mask
+//      with that rounded mask, so dropout_backward(x, mask) reproduces y bitwise).
+//      add_(dst, src) and mul_scalar_(dst): any floating dtypes; computed in f32 and stored
+//      rounded into dst.
+//  - Cost: most ops widen 16-bit inputs to f32 copies (ops::cast) around their f32
+//    kernels. On the cpu backend matmul, linear and linear_backward with bf16 operands
+//    (all of one dtype) run oneDNN bf16 GEMMs directly (f32 accumulation, rounded once);
+//    f16 operands are widened (oneDNN 2.6 has no f16 matmul without AVX512-FP16).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -26,6 +55,11 @@ class BackendScope {                     // RAII switch, used by the op harness
  private:
   Backend prev_;
 };
+
+// ---------------- dtype conversion
+// A fresh contiguous tensor of dtype dt (any floating dtype) with x's values converted as
+// the contract above says; a same-dtype cast is a copy. x may be a strided view.
+Tensor cast(const Tensor& x, DType dt);
 
 // ---------------- elementwise with numpy/torch broadcasting
 Tensor add(const Tensor& a, const Tensor& b);

@@ -274,16 +274,27 @@ void gelu_backward(int64_t n, const float* gy, const float* x, float* gx) {
 
 // ---------------------------------------------------------------- embedding
 
-void embedding(int64_t N, int64_t C, const float* w, int64_t swv, int64_t swc, const int64_t* ids, float* y) {
+namespace {
+template <typename T>
+void embedding_rows(int64_t N, int64_t C, const T* w, int64_t swv, int64_t swc, const int64_t* ids, T* y) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
-    const float* wr = w + ids[n] * swv;
-    float* yr = y + n * C;
+    const T* wr = w + ids[n] * swv;
+    T* yr = y + n * C;
     if (swc == 1)
       std::copy(wr, wr + C, yr);
     else
       for (int64_t c = 0; c < C; ++c) yr[c] = wr[c * swc];
   }
+}
+}  // namespace
+
+void embedding(int64_t N, int64_t C, const float* w, int64_t swv, int64_t swc, const int64_t* ids, float* y) {
+  embedding_rows(N, C, w, swv, swc, ids, y);
+}
+
+void embedding16(int64_t N, int64_t C, const uint16_t* w, int64_t swv, int64_t swc, const int64_t* ids, uint16_t* y) {
+  embedding_rows(N, C, w, swv, swc, ids, y);
 }
 
 void embedding_backward(int64_t N, int64_t C, int64_t V, const float* gy, const int64_t* ids, float* gw) {

@@ -1,12 +1,16 @@
-// f32 matmul / linear through oneDNN's matmul primitive (the only file that
-// includes <dnnl.hpp>). Transposes and batch broadcasting are expressed as memory
-// strides (batch dims of size 1 broadcast), so views are not copied; primitives are
-// cached by (dims, strides, bias). An operand with a zero stride inside its matrix,
-// a layout oneDNN's GEMM path does not take (is_plain), or one it only serves with its slow reference kernel, is first gathered
-// into a contiguous buffer. Maths and the scalar oracle: ops/ref/kernels.h.
+// Matmul / linear through oneDNN's matmul primitive (the only file that includes
+// <dnnl.hpp>): f32, and bf16 operands (bf16 x bf16 with f32 accumulation, bf16 or f32
+// destination, f32 or bf16 bias). Transposes and batch broadcasting are expressed as memory
+// strides (batch dims of size 1 broadcast), so views are not copied; primitives are cached by
+// (dims, strides, dtypes, bias). An operand with a zero stride inside its matrix, a layout
+// oneDNN's GEMM path does not take (is_plain), or one it only serves with its slow reference
+// kernel, is first gathered into a contiguous buffer. 16-bit GEMMs are offered only where
+// oneDNN has a non-reference kernel for the dtype on this CPU (gemm16_available); the
+// front-end widens to f32 otherwise. Maths and the scalar oracle: ops/ref/kernels.h.
 #include <dnnl.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -30,9 +34,31 @@ dnnl::engine& engine() {
   return eng;
 }
 
+// Element types of one GEMM: a and b share `ab`; c (the destination) and the bias may differ.
+struct Types {
+  memory::data_type ab = memory::data_type::f32, c = memory::data_type::f32, bias = memory::data_type::f32;
+};
+
+memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::BF16: return memory::data_type::bf16;
+    case DType::F16: return memory::data_type::f16;
+    default: return memory::data_type::f32;
+  }
+}
+const char* type_name(memory::data_type t) {
+  switch (t) {
+    case memory::data_type::bf16: return "bf16";
+    case memory::data_type::f16: return "f16";
+    case memory::data_type::f32: return "f32";
+    default: return "?";
+  }
+}
+
 struct CacheEntry {
   dnnl::matmul prim;
   bool fast = true;  // false: oneDNN picked its reference implementation
+  std::string impl;  // "<oneDNN impl> <ab>-><c>"
 };
 
 std::mutex g_mu;
@@ -40,6 +66,8 @@ std::unordered_map<std::string, CacheEntry>& cache() {
   static std::unordered_map<std::string, CacheEntry> c;
   return c;
 }
+int64_t g_created = 0;     // primitives created (cache misses), under g_mu
+std::string g_last_impl;   // impl of the last GEMM run, under g_mu
 
 void append(std::string& key, const memory::dims& v) {
   for (auto x : v) {
@@ -77,92 +105,108 @@ bool is_plain(const MatDesc& m) {
 }
 
 // Contiguous copy of a strided operand (for layouts oneDNN does not take fast).
-std::vector<float> gather(const MatDesc m, const float* p, MatDesc& out) {  // m by value: out may alias it
+// T is the element type (float, or uint16_t holding bf16/f16 bits: a bit copy).
+template <typename T>
+std::vector<T> gather(const MatDesc m, const T* p, MatDesc& out) {  // m by value: out may alias it
   out.dims = m.dims;
   out.strides.assign(m.dims.size(), 1);
   for (int64_t i = int64_t(m.dims.size()) - 2; i >= 0; --i)
     out.strides[size_t(i)] = out.strides[size_t(i + 1)] * std::max<int64_t>(m.dims[size_t(i + 1)], 1);
   const int nd = int(m.dims.size());
   const int64_t n = ref::numel_of(nd, m.dims.data());
-  std::vector<float> buf(static_cast<size_t>(n));
+  std::vector<T> buf(static_cast<size_t>(n));
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
   for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = p[ref::strided_offset(i, nd, m.dims.data(), m.strides.data())];
   return buf;
 }
 
-const CacheEntry& get_primitive(const MatDesc& a, const MatDesc& b, const MatDesc& c, bool bias) {
+// Caller holds g_mu.
+const CacheEntry& get_primitive_locked(const MatDesc& a, const MatDesc& b, const MatDesc& c, bool bias,
+                                       const Types& t) {
   std::string key;
   append(key, a.dims), append(key, a.strides), append(key, b.dims), append(key, b.strides);
   append(key, c.dims), append(key, c.strides);
   key += bias ? 'b' : 'n';
-  std::lock_guard<std::mutex> lock(g_mu);
+  key += std::to_string(int(t.ab)) + ':' + std::to_string(int(t.c)) + ':' + std::to_string(int(bias ? t.bias : t.c));
   auto it = cache().find(key);
   if (it != cache().end()) return it->second;
-  const auto f32 = memory::data_type::f32;
-  memory::desc amd(a.dims, f32, a.strides), bmd(b.dims, f32, b.strides), cmd(c.dims, f32, c.strides);
+  memory::desc amd(a.dims, t.ab, a.strides), bmd(b.dims, t.ab, b.strides), cmd(c.dims, t.c, c.strides);
   CacheEntry e;
+  auto finish = [&](const dnnl::matmul::primitive_desc& pd) {
+    e.impl = std::string(pd.impl_info_str()) + ' ' + type_name(t.ab) + "->" + type_name(t.c);
+    e.fast = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+    e.prim = dnnl::matmul(pd);
+  };
   if (bias) {
     memory::dims bd(c.dims.size(), 1);
     bd.back() = c.dims.back();
     memory::dims bs(c.dims.size(), bd.back());
     bs.back() = 1;
-    memory::desc biasmd(bd, f32, bs);
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, biasmd, cmd), engine());
-    e.fast = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
-    e.prim = dnnl::matmul(pd);
+    memory::desc biasmd(bd, t.bias, bs);
+    finish(dnnl::matmul::primitive_desc(dnnl::matmul::desc(amd, bmd, biasmd, cmd), engine()));
   } else {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(amd, bmd, cmd), engine());
-    e.fast = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
-    e.prim = dnnl::matmul(pd);
+    finish(dnnl::matmul::primitive_desc(dnnl::matmul::desc(amd, bmd, cmd), engine()));
   }
+  ++g_created;
   return cache().emplace(key, std::move(e)).first->second;
 }
 
+const CacheEntry& get_primitive(const MatDesc& a, const MatDesc& b, const MatDesc& c, bool bias, const Types& t) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return get_primitive_locked(a, b, c, bias, t);
+}
+
 // c = a @ b (+ bias broadcast over rows); c must be a dense or row-strided matrix.
-void run(MatDesc a, const float* ap, MatDesc b, const float* bp, const MatDesc& c, float* cp, const float* bias) {
+// T is the storage type of a and b (float for f32, uint16_t for bf16/f16); c and bias
+// have the dtypes in `t`.
+template <typename T>
+void run(MatDesc a, const T* ap, MatDesc b, const T* bp, const MatDesc& c, void* cp, const void* bias,
+         const Types& t = {}) {
   a = sanitize(a);
   b = sanitize(b);
   const MatDesc cs = sanitize(c);
-  std::vector<float> abuf, bbuf;
+  std::vector<T> abuf, bbuf;
   if (!is_plain(a)) abuf = gather(a, ap, a), ap = abuf.data();
   if (!is_plain(b)) bbuf = gather(b, bp, b), bp = bbuf.data();
   const CacheEntry* e = nullptr;
   try {
-    e = &get_primitive(a, b, cs, bias != nullptr);
+    e = &get_primitive(a, b, cs, bias != nullptr, t);
   } catch (const dnnl::error&) {
     e = nullptr;
   }
   if (!e || !e->fast) {  // retry with both inputs contiguous
     if (abuf.empty()) abuf = gather(a, ap, a), ap = abuf.data();
     if (bbuf.empty()) bbuf = gather(b, bp, b), bp = bbuf.data();
-    e = &get_primitive(a, b, cs, bias != nullptr);
+    e = &get_primitive(a, b, cs, bias != nullptr, t);
   }
-  const auto f32 = memory::data_type::f32;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_last_impl = e->impl;
+  }
   dnnl::stream strm(engine());
-  memory am({a.dims, f32, a.strides}, engine(), const_cast<float*>(ap));
-  memory bm({b.dims, f32, b.strides}, engine(), const_cast<float*>(bp));
-  memory cm({cs.dims, f32, cs.strides}, engine(), cp);
+  memory am({a.dims, t.ab, a.strides}, engine(), const_cast<T*>(ap));
+  memory bm({b.dims, t.ab, b.strides}, engine(), const_cast<T*>(bp));
+  memory cm({cs.dims, t.c, cs.strides}, engine(), cp);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
   if (bias) {
     const size_t nd = cs.dims.size();
     memory::dims bd(nd, 1), bs(nd, cs.dims[nd - 1]);
     bd[nd - 1] = cs.dims[nd - 1];
     bs[nd - 1] = 1;
-    args.emplace(DNNL_ARG_BIAS, memory({bd, f32, bs}, engine(), const_cast<float*>(bias)));
+    args.emplace(DNNL_ARG_BIAS, memory({bd, t.bias, bs}, engine(), const_cast<void*>(bias)));
   }
   e->prim.execute(strm, args);
   strm.wait();
 }
 
-}  // namespace
-
-void matmul(int nbd, const int64_t* bshape, const float* a, const int64_t* a_bst, int64_t sam, int64_t sak,
-            const float* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, float* c, int64_t M, int64_t N,
-            int64_t K) {
+template <typename T>
+void matmul_impl(int nbd, const int64_t* bshape, const T* a, const int64_t* a_bst, int64_t sam, int64_t sak,
+                 const T* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c, int64_t M, int64_t N, int64_t K,
+                 const Types& t) {
   const int64_t batch = ref::numel_of(nbd, bshape);
   if (batch == 0 || M == 0 || N == 0) return;
-  if (K == 0) {
-    std::fill(c, c + batch * M * N, 0.f);
+  if (K == 0) {  // +0.0 is all-zero bits in every float dtype
+    std::memset(c, 0, size_t(batch * M * N) * (t.c == memory::data_type::f32 ? 4 : 2));
     return;
   }
   MatDesc A, B, C;
@@ -182,14 +226,17 @@ void matmul(int nbd, const int64_t* bshape, const float* a, const int64_t* a_bst
   C.strides.assign(C.dims.size(), 1);
   for (int64_t i = int64_t(C.dims.size()) - 2; i >= 0; --i)
     C.strides[size_t(i)] = C.strides[size_t(i + 1)] * C.dims[size_t(i + 1)];
-  if (nbd == 0) {  // oneDNN wants at least 2 dims; 2-D is the plain GEMM
-    run(A, a, B, b, C, c, nullptr);
-    return;
-  }
-  // oneDNN matmul takes at most 12 dims; fold extra batch dims would need a copy, so
-  // fall back to one call per leading index beyond that (never seen in practice).
+  // oneDNN matmul takes at most 12 dims (2-D is the plain GEMM).
   BRIGADE_ASSERT(C.dims.size() <= 12, "matmul with {} batch dims", nbd);
-  run(A, a, B, b, C, c, nullptr);
+  run(A, a, B, b, C, c, nullptr, t);
+}
+
+}  // namespace
+
+void matmul(int nbd, const int64_t* bshape, const float* a, const int64_t* a_bst, int64_t sam, int64_t sak,
+            const float* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, float* c, int64_t M, int64_t N,
+            int64_t K) {
+  matmul_impl(nbd, bshape, a, a_bst, sam, sak, b, b_bst, sbk, sbn, c, M, N, K, Types{});
 }
 
 void linear(int64_t N, int64_t IN, int64_t OUT, const float* x, int64_t sxn, int64_t sxi, const float* w,
@@ -201,7 +248,7 @@ void linear(int64_t N, int64_t IN, int64_t OUT, const float* x, int64_t sxn, int
     return;
   }
   // y (N, OUT) = x (N, IN) @ W^T, with W^T(i, o) = w[swi*i + swo*o]
-  run({{N, IN}, {sxn, sxi}}, x, {{IN, OUT}, {swi, swo}}, w, {{N, OUT}, {OUT, 1}}, y, bias);
+  run<float>({{N, IN}, {sxn, sxi}}, x, {{IN, OUT}, {swi, swo}}, w, {{N, OUT}, {OUT, 1}}, y, bias);
 }
 
 void linear_backward(int64_t N, int64_t IN, int64_t OUT, const float* gy, const float* x, int64_t sxn, int64_t sxi,
@@ -212,19 +259,85 @@ void linear_backward(int64_t N, int64_t IN, int64_t OUT, const float* gy, const 
     if (OUT == 0 || N == 0)
       std::fill(gx, gx + N * IN, 0.f);
     else if (IN > 0)
-      run({{N, OUT}, {OUT, 1}}, gy, {{OUT, IN}, {swo, swi}}, w, {{N, IN}, {IN, 1}}, gx, nullptr);
+      run<float>({{N, OUT}, {OUT, 1}}, gy, {{OUT, IN}, {swo, swi}}, w, {{N, IN}, {IN, 1}}, gx, nullptr);
   }
   if (gw) {  // gw(o, i) = sum_n gy(n, o) x(n, i)
     if (N == 0) {
       std::fill(gw, gw + OUT * IN, 0.f);
     } else if (OUT > 0 && IN > 0) {
       if (sgi == 1)  // (OUT, IN) row-major: gy^T @ x
-        run({{OUT, N}, {1, OUT}}, gy, {{N, IN}, {sxn, sxi}}, x, {{OUT, IN}, {sgo, 1}}, gw, nullptr);
+        run<float>({{OUT, N}, {1, OUT}}, gy, {{N, IN}, {sxn, sxi}}, x, {{OUT, IN}, {sgo, 1}}, gw, nullptr);
       else  // (IN, OUT) row-major (the InOut layout): x^T @ gy
-        run({{IN, N}, {sxi, sxn}}, x, {{N, OUT}, {OUT, 1}}, gy, {{IN, OUT}, {sgi, 1}}, gw, nullptr);
+        run<float>({{IN, N}, {sxi, sxn}}, x, {{N, OUT}, {OUT, 1}}, gy, {{IN, OUT}, {sgi, 1}}, gw, nullptr);
     }
   }
   if (gb) column_sum(N, OUT, gy, gb);  // gb = sum_n gy(n, :)
+}
+
+// ---------------------------------------------------------------- 16-bit operands
+
+bool gemm16_available(DType dt) {
+  if (dt != DType::BF16 && dt != DType::F16) return false;
+  static std::once_flag once;
+  static bool avail[2] = {false, false};
+  std::call_once(once, [] {
+    // Probe a plain 64x64x64 GEMM: a non-reference kernel here means oneDNN has a real one.
+    for (int k = 0; k < 2; ++k) {
+      const memory::data_type t = k == 0 ? memory::data_type::bf16 : memory::data_type::f16;
+      try {
+        memory::desc md({64, 64}, t, memory::dims{64, 1});
+        dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), engine());
+        avail[k] = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+      } catch (const dnnl::error&) {
+        avail[k] = false;  // oneDNN has no matmul at all for this dtype on this CPU
+      }
+    }
+  });
+  return avail[dt == DType::BF16 ? 0 : 1];
+}
+
+void matmul16(DType ab, DType cd, int nbd, const int64_t* bshape, const uint16_t* a, const int64_t* a_bst,
+              int64_t sam, int64_t sak, const uint16_t* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c,
+              int64_t M, int64_t N, int64_t K) {
+  Types t;
+  t.ab = dnnl_type(ab);
+  t.c = dnnl_type(cd);
+  matmul_impl(nbd, bshape, a, a_bst, sam, sak, b, b_bst, sbk, sbn, c, M, N, K, t);
+}
+
+void linear16(DType ab, DType yd, int64_t N, int64_t IN, int64_t OUT, const uint16_t* x, int64_t sxn, int64_t sxi,
+              const uint16_t* w, int64_t swo, int64_t swi, const void* bias, DType bd, void* y) {
+  BRIGADE_ASSERT(N > 0 && IN > 0 && OUT > 0, "linear16 with an empty dim ({}, {}, {})", N, IN, OUT);
+  Types t;
+  t.ab = dnnl_type(ab);
+  t.c = dnnl_type(yd);
+  t.bias = dnnl_type(bd);
+  run<uint16_t>({{N, IN}, {sxn, sxi}}, x, {{IN, OUT}, {swi, swo}}, w, {{N, OUT}, {OUT, 1}}, y, bias, t);
+}
+
+void linear_backward16(DType dt, int64_t N, int64_t IN, int64_t OUT, const uint16_t* gy, const uint16_t* x,
+                       int64_t sxn, int64_t sxi, const uint16_t* w, int64_t swo, int64_t swi, uint16_t* gx,
+                       uint16_t* gw, int64_t sgo, int64_t sgi) {
+  BRIGADE_ASSERT(N > 0 && IN > 0 && OUT > 0, "linear_backward16 with an empty dim ({}, {}, {})", N, IN, OUT);
+  Types t;
+  t.ab = t.c = dnnl_type(dt);
+  if (gx) run<uint16_t>({{N, OUT}, {OUT, 1}}, gy, {{OUT, IN}, {swo, swi}}, w, {{N, IN}, {IN, 1}}, gx, nullptr, t);
+  if (gw) {
+    if (sgi == 1)
+      run<uint16_t>({{OUT, N}, {1, OUT}}, gy, {{N, IN}, {sxn, sxi}}, x, {{OUT, IN}, {sgo, 1}}, gw, nullptr, t);
+    else
+      run<uint16_t>({{IN, N}, {sxi, sxn}}, x, {{N, OUT}, {OUT, 1}}, gy, {{IN, OUT}, {sgi, 1}}, gw, nullptr, t);
+  }
+}
+
+std::string last_matmul_impl() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_last_impl;
+}
+
+int64_t matmul_primitives_created() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_created;
 }
 
 }  // namespace brigade::ops::cpu
