@@ -9,6 +9,7 @@
 #include <memory>
 #include <unordered_set>
 
+#include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
 
@@ -59,6 +60,42 @@ Tensor gemm_output(F&& compute) {
   return y;
 }
 
+// ------------------------------------------------------------------ dtype casts (autocast)
+
+struct CastBackward : Node {
+  DType from = DType::F32;
+  const char* name() const override { return "CastBackward"; }
+  // forward: out = x.to(to)   -> the gradient goes back in x's dtype
+  std::vector<Tensor> backward(const Tensor& g) override { return {g.dtype() == from ? g : ops::cast(g, from)}; }
+};
+
+// x in dtype dt: x itself when it already is (or is not floating), else a recorded cast.
+// A cast of a parameter is the low-precision working copy of a weight: it is allocated
+// as MemTag::Params (it lives as long as the op that saved it, i.e. until the backward).
+Tensor as_dtype(const Tensor& x, DType dt) {
+  if (!x.defined() || x.dtype() == dt || !is_floating(x.dtype())) return x;
+  const bool weight = x.tag() == MemTag::Params;
+  MemTagScope tag(weight ? MemTag::Params : MemTagScope::current());
+  auto n = std::make_shared<CastBackward>();
+  n->from = x.dtype();
+  return record(ops::cast(x, dt), n, {x});
+}
+
+// The dtype the active precision policy (amp/policy.h) gives an op of kind `op` with these inputs.
+DType policy_dtype(amp::Op op, std::initializer_list<const Tensor*> inputs) {
+  DType ds[4] = {DType::F32, DType::F32, DType::F32, DType::F32};
+  size_t k = 0;
+  for (const Tensor* t : inputs)
+    if (t->defined() && is_floating(t->dtype()) && k < 4) ds[k++] = t->dtype();
+  switch (k) {
+    case 0: return amp::compute_dtype(op, {});
+    case 1: return amp::compute_dtype(op, {ds[0]});
+    case 2: return amp::compute_dtype(op, {ds[0], ds[1]});
+    case 3: return amp::compute_dtype(op, {ds[0], ds[1], ds[2]});
+    default: return amp::compute_dtype(op, {ds[0], ds[1], ds[2], ds[3]});
+  }
+}
+
 // ------------------------------------------------------------------ elementwise
 
 struct AddBackward : Node {
@@ -99,14 +136,20 @@ struct ScaleBackward : Node {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) {
+Tensor cast(const Tensor& x, DType dt) { return as_dtype(x, dt); }
+
+Tensor add(const Tensor& a0, const Tensor& b0) {
+  const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
+  const Tensor a = as_dtype(a0, dt), b = as_dtype(b0, dt);
   auto n = std::make_shared<AddBackward>();
   n->a_shape = a.shape();
   n->b_shape = b.shape();
   return record(ops::add(a, b), n, {a, b});
 }
 
-Tensor sub(const Tensor& a, const Tensor& b) {
+Tensor sub(const Tensor& a0, const Tensor& b0) {
+  const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
+  const Tensor a = as_dtype(a0, dt), b = as_dtype(b0, dt);
   auto n = std::make_shared<AddBackward>();
   n->a_shape = a.shape();
   n->b_shape = b.shape();
@@ -114,7 +157,9 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   return record(ops::sub(a, b), n, {a, b});
 }
 
-Tensor mul(const Tensor& a, const Tensor& b) {
+Tensor mul(const Tensor& a0, const Tensor& b0) {
+  const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
+  const Tensor a = as_dtype(a0, dt), b = as_dtype(b0, dt);
   auto n = std::make_shared<MulBackward>();
   if (needs_grad({a, b})) {
     n->a = a;
@@ -123,13 +168,15 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   return record(ops::mul(a, b), n, {a, b});
 }
 
-Tensor mul_scalar(const Tensor& a, double s) {
+Tensor mul_scalar(const Tensor& a0, double s) {
+  const Tensor a = as_dtype(a0, policy_dtype(amp::Op::Elementwise, {&a0}));
   auto n = std::make_shared<ScaleBackward>();
   n->s = s;
   return record(ops::mul_scalar(a, s), n, {a});
 }
 
-Tensor add_scalar(const Tensor& a, double s) {
+Tensor add_scalar(const Tensor& a0, double s) {
+  const Tensor a = as_dtype(a0, policy_dtype(amp::Op::Elementwise, {&a0}));
   auto n = std::make_shared<ScaleBackward>();
   return record(ops::add_scalar(a, s), n, {a});
 }
@@ -220,13 +267,15 @@ struct SumAllBackward : Node {
 
 }  // namespace
 
-Tensor sum_all(const Tensor& a) {
+Tensor sum_all(const Tensor& a0) {
+  const Tensor a = as_dtype(a0, policy_dtype(amp::Op::Reduction, {&a0}));
   auto n = std::make_shared<SumAllBackward>();
   n->in_shape = a.shape();
   return record(ops::sum_all(a), n, {a});
 }
 
-Tensor mean_all(const Tensor& a) {
+Tensor mean_all(const Tensor& a0) {
+  const Tensor a = as_dtype(a0, policy_dtype(amp::Op::Reduction, {&a0}));
   auto n = std::make_shared<SumAllBackward>();
   n->in_shape = a.shape();
   n->scale = 1.0 / double(std::max<int64_t>(a.numel(), 1));
@@ -374,7 +423,9 @@ struct CrossEntropyBackward : Node {
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+Tensor matmul(const Tensor& a0, const Tensor& b0, bool trans_a, bool trans_b) {
+  const DType dt = policy_dtype(amp::Op::Matmul, {&a0, &b0});
+  const Tensor a = as_dtype(a0, dt), b = as_dtype(b0, dt);
   auto n = std::make_shared<MatmulBackward>();
   if (needs_grad({a, b})) {
     n->a = a;
@@ -385,7 +436,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return record(gemm_output([&] { return ops::matmul(a, b, trans_a, trans_b); }), n, {a, b});
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout) {
+Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& b0, WeightLayout layout) {
+  const DType dt = policy_dtype(amp::Op::Linear, {&x0, &w0});
+  const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), bias = as_dtype(b0, dt);
   auto n = std::make_shared<LinearBackward>();
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
@@ -398,7 +451,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
   return record(gemm_output([&] { return ops::linear(x, w, bias, layout); }), n, inputs);
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& ids) {
+Tensor embedding(const Tensor& w0, const Tensor& ids) {
+  const Tensor weight = as_dtype(w0, policy_dtype(amp::Op::Embedding, {&w0}));
   auto n = std::make_shared<EmbeddingBackward>();
   if (needs_grad({weight})) {
     n->ids = ids;
@@ -407,7 +461,9 @@ Tensor embedding(const Tensor& weight, const Tensor& ids) {
   return record(ops::embedding(weight, ids), n, {weight});
 }
 
-Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+Tensor layer_norm(const Tensor& x0, const Tensor& w0, const Tensor& b0, double eps) {
+  const DType dt = policy_dtype(amp::Op::LayerNorm, {&x0, &w0, &b0});
+  const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
   ops::LayerNormOut r = ops::layer_norm(x, w, b, eps);
   auto n = std::make_shared<LayerNormBackward>();
   if (needs_grad({x, w, b})) {
@@ -419,13 +475,15 @@ Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps)
   return record(r.y, n, {x, w, b});
 }
 
-Tensor gelu(const Tensor& x) {
+Tensor gelu(const Tensor& x0) {
+  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Gelu, {&x0}));
   auto n = std::make_shared<GeluBackward>();
   if (needs_grad({x})) n->x = x;
   return record(ops::gelu(x), n, {x});
 }
 
-Tensor softmax(const Tensor& x) {
+Tensor softmax(const Tensor& x0) {
+  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Softmax, {&x0}));
   Tensor y = ops::softmax(x);
   auto n = std::make_shared<SoftmaxBackward>();
   if (needs_grad({x})) n->y = y.detach();  // detached: a node must not own its own output (cycle)
@@ -440,7 +498,9 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   return record(r.y, n, {x});
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+Tensor attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, bool causal) {
+  const DType dt = policy_dtype(amp::Op::Attention, {&q0, &k0, &v0});
+  const Tensor q = as_dtype(q0, dt), k = as_dtype(k0, dt), v = as_dtype(v0, dt);
   const double scale = 1.0 / std::sqrt(double(q.size(-1)));
   ops::AttentionOut r = ops::attention(q, k, v, causal, scale);
   auto n = std::make_shared<AttentionBackward>();
@@ -456,7 +516,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal)
   return record(r.out, n, {q, k, v});
 }
 
-Tensor causal_self_attention(const Tensor& qkv, int64_t n_head) {
+Tensor causal_self_attention(const Tensor& qkv0, int64_t n_head) {
+  const Tensor qkv = as_dtype(qkv0, policy_dtype(amp::Op::Attention, {&qkv0}));
   BRIGADE_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * n_head) == 0, ShapeError,
                 "causal_self_attention: qkv must be (B, T, 3C) with C divisible by n_head={}, got {}", n_head,
                 qkv.str());
@@ -477,7 +538,8 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t n_head) {
   return record(y, n, {qkv});
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+Tensor cross_entropy(const Tensor& logits0, const Tensor& targets, int64_t ignore_index) {
+  const Tensor logits = as_dtype(logits0, policy_dtype(amp::Op::CrossEntropy, {&logits0}));
   ops::CrossEntropyOut r = ops::cross_entropy(logits, targets, ignore_index);
   auto n = std::make_shared<CrossEntropyBackward>();
   if (needs_grad({logits})) {
@@ -519,6 +581,7 @@ struct CheckpointBackward : Node {
   std::vector<Tensor> kept;  // GEMM outputs (CheckpointKeep::GemmOutputs)
   Generator* rng = nullptr;
   std::unique_ptr<Generator> rng_state;  // *rng before the forward
+  amp::Policy policy;                    // the precision policy of the forward, re-applied in the recompute
   const char* name() const override { return "CheckpointBackward"; }
 
   // forward: out = fn(inputs), recorded as one node; backward: recompute fn with
@@ -539,6 +602,7 @@ struct CheckpointBackward : Node {
     {
       autograd::EnableGradGuard grad_on;
       autograd::RecomputeScope recompute;
+      amp::AutocastScope autocast(policy);
       RngRestore restore;
       if (rng) {
         restore.saved = *rng;
@@ -598,6 +662,7 @@ Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const Chec
   if (!autograd::grad_enabled() || !g_regions.empty()) return fn(inputs);
   auto n = std::make_shared<CheckpointBackward>();
   n->keep = options.keep;
+  n->policy = amp::current_policy();
   if (options.rng) {
     n->rng = options.rng;
     n->rng_state = std::make_unique<Generator>(*options.rng);

@@ -14,6 +14,16 @@ namespace brigade::fn {
 
 using ops::WeightLayout;
 
+// Precision: every function below computes in the dtype the active precision policy
+// (amp/policy.h, amp::AutocastScope) gives its kind of op, casting its floating inputs
+// first with recorded casts; outside any scope (O0) it runs in its inputs' dtype, with
+// inputs of different floating dtypes promoted to f32. Gradients come back in each
+// input's own dtype.
+
+// x converted to dtype dt (x itself when it already is); differentiable: the backward
+// converts the gradient back. A cast of a parameter is allocated as MemTag::Params.
+Tensor cast(const Tensor& x, DType dt);
+
 // ---- elementwise (broadcasting) and scalar
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
