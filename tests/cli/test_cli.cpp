@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -430,6 +431,112 @@ TEST_F(Cli, AblateChecksKeysAndVariantsBeforeRunningAnything) {
   expect_clean_error(brigade("ablate tiny.toml --vary train.steps=1,2 --vary train.steps=3 --out bad4", dir_),
                      "given twice");
   for (const char* d : {"bad1", "bad2", "bad3", "bad4"}) EXPECT_FALSE(fs::exists(dir_ / d)) << d;
+}
+
+// ------------------------------------------------------------------ mixed precision (docs/mixed-precision.md)
+
+// Values of `"key":<number>` on each metrics line that has the key (as printed).
+std::vector<std::string> metric(const fs::path& metrics, const std::string& key) {
+  std::ifstream f(metrics);
+  std::vector<std::string> out;
+  std::regex re("\"" + key + "\":([-0-9.eE+]+|null)");
+  std::smatch m;
+  for (std::string line; std::getline(f, line);)
+    if (std::regex_search(line, m, re)) out.push_back(m[1]);
+  return out;
+}
+
+double final_val_loss(const fs::path& metrics) {
+  const std::vector<std::string> v = metric(metrics, "val_loss");
+  return v.empty() ? -1.0 : std::stod(v.back());
+}
+
+TEST_F(Cli, EveryPrecisionLevelTrainsCloseToFp32) {
+  const std::string train = "train tiny.toml --quiet --no-sample ";
+  ASSERT_EQ(brigade(train + "--set run.out_dir=o0", dir_).code, 0);
+  const double o0 = final_val_loss(dir_ / "o0/metrics.jsonl");
+  struct Level { const char* dir; const char* sets; double tol; };
+  for (const Level& l : {Level{"o1", "--set precision.level=O1", 0.02},
+                         Level{"o2", "--set precision.level=O2", 0.02},
+                         Level{"o2h", "--set precision.level=O2 --set precision.dtype=fp16", 0.02},
+                         Level{"o3", "--set precision.level=O3", 0.05}}) {
+    CmdResult r = brigade(train + l.sets + " --set run.out_dir=" + l.dir, dir_);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const double v = final_val_loss(dir_ / l.dir / "metrics.jsonl");
+    EXPECT_NEAR(v, o0, l.tol * o0) << l.sets;
+    EXPECT_NE(slurp(dir_ / l.dir / "memory.json").find("\"level\": \"O"), std::string::npos);
+  }
+  // fp16 gets dynamic loss scaling by default ("auto"), logged every step; bf16 gets none
+  EXPECT_EQ(metric(dir_ / "o2h/metrics.jsonl", "loss_scale").size(), 16u);
+  EXPECT_EQ(metric(dir_ / "o2/metrics.jsonl", "loss_scale").size(), 0u);
+}
+
+TEST_F(Cli, ResumeUnderO2WithDynamicScalingIsBitwise) {
+  // growth every 2 clean steps from 2^20, so the scale climbs until fp16 overflows, backs
+  // off and skips steps: the scale, its counters and the optimizer's own step count (fewer
+  // updates than steps) must all travel in the checkpoint
+  const std::string train =
+      "train tiny.toml --quiet --no-sample --set precision.level=O2 --set precision.dtype=fp16 "
+      "--set precision.loss_scale=dynamic --set precision.growth_interval=2 --set precision.init_scale=1048576";
+  ASSERT_EQ(brigade(train + " --set run.out_dir=full", dir_).code, 0);
+  ASSERT_EQ(brigade(train + " --set run.out_dir=split --stop-at 7", dir_).code, 0);
+  CmdResult second = brigade(train + " --set run.out_dir=split --resume", dir_);
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(losses("full"), losses("split"));
+  const std::vector<std::string> scales = metric(dir_ / "full/metrics.jsonl", "loss_scale");
+  EXPECT_EQ(scales, metric(dir_ / "split/metrics.jsonl", "loss_scale"));
+  EXPECT_GT(std::set<std::string>(scales.begin(), scales.end()).size(), 2u) << "the scale should move";
+  const std::vector<std::string> skipped = metric(dir_ / "full/metrics.jsonl", "skipped_total");
+  ASSERT_FALSE(skipped.empty());
+  EXPECT_GT(std::stoi(skipped.back()), 0) << "some steps should overflow and be skipped";
+  EXPECT_EQ(skipped, metric(dir_ / "split/metrics.jsonl", "skipped_total"));
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "state.json"})
+    EXPECT_EQ(slurp(dir_ / "full/checkpoint" / f), slurp(dir_ / "split/checkpoint" / f)) << f;
+}
+
+TEST_F(Cli, InjectedInfOrNaNGradientSkipsTheStepAndTouchesNothing) {
+  for (const char* kind : {"inf_grad", "nan_grad"}) {
+    SCOPED_TRACE(kind);
+    const std::string out = std::string("run_") + kind;
+    const std::string train = "train tiny.toml --quiet --no-sample --set precision.level=O2 --set "
+                              "precision.dtype=fp16 --set run.out_dir=" + out;
+    ASSERT_EQ(brigade(train + " --stop-at 5", dir_).code, 0);
+    const std::string model5 = slurp(dir_ / out / "checkpoint/model.safetensors");
+    const std::string opt5 = slurp(dir_ / out / "checkpoint/optimizer.safetensors");
+    ::setenv("BRIGADE_FAULT", (std::string("0:6:") + kind).c_str(), 1);
+    CmdResult r = brigade(train + " --resume --stop-at 6", dir_);
+    ::unsetenv("BRIGADE_FAULT");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // step 6 was skipped: weights and optimizer state (moments) are bitwise those of step 5
+    EXPECT_EQ(slurp(dir_ / out / "checkpoint/model.safetensors"), model5);
+    EXPECT_EQ(slurp(dir_ / out / "checkpoint/optimizer.safetensors"), opt5);
+    const std::string state = slurp(dir_ / out / "checkpoint/state.json");
+    EXPECT_TRUE(std::regex_search(state, std::regex("\"optimizer_steps\": *5,"))) << state;  // 6 steps, 5 updates
+    // and the scale backed off: 2^16 -> 2^15, one overflow and one skip in step 6's log interval
+    const fs::path m = dir_ / out / "metrics.jsonl";
+    EXPECT_EQ(metric(m, "loss_scale"), (std::vector<std::string>{"65536.0", "65536.0", "65536.0", "65536.0",
+                                                                  "65536.0", "32768.0"}));
+    EXPECT_EQ(metric(m, "skipped").back(), "1");
+    EXPECT_EQ(metric(m, "overflows").back(), "1");
+    // training goes on normally afterwards
+    CmdResult rest = brigade(train + " --resume", dir_);
+    ASSERT_EQ(rest.code, 0) << rest.err;
+    EXPECT_EQ(metric(m, "skipped_total").back(), "1");
+  }
+}
+
+TEST_F(Cli, AblatePrecisionRecomputeAndAccumulation) {
+  CmdResult r = brigade("ablate tiny.toml --vary precision.level=O0,O2 --vary memory.recompute=none,full "
+                        "--vary train.accumulation=1,2 --steps 2 --out abl",
+                        dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string md = slurp_file(dir_ / "abl/ablate.md");
+  EXPECT_NE(md.find("| 1 | precision.level=O0, memory.recompute=none, train.accumulation=1 | 2 |"), std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| 8 | precision.level=O2, memory.recompute=full, train.accumulation=2 | 2 |"), std::string::npos)
+      << md;
+  EXPECT_EQ(md.find("failed"), std::string::npos) << md;
+  EXPECT_EQ(polyline_points(slurp_file(dir_ / "abl/ablate.svg")), (std::vector<size_t>(8, 2)));
 }
 
 }  // namespace

@@ -225,6 +225,43 @@ TEST_F(DpTrain, DpMatchesSingleProcess) {
   }
 }
 
+TEST_F(DpTrain, MixedPrecisionMatchesOneProcessAndRanksAgreeOnSkips) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
+  // O2 fp16 with dynamic loss scaling. An Inf gradient is injected at step 3 on one rank
+  // only (rank 1 of 2: under ZeRO-1 it sits in rank 1's shard, which rank 0 never sees).
+  // The ranks max-reduce the overflow flag, so both skip step 3 and back off the scale, as
+  // the one process with the same fault does; any rank that stepped anyway would leave its
+  // shard ahead and the curves would part.
+  const std::string amp = "--set precision.level=O2 --set precision.dtype=fp16 ";
+  const CmdResult one = train(0, "--quiet --no-sample --set run.out_dir=ref " + amp, "BRIGADE_FAULT=0:3:inf_grad");
+  ASSERT_EQ(one.code, 0) << one.err;
+  const Curve ref = curve("ref");
+  for (const char* zero : {"1", "2"}) {
+    SCOPED_TRACE(std::string("ZeRO-") + zero);
+    const std::string out = std::string("dp_zero") + zero;
+    const CmdResult r = train(2,
+                              "--quiet --no-sample --set run.out_dir=" + out + " " + amp +
+                                  "--set parallel.dp=2 --set train.batch_size=4 --set parallel.zero=" + zero,
+                              "BRIGADE_FAULT=1:3:inf_grad");
+    ASSERT_EQ(r.code, 0) << r.err;
+    // Tolerance 1e-4, not fp32's 1e-5: the fp32 parts differ in summation order (~1e-7
+    // relative), and an fp16 activation that lands on the other side of a rounding boundary
+    // moves by one fp16 ulp (2^-11 = 4.9e-4 relative); the curves agree to 1e-5 for the first
+    // ~17 steps and drift to ~2e-5 by step 20. A rank that stepped at step 3 while the other
+    // skipped moves half the weights by one AdamW update: ~1e-2 in the loss.
+    const Curve c = curve(out);
+    expect_same_curve(c.loss, ref.loss, "loss", 1 << 30, 1e-4);
+    expect_same_curve(c.val_loss, ref.val_loss, "val_loss", 1 << 30, 1e-4);
+    std::ifstream f(dir_ / out / "metrics.jsonl");
+    int64_t skipped_at = 0;
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("skipped") && j["skipped"].get<int64_t>() > 0) skipped_at = j["step"];
+    }
+    EXPECT_EQ(skipped_at, 3);
+  }
+}
+
 TEST_F(DpTrain, ResumeAtAnotherDp) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
   const Curve ref = train_ok(0, "ref", "");

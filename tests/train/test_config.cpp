@@ -174,6 +174,11 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   r.parallel.allreduce = "ring";
   r.parallel.bucket_mb = 0.5;
   r.parallel.overlap = false;  // a boolean key
+  r.precision.level = "O2";
+  r.precision.dtype = "fp16";
+  r.precision.loss_scale = "adaptive";
+  r.precision.hysteresis = 3;
+  r.precision.init_scale = 1024;
   const std::string text = recipe_to_toml(r);
   for (const auto& key : recipe_keys()) {
     std::string k = key.substr(key.find('.') + 1);
@@ -186,7 +191,7 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // Defaults round trip too, and the output is stable.
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
-  EXPECT_EQ(recipe_keys().size(), 60u);
+  EXPECT_EQ(recipe_keys().size(), 70u);
 }
 
 TEST(Recipe, ParallelKeysAreValidated) {
@@ -209,6 +214,35 @@ TEST(Recipe, ParallelKeysAreValidated) {
   EXPECT_FALSE(ok.parallel.overlap);
   EXPECT_EQ(ok.parallel.zero, 3);
   EXPECT_EQ(ok.train.accumulation, 2);
+}
+
+TEST(Recipe, PrecisionKeysAreValidated) {
+  const char* base = "[train]\nsteps = 10\n[schedule]\nwarmup_steps = 1\n";
+  auto msg = [&](std::vector<std::string> sets) -> std::string {
+    try {
+      parse_recipe(base, "p.toml", sets);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(msg({"precision.level=O4"}).find("not an AMP level"), std::string::npos);
+  EXPECT_NE(msg({"precision.level=o2"}).find("did you mean 'O2'"), std::string::npos) << msg({"precision.level=o2"});
+  EXPECT_NE(msg({"precision.dtype=f16"}).find("\"bf16\" or \"fp16\""), std::string::npos);
+  EXPECT_NE(msg({"precision.loss_scale=dynamc"}).find("did you mean 'dynamic'"), std::string::npos);
+  EXPECT_NE(msg({"precision.level=O2", "precision.init_scale=0"}).find("min_scale <= init_scale"), std::string::npos);
+  EXPECT_NE(msg({"precision.level=O2", "precision.max_scale=100"}).find("init_scale <= max_scale"),
+            std::string::npos);
+  EXPECT_NE(msg({"precision.growth=1"}).find("precision.growth = 1"), std::string::npos);
+  EXPECT_NE(msg({"precision.backoff=1.5"}).find("precision.backoff"), std::string::npos);
+  EXPECT_NE(msg({"precision.hysteresis=0"}).find("precision.hysteresis"), std::string::npos);
+  EXPECT_NE(msg({"precision.growth_interval=0"}).find("precision.growth_interval"), std::string::npos);
+  // loss scaling at O0 (fp32 everywhere) is a mistake, not a no-op to ignore
+  EXPECT_NE(msg({"precision.loss_scale=dynamic"}).find("fp32 gradients need no loss scaling"), std::string::npos);
+  Recipe ok = parse_recipe(base, "p.toml", {"precision.level=O2", "precision.dtype=fp16"});
+  EXPECT_EQ(ok.precision.level, "O2");
+  EXPECT_EQ(ok.precision.loss_scale, "auto");
+  EXPECT_EQ(parse_recipe("", "d.toml").precision.level, "O0");  // the default is fp32
 }
 
 TEST(Recipe, MissingFileIsConfigErrorNamingThePath) {

@@ -67,7 +67,8 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
   if (opt) ckpt::save_safetensors((tmp / "optimizer.safetensors").string(), opt->state_tensors(), {});
   nlohmann::json js{{"version", kStateVersion},        {"step", state.step},
                     {"tokens_seen", state.tokens_seen}, {"rng_state", state.rng_state},
-                    {"last_val_loss", state.last_val_loss}, {"accumulation", state.accumulation_state}};
+                    {"last_val_loss", state.last_val_loss}, {"accumulation", state.accumulation_state},
+                    {"loss_scaler", state.scaler_state}, {"optimizer_steps", state.optimizer_steps}};
   if (state.early_stop.best_step > 0)
     js["early_stop"] = {{"best_step", state.early_stop.best_step},
                         {"best_val_loss", state.early_stop.best_val_loss},
@@ -242,6 +243,8 @@ TrainState checkpoint_state(const std::string& dir) {
       s.early_stop.evals_since_best = es.at("evals_since_best").get<int64_t>();
     }
     s.accumulation_state = js.value("accumulation", std::string());  // absent in older checkpoints
+    s.scaler_state = js.value("loss_scaler", std::string());         // absent in older checkpoints
+    s.optimizer_steps = js.value("optimizer_steps", int64_t(-1));     // absent in older checkpoints
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("checkpoint state {} is missing a field ({})", p.string(), e.what()));
   }

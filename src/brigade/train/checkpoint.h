@@ -28,6 +28,9 @@ struct TrainState {
   double last_val_loss = -1.0;
   EarlyStopState early_stop;    // train.early_stop: best so far and evaluations since (absent = none yet)
   std::string accumulation_state;  // adaptive accumulation (AccumulationPolicy::state); "" = none
+  std::string scaler_state;     // loss scaler (amp::LossScaler::state); "" = none
+  int64_t optimizer_steps = -1; // updates the optimizer made (< step when loss scaling skipped some);
+                                // -1 (absent in older checkpoints) = step
 };
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,

@@ -90,6 +90,16 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(memory, recompute, String),
       BRIGADE_FIELD(memory, every_k, Int),
       BRIGADE_FIELD(memory, budget_mb, Float),
+      BRIGADE_FIELD(precision, level, String),
+      BRIGADE_FIELD(precision, dtype, String),
+      BRIGADE_FIELD(precision, loss_scale, String),
+      BRIGADE_FIELD(precision, init_scale, Float),
+      BRIGADE_FIELD(precision, growth_interval, Int),
+      BRIGADE_FIELD(precision, growth, Float),
+      BRIGADE_FIELD(precision, backoff, Float),
+      BRIGADE_FIELD(precision, min_scale, Float),
+      BRIGADE_FIELD(precision, max_scale, Float),
+      BRIGADE_FIELD(precision, hysteresis, Int),
       BRIGADE_FIELD(sample, prompt, String),
       BRIGADE_FIELD(sample, tokens, Int),
       BRIGADE_FIELD(sample, temperature, Float),
@@ -99,7 +109,8 @@ const std::vector<Field>& fields() {
 }
 #undef BRIGADE_FIELD
 
-const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "parallel", "memory", "sample"};
+const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "parallel", "memory", "precision",
+                                 "sample"};
 
 const Field* find_field(std::string_view section, std::string_view key) {
   for (const auto& f : fields())
@@ -506,6 +517,33 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
     fail(fmt::format("memory.budget_mb = {} has no effect with memory.recompute = \"{}\"; set recompute = "
                      "\"budget\" or remove budget_mb",
                      r.memory.budget_mb, rc));
+
+  const PrecisionConfig& pc = r.precision;
+  if (pc.level != "O0" && pc.level != "O1" && pc.level != "O2" && pc.level != "O3")
+    fail(fmt::format("precision.level = \"{}\" is not an AMP level; use \"O0\" (fp32), \"O1\" (autocast), \"O2\" "
+                     "(low-precision model, fp32 master weights) or \"O3\" (pure low precision){}",
+                     pc.level, suggest(pc.level, {"O0", "O1", "O2", "O3"})));
+  if (pc.dtype != "bf16" && pc.dtype != "fp16")
+    fail(fmt::format("precision.dtype = \"{}\" is not a low-precision dtype; use \"bf16\" or \"fp16\"{}", pc.dtype,
+                     suggest(pc.dtype, {"bf16", "fp16"})));
+  const std::string& ls = pc.loss_scale;
+  if (ls != "auto" && ls != "none" && ls != "static" && ls != "dynamic" && ls != "adaptive")
+    fail(fmt::format("precision.loss_scale = \"{}\" is not a loss-scaling mode; use \"auto\", \"none\", \"static\", "
+                     "\"dynamic\" or \"adaptive\"{}",
+                     ls, suggest(ls, {"auto", "none", "static", "dynamic", "adaptive"})));
+  if (!(pc.min_scale > 0 && pc.min_scale <= pc.init_scale && pc.init_scale <= pc.max_scale && std::isfinite(pc.max_scale)))
+    fail(fmt::format("precision: need 0 < min_scale <= init_scale <= max_scale (finite), got min_scale = {}, "
+                     "init_scale = {}, max_scale = {}",
+                     pc.min_scale, pc.init_scale, pc.max_scale));
+  if (!(pc.growth > 1)) fail(fmt::format("precision.growth = {} must be > 1; use e.g. 2", pc.growth));
+  if (!(pc.backoff > 0 && pc.backoff < 1))
+    fail(fmt::format("precision.backoff = {} must be in (0, 1); use e.g. 0.5", pc.backoff));
+  positive(pc.growth_interval, "precision.growth_interval");
+  positive(pc.hysteresis, "precision.hysteresis");
+  if (pc.level == "O0" && (ls == "static" || ls == "dynamic" || ls == "adaptive"))
+    fail(fmt::format("precision.loss_scale = \"{}\" with precision.level = \"O0\": fp32 gradients need no loss "
+                     "scaling; set precision.level to \"O1\", \"O2\" or \"O3\", or loss_scale to \"auto\"",
+                     ls));
 
   const std::string& sn = r.schedule.name;
   if (sn != "constant" && sn != "cosine" && sn != "linear" && sn != "step" && sn != "wsd")

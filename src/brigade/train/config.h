@@ -103,6 +103,24 @@ struct MemoryConfig {
   bool operator==(const MemoryConfig&) const = default;
 };
 
+// Mixed precision (see docs/mixed-precision.md): the AMP level, the low-precision
+// dtype and loss scaling (amp/policy.h, amp/loss_scaler.h).
+struct PrecisionConfig {
+  std::string level = "O0";          // "O0" (fp32) | "O1" (autocast) | "O2" (low-precision model, fp32
+                                     // master weights) | "O3" (pure low precision, unstable)
+  std::string dtype = "bf16";        // "bf16" | "fp16": the low precision of O1..O3
+  std::string loss_scale = "auto";   // "auto" (dynamic for fp16, none otherwise) | "none" | "static" |
+                                     // "dynamic" | "adaptive"
+  double init_scale = 65536.0;       // static: the scale; dynamic/adaptive: the start (2^16)
+  int64_t growth_interval = 1000;    // dynamic/adaptive: clean steps in a row before the scale grows
+  double growth = 2.0;               // dynamic: growth factor
+  double backoff = 0.5;              // dynamic/adaptive: factor on overflow
+  double min_scale = 1.0;            // floor
+  double max_scale = 16777216.0;     // ceiling (2^24)
+  int64_t hysteresis = 2;            // adaptive: back off from the k-th overflow in a row on
+  bool operator==(const PrecisionConfig&) const = default;
+};
+
 struct SampleConfig {
   std::string prompt = "In the beginning";
   int64_t tokens = 64;
@@ -121,6 +139,7 @@ struct Recipe {
   ScheduleConfig schedule;
   ParallelConfig parallel;
   MemoryConfig memory;
+  PrecisionConfig precision;
   SampleConfig sample;
   bool operator==(const Recipe&) const = default;  // compares path too
 };

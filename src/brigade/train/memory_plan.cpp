@@ -310,6 +310,12 @@ std::string dry_run_report(const Recipe& r) {
        {MemTag::Params, MemTag::Grads, MemTag::Optimizer, MemTag::Activations, MemTag::Workspace, MemTag::Other})
     s += fmt::format("  {:<12} {}\n", mem_tag_name(t), p0[t].formula);
   s += fmt::format("  {:<12} {}\n", "total", p0.total_formula);
+  if (r.precision.level != "O0")
+    s += fmt::format("\nnote: the prediction is for fp32 (precision.level = \"O0\"). At {} the measured params add the "
+                     "{} working copies of the weights that the GEMMs read (alive from the forward to the backward), "
+                     "and activations shrink where ops run in {}; the model of both is not built yet "
+                     "(docs/mixed-precision.md has measured numbers).\n",
+                     r.precision.level, r.precision.dtype, r.precision.dtype);
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 
 #include <algorithm>
 #include <chrono>
@@ -15,13 +16,17 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "brigade/amp/loss_scaler.h"
+#include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/data/prepare.h"
 #include "brigade/data/sampler.h"
@@ -66,10 +71,10 @@ data::PrepareOptions prepare_options(const Recipe& r) {
   return po;
 }
 
-double measure_gemm_peak_gflops() {
+double measure_gemm_peak_gflops(DType dt) {
   const int64_t n = 1024;
   autograd::NoGradGuard ng;
-  Tensor a = Tensor::full({n, n}, 0.5), b = Tensor::full({n, n}, 0.25);  // (n, n)
+  Tensor a = Tensor::full({n, n}, 0.5, dt), b = Tensor::full({n, n}, 0.25, dt);  // (n, n)
   double best = 1e30;
   for (int i = 0; i < 12; ++i) {  // best of 12 (the first includes primitive creation)
     auto t0 = Clock::now();
@@ -79,7 +84,39 @@ double measure_gemm_peak_gflops() {
   return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
 }
 
+amp::Policy precision_policy(const PrecisionConfig& p) {
+  return {amp::level_from_name(p.level), p.dtype == "fp16" ? DType::F16 : DType::BF16};
+}
+
+amp::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
+  const amp::Policy policy = precision_policy(p);
+  amp::LossScalerOptions o;
+  if (p.loss_scale == "auto")
+    o.mode = policy.level != amp::Level::O0 && policy.low == DType::F16 ? amp::ScaleMode::Dynamic
+                                                                         : amp::ScaleMode::None;
+  else
+    o.mode = amp::scale_mode_from_name(p.loss_scale);
+  o.init_scale = p.init_scale;
+  o.growth = p.growth;
+  o.backoff = p.backoff;
+  o.growth_interval = p.growth_interval;
+  o.min_scale = p.min_scale;
+  o.max_scale = p.max_scale;
+  o.hysteresis = p.hysteresis;
+  o.dtype = policy.low;
+  return o;
+}
+
 namespace {
+
+// O3 keeps no fp32 master copy: every stored value is rounded to the low dtype.
+void round_to(const Tensor& t, DType low) {
+  if (!t.defined() || t.numel() == 0) return;
+  BRIGADE_CHECK(t.dtype() == DType::F32 && t.is_contiguous(), InternalError, "round_to: {} must be contiguous f32",
+                t.str());
+  Tensor r = ops::cast(ops::cast(t, low), DType::F32);
+  std::memcpy(t.data<float>(), r.data<float>(), t.nbytes());
+}
 
 // Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second signal
 // kills as usual (SA_RESETHAND).
@@ -260,8 +297,10 @@ std::vector<parallel::ParamUnit> gpt_units(models::GPT& m) {
 
 namespace {
 
-// Test hook (docs/distributed.md): BRIGADE_FAULT="<rank>:<step>:kill|raise" makes that
-// rank die (SIGKILL) or throw in the middle of that step, after its forward pass.
+// Test hook (docs/distributed.md, docs/mixed-precision.md): BRIGADE_FAULT="<rank>:<step>:<kind>".
+// kill|raise: that rank dies (SIGKILL) or throws in the middle of that step, after its forward
+// pass; inf_grad|nan_grad: that rank's first gradient element becomes +Inf / NaN once the
+// step's gradients are complete (before loss-scaler unscaling and the optimizer).
 struct Fault {
   int rank = -1;
   int64_t step = -1;
@@ -418,8 +457,10 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   std::vector<FlatLayoutEntry> layout;
   for (const auto& e : dp.layout()) layout.push_back({e.name, e.offset, e.numel});
   if (opts.resume) {
+    // the optimizer's own step count (bias corrections): loss scaling may have skipped updates
+    const int64_t opt_steps = state.optimizer_steps >= 0 ? state.optimizer_steps : state.step;
     if (dpo.zero == 0 && !checkpoint_is_sharded(ckpt_dir)) {
-      load_optimizer_state(ckpt_dir, *opt, state.step);
+      load_optimizer_state(ckpt_dir, *opt, opt_steps);
     } else if (dpo.zero == 0) {  // a ZeRO checkpoint resumed without ZeRO: re-assemble per parameter
       std::map<std::string, Shape> shapes;
       for (auto& [name, p] : model.named_parameters()) shapes[name] = p.shape();
@@ -427,17 +468,30 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       for (auto& [kind, flat] : read_optimizer_flat(ckpt_dir, layout, 0, dp.flat_numel()))
         for (const auto& e : layout)
           named.emplace(kind + "." + e.name, flat.narrow(0, e.offset, e.numel).view(shapes.at(e.name)));
-      opt->load_state(named, state.step);
+      opt->load_state(named, opt_steps);
     } else {
       dp.load_shard_state(read_optimizer_flat(ckpt_dir, layout, dp.shard_begin(), dp.shard_end()),
                           opt->state_tensors());
-      opt->set_steps(state.step);
+      opt->set_steps(opt_steps);
     }
     if (lead) truncate_metrics(metrics_path, state.step);
     say(fmt::format("resumed from {} at step {}", ckpt_dir, state.step));
   } else if (lead) {
     std::ofstream(metrics_path, std::ios::trunc);
   }
+  // ---- mixed precision (docs/mixed-precision.md): the forward runs under the level's autocast
+  // policy; the loss scaler's state travels in state.json
+  const amp::Policy policy = precision_policy(r.precision);
+  amp::LossScaler scaler(loss_scaler_options(r.precision));
+  if (opts.resume) scaler.set_state(state.scaler_state);
+  const bool pure_low = policy.level == amp::Level::O3;
+  auto round_state_to_low = [&]() {  // O3: no fp32 master copy of anything
+    for (auto& [name, p] : dp.optimizer_params()) round_to(p, policy.low);
+    for (auto& [name, t] : opt->state_tensors()) round_to(t, policy.low);
+    dp.after_optimizer_step();
+  };
+  if (pure_low) round_state_to_low();
+
   optim::Schedule sched{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
                         r.schedule.warmup_steps, r.train.steps, r.schedule.step_every, r.schedule.step_gamma,
                         r.schedule.decay_steps, optim::decay_shape_from_name(r.schedule.decay_shape)};
@@ -449,12 +503,19 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   }
 
   const double flops_per_token = model.flops_per_token(T);
-  double peak = measure_gemm_peak_gflops();  // per rank, measured by all ranks at once
-  ctrl->allreduce(&peak, 1);                // the job's ceiling: the sum over ranks
+  // MFU is measured against the GEMM ceiling of the dtype the GEMMs run in
+  const DType gemm_dtype = policy.level == amp::Level::O0 ? DType::F32 : policy.low;
+  double peak = measure_gemm_peak_gflops(gemm_dtype);  // per rank, measured by all ranks at once
+  ctrl->allreduce(&peak, 1);                          // the job's ceiling: the sum over ranks
   say(fmt::format("model: GPT {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters | data: {} train / {} val "
-                  "tokens | {} threads, GEMM peak {:.0f} GFLOP/s",
+                  "tokens | {} threads, {} GEMM peak {:.0f} GFLOP/s",
                   r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
-                  double(model.num_parameters()) / 1e6, train_ds.size(), val_ds.size(), omp_get_max_threads(), peak));
+                  double(model.num_parameters()) / 1e6, train_ds.size(), val_ds.size(), omp_get_max_threads(),
+                  dtype_name(gemm_dtype), peak));
+  if (policy.level != amp::Level::O0 || scaler.enabled())
+    say(fmt::format("precision: {} {} | loss scaling {}{}", r.precision.level,
+                    policy.level == amp::Level::O0 ? "fp32" : r.precision.dtype, amp::scale_mode_name(scaler.mode()),
+                    scaler.enabled() ? fmt::format(" (scale {:g})", scaler.scale()) : std::string()));
   if (P > 1 || A > 1)
     say(fmt::format("parallel: dp {} x accumulation {} x batch {} = {} rows per step | ZeRO-{} | allreduce {} | "
                     "buckets {} MiB | overlap {}",
@@ -479,6 +540,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t m = 0; m < A; ++m) {
         val_samplers[size_t(m)].get_eval_batch(i, n, x, y);
+        amp::AutocastScope autocast(policy);
         total += model.loss(x, y).item();
       }
     dp.release_persistent();
@@ -492,6 +554,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   auto save = [&](const std::string& dir) {  // collective: every rank calls it; dir = ckpt_dir or best_dir
     state.rng_state = model.dropout_generator().state();
     state.accumulation_state = accumulation.state();
+    state.scaler_state = scaler.state();
+    state.optimizer_steps = opt->steps();
     // Rank 0 copies every parameter (ZeRO-3: one gathered unit at a time, so no rank ever holds
     // the whole model as parameters; the copies are checkpoint staging, tagged "other").
     std::map<std::string, Tensor> copies;
@@ -534,6 +598,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   model.train(true);
   StopSignalGuard stop_guard;
   bool interrupted = false, stopped_early = false;
+  int64_t logged_skipped = scaler.skipped(), logged_overflows = scaler.overflows();
   for (int64_t step = state.step; step < last_step; ++step) {
     const auto t0 = Clock::now();
     // Dropout masks: one stream per rank, re-seeded from (seed, step, rank) every step, so a run
@@ -556,13 +621,18 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       }
       dp.begin_micro_step(m);
       samplers[size_t(m)].get_batch(step, x, y);
-      Tensor loss = model.loss(x, y);
-      if (fault.rank == rank && fault.step == step + 1) {
+      Tensor loss;
+      {
+        amp::AutocastScope autocast(policy);
+        loss = model.loss(x, y);  // (): f32 at every level
+      }
+      if (fault.rank == rank && fault.step == step + 1 && fault.kind != "inf_grad" && fault.kind != "nan_grad") {
         if (fault.kind == "kill") ::raise(SIGKILL);
         throw ValueError(fmt::format("injected fault at step {} (BRIGADE_FAULT={}:{}:{})", step + 1, fault.rank,
                                      fault.step, fault.kind));
       }
-      autograd::backward(loss);
+      // the scaled loss is an f32 scalar (outside the autocast scope, so never rounded to fp16)
+      autograd::backward(scaler.enabled() ? fn::mul_scalar(loss, scaler.scale()) : loss);
       loss_sum += loss.item();
     }
     dp.finish_gradients();
@@ -574,13 +644,40 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                   "loss became {} at step {}; the run diverged: lower optim.lr, keep train.grad_clip on, or resume "
                   "from the last checkpoint in {}",
                   last_loss, step + 1, ckpt_dir);
-    const double norm = dp.clip_grad_norm(r.train.grad_clip);
-    // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
-    optim::clip_grad_value(dp.optimizer_params(), r.train.clip_value);
-    if (accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * P);
+    if (fault.rank == rank && fault.step == step + 1 && (fault.kind == "inf_grad" || fault.kind == "nan_grad")) {
+      for (auto& [name, p] : dp.optimizer_params())
+        if (p.grad().defined() && p.grad().numel() > 0) {
+          p.grad().data<float>()[0] = fault.kind == "inf_grad" ? std::numeric_limits<float>::infinity()
+                                                               : std::numeric_limits<float>::quiet_NaN();
+          break;
+        }
+    }
+    // Loss scaling: unscale this rank's gradients (whole or ZeRO shards) with the Inf/NaN check
+    // fused in; every rank agrees on the verdict, so all skip an overflowing step together.
+    bool skip = false;
+    if (scaler.enabled()) {
+      std::vector<Tensor> grads;
+      for (auto& [name, p] : dp.optimizer_params()) grads.push_back(p.grad());
+      amp::UnscaleResult ur = scaler.unscale_(grads);
+      double verdict[2] = {ur.found_inf, ur.amax};
+      ctrl->allreduce_max(verdict, 2);
+      skip = scaler.update({verdict[0], verdict[1]});
+    }
     const double lr = sched.lr_at(step);
-    opt->step(lr);
-    dp.after_optimizer_step();
+    double norm = std::numeric_limits<double>::quiet_NaN();
+    if (!skip) {  // a skipped step leaves weights and optimizer state untouched
+      if (pure_low)
+        for (auto& [name, p] : dp.optimizer_params()) round_to(p.grad(), policy.low);
+      norm = dp.clip_grad_norm(r.train.grad_clip);
+      // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
+      optim::clip_grad_value(dp.optimizer_params(), r.train.clip_value);
+      if (accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * P);
+      opt->step(lr);
+      if (pure_low)
+        round_state_to_low();  // includes dp.after_optimizer_step()
+      else
+        dp.after_optimizer_step();
+    }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     step_times.push_back(dt);
     comm_waits.push_back(dp.comm_wait_seconds());
@@ -604,6 +701,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                        {"mem_peak", memory_json(Allocator::instance().stats())["peak"]},
                        {"mem_live", memory_json(Allocator::instance().stats())["live"]}};
       if (accumulation.measures_noise()) j["noise_scale"] = accumulation.noise_scale();
+      if (scaler.enabled()) {  // per log interval, plus the run's totals
+        j["loss_scale"] = scaler.scale();
+        j["skipped"] = scaler.skipped() - logged_skipped;
+        j["overflows"] = scaler.overflows() - logged_overflows;
+        j["skipped_total"] = scaler.skipped();
+      }
       if (P > 1) {
         j["comm_wait_s"] = dp.comm_wait_seconds();
         j["bytes_sent"] = dp.bytes_sent();
@@ -611,11 +714,18 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       metrics << j.dump() << '\n';
       metrics.flush();
     }
+    if (log_now) {
+      logged_skipped = scaler.skipped();
+      logged_overflows = scaler.overflows();
+    }
     if (!opts.quiet && lead) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
       const double eta = elapsed / double(state.step - start_step) * double(last_step - state.step);
       std::string line = fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | {:.0f} tok/s | MFU {:.1f}% | ETA {}",
                                      state.step, last_step, last_loss, lr, tok_s, 100.0 * mfu, fmt_duration(eta));
+      if (scaler.enabled())
+        line += fmt::format(" | scale {:g}{}", scaler.scale(),
+                            scaler.skipped() ? fmt::format(" ({} skipped)", scaler.skipped()) : std::string());
       if (tty)
         fmt::print(stderr, "\r{}\033[K", line);
       else if (log_now)
@@ -682,6 +792,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     res.comm_wait_share = c[c.size() / 2] / s[s.size() / 2];
   }
   res.gemm_peak_gflops = peak;
+  res.skipped_steps = scaler.skipped();
+  res.loss_scale = scaler.scale();
   res.mfu = res.tokens_per_s * flops_per_token / (peak * 1e9);
   res.memory = Allocator::instance().stats();
   res.checkpoint_dir = ckpt_dir;
@@ -703,6 +815,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       nlohmann::json mj = memory_json(res.memory);
       mj["dp"] = P;
       mj["zero"] = dpo.zero;
+      mj["precision"] = {{"level", r.precision.level}, {"dtype", policy.level == amp::Level::O0 ? "f32" : r.precision.dtype}};
       mj["predicted"] = predicted_json(predict_memory(r, 0), /*formulas=*/true);
       for (int p = 0; p < P; ++p) {
         nlohmann::json rj;
@@ -748,6 +861,13 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                     res.steps, res.last_loss, res.val_loss, res.tokens_per_s, 100.0 * res.mfu, peak,
                     format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
                     vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
+    if (policy.level != amp::Level::O0)
+      say(fmt::format("(the prediction is for fp32; at {} params include the {} weight copies and activations are "
+                      "smaller: see docs/mixed-precision.md)",
+                      r.precision.level, r.precision.dtype));
+    if (scaler.enabled())
+      say(fmt::format("loss scaling: {} | final scale {:g} | {} of {} steps skipped on overflow",
+                      amp::scale_mode_name(scaler.mode()), scaler.scale(), scaler.skipped(), res.steps));
     if (P > 1)
       say(fmt::format("communication: {:.1f}% of the median step spent waiting (rank 0)", 100.0 * res.comm_wait_share));
     say("checkpoint: " + ckpt_dir);

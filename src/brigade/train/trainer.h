@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "brigade/amp/loss_scaler.h"
+#include "brigade/amp/policy.h"
 #include "brigade/core/allocator.h"
 #include "brigade/data/prepare.h"
 #include "brigade/models/gpt/gpt.h"
@@ -38,7 +40,9 @@ struct TrainResult {
   double val_loss = -1.0;       // last evaluation (-1 if none)
   double tokens_per_s = 0.0;    // median over this run's steps
   double mfu = 0.0;             // tokens/s * flops/token / measured GEMM peak
-  double gemm_peak_gflops = 0.0;   // summed over ranks
+  double gemm_peak_gflops = 0.0;   // summed over ranks, in the GEMM dtype of the precision level
+  int64_t skipped_steps = 0;       // optimizer steps skipped on gradient overflow (loss scaling)
+  double loss_scale = 1.0;         // at the end (1 without loss scaling)
   double comm_wait_share = 0.0;    // median step: time rank 0 waited on communication / step time
   MemStats memory;
   std::string sample;
@@ -61,6 +65,12 @@ std::vector<parallel::ParamUnit> gpt_units(models::GPT& m);
 data::PrepareOptions prepare_options(const Recipe& r);
 
 // Measured fp32 GEMM throughput (GFLOP/s) on the current thread count: the MFU ceiling.
-double measure_gemm_peak_gflops();
+// The recipe's precision section as an autocast policy and loss-scaler options
+// ("auto" loss scaling: dynamic for fp16 at O1..O3, none otherwise).
+amp::Policy precision_policy(const PrecisionConfig& p);
+amp::LossScalerOptions loss_scaler_options(const PrecisionConfig& p);
+
+// GEMM ceiling of this process in dtype dt: best of 12 runs of a 1024^3 matmul (GFLOP/s).
+double measure_gemm_peak_gflops(DType dt = DType::F32);
 
 }  // namespace brigade::train
