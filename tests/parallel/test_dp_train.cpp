@@ -227,7 +227,7 @@ TEST_F(DpTrain, DpMatchesSingleProcess) {
 
 TEST_F(DpTrain, MixedPrecisionMatchesOneProcessAndRanksAgreeOnSkips) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
-  // O2 fp16 with dynamic loss scaling. An Inf gradient is injected at step 3 on one rank
+  // O2 fp16 with dynamic loss scaling, ZeRO-1/2/3. An Inf gradient is injected at step 3 on one rank
   // only (rank 1 of 2: under ZeRO-1 it sits in rank 1's shard, which rank 0 never sees).
   // The ranks max-reduce the overflow flag, so both skip step 3 and back off the scale, as
   // the one process with the same fault does; any rank that stepped anyway would leave its
@@ -236,7 +236,7 @@ TEST_F(DpTrain, MixedPrecisionMatchesOneProcessAndRanksAgreeOnSkips) {
   const CmdResult one = train(0, "--quiet --no-sample --set run.out_dir=ref " + amp, "BRIGADE_FAULT=0:3:inf_grad");
   ASSERT_EQ(one.code, 0) << one.err;
   const Curve ref = curve("ref");
-  for (const char* zero : {"1", "2"}) {
+  for (const char* zero : {"1", "2", "3"}) {
     SCOPED_TRACE(std::string("ZeRO-") + zero);
     const std::string out = std::string("dp_zero") + zero;
     const CmdResult r = train(2,
