@@ -539,4 +539,16 @@ TEST_F(Cli, AblatePrecisionRecomputeAndAccumulation) {
   EXPECT_EQ(polyline_points(slurp_file(dir_ / "abl/ablate.svg")), (std::vector<size_t>(8, 2)));
 }
 
+TEST_F(Cli, BenchPrintsOneJsonLineWithSpeedAndMemory) {
+  CmdResult r = brigade("bench tiny.toml --steps 2 --warmup 1 --set precision.level=O1", dir_);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* key : {"\"tokens_per_s\":", "\"mfu\":", "\"gemm_peak_f32_gflops\":", "\"gemm_peak_bf16_gflops\":",
+                          "\"peak_rss_bytes\":", "\"allocator_peak_bytes\":", "\"precision\":\"O1 bf16\"",
+                          "\"flops_per_token\":"})
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "run")) << "bench writes nothing";
+  expect_clean_error(brigade("bench tiny.toml --steps 0", dir_), "--steps must be >= 1");
+}
+
 }  // namespace

@@ -13,6 +13,7 @@
 #include "brigade/data/tokenizer.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/train/ablate.h"
+#include "brigade/train/bench.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
 #include "brigade/train/generate.h"
@@ -139,6 +140,14 @@ int run(int argc, char** argv) {
       ->allow_extra_args(false);
   abl->add_flag("--quiet", aopts.quiet, "No per-variant progress lines");
 
+  train::BenchOptions bopts;
+  auto* bench = app.add_subcommand("bench", "Time training steps of a recipe's model on random ids (no data) and "
+                                            "print one JSON line: tokens/s, GFLOP/s, MFU, GEMM peaks, peak RSS");
+  bench->add_option("recipe", recipe, "Recipe TOML file")->required();
+  bench->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)");
+  bench->add_option("--steps", bopts.steps, "Timed steps")->capture_default_str();
+  bench->add_option("--warmup", bopts.warmup, "Untimed steps first")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -161,6 +170,11 @@ int run(int argc, char** argv) {
       return finish(cmd_train(recipe, sets, topts), "");
     }
     if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
+    if (bench->parsed()) {
+      const train::Recipe r = train::load_recipe(recipe, sets);
+      fmt::print("{}\n", train::bench_json(r, train::run_bench(r, bopts)));
+      return finish(0, "");
+    }
     if (abl->parsed()) {
       aopts.recipe = recipe;
       aopts.sets = sets;

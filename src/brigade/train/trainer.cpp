@@ -84,6 +84,32 @@ double measure_gemm_peak_gflops(DType dt) {
   return 2.0 * double(n) * double(n) * double(n) / best / 1e9;
 }
 
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
+                                                const parallel::DataParallel& dp) {
+  if (o.name == "adamw")
+    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
+                                          [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
+  if (o.name == "lamb") {
+    auto lamb = std::make_unique<optim::LAMB>(params, optim::LAMBOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
+                                              [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
+    if (dp.zero() >= 1) {
+      // ZeRO: the optimizer holds views of this rank's shard, and a parameter may be split across
+      // ranks; the trust ratio needs whole-parameter norms, so LAMB sums its partial norms over
+      // the group, indexed by the parameter's place in the flat layout (optimizer.h).
+      std::map<std::string, int> index;
+      for (size_t k = 0; k < dp.layout().size(); ++k) index[dp.layout()[k].name] = int(k);
+      std::vector<int> global;
+      for (const auto& [name, p] : params) global.push_back(index.at(name));
+      lamb->set_norm_reduction(std::move(global), int(dp.layout().size()),
+                               [&dp](double* data, int64_t n) { dp.group().allreduce(data, n); });
+    }
+    return lamb;
+  }
+  if (o.name == "sgd")
+    return std::make_unique<optim::SGD>(params, optim::SGDOptions{o.momentum, o.weight_decay, o.nesterov});
+  throw ConfigError(fmt::format("unknown optimizer '{}': use 'adamw', 'lamb' or 'sgd'", o.name));
+}
+
 amp::Policy precision_policy(const PrecisionConfig& p) {
   return {amp::level_from_name(p.level), p.dtype == "fp16" ? DType::F16 : DType::BF16};
 }
@@ -188,31 +214,6 @@ nlohmann::json predicted_json(const MemoryPrediction& p, bool formulas) {
 }
 
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
-                                                const parallel::DataParallel& dp) {
-  if (o.name == "adamw")
-    return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
-                                          [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
-  if (o.name == "lamb") {
-    auto lamb = std::make_unique<optim::LAMB>(params, optim::LAMBOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
-                                              [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
-    if (dp.zero() >= 1) {
-      // ZeRO: the optimizer holds views of this rank's shard, and a parameter may be split across
-      // ranks; the trust ratio needs whole-parameter norms, so LAMB sums its partial norms over
-      // the group, indexed by the parameter's place in the flat layout (optimizer.h).
-      std::map<std::string, int> index;
-      for (size_t k = 0; k < dp.layout().size(); ++k) index[dp.layout()[k].name] = int(k);
-      std::vector<int> global;
-      for (const auto& [name, p] : params) global.push_back(index.at(name));
-      lamb->set_norm_reduction(std::move(global), int(dp.layout().size()),
-                               [&dp](double* data, int64_t n) { dp.group().allreduce(data, n); });
-    }
-    return lamb;
-  }
-  if (o.name == "sgd")
-    return std::make_unique<optim::SGD>(params, optim::SGDOptions{o.momentum, o.weight_decay, o.nesterov});
-  throw ConfigError(fmt::format("unknown optimizer '{}': use 'adamw', 'lamb' or 'sgd'", o.name));
-}
 
 // "section.key" -> "value" lines of a recipe, for comparing two recipes.
 std::map<std::string, std::string> recipe_values(const Recipe& r) {

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "brigade/core/allocator.h"
 #include "brigade/data/prepare.h"
 #include "brigade/models/gpt/gpt.h"
+#include "brigade/optim/optimizer.h"
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/train/config.h"
 
@@ -65,6 +67,11 @@ std::vector<parallel::ParamUnit> gpt_units(models::GPT& m);
 data::PrepareOptions prepare_options(const Recipe& r);
 
 // Measured fp32 GEMM throughput (GFLOP/s) on the current thread count: the MFU ceiling.
+// The recipe's optimizer over the data-parallel plan's optimizer parameters (whole
+// parameters, or this rank's ZeRO shards; LAMB then reduces its norms over dp's group).
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
+                                                const parallel::DataParallel& dp);
+
 // The recipe's precision section as an autocast policy and loss-scaler options
 // ("auto" loss scaling: dynamic for fp16 at O1..O3, none otherwise).
 amp::Policy precision_policy(const PrecisionConfig& p);

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""End-to-end training speed: Brigade against PyTorch on the CPU, side by side.
+
+For each config and precision, runs `brigade bench` (the recipe's training step on
+random token ids) and the same model in PyTorch (tests/reference/gpt2_ref.py, AdamW,
+grad-norm clipping, same B, T, threads), alternating them round by round so machine
+noise hits both alike, and prints medians: tokens/s, the ratio, achieved GFLOP/s
+(FLOPs/token = 6N + 12 L T C), MFU against the GEMM peak each engine measured in that
+run (1024^3 matmul, best of 12), and peak RSS.
+
+Configs (issue 3):
+  gpt2   GPT-2 124M: 12 layers, 768 wide, 12 heads, vocab 50257, T 256, B 4
+  small  6 layers, 384 wide, 6 heads, vocab 8192, T 256, B 8
+Precisions: fp32 (Brigade O0, torch fp32) and bf16 (Brigade O1 and O2, torch
+autocast(cpu, bfloat16)).
+
+PyTorch gets its best settings on this machine, in its own process only:
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, ATEN_CPU_CAPABILITY=avx512, and
+OMP_WAIT_POLICY=PASSIVE for fp32. The output says so.
+
+Usage: python3 bench/gpt_vs_torch.py [--brigade build/bin/brigade] [--configs gpt2,small]
+                                     [--precisions fp32,bf16] [--steps 6] [--warmup 2]
+                                     [--rounds 3] [--threads 2] [--markdown]
+Torch runs with Debian's /usr/bin/python3 (python3-torch).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, seq_len=256, batch_size=4),
+    "small": dict(n_layer=6, n_embd=384, n_head=6, vocab_size=8192, seq_len=256, batch_size=8),
+}
+TORCH_PY = "/usr/bin/python3"
+
+
+def flops_per_token(c):
+    L, C, V, T = c["n_layer"], c["n_embd"], c["vocab_size"], c["seq_len"]
+    n = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # GPT-2 parameters (tied head)
+    return 6 * n + 12 * L * T * C
+
+
+# ------------------------------------------------------------------ the torch worker
+
+def torch_worker(args):
+    import resource
+    import time
+
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    from gpt2_ref import GPT2
+
+    c = json.loads(args.config_json)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1337)
+
+    def gemm_peak(dtype):
+        a = torch.full((1024, 1024), 0.5, dtype=dtype)
+        b = torch.full((1024, 1024), 0.25, dtype=dtype)
+        best = 1e30
+        for _ in range(12):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t0)
+        return 2 * 1024 ** 3 / best / 1e9
+
+    peak32, peak16 = gemm_peak(torch.float32), gemm_peak(torch.bfloat16)
+    model = GPT2(c["vocab_size"], c["seq_len"], c["n_layer"], c["n_head"], c["n_embd"])
+    model.init_weights(1337)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    g = torch.Generator().manual_seed(1339)
+    ids = torch.randint(0, c["vocab_size"], (c["batch_size"], c["seq_len"] + 1), generator=g)
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    bf16 = args.precision == "bf16"
+    times, loss = [], None
+    for step in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(dt)
+    med = statistics.median(times)
+    tps = c["batch_size"] * c["seq_len"] / med
+    achieved = tps * flops_per_token(c) / 1e9
+    print(json.dumps({
+        "engine": "torch", "precision": args.precision, "step_seconds": times, "median_step_s": med,
+        "tokens_per_s": tps, "achieved_gflops": achieved, "gemm_peak_f32_gflops": peak32,
+        "gemm_peak_bf16_gflops": peak16, "mfu": achieved / (peak16 if bf16 else peak32),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "last_loss": float(loss), "torch": torch.__version__,
+        "capability": os.environ.get("ATEN_CPU_CAPABILITY", ""),
+    }))
+
+
+# ------------------------------------------------------------------ the driver
+
+def run_brigade(args, c, level):
+    sets = [f"model.{k}={c[k]}" for k in ("n_layer", "n_embd", "n_head", "vocab_size")]
+    sets += [f"model.block_size={c['seq_len']}", f"train.seq_len={c['seq_len']}", f"train.batch_size={c['batch_size']}",
+             "model.dropout=0.0", f"run.threads={args.threads}", "optim.lr=6e-4", "train.grad_clip=1.0",
+             f"precision.level={level}", "precision.dtype=bf16", "sample.top_k=1"]
+    cmd = [args.brigade, "bench", os.path.join(ROOT, "recipes/gpt-kjv.toml"), "--steps", str(args.steps),
+           "--warmup", str(args.warmup)] + sum([["--set", s] for s in sets], [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_torch(args, c, precision):
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("OPENBLAS_L2_SIZE", None)
+    env["ATEN_CPU_CAPABILITY"] = "avx512"
+    if precision == "fp32":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    cmd = [TORCH_PY, os.path.abspath(__file__), "--torch-worker", "--config-json", json.dumps(c), "--precision",
+           precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--brigade", default=os.path.join(ROOT, "build/bin/brigade"))
+    ap.add_argument("--configs", default="gpt2,small")
+    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--config-json", help=argparse.SUPPRESS)
+    ap.add_argument("--precision", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.torch_worker:
+        return torch_worker(args)
+
+    print("PyTorch runs with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, ATEN_CPU_CAPABILITY=avx512, "
+          "OMP_WAIT_POLICY=PASSIVE for fp32; torch bf16 = autocast(cpu, bfloat16). "
+          f"{args.threads} threads, {args.steps} timed steps after {args.warmup} warm-up, {args.rounds} rounds "
+          "alternating the engines; medians.", flush=True)
+    rows = []
+    for name in args.configs.split(","):
+        c = CONFIGS[name]
+        for precision in args.precisions.split(","):
+            engines = [("torch", None), ("brigade O0", "O0")] if precision == "fp32" else \
+                [("torch", None), ("brigade O1", "O1"), ("brigade O2", "O2")]
+            results = {e: [] for e, _ in engines}
+            for r in range(args.rounds):
+                for e, level in engines:
+                    res = run_torch(args, c, precision) if level is None else run_brigade(args, c, level)
+                    results[e].append(res)
+                    print(f"  {name} {precision} round {r + 1}: {e:<11} {res['tokens_per_s']:8.1f} tok/s", flush=True)
+            torch_tps = statistics.median(x["tokens_per_s"] for x in results["torch"])
+            for e, _ in engines:
+                rs = results[e]
+                tps = statistics.median(x["tokens_per_s"] for x in rs)
+                rows.append(dict(config=name, precision=precision, engine=e, tokens_per_s=tps,
+                                 ratio=tps / torch_tps,
+                                 gflops=statistics.median(x["achieved_gflops"] for x in rs),
+                                 mfu=statistics.median(x["mfu"] for x in rs),
+                                 peak32=statistics.median(x["gemm_peak_f32_gflops"] for x in rs),
+                                 peak16=statistics.median(x["gemm_peak_bf16_gflops"] for x in rs),
+                                 rss=max(x["peak_rss_bytes"] for x in rs) / 2 ** 20))
+    hdr = ("| config | precision | engine | tokens/s | vs torch | GFLOP/s | MFU | GEMM peak f32 / bf16 | "
+           "peak RSS MiB |")
+    print()
+    print(hdr)
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['config']} | {r['precision']} | {r['engine']} | {r['tokens_per_s']:.1f} | {r['ratio']:.2f}x | "
+              f"{r['gflops']:.0f} | {100 * r['mfu']:.1f}% | {r['peak32']:.0f} / {r['peak16']:.0f} | {r['rss']:.0f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+// `brigade bench RECIPE [--set ...] [--steps N] [--warmup W]`: training-step speed of a
+// recipe's model, optimizer, precision and recompute plan on random token ids (no
+// data, no evaluation, no checkpoint), for end-to-end comparisons such as
+// bench/gpt_vs_torch.py. One process, one rank. Prints one JSON object: median
+// step time and tokens/s, FLOPs per token (6N + 12 L T C), the GEMM ceilings measured
+// in this process (f32 and bf16, 1024^3 oneDNN matmul), MFU against the ceiling of the
+// dtype the GEMMs run in, peak RSS and the allocator's peaks by category.
+// Not a test: speed targets live in benchmarks, never in timed tests.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "brigade/core/allocator.h"
+#include "brigade/train/config.h"
+
+namespace brigade::train {
+
+struct BenchOptions {
+  int64_t steps = 10;   // timed steps
+  int64_t warmup = 2;   // untimed steps first (primitive creation, allocator warm-up)
+};
+
+struct BenchResult {
+  std::vector<double> step_seconds;  // each timed step
+  double median_step_s = 0, tokens_per_s = 0;
+  double flops_per_token = 0, achieved_gflops = 0;
+  double gemm_peak_f32 = 0, gemm_peak_bf16 = 0;  // GFLOP/s, this process
+  double mfu = 0;                                // against the peak of the GEMM dtype of the precision level
+  int64_t parameters = 0;
+  int64_t peak_rss_bytes = 0;                    // getrusage: the whole process, allocator included
+  MemStats memory;                               // allocator live/peak by tag
+  double last_loss = 0;
+};
+
+BenchResult run_bench(const Recipe& r, const BenchOptions& o);
+std::string bench_json(const Recipe& r, const BenchResult& b);  // one line
+
+}  // namespace brigade::train
