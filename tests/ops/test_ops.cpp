@@ -15,10 +15,13 @@
 // ref (bitwise across thread counts where the kernels claim it; ParallelBranches),
 // and bad-input errors. Dropout (random) has its own tests at the end, followed by the
 // 16-bit tests outside the table: ops::cast against the scalar conversions, the dtype
-// rules for mixed dtypes, and the oneDNN bf16 GEMM path.
+// rules for mixed dtypes, the oneDNN bf16 GEMM path, and the native 16-bit cpu kernels
+// (bitwise the widened path on every case of the table and above the OpenMP thresholds at
+// 1, 2 and 3 threads; no f32 temporaries).
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -1729,6 +1732,327 @@ TEST(Ops16, Bf16LinearAtOneTwoAndThreeThreads) {
     for (size_t k = 0; k < got.size(); ++k) {
       EXPECT_EQ(got[k].dtype(), DType::BF16);
       EXPECT_LE(rel_err(to_d(got[k]), to_d(want[k])), kBf16) << threads << " threads, output " << k;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ 16-bit: the native cpu kernels
+//
+// On the cpu backend, ops whose floating inputs are one 16-bit dtype run native 16-bit
+// kernels (cpu/kernels.h): pieces/rows/heads widened into per-thread f32 buffers, the f32
+// kernel's arithmetic, one rounding per output. The contract is that this is bitwise the
+// widened path (ops::cast to f32 copies, the f32 kernel, ops::cast back), which the test hook
+// cpu::Native16Scope(false) selects. Checked on every case of the op table (their layouts:
+// contiguous, transposed, sliced, expanded), on special values, and above the OpenMP
+// thresholds at 1, 2 and 3 threads; plus: the native ops allocate no f32 copies.
+
+// Same dtype, shape and bits. With any_nan, two NaNs count as equal whatever their sign and
+// payload: when two NaNs meet in one addition, x86 keeps the first operand's, and that order
+// is the compiler's choice per loop (the f32 column sums themselves keep one operand's NaN in
+// their vector body and the other's in their scalar tail).
+::testing::AssertionResult same_bits(const Tensor& got, const Tensor& want, bool any_nan = false) {
+  if (got.defined() != want.defined()) return ::testing::AssertionFailure() << "one output is undefined";
+  if (!got.defined()) return ::testing::AssertionSuccess();
+  if (got.dtype() != want.dtype())
+    return ::testing::AssertionFailure() << "dtype " << dtype_name(got.dtype()) << " vs " << dtype_name(want.dtype());
+  if (got.shape() != want.shape())
+    return ::testing::AssertionFailure() << "shape " << shape_str(got.shape()) << " vs " << shape_str(want.shape());
+  const Tensor a = got.contiguous(), b = want.contiguous();
+  const size_t es = dtype_size(a.dtype());
+  const char* pa = static_cast<const char*>(a.raw_data());
+  const char* pb = static_cast<const char*>(b.raw_data());
+  const Tensor af = any_nan ? a.to(DType::F32) : Tensor(), bf = any_nan ? b.to(DType::F32) : Tensor();
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (std::memcmp(pa + size_t(i) * es, pb + size_t(i) * es, es) != 0 &&
+        !(any_nan && std::isnan(af.data<float>()[i]) && std::isnan(bf.data<float>()[i])))
+      return ::testing::AssertionFailure() << "first difference at flat element " << i << " of " << a.numel()
+                                           << " (got " << a.reshape({a.numel()}).narrow(0, i, 1).to(DType::F32).item()
+                                           << ", widened path "
+                                           << b.reshape({b.numel()}).narrow(0, i, 1).to(DType::F32).item() << ")";
+  return ::testing::AssertionSuccess();
+}
+
+// f(), natively and on the widened path (same thread count), compared output by output
+// (any_nan: for these outputs, see same_bits).
+void expect_native_is_widened(const std::function<TVec()>& f, const std::string& what,
+                              const std::vector<size_t>& any_nan = {}) {
+  const TVec native = f();
+  TVec widened;
+  {
+    ops::cpu::Native16Scope off(false);
+    ASSERT_FALSE(ops::cpu::native16_enabled());
+    widened = f();
+  }
+  ASSERT_TRUE(ops::cpu::native16_enabled());
+  ASSERT_EQ(native.size(), widened.size()) << what;
+  for (size_t k = 0; k < native.size(); ++k) {
+    const bool nan_ok = std::find(any_nan.begin(), any_nan.end(), k) != any_nan.end();
+    EXPECT_TRUE(same_bits(native[k], widened[k], nan_ok)) << what << ", output " << k;
+  }
+}
+
+class Native16 : public ::testing::TestWithParam<std::tuple<size_t, DType>> {};
+
+TEST_P(Native16, BitwiseTheWidenedPath) {
+  const auto [ci, dt] = GetParam();
+  const OpCase& c = cases()[ci];
+  std::mt19937 rng(1234 + unsigned(ci));
+  TVec x16;
+  for (const Input& x : c.inputs) x16.push_back(make_tensor(x, round_to(make_values(x, rng), dt), dt));
+  ops::BackendScope s(ops::Backend::Cpu);
+  TVec y16;
+  expect_native_is_widened([&] { return y16 = c.fwd(x16); }, c.name + " forward");
+  if (!c.bwd) return;
+  std::uniform_real_distribution<double> U(-1, 1);
+  DVec R(static_cast<size_t>(y16[0].numel()));
+  for (auto& e : R) e = double(float(U(rng)));
+  const Tensor R16 = contig_f32(round_to(R, dt), y16[0].shape()).to(dt);
+  expect_native_is_widened([&] { return c.bwd(x16, y16, R16); }, c.name + " backward");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, Native16,
+                         ::testing::Combine(::testing::Range<size_t>(0, cases().size()),
+                                            ::testing::Values(DType::BF16, DType::F16)),
+                         [](const ::testing::TestParamInfo<std::tuple<size_t, DType>>& info) {
+                           std::string n = cases()[std::get<0>(info.param)].name;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n + "_" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
+
+// NaN, Inf, -0, denormals, values that overflow f16: every bf16 / f16 pattern of
+// conversion_values() through the native kernels, against the widened path. Bitwise, except
+// which NaN survives where column sums add two NaNs (same_bits).
+TEST(Ops16, NativeKernelsKeepSpecialValuesLikeTheWidenedPath) {
+  ops::BackendScope s(ops::Backend::Cpu);
+  const std::vector<float> v = conversion_values();
+  const int64_t n = 33 * (int64_t(v.size()) / 33);  // (33, n / 33): rows of odd length
+  const Tensor x32 = f32_tensor_bits(std::vector<float>(v.begin(), v.begin() + n), {n / 33, 33});
+  for (DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    const Tensor x = x32.to(dt), y = x32.transpose(0, 1).contiguous().to(dt).transpose(0, 1);  // y: a strided view
+    expect_native_is_widened(
+        [&] {
+          Tensor d = x.clone();
+          ops::add_(d, y, 0.3);
+          Tensor e = x.clone();
+          ops::mul_scalar_(e, 1e5);  // overflows f16
+          return TVec{ops::add(x, y), ops::mul(x, y), ops::div(x, y), ops::add_scalar(x, -0.0), ops::neg(y),
+                      ops::mul_scalar(x, 3.0), ops::exp(x), ops::sqrt(y), ops::gelu(x), ops::gelu_backward(y, x),
+                      ops::sum_to(x, x.shape()), d, e, ops::sum(y, {0})};
+        },
+        "special values", {13});
+  }
+}
+
+// ---- above the OpenMP thresholds, 1, 2 and 3 threads (sizes as in all_big_cases)
+
+struct Big16Case {
+  std::string name;
+  std::function<TVec(DType)> run;  // builds its inputs in the dtype, runs on the cpu backend
+};
+
+std::vector<Big16Case> all_big16_cases() {
+  std::vector<Big16Case> cs;
+  const int64_t R = 130, C = 257;  // R * C = 33410 > 1 << 15
+  struct In {
+    Tensor a, b, at, as, row, col, a3;
+  };
+  auto ins = [=](DType dt) {
+    return In{randn({R, C}, 101).to(dt), randn({R, C}, 102, 0.5, 2.0).to(dt),
+              randn({C, R}, 103).to(dt).transpose(0, 1), randn({R, 2 * C + 1}, 104).to(dt).slice(1, 1, 2 * C + 1, 2),
+              randn({C}, 105, 0.5, 2.0).to(dt), randn({R, 1}, 106, 0.5, 2.0).to(dt), randn({4, R, C}, 107).to(dt)};
+  };
+  cs.push_back({"binary", [=](DType dt) {
+                  const In x = ins(dt);
+                  return TVec{ops::add(x.a, x.b), ops::sub(x.a, x.b), ops::mul(x.a, x.b), ops::div(x.a, x.b),
+                              ops::add(x.at, x.row), ops::mul(x.as, x.col), ops::div(x.at, x.b),
+                              ops::sub(x.row, x.as), ops::mul(x.at, x.as)};
+                }});
+  cs.push_back({"unary", [=](DType dt) {
+                  const In x = ins(dt);
+                  return TVec{ops::add_scalar(x.a, 0.75), ops::mul_scalar(x.a, -1.5), ops::neg(x.a), ops::exp(x.a),
+                              ops::tanh(x.a), ops::log(x.b), ops::sqrt(x.b), ops::add_scalar(x.at, 0.75),
+                              ops::mul_scalar(x.as, -1.5), ops::exp(x.as), ops::tanh(x.at)};
+                }});
+  cs.push_back({"in_place", [=](DType dt) {
+                  const In x = ins(dt);
+                  Tensor d0 = x.a.clone();  // contiguous dst and src
+                  ops::add_(d0, x.b, 0.3);
+                  Tensor d1 = Tensor::empty({C, R}, dt).transpose(0, 1);  // (R, C) strided dst, broadcast src
+                  d1.copy_(x.a);
+                  ops::add_(d1, x.row, 2.0);
+                  Tensor d2 = x.a.clone();  // 16-bit dst, f32 src
+                  ops::add_(d2, randn({R, C}, 108), -0.7);
+                  Tensor d3 = randn({R, C}, 109);  // f32 dst, 16-bit strided src
+                  ops::add_(d3, x.at, 0.3);
+                  Tensor d4 = x.a.clone();
+                  ops::mul_scalar_(d4, 0.3);
+                  Tensor d5 = Tensor::empty({C, R}, dt).transpose(0, 1);  // (R, C) strided
+                  d5.copy_(x.b);
+                  ops::mul_scalar_(d5, -1.25);
+                  return TVec{d0, d1.contiguous(), d2, d3, d4, d5.contiguous()};
+                }});
+  cs.push_back({"sums", [=](DType dt) {
+                  const In x = ins(dt);
+                  return TVec{ops::sum(x.a, {0}),       ops::sum(x.a, {1}, true),   ops::sum_to(x.a, {C}),
+                              ops::sum_to(x.a, {R, 1}), ops::mean(x.a, {0}),        ops::sum(x.a3, {0}),
+                              ops::sum(x.a3, {0, 1}),   ops::sum(x.at, {0}),        ops::sum_to(x.as, {1, C}),
+                              ops::sum_all(x.a),        ops::sum_all(x.a3),         ops::mean(x.a3, {}),
+                              ops::sum(x.a3, {1, 2}),   ops::sum_to(x.a3, {4, 1, 1}), ops::sum(x.a3, {0, 2}),
+                              ops::sum_to(x.at, {R, C}), ops::mean(x.as, {1}, true)};
+                }});
+  cs.push_back({"gelu", [=](DType dt) {
+                  const In x = ins(dt);
+                  const Tensor x4 = ops::mul_scalar(x.a, 4.0);
+                  return TVec{ops::gelu(x4), ops::gelu_backward(x.b, x4), ops::gelu(x.at), ops::gelu_backward(x.as, x.at)};
+                }});
+  cs.push_back({"dropout", [=](DType dt) {
+                  const In x = ins(dt);
+                  Generator g(42);
+                  const ops::DropoutOut o = ops::dropout(x.at, 0.3, g);
+                  return TVec{o.y, o.mask, ops::dropout_backward(x.b, o.mask), ops::dropout_backward(randn({R, C}, 110), o.mask)};
+                }});
+  cs.push_back({"embedding_backward", [=](DType dt) {
+                  const int64_t N = 600, V = 500, EC = 70;  // N * C, V * C > 1 << 15
+                  std::vector<int64_t> ids;
+                  for (int64_t i = 0; i < N; ++i) ids.push_back((i * i * 7 + 3) % 311);
+                  const Tensor idt = Tensor::from_vector_i64(ids, {N});
+                  return TVec{ops::embedding_backward(randn({N, EC}, 111).to(dt), idt, V),
+                              ops::embedding_backward(randn({EC, N}, 112).to(dt).transpose(0, 1), idt, V)};
+                }});
+  cs.push_back({"layer_norm", [=](DType dt) {
+                  const int64_t N = 200, LC = 130;  // N * C > 1 << 14; 7 blocks of 32 rows
+                  const Tensor x = randn({N, LC}, 113, -2, 2).to(dt), gy = randn({N, LC}, 114).to(dt);
+                  const Tensor xt = randn({LC, N}, 115, -2, 2).to(dt).transpose(0, 1);  // (N, LC) strided
+                  const Tensor w = randn({LC}, 116, 0.5, 1.5), b = randn({LC}, 117);
+                  TVec r;
+                  for (const auto& [xx, ww, bb] : {std::tuple{x, w, b}, {xt, w.to(dt), b.to(dt)}, {x, w.to(dt), Tensor()}}) {
+                    const ops::LayerNormOut o = ops::layer_norm(xx, ww, bb, 1e-5);
+                    const ops::LayerNormGrads g = ops::layer_norm_backward(gy, xx, ww, o.mean, o.rstd);
+                    r.insert(r.end(), {o.y, o.mean, o.rstd, g.gx, g.gw, g.gb});
+                  }
+                  return r;
+                }});
+  cs.push_back({"softmax", [=](DType dt) {
+                  const Tensor x = randn({150, 130}, 118, -5, 5).to(dt), gy = randn({150, 130}, 119).to(dt);
+                  const Tensor xs = randn({150, 261}, 120, -5, 5).to(dt).slice(1, 1, 261, 2);  // (150, 130) stride 2
+                  const Tensor y = ops::softmax(x);
+                  return TVec{y, ops::softmax_backward(gy, y), ops::softmax(xs)};
+                }});
+  cs.push_back({"cross_entropy", [=](DType dt) {
+                  const int64_t N = 64, V = 300;  // N * V > 1 << 14
+                  std::vector<int64_t> t;
+                  for (int64_t i = 0; i < N; ++i) t.push_back(i % 3 == 1 ? -100 : (i * 37 + 5) % V);
+                  const Tensor logits = randn({N, V}, 121, -4, 4).to(dt), tt = Tensor::from_vector_i64(t, {N});
+                  const ops::CrossEntropyOut o = ops::cross_entropy(logits, tt, -100);
+                  return TVec{o.loss, o.lse, ops::cross_entropy_backward(0.7, logits, tt, o.lse, -100)};
+                }});
+  for (bool causal : {true, false})  // BH * T * T * HS > 1 << 16; T = 130 spans three key blocks
+    cs.push_back({causal ? "attention_causal" : "attention_full", [=](DType dt) {
+                    const Shape sh{2, 2, 130, 64};
+                    const Tensor q = randn(sh, 122, -2, 2).to(dt), k = randn(sh, 123, -2, 2).to(dt);
+                    const Tensor v = randn({2, 130, 2, 64}, 124).to(dt).transpose(1, 2);  // (B, NH, T, HS) view
+                    const Tensor g = randn(sh, 125).to(dt);
+                    const ops::AttentionOut o = ops::attention(q, k, v, causal, 0.125);
+                    const ops::AttentionGrads r = ops::attention_backward(g, q, k, v, o.out, o.lse, causal, 0.125);
+                    return TVec{o.out, o.lse, r.gq, r.gk, r.gv};
+                  }});
+  return cs;
+}
+
+const std::vector<Big16Case>& big16_cases() {
+  static const std::vector<Big16Case> cs = all_big16_cases();
+  return cs;
+}
+
+class Native16Parallel : public ::testing::TestWithParam<std::tuple<size_t, DType>> {};
+
+// Native == widened at each thread count, and (as for the f32 kernels) the same bits at every
+// thread count.
+TEST_P(Native16Parallel, BitwiseTheWidenedPathAtOneTwoAndThreeThreads) {
+  const auto [ci, dt] = GetParam();
+  const Big16Case& c = big16_cases()[ci];
+  ops::BackendScope s(ops::Backend::Cpu);
+  std::vector<TVec> runs;
+  for (int threads : {1, 2, 3}) {
+    OmpThreads t(threads);
+    expect_native_is_widened([&] { runs.push_back(c.run(dt)); return runs.back(); },
+                             c.name + " at " + std::to_string(threads) + " threads");
+  }
+  // runs: native, widened for each thread count
+  for (size_t r = 2; r < runs.size(); r += 2)
+    for (size_t k = 0; k < runs[0].size(); ++k)
+      EXPECT_TRUE(same_bits(runs[r][k], runs[0][k])) << c.name << " output " << k << ": " << r / 2 + 1
+                                                     << " threads vs 1";
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, Native16Parallel,
+                         ::testing::Combine(::testing::Range<size_t>(0, big16_cases().size()),
+                                            ::testing::Values(DType::BF16, DType::F16)),
+                         [](const ::testing::TestParamInfo<std::tuple<size_t, DType>>& info) {
+                           return big16_cases()[std::get<0>(info.param)].name + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
+
+// ---- no f32 temporaries: the allocator's peak grows by the outputs only
+
+TEST(Ops16, NativeKernelsAllocateOnlyTheirOutputs) {
+  ops::BackendScope s(ops::Backend::Cpu);
+  Allocator& al = Allocator::instance();
+  const int64_t B = 4, T = 128, C = 256, NH = 4, HS = C / NH, N = B * T * C;  // N = 131072
+  auto r16 = [](const Shape& sh, unsigned seed) { return randn(sh, seed).to(DType::BF16); };
+  const Tensor x = r16({B * T, C}, 1), y = r16({B * T, C}, 2), bias = r16({C}, 3), w = r16({C}, 4);
+  const Tensor q = r16({B, NH, T, HS}, 5), k = r16({B, NH, T, HS}, 6), v = r16({B, NH, T, HS}, 7);
+  const Tensor logits = r16({B * T, 512}, 8);
+  std::vector<int64_t> tv;
+  for (int64_t i = 0; i < B * T; ++i) tv.push_back((i * 37) % 512);
+  const Tensor targets = Tensor::from_vector_i64(tv, {B * T});
+  const ops::AttentionOut att = ops::attention(q, k, v, true, 0.125);
+  const ops::LayerNormOut ln = ops::layer_norm(x, w, bias, 1e-5);
+  const ops::CrossEntropyOut ce = ops::cross_entropy(logits, targets);
+  auto rs = [](int64_t bytes) { return int64_t(Allocator::round_size(size_t(bytes))); };
+  const int64_t h = rs(2 * N), slack = 16384;  // one bf16 (B*T, C) output; slack: small f32 side tensors
+  struct Check {
+    const char* name;
+    std::function<void()> run;
+    int64_t outputs;  // bytes the op's outputs take
+  };
+  const std::vector<Check> checks = {
+      {"add", [&] { ops::add(x, y); }, h},
+      {"add (broadcast)", [&] { ops::add(x, bias); }, h},
+      {"mul_scalar", [&] { ops::mul_scalar(x, 0.5); }, h},
+      {"add_", [&] { ops::add_(x, y, 0.5); }, 0},
+      {"mul_scalar_", [&] { ops::mul_scalar_(x, 1.0); }, 0},
+      {"sum_to (same shape)", [&] { ops::sum_to(x, x.shape()); }, h},
+      {"sum_to (rows)", [&] { ops::sum_to(x, {C}); }, rs(2 * C)},
+      {"gelu", [&] { ops::gelu(x); }, h},
+      {"gelu_backward", [&] { ops::gelu_backward(y, x); }, h},
+      {"dropout", [&] { Generator g(1); ops::dropout(x, 0.1, g); }, 2 * h},
+      {"dropout_backward", [&] { ops::dropout_backward(y, x); }, h},
+      {"softmax", [&] { ops::softmax(x); }, h},
+      {"softmax_backward", [&] { ops::softmax_backward(y, x); }, h},
+      {"layer_norm", [&] { ops::layer_norm(x, w, bias, 1e-5); }, h + 2 * rs(4 * B * T)},
+      {"layer_norm_backward", [&] { ops::layer_norm_backward(y, x, w, ln.mean, ln.rstd); }, h + 2 * rs(2 * C)},
+      {"attention", [&] { ops::attention(q, k, v, true, 0.125); }, h + rs(4 * B * NH * T)},
+      {"attention_backward", [&] { ops::attention_backward(q, q, k, v, att.out, att.lse, true, 0.125); }, 3 * h},
+      {"cross_entropy", [&] { ops::cross_entropy(logits, targets); }, rs(4) + rs(4 * B * T)},
+      {"cross_entropy_backward", [&] { ops::cross_entropy_backward(1.0, logits, targets, ce.lse); },
+       rs(2 * B * T * 512)},
+      {"embedding_backward", [&] { ops::embedding_backward(x, targets, 512); }, rs(2 * 512 * C)},
+  };
+  for (const Check& c : checks) {
+    for (bool native : {true, false}) {
+      ops::cpu::Native16Scope scope(native);
+      const int64_t live = al.stats().live_total;
+      al.reset_peak();
+      c.run();
+      const int64_t growth = al.stats().peak_total - live;
+      if (native)
+        EXPECT_LE(growth, c.outputs + slack) << c.name << ": the native op allocated more than its outputs";
+      else  // the test can see widened copies: the widened path allocates at least one f32 copy of x
+        EXPECT_GE(growth, c.outputs + 2 * N) << c.name << " (widened path)";
     }
   }
 }

@@ -18,6 +18,12 @@ void check_float(const Tensor& t, const char* op, const char* name) {
                 name, t.str());
 }
 Tensor f32_of(const Tensor& t) { return t.dtype() == DType::F32 ? t : cast(t, DType::F32); }
+bool is_half(DType dt) { return dt == DType::BF16 || dt == DType::F16; }
+// The native 16-bit cpu kernels (see ops.cpp) apply.
+bool native16() { return current_backend() == Backend::Cpu && cpu::native16_enabled(); }
+cpu::Strided strided(const Tensor& t) {
+  return {t.dtype(), t.raw_data(), int(t.dim()), t.shape().data(), t.strides().data()};
+}
 void apply(int64_t n, const float* x, const float* m, float* y) {
   if (current_backend() == Backend::Cpu)
     cpu::dropout_apply(n, x, m, y);
@@ -28,9 +34,29 @@ void apply(int64_t n, const float* x, const float* m, float* y) {
 
 // 16-bit x (see ops.h): the mask is drawn in f32 exactly as for f32 x, then rounded to x's
 // dtype; y = x * (the rounded mask) in f32, rounded once, so dropout_backward(x, mask) == y.
+// On the cpu backend the 16-bit mask is drawn straight into x's dtype (the same values) and
+// y comes from the native 16-bit multiply.
 DropoutOut dropout(const Tensor& x, double p, Generator& gen) {
   check_float(x, "dropout", "x");
   BRIGADE_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: p must be in [0, 1], got {}", p);
+  if (is_half(x.dtype()) && native16()) {
+    const DType dt = x.dtype();
+    auto bits = [dt](float f) { return dt == DType::BF16 ? float_to_bf16(f) : float_to_f16(f); };
+    DropoutOut o;
+    o.mask = Tensor::empty(x.shape(), dt);  // same as x
+    o.y = Tensor::empty(x.shape(), dt);     // same as x
+    uint16_t* m = o.mask.data<uint16_t>();
+    const int64_t n = x.numel();
+    if (p == 0.0) {
+      std::fill(m, m + n, bits(1.0f));
+    } else {
+      const float keep = float(1.0 - p), inv = p < 1.0 ? float(1.0 / (1.0 - p)) : 0.0f;
+      const uint16_t on = bits(inv), off = bits(0.0f);
+      for (int64_t i = 0; i < n; ++i) m[i] = gen.uniform_float() < keep ? on : off;
+    }
+    cpu::binary16(ref::BinaryOp::Mul, strided(x), strided(o.mask), dt, o.y.raw_data());
+    return o;
+  }
   Tensor xc = x.dtype() == DType::F32 ? x.contiguous() : cast(x, DType::F32);  // f32, contiguous
   DropoutOut o;
   o.mask = Tensor::empty(x.shape());  // same as x
@@ -61,6 +87,11 @@ Tensor dropout_backward(const Tensor& gy, const Tensor& mask) {
   BRIGADE_CHECK(gy.shape() == mask.shape(), ShapeError,
                 "dropout_backward: gy has shape {} but mask has shape {}; they must match", shape_str(gy.shape()),
                 shape_str(mask.shape()));
+  if (is_half(mask.dtype()) && native16()) {  // gy: any floating dtype; gx in the mask's
+    Tensor gx = Tensor::empty(gy.shape(), mask.dtype());  // same as gy
+    cpu::binary16(ref::BinaryOp::Mul, strided(gy), strided(mask), mask.dtype(), gx.raw_data());
+    return gx;
+  }
   const bool f32 = gy.dtype() == DType::F32 && mask.dtype() == DType::F32;
   Tensor gc = f32 ? gy.contiguous() : f32_of(gy).contiguous(), mc = f32 ? mask.contiguous() : f32_of(mask).contiguous();
   Tensor gx = Tensor::empty(gy.shape());  // same as gy

@@ -2,12 +2,17 @@
 // allocation, broadcasting, and dispatch to ops/ref (scalar oracle) or ops/cpu
 // (optimised). No arithmetic happens here beyond index bookkeeping and the serial
 // draw of dropout masks; the kernels see only raw pointers + sizes + strides.
-// 16-bit inputs: every floating op first checks its arguments, then (via_f32) runs its
-// own f32 path on the inputs widened exactly to f32 and rounds the outputs once to the
-// dtypes of the contract in ops.h. The exceptions, which never widen: cast itself; on
-// the cpu backend, matmul / linear / linear_backward with bf16 operands (oneDNN bf16
-// GEMMs, gemm16_available); the cpu embedding forward (a bit copy of 16-bit rows); and
-// add_ / mul_scalar_, which widen dst, update it in f32 and store it back rounded.
+// 16-bit inputs: every floating op first checks its arguments. On the cpu backend, ops
+// whose floating inputs are one 16-bit dtype then run native 16-bit kernels (native16 below;
+// cpu/kernels.h): pieces, rows or heads widened into per-thread f32 buffers, the f32
+// kernel's arithmetic, each output rounded once as it is stored; bitwise what the widened
+// path gives. Everything else (the Ref backend, mixed dtypes, the f16 GEMMs, sum_squares,
+// the native kernels switched off by the cpu::Native16Scope test hook) takes the widened
+// path (via_f32): the op's own f32 path on the inputs widened exactly to f32 (ops::cast
+// copies), the outputs rounded once to the dtypes of the contract in ops.h. Never widened
+// either: cast itself; on the cpu backend, matmul / linear / linear_backward with bf16
+// operands (oneDNN bf16 GEMMs, gemm16_available) and the embedding forward (a bit copy of
+// 16-bit rows).
 #include "brigade/ops/ops.h"
 
 #include <algorithm>
@@ -84,6 +89,27 @@ auto via_f32(std::initializer_list<DType> out, F&& op, const T&... in) -> std::o
   return r;
 }
 
+// The native 16-bit cpu kernels take these tensors: cpu backend, the test hook on
+// (cpu::native16_enabled), and all of them of one 16-bit dtype.
+bool native16(std::initializer_list<const Tensor*> ts) {
+  if (t_backend != Backend::Cpu || !cpu::native16_enabled()) return false;
+  const DType dt = (*ts.begin())->dtype();
+  if (dt != DType::BF16 && dt != DType::F16) return false;
+  for (const Tensor* t : ts)
+    if (t->dtype() != dt) return false;
+  return true;
+}
+// A tensor as the native kernels read it: its own shape and strides, or (broadcast operands)
+// the op's shape with the strides that read it over that shape.
+cpu::Strided strided(const Tensor& t) {
+  return {t.dtype(), t.raw_data(), int(t.dim()), t.shape().data(), t.strides().data()};
+}
+cpu::Strided strided(const Tensor& t, const Shape& shape, const Shape& st) {
+  return {t.dtype(), t.raw_data(), int(shape.size()), shape.data(), st.data()};
+}
+// f32 contents of a small side input (a layer-norm weight or bias: (C)).
+Tensor f32_contiguous(const Tensor& t) { return t.dtype() == DType::F32 ? t.contiguous() : cast(t, DType::F32); }
+
 // The bf16 GEMM fast path of the cpu backend applies to these operands (all one 16-bit dtype).
 bool gemm16(std::initializer_list<const Tensor*> ops) {
   if (t_backend != Backend::Cpu) return false;
@@ -149,6 +175,13 @@ std::vector<int64_t> ids_vector(const Tensor& ids) { return ids.to_vector_i64();
 Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b) {
   check_float(a, name, "a");
   check_float(b, name, "b");
+  if (native16({&a, &b})) {
+    const Shape out = broadcast_named(a.shape(), b.shape(), name);
+    Tensor y = Tensor::empty(out, a.dtype());  // broadcast(a, b)
+    const Shape sa = broadcast_strides(a, out), sb = broadcast_strides(b, out);
+    cpu::binary16(op, strided(a, out, sa), strided(b, out, sb), a.dtype(), y.raw_data());
+    return y;
+  }
   if (auto r = via_f32({same_or_f32(a, b)}, [&](const Tensor& x, const Tensor& y) { return binary_op(op, name, x, y); },
                        a, b))
     return *r;
@@ -162,6 +195,11 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
 
 Tensor unary_op(UnaryOp op, double s, const char* name, const Tensor& a) {
   check_float(a, name, "a");
+  if (native16({&a})) {
+    Tensor y = Tensor::empty(a.shape(), a.dtype());  // same as a
+    cpu::unary16(op, s, strided(a), a.dtype(), y.raw_data());
+    return y;
+  }
   if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return unary_op(op, s, name, x); }, a)) return *r;
   Tensor y = Tensor::empty(a.shape());  // same as a
   BRIGADE_DISPATCH(unary, op, s, int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data(),
@@ -193,6 +231,12 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
                 "add_: src {} must broadcast to dst {} (the result would be {}, which does not fit in dst)",
                 shape_str(src.shape()), shape_str(dst.shape()), shape_str(out));
   check_writable(dst, "add_");
+  if ((is_half(dst) || is_half(src)) && t_backend == Backend::Cpu && cpu::native16_enabled()) {
+    // dst and src of any floating dtypes: widened piece by piece, dst rounded once on store.
+    const Shape ss = broadcast_strides(src, out);
+    cpu::axpy16(strided(dst), strided(src, out, ss), alpha);
+    return;
+  }
   if (is_half(dst)) {  // update an f32 copy, store it back rounded once
     Tensor t = cast(dst, DType::F32);
     add_(t, src, alpha);
@@ -208,6 +252,10 @@ void add_(const Tensor& dst, const Tensor& src, double alpha) {
 void mul_scalar_(const Tensor& dst, double s) {
   check_float(dst, "mul_scalar_", "dst");
   check_writable(dst, "mul_scalar_");
+  if (native16({&dst})) {
+    cpu::scale16(strided(dst), s);
+    return;
+  }
   if (is_half(dst)) {
     Tensor t = cast(dst, DType::F32);
     mul_scalar_(t, s);
@@ -225,12 +273,18 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   BRIGADE_CHECK(shape.size() <= gs.size() && broadcast_named(shape, gs, "sum_to") == gs, ShapeError,
                 "sum_to: target shape {} does not broadcast to the gradient's shape {}; sum_to only undoes "
                 "broadcasting", shape_str(shape), shape_str(gs));
-  if (auto r = via_f32({g.dtype()}, [&](const Tensor& x) { return sum_to(x, shape); }, g)) return *r;
-  Tensor y = Tensor::empty(shape);  // shape
+  const bool n16 = native16({&g});
+  if (!n16)
+    if (auto r = via_f32({g.dtype()}, [&](const Tensor& x) { return sum_to(x, shape); }, g)) return *r;
+  Tensor y = Tensor::empty(shape, g.dtype());  // shape
   const Shape cs = contiguous_strides(shape);
   Shape so(gs.size(), 0);
   const size_t lead = gs.size() - shape.size();
   for (size_t i = 0; i < shape.size(); ++i) so[lead + i] = (shape[i] == 1 && gs[lead + i] != 1) ? 0 : cs[i];
+  if (n16) {
+    cpu::reduce_sum16(strided(g), so.data(), y.numel(), g.dtype(), y.raw_data());
+    return y;
+  }
   BRIGADE_DISPATCH(reduce_sum, int(gs.size()), gs.data(), g.data<float>(), g.strides().data(), y.data<float>(),
                    so.data(), y.numel());
   return y;
@@ -250,29 +304,46 @@ std::vector<bool> reduce_mask(const Tensor& a, const std::vector<int64_t>& dims,
   }
   return red;
 }
-}  // namespace
 
-Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  check_float(a, "sum", "a");
-  const std::vector<bool> red = reduce_mask(a, dims, "sum");
-  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return sum(x, dims, keepdim); }, a)) return *r;
+// sum over the dims marked in red, stored in dtype ot: the f32 kernel (ot f32, a f32) or the
+// native 16-bit one (a 16-bit; ot a's dtype, or f32 for mean).
+Tensor sum_dims(const Tensor& a, const std::vector<bool>& red, bool keepdim, DType ot) {
   Shape out_keep, out;
   for (size_t i = 0; i < red.size(); ++i) {
     out_keep.push_back(red[i] ? 1 : a.shape()[i]);
     if (!red[i]) out.push_back(a.shape()[i]);
   }
-  Tensor y = Tensor::empty(keepdim ? out_keep : out);  // a's shape without (or with size 1 at) the reduced dims
+  Tensor y = Tensor::empty(keepdim ? out_keep : out, ot);  // a's shape without (or with size 1 at) the reduced dims
   Shape so = contiguous_strides(out_keep);
   for (size_t i = 0; i < red.size(); ++i)
     if (red[i]) so[i] = 0;
+  if (is_half(a)) {
+    cpu::reduce_sum16(strided(a), so.data(), y.numel(), ot, y.raw_data());
+    return y;
+  }
   BRIGADE_DISPATCH(reduce_sum, int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data(), y.data<float>(),
                    so.data(), y.numel());
   return y;
+}
+}  // namespace
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  check_float(a, "sum", "a");
+  const std::vector<bool> red = reduce_mask(a, dims, "sum");
+  if (native16({&a})) return sum_dims(a, red, keepdim, a.dtype());
+  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return sum(x, dims, keepdim); }, a)) return *r;
+  return sum_dims(a, red, keepdim, DType::F32);
 }
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   check_float(a, "mean", "a");
   // 16-bit: sum and scale in f32, one rounding at the end.
+  if (native16({&a})) {
+    Tensor s = sum_dims(a, reduce_mask(a, dims, "mean"), keepdim, DType::F32);  // the native sums, kept in f32
+    const int64_t count = s.numel() ? a.numel() / s.numel() : 0;
+    mul_scalar_(s, 1.0 / double(count));
+    return cast(s, a.dtype());
+  }
   if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return mean(x, dims, keepdim); }, a)) return *r;
   Tensor s = sum(a, dims, keepdim);
   const int64_t count = s.numel() ? a.numel() / s.numel() : 0;
@@ -476,8 +547,13 @@ Tensor embedding_backward(const Tensor& gy, const Tensor& ids, int64_t V) {
   BRIGADE_CHECK(gy.dim() == ids.dim() + 1 && Shape(gy.shape().begin(), gy.shape().end() - 1) == ids.shape(),
                 ShapeError, "embedding_backward: gy {} must be ids.shape + (C) with ids {}", shape_str(gy.shape()),
                 shape_str(ids.shape()));
-  if (auto r = via_f32({gy.dtype()}, [&](const Tensor& g) { return embedding_backward(g, ids, V); }, gy)) return *r;
   const int64_t C = gy.size(-1);
+  if (native16({&gy})) {
+    Tensor gw = Tensor::empty({V, C}, gy.dtype());  // (V, C)
+    cpu::embedding_backward16(int64_t(v.size()), C, V, strided(gy), v.data(), gy.dtype(), gw.raw_data());
+    return gw;
+  }
+  if (auto r = via_f32({gy.dtype()}, [&](const Tensor& g) { return embedding_backward(g, ids, V); }, gy)) return *r;
   Tensor gyc = gy.contiguous();
   Tensor gw = Tensor::empty({V, C});  // (V, C)
   BRIGADE_DISPATCH(embedding_backward, int64_t(v.size()), C, V, gyc.data<float>(), v.data(), gw.data<float>());
@@ -503,6 +579,16 @@ LayerNormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, doubl
   Tensor bc = b.defined() ? b : Tensor::zeros({C});  // (C); an undefined bias means no bias
   check_vec(bc, C, "layer_norm", "b", x);
   BRIGADE_CHECK(eps >= 0, ValueError, "layer_norm: eps must be >= 0, got {}", eps);
+  if (native16({&x})) {  // w and b: any floating dtype, widened ((C) each)
+    const Tensor wf = f32_contiguous(w), bf = f32_contiguous(bc);
+    LayerNormOut o;
+    o.y = Tensor::empty(x.shape(), x.dtype());  // (..., C)
+    o.mean = Tensor::empty({N});                // (N)
+    o.rstd = Tensor::empty({N});                // (N)
+    cpu::layer_norm16(N, C, strided(x), wf.data<float>(), bf.data<float>(), eps, x.dtype(), o.y.raw_data(),
+                      o.mean.data<float>(), o.rstd.data<float>());
+    return o;
+  }
   if (auto r = via_f32({x.dtype(), DType::F32, DType::F32},
                        [&](const Tensor& x_, const Tensor& w_, const Tensor& b_) {
                          return layer_norm(x_, w_, b_, eps);
@@ -530,6 +616,18 @@ LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tens
   check_vec(w, C, "layer_norm_backward", "w", x);
   check_vec(mean, N, "layer_norm_backward", "mean", x);
   check_vec(rstd, N, "layer_norm_backward", "rstd", x);
+  if (native16({&gy, &x}) && mean.dtype() == DType::F32 && rstd.dtype() == DType::F32) {  // w: any floating dtype
+    const Tensor wf = f32_contiguous(w), mc = mean.contiguous(), rc = rstd.contiguous();
+    LayerNormGrads g;
+    g.gx = Tensor::empty(x.shape(), x.dtype());  // (..., C)
+    g.gw = Tensor::empty({C});                   // (C)
+    g.gb = Tensor::empty({C});                   // (C)
+    cpu::layer_norm_backward16(N, C, strided(gy), strided(x), wf.data<float>(), mc.data<float>(), rc.data<float>(),
+                               x.dtype(), g.gx.raw_data(), g.gw.data<float>(), g.gb.data<float>());
+    g.gw = round_to(g.gw, w.dtype());
+    g.gb = round_to(g.gb, w.dtype());
+    return g;
+  }
   if (auto r = via_f32({x.dtype(), w.dtype(), w.dtype()},
                        [](const Tensor& gy_, const Tensor& x_, const Tensor& w_, const Tensor& m_, const Tensor& r_) {
                          return layer_norm_backward(gy_, x_, w_, m_, r_);
@@ -551,6 +649,11 @@ LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tens
 
 Tensor gelu(const Tensor& x) {
   check_float(x, "gelu", "x");
+  if (native16({&x})) {
+    Tensor y = Tensor::empty(x.shape(), x.dtype());  // same as x
+    cpu::gelu16(strided(x), x.dtype(), y.raw_data());
+    return y;
+  }
   if (auto r = via_f32({x.dtype()}, [](const Tensor& x_) { return gelu(x_); }, x)) return *r;
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // same as x
@@ -562,6 +665,11 @@ Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
   check_float(gy, "gelu_backward", "gy");
   check_float(x, "gelu_backward", "x");
   check_same_shape(gy, x, "gelu_backward", "gy", "x");
+  if (native16({&gy, &x})) {
+    Tensor gx = Tensor::empty(x.shape(), x.dtype());  // same as x
+    cpu::gelu_backward16(strided(gy), strided(x), x.dtype(), gx.raw_data());
+    return gx;
+  }
   if (auto r = via_f32({x.dtype()}, [](const Tensor& g_, const Tensor& x_) { return gelu_backward(g_, x_); }, gy, x))
     return *r;
   Tensor gyc = gy.contiguous(), xc = x.contiguous();
@@ -573,6 +681,12 @@ Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
 Tensor softmax(const Tensor& x) {
   check_float(x, "softmax", "x");
   BRIGADE_CHECK(x.dim() >= 1, ShapeError, "softmax: x must have at least 1 dim, got a 0-d tensor");
+  if (native16({&x})) {
+    const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+    Tensor y = Tensor::empty(x.shape(), x.dtype());  // (..., C)
+    cpu::softmax16(N, C, strided(x), x.dtype(), y.raw_data());
+    return y;
+  }
   if (auto r = via_f32({x.dtype()}, [](const Tensor& x_) { return softmax(x_); }, x)) return *r;
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   Tensor xc = x.contiguous();
@@ -586,6 +700,12 @@ Tensor softmax_backward(const Tensor& gy, const Tensor& y) {
   check_float(y, "softmax_backward", "y");
   check_same_shape(gy, y, "softmax_backward", "gy", "y");
   BRIGADE_CHECK(y.dim() >= 1, ShapeError, "softmax_backward: y must have at least 1 dim");
+  if (native16({&gy, &y})) {
+    const int64_t C = y.size(-1), N = C ? y.numel() / C : 0;
+    Tensor gx = Tensor::empty(y.shape(), y.dtype());  // (..., C)
+    cpu::softmax_backward16(N, C, strided(gy), strided(y), y.dtype(), gx.raw_data());
+    return gx;
+  }
   if (auto r = via_f32({y.dtype()}, [](const Tensor& g_, const Tensor& y_) { return softmax_backward(g_, y_); }, gy, y))
     return *r;
   const int64_t C = y.size(-1), N = C ? y.numel() / C : 0;
@@ -610,6 +730,15 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op
 
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   check_qkv(q, k, v, "attention");
+  if (native16({&q, &k, &v})) {
+    const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
+    AttentionOut o;
+    o.out = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
+    o.lse = Tensor::empty({B, NH, T});                 // (B, NH, T)
+    cpu::attention16(B * NH, T, HS, strided(q), strided(k), strided(v), causal, scale, q.dtype(), o.out.raw_data(),
+                     o.lse.data<float>());
+    return o;
+  }
   if (auto r = via_f32({q.dtype(), DType::F32},
                        [&](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
                          return attention(q_, k_, v_, causal, scale);
@@ -638,6 +767,17 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
   BRIGADE_CHECK(lse.shape() == Shape({B, NH, T}), ShapeError,
                 "attention_backward: lse must be (B, NH, T) = {}, got {}", shape_str({B, NH, T}),
                 shape_str(lse.shape()));
+  if (native16({&gout, &q, &k, &v, &out}) && lse.dtype() == DType::F32) {
+    const Tensor lc = lse.contiguous();
+    AttentionGrads g;
+    g.gq = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
+    g.gk = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
+    g.gv = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
+    cpu::attention_backward16(B * NH, T, HS, strided(gout), strided(q), strided(k), strided(v), strided(out),
+                              lc.data<float>(), causal, scale, q.dtype(), g.gq.raw_data(), g.gk.raw_data(),
+                              g.gv.raw_data());
+    return g;
+  }
   if (auto r = via_f32({q.dtype(), k.dtype(), v.dtype()},
                        [&](const Tensor& g_, const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& o_,
                            const Tensor& l_) { return attention_backward(g_, q_, k_, v_, o_, l_, causal, scale); },
@@ -679,6 +819,14 @@ std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets
 
 CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy");
+  if (native16({&logits})) {
+    const int64_t N = logits.size(0), V = logits.size(1);
+    CrossEntropyOut o;
+    o.loss = Tensor::empty({});  // ()
+    o.lse = Tensor::empty({N});  // (N)
+    cpu::cross_entropy16(N, V, strided(logits), t.data(), ignore_index, o.loss.data<float>(), o.lse.data<float>());
+    return o;
+  }
   if (auto r = via_f32({DType::F32, DType::F32},
                        [&](const Tensor& l_) { return cross_entropy(l_, targets, ignore_index); }, logits))
     return *r;
@@ -699,6 +847,13 @@ Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& 
   check_float(lse, "cross_entropy_backward", "lse");
   BRIGADE_CHECK(lse.shape() == Shape({N}), ShapeError, "cross_entropy_backward: lse must be ({}), got {}", N,
                 shape_str(lse.shape()));
+  if (native16({&logits}) && lse.dtype() == DType::F32) {
+    const Tensor sc = lse.contiguous();
+    Tensor g = Tensor::empty({N, V}, logits.dtype());  // (N, V)
+    cpu::cross_entropy_backward16(N, V, gloss, strided(logits), t.data(), sc.data<float>(), ignore_index,
+                                  logits.dtype(), g.raw_data());
+    return g;
+  }
   if (auto r = via_f32({logits.dtype()},
                        [&](const Tensor& l_, const Tensor& s_) {
                          return cross_entropy_backward(gloss, l_, targets, s_, ignore_index);

@@ -31,10 +31,16 @@
 //      with that rounded mask, so dropout_backward(x, mask) reproduces y bitwise).
 //      add_(dst, src) and mul_scalar_(dst): any floating dtypes; computed in f32 and stored
 //      rounded into dst.
-//  - Cost: most ops widen 16-bit inputs to f32 copies (ops::cast) around their f32
-//    kernels. On the cpu backend matmul, linear and linear_backward with bf16 operands
-//    (all of one dtype) run oneDNN bf16 GEMMs directly (f32 accumulation, rounded once);
-//    f16 operands are widened (oneDNN 2.6 has no f16 matmul without AVX512-FP16).
+//  - Cost. On the cpu backend, an op whose floating inputs are all of one 16-bit dtype runs
+//    a native 16-bit kernel: pieces, rows or attention heads are widened into per-thread f32
+//    buffers, computed with the f32 kernel's arithmetic and rounded once on store, with no
+//    f32 copy of a whole tensor; the result is bitwise the widened path below. Also native:
+//    add_ / mul_scalar_ with a 16-bit dst or src (any mix), layer_norm's w and b and
+//    dropout_backward's gy in any floating dtype. matmul, linear and linear_backward with
+//    bf16 operands (all of one dtype) run oneDNN bf16 GEMMs directly (f32 accumulation,
+//    rounded once). Everything else with 16-bit inputs (the ref backend, mixed dtypes, f16
+//    GEMMs, as oneDNN 2.6 has no f16 matmul without AVX512-FP16, and sum_squares) widens
+//    the inputs to f32 copies (ops::cast) around the f32 kernels.
 #pragma once
 #include <cstdint>
 #include <optional>

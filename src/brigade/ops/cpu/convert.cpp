@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "brigade/ops/cpu/io16.h"
 #include "brigade/ops/cpu/kernels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -176,6 +177,77 @@ inline int64_t row_offset(int64_t r, int nd, const int64_t* shape, const int64_t
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- helpers of the native 16-bit kernels (io16.h)
+
+void load_f32(DType dt, int64_t n, const void* in, float* out) {
+  if (n <= 0) return;
+  switch (dt) {
+    case DType::F32: std::memcpy(out, in, size_t(n) * 4); return;
+    case DType::BF16: return bf16_to_f32(n, static_cast<const uint16_t*>(in), out);
+    default: return f16_to_f32(n, static_cast<const uint16_t*>(in), out);
+  }
+}
+
+void load_f32_strided(DType dt, int64_t n, const void* in, int64_t s, float* out) {
+  if (s == 1) return load_f32(dt, n, in, out);
+  if (n <= 0) return;
+  if (dt == DType::F32) {
+    const float* x = static_cast<const float*>(in);
+    for (int64_t i = 0; i < n; ++i) out[i] = x[i * s];
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(in);
+  if (s == 0) {
+    std::fill(out, out + n, dt == DType::BF16 ? bf16_to_float(h[0]) : f16_to_float(h[0]));
+    return;
+  }
+  if (dt == DType::BF16)
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(h[i * s]);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = f16_to_float(h[i * s]);
+}
+
+void store_f32(DType dt, int64_t n, const float* in, void* out) {
+  if (n <= 0) return;
+  switch (dt) {
+    case DType::F32: std::memcpy(out, in, size_t(n) * 4); return;
+    case DType::BF16: return f32_to_bf16(n, in, static_cast<uint16_t*>(out));
+    default: return f32_to_f16(n, in, static_cast<uint16_t*>(out));
+  }
+}
+
+void store_f32_strided(DType dt, int64_t n, const float* in, void* out, int64_t s) {
+  if (s == 1) return store_f32(dt, n, in, out);
+  if (dt == DType::F32) {
+    float* y = static_cast<float*>(out);
+    for (int64_t i = 0; i < n; ++i) y[i * s] = in[i];
+    return;
+  }
+  uint16_t* h = static_cast<uint16_t*>(out);
+  if (dt == DType::BF16)
+    for (int64_t i = 0; i < n; ++i) h[i * s] = float_to_bf16(in[i]);
+  else
+    for (int64_t i = 0; i < n; ++i) h[i * s] = float_to_f16(in[i]);
+}
+
+bool Strided::contiguous() const { return nd == 0 || is_contig(nd, shape, st); }
+
+void gather_f32(const Strided& x, int64_t i0, int64_t m, float* out) {
+  const size_t es = dtype_size(x.dt);
+  const char* p = static_cast<const char*>(x.p);
+  if (x.contiguous()) return load_f32(x.dt, m, p + size_t(i0) * es, out);
+  const int64_t inner = x.shape[x.nd - 1], s = x.st[x.nd - 1];
+  int64_t r = i0 / inner, c = i0 % inner;
+  while (m > 0) {
+    const int64_t k = std::min(m, inner - c);
+    load_f32_strided(x.dt, k, p + size_t(row_offset(r, x.nd, x.shape, x.st) + c * s) * es, s, out);
+    out += k;
+    m -= k;
+    ++r;
+    c = 0;
+  }
+}
 
 void cast(DType from, DType to, int nd, const int64_t* shape, const void* in, const int64_t* si, void* out) {
   const int64_t n = ref::numel_of(nd, shape);

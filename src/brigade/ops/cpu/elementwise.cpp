@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "brigade/ops/cpu/io16.h"
 #include "brigade/ops/cpu/kernels.h"
 #include "brigade/ops/cpu/vec_math.h"
 
@@ -252,24 +253,28 @@ double sum_squares(int nd, const int64_t* shape, const float* in, const int64_t*
 
 // ---------------------------------------------------------------- GELU (tanh approximation)
 
-void gelu(int64_t n, const float* x, float* y) {
+namespace {
+// One element of each (shared by the f32 and the native 16-bit kernels).
+inline float gelu1(float xi) {
   const float k = 0.7978845608028654f, a = 0.044715f;
+  return 0.5f * xi * (1.0f + fast_tanh(k * (xi + a * xi * xi * xi)));
+}
+// d/dx [0.5 x (1 + tanh(u))] = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3a x^2)
+inline float gelu_grad1(float g, float xi) {
+  const float k = 0.7978845608028654f, a = 0.044715f;
+  const float t = fast_tanh(k * (xi + a * xi * xi * xi));
+  return g * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * k * (1.0f + 3.0f * a * xi * xi));
+}
+}  // namespace
+
+void gelu(int64_t n, const float* x, float* y) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    y[i] = 0.5f * xi * (1.0f + fast_tanh(k * (xi + a * xi * xi * xi)));
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu1(x[i]);
 }
 
 void gelu_backward(int64_t n, const float* gy, const float* x, float* gx) {
-  // d/dx [0.5 x (1 + tanh(u))] = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3a x^2)
-  const float k = 0.7978845608028654f, a = 0.044715f;
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
-    const float t = fast_tanh(k * (xi + a * xi * xi * xi));
-    gx[i] = gy[i] * (0.5f * (1.0f + t) + 0.5f * xi * (1.0f - t * t) * k * (1.0f + 3.0f * a * xi * xi));
-  }
+  for (int64_t i = 0; i < n; ++i) gx[i] = gelu_grad1(gy[i], x[i]);
 }
 
 // ---------------------------------------------------------------- embedding
@@ -322,6 +327,282 @@ void embedding_backward(int64_t N, int64_t C, int64_t V, const float* gy, const 
 void dropout_apply(int64_t n, const float* x, const float* mask, float* y) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * mask[i];
+}
+
+// ---------------------------------------------------------------- native 16-bit kernels (see kernels.h)
+
+namespace {
+thread_local bool t_native16 = true;
+}  // namespace
+
+bool native16_enabled() { return t_native16; }
+Native16Scope::Native16Scope(bool on) : prev_(t_native16) { t_native16 = on; }
+Native16Scope::~Native16Scope() { t_native16 = prev_; }
+
+namespace {
+
+constexpr int64_t kPiece = 1024;  // elements per piece (per-thread f32 buffers on the stack)
+
+// The pieces of an elementwise op over its logical shape: one flat row of n when every
+// operand is contiguous, else the rows of the last dim; each row cut into pieces of at most
+// kPiece elements. The output (contiguous) of piece (r, c0) starts at r * inner + c0.
+struct Walk {
+  int nd;
+  const int64_t* shape;
+  int64_t n, inner, rows, per_row;
+  bool flat;
+  Walk(int nd_, const int64_t* shape_, bool contiguous) : nd(nd_), shape(shape_) {
+    n = ref::numel_of(nd, shape);
+    flat = nd == 0 || contiguous;
+    inner = flat ? n : shape[nd - 1];
+    rows = inner ? n / inner : 0;
+    per_row = (inner + kPiece - 1) / kPiece;
+  }
+  int64_t offset(const int64_t* st, int64_t r, int64_t c0) const {
+    return flat ? c0 : row_offset(r, nd, shape, st) + c0 * st[nd - 1];
+  }
+  int64_t stride(const int64_t* st) const { return flat ? 1 : st[nd - 1]; }
+};
+
+// Runs body(r, c0, m) on every piece, in parallel above kParallelMin elements (static split).
+template <typename Body>
+void for_pieces(const Walk& w, Body body) {
+  if (w.n == 0) return;
+  const int64_t items = w.rows * w.per_row;
+#pragma omp parallel for schedule(static) if (w.n > kParallelMin)
+  for (int64_t it = 0; it < items; ++it) {
+    const int64_t r = it / w.per_row, c0 = (it % w.per_row) * kPiece;
+    body(r, c0, std::min(kPiece, w.inner - c0));
+  }
+}
+
+// The f32 values of piece (r, c0, m) of x: read in place when x is f32 with unit stride,
+// else widened into buf.
+inline const float* load_piece(const Strided& x, const Walk& w, int64_t r, int64_t c0, int64_t m, float* buf) {
+  const int64_t s = w.stride(x.st);
+  const char* p = static_cast<const char*>(x.p) + size_t(w.offset(x.st, r, c0)) * dtype_size(x.dt);
+  if (x.dt == DType::F32 && s == 1) return reinterpret_cast<const float*>(p);
+  load_f32_strided(x.dt, m, p, s, buf);
+  return buf;
+}
+
+// out (contiguous, dtype ot) = f(a) or f(a, b) per element, through f32 buffers.
+template <typename F>
+void map1(F f, const Strided& a, DType ot, void* out) {
+  const Walk w(a.nd, a.shape, a.contiguous());
+  char* o = static_cast<char*>(out);
+  const size_t eo = dtype_size(ot);
+  for_pieces(w, [&](int64_t r, int64_t c0, int64_t m) {
+    alignas(64) float ba[kPiece], bo[kPiece];
+    const float* x = load_piece(a, w, r, c0, m, ba);
+    char* op = o + size_t(r * w.inner + c0) * eo;
+    float* z = ot == DType::F32 ? reinterpret_cast<float*>(op) : bo;
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) z[i] = f(x[i]);
+    if (ot != DType::F32) store_f32(ot, m, bo, op);
+  });
+}
+
+template <typename F>
+void map2(F f, const Strided& a, const Strided& b, DType ot, void* out) {
+  const Walk w(a.nd, a.shape, a.contiguous() && b.contiguous());
+  char* o = static_cast<char*>(out);
+  const size_t eo = dtype_size(ot);
+  for_pieces(w, [&](int64_t r, int64_t c0, int64_t m) {
+    alignas(64) float ba[kPiece], bb[kPiece], bo[kPiece];
+    const float* x = load_piece(a, w, r, c0, m, ba);
+    const float* y = load_piece(b, w, r, c0, m, bb);
+    char* op = o + size_t(r * w.inner + c0) * eo;
+    float* z = ot == DType::F32 ? reinterpret_cast<float*>(op) : bo;
+#pragma omp simd
+    for (int64_t i = 0; i < m; ++i) z[i] = f(x[i], y[i]);
+    if (ot != DType::F32) store_f32(ot, m, bo, op);
+  });
+}
+
+// dst (strided, any floating dtype) updated in place by f(d) or f(d, s) through f32 buffers.
+template <typename F>
+void update(F f, const Strided& dst, const Strided* src) {
+  const Walk w(dst.nd, dst.shape, dst.contiguous() && (!src || src->contiguous()));
+  const size_t ed = dtype_size(dst.dt);
+  for_pieces(w, [&](int64_t r, int64_t c0, int64_t m) {
+    alignas(64) float bd[kPiece], bs[kPiece];
+    const int64_t sd = w.stride(dst.st);
+    char* dp = const_cast<char*>(static_cast<const char*>(dst.p)) + size_t(w.offset(dst.st, r, c0)) * ed;
+    const bool direct = dst.dt == DType::F32 && sd == 1;
+    float* d = direct ? reinterpret_cast<float*>(dp) : bd;
+    if (!direct) load_f32_strided(dst.dt, m, dp, sd, bd);
+    if (src) {
+      const float* x = load_piece(*src, w, r, c0, m, bs);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) d[i] = f(d[i], x[i]);
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) d[i] = f(d[i], 0.f);
+    }
+    if (!direct) store_f32_strided(dst.dt, m, bd, dp, sd);
+  });
+}
+
+}  // namespace
+
+void binary16(BinaryOp op, const Strided& a, const Strided& b, DType ot, void* out) {
+  switch (op) {
+    case BinaryOp::Add: return map2([](float x, float y) { return x + y; }, a, b, ot, out);
+    case BinaryOp::Sub: return map2([](float x, float y) { return x - y; }, a, b, ot, out);
+    case BinaryOp::Mul: return map2([](float x, float y) { return x * y; }, a, b, ot, out);
+    case BinaryOp::Div: return map2([](float x, float y) { return x / y; }, a, b, ot, out);
+  }
+}
+
+void unary16(UnaryOp op, double s, const Strided& a, DType ot, void* out) {
+  const float sf = float(s);
+  switch (op) {
+    case UnaryOp::Neg: return map1([](float x) { return -x; }, a, ot, out);
+    case UnaryOp::Exp: return map1([](float x) { return std::exp(x); }, a, ot, out);
+    case UnaryOp::Log: return map1([](float x) { return std::log(x); }, a, ot, out);
+    case UnaryOp::Tanh: return map1([](float x) { return std::tanh(x); }, a, ot, out);
+    case UnaryOp::Sqrt: return map1([](float x) { return std::sqrt(x); }, a, ot, out);
+    case UnaryOp::AddScalar: return map1([sf](float x) { return x + sf; }, a, ot, out);
+    case UnaryOp::MulScalar: return map1([sf](float x) { return x * sf; }, a, ot, out);
+  }
+}
+
+void axpy16(const Strided& dst, const Strided& src, double alpha) {
+  const float al = float(alpha);
+  update([al](float d, float x) { return d + al * x; }, dst, &src);
+}
+
+void scale16(const Strided& dst, double s) {
+  const float sf = float(s);
+  update([sf](float d, float) { return d * sf; }, dst, nullptr);
+}
+
+void gelu16(const Strided& x, DType ot, void* y) { map1([](float v) { return gelu1(v); }, x, ot, y); }
+
+void gelu_backward16(const Strided& gy, const Strided& x, DType ot, void* gx) {
+  map2([](float g, float v) { return gelu_grad1(g, v); }, gy, x, ot, gx);
+}
+
+namespace {
+// column_sum on the logical (N, C) matrix `in`, the sums stored in dtype ot.
+void column_sum16(int64_t N, int64_t C, const Strided& in, DType ot, void* out) {
+  constexpr int64_t kW = 64;
+  const int64_t nchunks = (C + kW - 1) / kW;
+  const size_t eo = dtype_size(ot);
+#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+  for (int64_t ch = 0; ch < nchunks; ++ch) {
+    const int64_t c0 = ch * kW, w = std::min(kW, C - c0);
+    float acc[kW] = {};
+    alignas(64) float xr[kW];
+    for (int64_t n = 0; n < N; ++n) {
+      gather_f32(in, n * C + c0, w, xr);
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) acc[c] += xr[c];
+    }
+    store_f32(ot, w, acc, static_cast<char*>(out) + size_t(c0) * eo);
+  }
+}
+}  // namespace
+
+void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType ot, void* out) {
+  // The branches of reduce_sum for a contiguous input (the widened copy always is one),
+  // taken on the logical element order of `in`.
+  const int nd = in.nd;
+  const int64_t* shape = in.shape;
+  const int64_t n = ref::numel_of(nd, shape);
+  const size_t eo = dtype_size(ot);
+  char* o = static_cast<char*>(out);
+  if (n == 0 || out_numel == 0) {
+    const float zero = 0.f;
+    for (int64_t i = 0; i < out_numel; ++i) store_f32(ot, 1, &zero, o + size_t(i) * eo);
+    return;
+  }
+  if (out_numel == 1) {  // blocked_sum: fixed blocks, each widened into a buffer
+    constexpr int64_t kBlock = 4096;
+    const int64_t nb = (n + kBlock - 1) / kBlock;
+    std::vector<float> part(static_cast<size_t>(nb));
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+    for (int64_t b = 0; b < nb; ++b) {
+      alignas(64) float buf[kBlock];
+      const int64_t i0 = b * kBlock, m = std::min(n, i0 + kBlock) - i0;
+      gather_f32(in, i0, m, buf);
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < m; ++i) s += buf[i];
+      part[size_t(b)] = s;
+    }
+    float s = 0;
+    for (float p : part) s += p;
+    store_f32(ot, 1, &s, o);
+    return;
+  }
+  int p = 0;
+  while (p < nd && (so[p] == 0 || shape[p] == 1)) ++p;
+  int64_t lead = 1;
+  for (int d = 0; d < p; ++d) lead *= shape[d];
+  bool suffix_kept = true;
+  for (int d = p; d < nd; ++d) suffix_kept &= (so[d] != 0 || shape[d] == 1);
+  if (suffix_kept) return column_sum16(lead, n / lead, in, ot, out);
+  int q = nd;
+  while (q > 0 && (so[q - 1] == 0 || shape[q - 1] == 1)) --q;
+  bool prefix_kept = true;
+  for (int d = 0; d < q; ++d) prefix_kept &= (so[d] != 0 || shape[d] == 1);
+  if (prefix_kept) {  // row sums, each row widened into a per-thread buffer
+    int64_t inner = 1;
+    for (int d = q; d < nd; ++d) inner *= shape[d];
+    const int64_t rows = n / inner;
+#pragma omp parallel if (n > kParallelMin)
+    {
+      std::vector<float> row(static_cast<size_t>(inner));
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* x = row.data();
+        gather_f32(in, r * inner, inner, row.data());
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < inner; ++i) s += x[i];
+        store_f32(ot, 1, &s, o + size_t(r) * eo);
+      }
+    }
+    return;
+  }
+  // ref::reduce_sum's element order, serially, widening kPiece elements at a time.
+  std::vector<float> acc(static_cast<size_t>(out_numel), 0.f);
+  alignas(64) float buf[kPiece];
+  for (int64_t i0 = 0; i0 < n; i0 += kPiece) {
+    const int64_t m = std::min(kPiece, n - i0);
+    gather_f32(in, i0, m, buf);
+    for (int64_t j = 0; j < m; ++j) acc[size_t(ref::strided_offset(i0 + j, nd, shape, so))] += buf[j];
+  }
+  store_f32(ot, out_numel, acc.data(), o);
+}
+
+void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot,
+                          void* gw) {
+  // embedding_backward's sums (each gw[v, c] = 0 + the rows with id v, in row order) in a
+  // per-thread f32 block of 16 columns of all V rows, stored rounded once complete.
+  constexpr int64_t kW = 16;
+  const int64_t nchunks = (C + kW - 1) / kW;
+  const size_t eo = dtype_size(ot);
+  char* o = static_cast<char*>(gw);
+#pragma omp parallel if (N * C > kParallelMin || V * C > kParallelMin)
+  {
+    std::vector<float> acc(static_cast<size_t>(V * kW));
+#pragma omp for schedule(static)
+    for (int64_t ch = 0; ch < nchunks; ++ch) {
+      const int64_t c0 = ch * kW, w = std::min(kW, C - c0);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      alignas(64) float s[kW];
+      for (int64_t n = 0; n < N; ++n) {
+        gather_f32(gy, n * C + c0, w, s);
+        float* g = acc.data() + ids[n] * kW;
+#pragma omp simd
+        for (int64_t c = 0; c < w; ++c) g[c] += s[c];
+      }
+      for (int64_t v = 0; v < V; ++v) store_f32(ot, w, acc.data() + v * kW, o + size_t(v * C + c0) * eo);
+    }
+  }
 }
 
 }  // namespace brigade::ops::cpu

@@ -3,7 +3,8 @@
 // linear go through oneDNN (cpu/matmul.cpp, the only file that includes dnnl.hpp),
 // also with bf16 operands; dtype conversions (cpu/convert.cpp) are AVX-512 intrinsics;
 // the rest is OpenMP + auto-vectorised loops. Not a front-end: no shape checks here.
-// Other 16-bit work is widened to f32 by the front-end (ops.cpp) around these kernels.
+// The other floating ops have native 16-bit variants (the *16 kernels below): they widen
+// pieces of their inputs into per-thread f32 buffers and run the f32 arithmetic there.
 // Determinism: every kernel is bitwise reproducible run to run for a fixed thread
 // count (static schedules, fixed reduction order, no atomics).
 #pragma once
@@ -88,6 +89,84 @@ void dropout_apply(int64_t n, const float* x, const float* mask, float* y);
 
 // 16-bit embedding rows (a bit copy: y = weight[ids], as `embedding` above).
 void embedding16(int64_t N, int64_t C, const uint16_t* w, int64_t swv, int64_t swc, const int64_t* ids, uint16_t* y);
+
+// ---------------- native 16-bit kernels
+// For ops whose floating inputs are one 16-bit dtype (the front-end, ops.cpp, decides; a few
+// ops also take f32 side inputs, see there), these kernels read the 16-bit values, widen them
+// exactly into small per-thread f32 buffers (pieces of at most a few thousand elements, one
+// row, or one attention head: never a widened copy of a whole tensor), run exactly the
+// arithmetic of the f32 kernel above, in the same order, and round each output once as it
+// is stored (dtype `ot`: bf16, f16, or f32 where the contract keeps an output in f32). So
+// every result is bitwise the f32 kernel run on the inputs widened by cast, rounded by cast:
+// the "widened path" the front-end takes when they are off. The thread-count behaviour is
+// that of the f32 kernel (same thresholds, same split, same reduction order). One caveat:
+// where a sum adds two NaNs, x86 keeps the first operand's sign and payload, and the operand
+// order is the compiler's per loop (the f32 column sums already differ between their vector
+// body and their scalar tail), so which NaN comes out may differ; NaN stays NaN.
+//
+// Inputs are `Strided` views: dtype, data, logical shape and strides (any layout; a
+// broadcast operand has stride 0 on its broadcast dims and the op's shape). Outputs are
+// contiguous unless said otherwise.
+struct Strided {
+  DType dt;
+  const void* p;
+  int nd;
+  const int64_t* shape;
+  const int64_t* st;
+  bool contiguous() const;  // row-major without gaps (size-1 dims ignored)
+};
+
+// Test hook: the front-end uses these kernels only while native16_enabled() (thread-local,
+// on by default). `Native16Scope off(false)` makes the ops on this thread take the widened
+// path again (ops::cast to f32 copies, the f32 kernel, ops::cast back), which the tests
+// compare against bitwise.
+bool native16_enabled();
+class Native16Scope {
+ public:
+  explicit Native16Scope(bool on);
+  ~Native16Scope();
+  Native16Scope(const Native16Scope&) = delete;
+  Native16Scope& operator=(const Native16Scope&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// cpu/elementwise.cpp. a, b, dst, src: views over one shape (a.shape; broadcast strides).
+void binary16(BinaryOp op, const Strided& a, const Strided& b, DType ot, void* out);
+void unary16(UnaryOp op, double s, const Strided& a, DType ot, void* out);
+// In place (dst.p is written through its strides): dst += alpha * src; dst *= s.
+void axpy16(const Strided& dst, const Strided& src, double alpha);
+void scale16(const Strided& dst, double s);
+// reduce_sum above on the logical elements of `in` (so: output strides over in.shape, 0 on
+// reduced dims), out (out_numel values) in dtype ot.
+void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType ot, void* out);
+void gelu16(const Strided& x, DType ot, void* y);
+void gelu_backward16(const Strided& gy, const Strided& x, DType ot, void* gx);
+// gy: logical (N, C); gw (V, C) in dtype ot.
+void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot,
+                          void* gw);
+
+// cpu/norm.cpp. x, gy, y, logits: logical (N, C) / (N, V). w, b, mean, rstd, lse: f32.
+void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot,
+                  void* y, float* mean, float* rstd);
+// gx in dtype ot; gw, gb f32 (C).
+void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w,
+                           const float* mean, const float* rstd, DType ot, void* gx, float* gw, float* gb);
+void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y);
+void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx);
+int64_t cross_entropy16(int64_t N, int64_t V, const Strided& logits, const int64_t* targets, int64_t ignore_index,
+                        float* loss, float* lse);
+void cross_entropy_backward16(int64_t N, int64_t V, double gloss, const Strided& logits, const int64_t* targets,
+                              const float* lse, int64_t ignore_index, DType ot, void* glogits);
+
+// cpu/attention.cpp. q, k, v, gout, out: (B, NH, T, HS) views, BH = B * NH; lse f32
+// contiguous (BH, T); out, gq, gk, gv contiguous in dtype ot.
+void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Strided& k, const Strided& v,
+                 bool causal, double scale, DType ot, void* out, float* lse);
+void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout, const Strided& q,
+                          const Strided& k, const Strided& v, const Strided& out, const float* lse, bool causal,
+                          double scale, DType ot, void* gq, void* gk, void* gv);
 
 // cpu/convert.cpp: out (contiguous, dtype `to`) = in (dtype `from`, strided), bitwise equal to
 // ref::cast (the scalar conversions of core/dtype.h); vectorised, OpenMP for large tensors.

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "brigade/ops/cpu/io16.h"
 #include "brigade/ops/cpu/kernels.h"
 #include "brigade/ops/cpu/vec_math.h"
 
@@ -24,6 +25,82 @@ inline float row_max(int64_t C, const float* x) {
   for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
   return m;
 }
+
+// One row of each kernel, shared by the f32 kernels and their native 16-bit variants (which
+// call them on rows widened into per-thread buffers).
+inline void layer_norm_row(int64_t C, const float* xr, const float* w, const float* b, float epsf, float* yr,
+                           float* mean, float* rstd) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < C; ++c) s += xr[c];
+  const float m = s / float(C);
+  float v = 0.f;
+#pragma omp simd reduction(+ : v)
+  for (int64_t c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+  const float rs = 1.0f / std::sqrt(v / float(C) + epsf);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
+  *mean = m;
+  *rstd = rs;
+}
+
+// gx of one row; adds the row's terms to the gw / gb partials pw, pb.
+inline void layer_norm_backward_row(int64_t C, const float* gr, const float* xr, const float* w, float m, float rs,
+                                    float* gxr, float* pw, float* pb) {
+  float mg = 0.f, mgx = 0.f;
+#pragma omp simd reduction(+ : mg, mgx)
+  for (int64_t c = 0; c < C; ++c) {
+    const float xh = (xr[c] - m) * rs;
+    const float g = gr[c] * w[c];
+    mg += g;
+    mgx += g * xh;
+    pw[c] += gr[c] * xh;
+    pb[c] += gr[c];
+  }
+  mg /= float(C);
+  mgx /= float(C);
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) {
+    const float xh = (xr[c] - m) * rs;
+    gxr[c] = rs * (gr[c] * w[c] - mg - xh * mgx);
+  }
+}
+
+inline void softmax_row(int64_t C, const float* xr, float* yr) {
+  const float m = row_max(C, xr);
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < C; ++c) {
+    yr[c] = fast_exp(xr[c] - m);
+    s += yr[c];
+  }
+  const float inv = 1.0f / s;
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
+}
+
+inline void softmax_backward_row(int64_t C, const float* gr, const float* yr, float* gxr) {
+  float d = 0.f;
+#pragma omp simd reduction(+ : d)
+  for (int64_t c = 0; c < C; ++c) d += gr[c] * yr[c];
+#pragma omp simd
+  for (int64_t c = 0; c < C; ++c) gxr[c] = yr[c] * (gr[c] - d);
+}
+
+inline float logsumexp_row(int64_t V, const float* xr) {
+  const float m = row_max(V, xr);
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < V; ++j) s += fast_exp(xr[j] - m);
+  return m + std::log(s);
+}
+
+// g * softmax(xr) - g * onehot(t), from the row's lse l.
+inline void cross_entropy_backward_row(int64_t V, const float* xr, float g, float l, int64_t t, float* gr) {
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) gr[j] = g * fast_exp(xr[j] - l);
+  gr[t] -= g;
+}
 }  // namespace
 
 // ---------------------------------------------------------------- layer norm (Ba et al. 2016)
@@ -32,22 +109,7 @@ void layer_norm(int64_t N, int64_t C, const float* x, const float* w, const floa
                 float* mean, float* rstd) {
   const float epsf = float(eps);
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* xr = x + n * C;
-    float* yr = y + n * C;
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) s += xr[c];
-    const float m = s / float(C);
-    float v = 0.f;
-#pragma omp simd reduction(+ : v)
-    for (int64_t c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
-    const float rs = 1.0f / std::sqrt(v / float(C) + epsf);
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * rs * w[c] + b[c];
-    mean[n] = m;
-    rstd[n] = rs;
-  }
+  for (int64_t n = 0; n < N; ++n) layer_norm_row(C, x + n * C, w, b, epsf, y + n * C, mean + n, rstd + n);
 }
 
 void layer_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, const float* w, const float* mean,
@@ -64,29 +126,8 @@ void layer_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, 
       float* pw = part.data() + blk * 2 * C;
       float* pb = pw + C;
       std::fill(pw, pw + 2 * C, 0.f);
-      for (int64_t n = blk * kRows; n < std::min(N, (blk + 1) * kRows); ++n) {
-        const float* xr = x + n * C;
-        const float* gr = gy + n * C;
-        float* gxr = gx + n * C;
-        const float m = mean[n], rs = rstd[n];
-        float mg = 0.f, mgx = 0.f;
-#pragma omp simd reduction(+ : mg, mgx)
-        for (int64_t c = 0; c < C; ++c) {
-          const float xh = (xr[c] - m) * rs;
-          const float g = gr[c] * w[c];
-          mg += g;
-          mgx += g * xh;
-          pw[c] += gr[c] * xh;
-          pb[c] += gr[c];
-        }
-        mg /= float(C);
-        mgx /= float(C);
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) {
-          const float xh = (xr[c] - m) * rs;
-          gxr[c] = rs * (gr[c] * w[c] - mg - xh * mgx);
-        }
-      }
+      for (int64_t n = blk * kRows; n < std::min(N, (blk + 1) * kRows); ++n)
+        layer_norm_backward_row(C, gy + n * C, x + n * C, w, mean[n], rstd[n], gx + n * C, pw, pb);
     }
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < C; ++c) {
@@ -105,34 +146,13 @@ void layer_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, 
 
 void softmax(int64_t N, int64_t C, const float* x, float* y) {
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* xr = x + n * C;
-    float* yr = y + n * C;
-    const float m = row_max(C, xr);
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t c = 0; c < C; ++c) {
-      yr[c] = fast_exp(xr[c] - m);
-      s += yr[c];
-    }
-    const float inv = 1.0f / s;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
-  }
+  for (int64_t n = 0; n < N; ++n) softmax_row(C, x + n * C, y + n * C);
 }
 
 void softmax_backward(int64_t N, int64_t C, const float* gy, const float* y, float* gx) {
   // Backward of `y = softmax(x)`: gx = y * (gy - sum(gy * y)).
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* gr = gy + n * C;
-    const float* yr = y + n * C;
-    float d = 0.f;
-#pragma omp simd reduction(+ : d)
-    for (int64_t c = 0; c < C; ++c) d += gr[c] * yr[c];
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) gx[n * C + c] = yr[c] * (gr[c] - d);
-  }
+  for (int64_t n = 0; n < N; ++n) softmax_backward_row(C, gy + n * C, y + n * C, gx + n * C);
 }
 
 // ---------------------------------------------------------------- fused log-softmax + cross-entropy
@@ -141,14 +161,7 @@ int64_t cross_entropy(int64_t N, int64_t V, const float* logits, const int64_t* 
                       float* loss, float* lse) {
   // One pass for the max, one for sum(exp); nothing of size V is written.
 #pragma omp parallel for schedule(static) if (N * V > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* xr = logits + n * V;
-    const float m = row_max(V, xr);
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t j = 0; j < V; ++j) s += fast_exp(xr[j] - m);
-    lse[n] = m + std::log(s);
-  }
+  for (int64_t n = 0; n < N; ++n) lse[n] = logsumexp_row(V, logits + n * V);
   double total = 0.0;  // serial, in row order
   int64_t count = 0;
   for (int64_t n = 0; n < N; ++n) {
@@ -173,11 +186,147 @@ void cross_entropy_backward(int64_t N, int64_t V, double gloss, const float* log
       std::fill(gr, gr + V, 0.f);
       continue;
     }
-    const float* xr = logits + n * V;
-    const float g = float(gloss / double(count)), l = lse[n];
-#pragma omp simd
-    for (int64_t j = 0; j < V; ++j) gr[j] = g * fast_exp(xr[j] - l);
-    gr[targets[n]] -= g;
+    cross_entropy_backward_row(V, logits + n * V, float(gloss / double(count)), lse[n], targets[n], gr);
+  }
+}
+
+// ---------------------------------------------------------------- native 16-bit variants (see kernels.h)
+// Each row is widened into a per-thread f32 buffer, the f32 row function runs there, and the
+// output row is rounded once as it is stored. Same thresholds, splits and sums as above.
+
+void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot,
+                  void* y, float* mean, float* rstd) {
+  const float epsf = float(eps);
+  const size_t eo = dtype_size(ot);
+#pragma omp parallel if (N * C > kParallelMin)
+  {
+    std::vector<float> buf(static_cast<size_t>(2 * C));
+    float* xr = buf.data();
+    float* yr = xr + C;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      gather_f32(x, n * C, C, xr);
+      layer_norm_row(C, xr, w, b, epsf, yr, mean + n, rstd + n);
+      store_f32(ot, C, yr, static_cast<char*>(y) + size_t(n * C) * eo);
+    }
+  }
+}
+
+void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w,
+                           const float* mean, const float* rstd, DType ot, void* gx, float* gw, float* gb) {
+  constexpr int64_t kRows = 32;
+  const int64_t nb = (N + kRows - 1) / kRows;
+  const size_t eo = dtype_size(ot);
+  std::vector<float> part(static_cast<size_t>(nb * 2 * C));  // (nb, 2, C): gw, gb partials
+#pragma omp parallel if (N * C > kParallelMin)
+  {
+    std::vector<float> buf(static_cast<size_t>(3 * C));
+    float* gr = buf.data();
+    float* xr = gr + C;
+    float* gxr = xr + C;
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      float* pw = part.data() + blk * 2 * C;
+      float* pb = pw + C;
+      std::fill(pw, pw + 2 * C, 0.f);
+      for (int64_t n = blk * kRows; n < std::min(N, (blk + 1) * kRows); ++n) {
+        gather_f32(gy, n * C, C, gr);
+        gather_f32(x, n * C, C, xr);
+        layer_norm_backward_row(C, gr, xr, w, mean[n], rstd[n], gxr, pw, pb);
+        store_f32(ot, C, gxr, static_cast<char*>(gx) + size_t(n * C) * eo);
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      float sw = 0.f, sb = 0.f;
+      for (int64_t blk = 0; blk < nb; ++blk) {
+        sw += part[size_t(blk * 2 * C + c)];
+        sb += part[size_t(blk * 2 * C + C + c)];
+      }
+      gw[c] = sw;
+      gb[c] = sb;
+    }
+  }
+}
+
+void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y) {
+  const size_t eo = dtype_size(ot);
+#pragma omp parallel if (N * C > kParallelMin)
+  {
+    std::vector<float> buf(static_cast<size_t>(2 * C));
+    float* xr = buf.data();
+    float* yr = xr + C;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      gather_f32(x, n * C, C, xr);
+      softmax_row(C, xr, yr);
+      store_f32(ot, C, yr, static_cast<char*>(y) + size_t(n * C) * eo);
+    }
+  }
+}
+
+void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx) {
+  const size_t eo = dtype_size(ot);
+#pragma omp parallel if (N * C > kParallelMin)
+  {
+    std::vector<float> buf(static_cast<size_t>(3 * C));
+    float* gr = buf.data();
+    float* yr = gr + C;
+    float* gxr = yr + C;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      gather_f32(gy, n * C, C, gr);
+      gather_f32(y, n * C, C, yr);
+      softmax_backward_row(C, gr, yr, gxr);
+      store_f32(ot, C, gxr, static_cast<char*>(gx) + size_t(n * C) * eo);
+    }
+  }
+}
+
+int64_t cross_entropy16(int64_t N, int64_t V, const Strided& logits, const int64_t* targets, int64_t ignore_index,
+                        float* loss, float* lse) {
+#pragma omp parallel if (N * V > kParallelMin)
+  {
+    std::vector<float> xr(static_cast<size_t>(V));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      gather_f32(logits, n * V, V, xr.data());
+      lse[n] = logsumexp_row(V, xr.data());
+    }
+  }
+  double total = 0.0;  // serial, in row order
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == ignore_index) continue;
+    float xt;
+    gather_f32(logits, n * V + targets[n], 1, &xt);
+    total += double(lse[n]) - double(xt);
+    ++count;
+  }
+  *loss = count ? float(total / double(count)) : std::numeric_limits<float>::quiet_NaN();
+  return count;
+}
+
+void cross_entropy_backward16(int64_t N, int64_t V, double gloss, const Strided& logits, const int64_t* targets,
+                              const float* lse, int64_t ignore_index, DType ot, void* glogits) {
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) count += targets[n] != ignore_index;
+  const size_t eo = dtype_size(ot);
+#pragma omp parallel if (N * V > kParallelMin)
+  {
+    std::vector<float> buf(static_cast<size_t>(2 * V));
+    float* xr = buf.data();
+    float* gr = xr + V;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      if (targets[n] == ignore_index || count == 0) {
+        std::fill(gr, gr + V, 0.f);
+      } else {
+        gather_f32(logits, n * V, V, xr);
+        cross_entropy_backward_row(V, xr, float(gloss / double(count)), lse[n], targets[n], gr);
+      }
+      store_f32(ot, V, gr, static_cast<char*>(glogits) + size_t(n * V) * eo);
+    }
   }
 }
 
