@@ -343,25 +343,46 @@ namespace {
 
 constexpr int64_t kPiece = 1024;  // elements per piece (per-thread f32 buffers on the stack)
 
-// The pieces of an elementwise op over its logical shape: one flat row of n when every
-// operand is contiguous, else the rows of the last dim; each row cut into pieces of at most
-// kPiece elements. The output (contiguous) of piece (r, c0) starts at r * inner + c0.
+// The pieces of an elementwise op over the logical shape of its operands (one or two views
+// of one shape): size-1 dims dropped, and neighbouring dims merged wherever every operand
+// steps through them as one dim (so a contiguous operand set is one flat row, and a row
+// broadcast over leading dims gives long rows); then the rows of the last merged dim, each
+// cut into pieces of at most kPiece elements. The output (contiguous) of piece (r, c0)
+// starts at r * inner + c0.
 struct Walk {
-  int nd;
-  const int64_t* shape;
+  int nops, nd = 0;
+  std::vector<int64_t> shape, st[2];  // merged, outermost first; st[k]: operand k
   int64_t n, inner, rows, per_row;
-  bool flat;
-  Walk(int nd_, const int64_t* shape_, bool contiguous) : nd(nd_), shape(shape_) {
-    n = ref::numel_of(nd, shape);
-    flat = nd == 0 || contiguous;
-    inner = flat ? n : shape[nd - 1];
+  Walk(const Strided& a, const Strided* b) : nops(b ? 2 : 1) {
+    const Strided* ops[2] = {&a, b};
+    n = ref::numel_of(a.nd, a.shape);
+    for (int d = a.nd - 1; d >= 0; --d) {  // innermost first, reversed at the end
+      if (a.shape[d] == 1) continue;
+      bool merge = nd > 0;
+      for (int k = 0; k < nops && merge; ++k) merge = ops[k]->st[d] == shape.back() * st[k].back();
+      if (merge) {
+        shape.back() *= a.shape[d];
+        continue;
+      }
+      shape.push_back(a.shape[d]);
+      for (int k = 0; k < nops; ++k) st[k].push_back(ops[k]->st[d]);
+      ++nd;
+    }
+    if (nd == 0) {  // one element
+      shape.push_back(1);
+      for (int k = 0; k < nops; ++k) st[k].push_back(1);
+      nd = 1;
+    }
+    std::reverse(shape.begin(), shape.end());
+    for (int k = 0; k < nops; ++k) std::reverse(st[k].begin(), st[k].end());
+    inner = shape.back();
     rows = inner ? n / inner : 0;
     per_row = (inner + kPiece - 1) / kPiece;
   }
-  int64_t offset(const int64_t* st, int64_t r, int64_t c0) const {
-    return flat ? c0 : row_offset(r, nd, shape, st) + c0 * st[nd - 1];
+  int64_t offset(int k, int64_t r, int64_t c0) const {
+    return row_offset(r, nd, shape.data(), st[k].data()) + c0 * st[k].back();
   }
-  int64_t stride(const int64_t* st) const { return flat ? 1 : st[nd - 1]; }
+  int64_t stride(int k) const { return st[k].back(); }
 };
 
 // Runs body(r, c0, m) on every piece, in parallel above kParallelMin elements (static split).
@@ -376,11 +397,12 @@ void for_pieces(const Walk& w, Body body) {
   }
 }
 
-// The f32 values of piece (r, c0, m) of x: read in place when x is f32 with unit stride,
-// else widened into buf.
-inline const float* load_piece(const Strided& x, const Walk& w, int64_t r, int64_t c0, int64_t m, float* buf) {
-  const int64_t s = w.stride(x.st);
-  const char* p = static_cast<const char*>(x.p) + size_t(w.offset(x.st, r, c0)) * dtype_size(x.dt);
+// The f32 values of piece (r, c0, m) of operand k (x): read in place when x is f32 with unit
+// stride, else widened into buf.
+inline const float* load_piece(const Strided& x, const Walk& w, int k, int64_t r, int64_t c0, int64_t m,
+                               float* buf) {
+  const int64_t s = w.stride(k);
+  const char* p = static_cast<const char*>(x.p) + size_t(w.offset(k, r, c0)) * dtype_size(x.dt);
   if (x.dt == DType::F32 && s == 1) return reinterpret_cast<const float*>(p);
   load_f32_strided(x.dt, m, p, s, buf);
   return buf;
@@ -389,12 +411,12 @@ inline const float* load_piece(const Strided& x, const Walk& w, int64_t r, int64
 // out (contiguous, dtype ot) = f(a) or f(a, b) per element, through f32 buffers.
 template <typename F>
 void map1(F f, const Strided& a, DType ot, void* out) {
-  const Walk w(a.nd, a.shape, a.contiguous());
+  const Walk w(a, nullptr);
   char* o = static_cast<char*>(out);
   const size_t eo = dtype_size(ot);
   for_pieces(w, [&](int64_t r, int64_t c0, int64_t m) {
     alignas(64) float ba[kPiece], bo[kPiece];
-    const float* x = load_piece(a, w, r, c0, m, ba);
+    const float* x = load_piece(a, w, 0, r, c0, m, ba);
     char* op = o + size_t(r * w.inner + c0) * eo;
     float* z = ot == DType::F32 ? reinterpret_cast<float*>(op) : bo;
 #pragma omp simd
@@ -405,13 +427,13 @@ void map1(F f, const Strided& a, DType ot, void* out) {
 
 template <typename F>
 void map2(F f, const Strided& a, const Strided& b, DType ot, void* out) {
-  const Walk w(a.nd, a.shape, a.contiguous() && b.contiguous());
+  const Walk w(a, &b);
   char* o = static_cast<char*>(out);
   const size_t eo = dtype_size(ot);
   for_pieces(w, [&](int64_t r, int64_t c0, int64_t m) {
     alignas(64) float ba[kPiece], bb[kPiece], bo[kPiece];
-    const float* x = load_piece(a, w, r, c0, m, ba);
-    const float* y = load_piece(b, w, r, c0, m, bb);
+    const float* x = load_piece(a, w, 0, r, c0, m, ba);
+    const float* y = load_piece(b, w, 1, r, c0, m, bb);
     char* op = o + size_t(r * w.inner + c0) * eo;
     float* z = ot == DType::F32 ? reinterpret_cast<float*>(op) : bo;
 #pragma omp simd
@@ -423,17 +445,17 @@ void map2(F f, const Strided& a, const Strided& b, DType ot, void* out) {
 // dst (strided, any floating dtype) updated in place by f(d) or f(d, s) through f32 buffers.
 template <typename F>
 void update(F f, const Strided& dst, const Strided* src) {
-  const Walk w(dst.nd, dst.shape, dst.contiguous() && (!src || src->contiguous()));
+  const Walk w(dst, src);
   const size_t ed = dtype_size(dst.dt);
   for_pieces(w, [&](int64_t r, int64_t c0, int64_t m) {
     alignas(64) float bd[kPiece], bs[kPiece];
-    const int64_t sd = w.stride(dst.st);
-    char* dp = const_cast<char*>(static_cast<const char*>(dst.p)) + size_t(w.offset(dst.st, r, c0)) * ed;
+    const int64_t sd = w.stride(0);
+    char* dp = const_cast<char*>(static_cast<const char*>(dst.p)) + size_t(w.offset(0, r, c0)) * ed;
     const bool direct = dst.dt == DType::F32 && sd == 1;
     float* d = direct ? reinterpret_cast<float*>(dp) : bd;
     if (!direct) load_f32_strided(dst.dt, m, dp, sd, bd);
     if (src) {
-      const float* x = load_piece(*src, w, r, c0, m, bs);
+      const float* x = load_piece(*src, w, 1, r, c0, m, bs);
 #pragma omp simd
       for (int64_t i = 0; i < m; ++i) d[i] = f(d[i], x[i]);
     } else {
@@ -485,21 +507,35 @@ void gelu_backward16(const Strided& gy, const Strided& x, DType ot, void* gx) {
 }
 
 namespace {
+// acc[0:w] += the logical elements [i0, i0 + w) of x: contiguous bf16 is widened in the loop
+// (a shift), anything else through the buffer t (kW floats).
+inline void accumulate(const Strided& x, bool contig, int64_t i0, int64_t w, float* acc, float* t) {
+  if (contig && x.dt == DType::BF16) {
+    const uint16_t* h = static_cast<const uint16_t*>(x.p) + i0;
+#pragma omp simd
+    for (int64_t c = 0; c < w; ++c) acc[c] += bf16_to_float(h[c]);
+    return;
+  }
+  if (contig)
+    load_f32(x.dt, w, static_cast<const char*>(x.p) + size_t(i0) * dtype_size(x.dt), t);
+  else
+    gather_f32(x, i0, w, t);
+#pragma omp simd
+  for (int64_t c = 0; c < w; ++c) acc[c] += t[c];
+}
+
 // column_sum on the logical (N, C) matrix `in`, the sums stored in dtype ot.
 void column_sum16(int64_t N, int64_t C, const Strided& in, DType ot, void* out) {
   constexpr int64_t kW = 64;
   const int64_t nchunks = (C + kW - 1) / kW;
   const size_t eo = dtype_size(ot);
+  const bool contig = in.contiguous();
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
   for (int64_t ch = 0; ch < nchunks; ++ch) {
     const int64_t c0 = ch * kW, w = std::min(kW, C - c0);
     float acc[kW] = {};
     alignas(64) float xr[kW];
-    for (int64_t n = 0; n < N; ++n) {
-      gather_f32(in, n * C + c0, w, xr);
-#pragma omp simd
-      for (int64_t c = 0; c < w; ++c) acc[c] += xr[c];
-    }
+    for (int64_t n = 0; n < N; ++n) accumulate(in, contig, n * C + c0, w, acc, xr);
     store_f32(ot, w, acc, static_cast<char*>(out) + size_t(c0) * eo);
   }
 }
@@ -581,10 +617,12 @@ void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType
 void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot,
                           void* gw) {
   // embedding_backward's sums (each gw[v, c] = 0 + the rows with id v, in row order) in a
-  // per-thread f32 block of 16 columns of all V rows, stored rounded once complete.
-  constexpr int64_t kW = 16;
+  // per-thread f32 block of 64 columns of all V rows, stored rounded once complete (the
+  // column split does not change any sum).
+  constexpr int64_t kW = 64;
   const int64_t nchunks = (C + kW - 1) / kW;
   const size_t eo = dtype_size(ot);
+  const bool contig = gy.contiguous();
   char* o = static_cast<char*>(gw);
 #pragma omp parallel if (N * C > kParallelMin || V * C > kParallelMin)
   {
@@ -594,12 +632,7 @@ void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, co
       const int64_t c0 = ch * kW, w = std::min(kW, C - c0);
       std::fill(acc.begin(), acc.end(), 0.f);
       alignas(64) float s[kW];
-      for (int64_t n = 0; n < N; ++n) {
-        gather_f32(gy, n * C + c0, w, s);
-        float* g = acc.data() + ids[n] * kW;
-#pragma omp simd
-        for (int64_t c = 0; c < w; ++c) g[c] += s[c];
-      }
+      for (int64_t n = 0; n < N; ++n) accumulate(gy, contig, n * C + c0, w, acc.data() + ids[n] * kW, s);
       for (int64_t v = 0; v < V; ++v) store_f32(ot, w, acc.data() + v * kW, o + size_t(v * C + c0) * eo);
     }
   }
