@@ -252,28 +252,27 @@ TEST(LossScaler, DynamicGrowsAfterNCleanStepsAndHalvesOnOverflowWithinFloorAndCe
   EXPECT_EQ(s.overflows(), 7);
 }
 
-TEST(LossScaler, AdaptiveHysteresisToleratesKMinusOneOverflowsInARow) {
+TEST(LossScaler, AdaptiveHysteresisToleratesKOverflowsInARow) {
   amp::LossScalerOptions o;
   o.mode = amp::ScaleMode::Adaptive;
   o.init_scale = 1024;
   o.hysteresis = 3;
   o.growth_interval = 100;
   amp::LossScaler s(o);
-  // two overflows in a row: both steps skipped, the scale stays
-  EXPECT_TRUE(s.update(overflow()));
-  EXPECT_TRUE(s.update(overflow()));
+  // k = 3 overflows in a row: all three steps skipped, the scale stays
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.update(overflow()));
   EXPECT_EQ(s.scale(), 1024.0);
-  // a clean step resets the streak: two more are tolerated again
+  // a clean step resets the streak: three more are tolerated again
   EXPECT_FALSE(s.update(clean()));
-  EXPECT_TRUE(s.update(overflow()));
-  EXPECT_TRUE(s.update(overflow()));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(s.update(overflow()));
   EXPECT_EQ(s.scale(), 1024.0);
-  // the third in a row backs off, and so does every further one in that streak
+  // the fourth in a row backs off, and so does every further one in that streak
   EXPECT_TRUE(s.update(overflow()));
   EXPECT_EQ(s.scale(), 512.0);
   EXPECT_TRUE(s.update(overflow()));
   EXPECT_EQ(s.scale(), 256.0);
-  EXPECT_EQ(s.skipped(), 6);
+  EXPECT_EQ(s.skipped(), 8);
+  EXPECT_EQ(s.overflows(), 8);
 }
 
 TEST(LossScaler, AdaptiveGrowsToThePowerOfTwoThatKeepsTheLargestGradientClearOfTheMax) {

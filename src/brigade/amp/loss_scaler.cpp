@@ -81,7 +81,7 @@ bool LossScaler::update(const UnscaleResult& r) {
     ++skipped_;
     ++streak_;
     good_ = 0;
-    const bool back_off = o_.mode == ScaleMode::Dynamic || (o_.mode == ScaleMode::Adaptive && streak_ >= o_.hysteresis);
+    const bool back_off = o_.mode == ScaleMode::Dynamic || (o_.mode == ScaleMode::Adaptive && streak_ > o_.hysteresis);
     if (back_off) {
       scale_ = std::max(scale_ * o_.backoff, o_.min_scale);
       window_amax_ = 0;

@@ -9,8 +9,8 @@
 //   static    fixed scale; an overflowing step is skipped, the scale never moves
 //   dynamic   start at init_scale; x growth after growth_interval clean steps in a
 //             row; x backoff on an overflow (the step is skipped); within [min, max]
-//   adaptive  dynamic with hysteresis (back off only from the k-th overflow in a row
-//             on; the earlier ones are still skipped) and growth to a target set from
+//   adaptive  dynamic with hysteresis (k overflows in a row are tolerated: skipped
+//             without backing off; the (k+1)-th and later back off) and growth to a target set from
 //             the observed gradient magnitudes: after growth_interval clean steps the
 //             scale jumps to the largest power of two at which the largest gradient
 //             seen in that interval stays kHeadroom below the dtype's max finite value.
@@ -37,7 +37,7 @@ struct LossScalerOptions {
   int64_t growth_interval = 1000;    // clean steps in a row before growing
   double min_scale = 1.0;
   double max_scale = 16777216.0;     // 2^24
-  int64_t hysteresis = 2;            // adaptive: back off from the k-th consecutive overflow on
+  int64_t hysteresis = 2;            // adaptive: consecutive overflows tolerated before backing off (k)
   DType dtype = DType::F16;          // adaptive: whose max finite value the target keeps clear of
 };
 

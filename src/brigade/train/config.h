@@ -117,7 +117,7 @@ struct PrecisionConfig {
   double backoff = 0.5;              // dynamic/adaptive: factor on overflow
   double min_scale = 1.0;            // floor
   double max_scale = 16777216.0;     // ceiling (2^24)
-  int64_t hysteresis = 2;            // adaptive: back off from the k-th overflow in a row on
+  int64_t hysteresis = 2;            // adaptive: overflows in a row tolerated (skipped, no back-off)
   bool operator==(const PrecisionConfig&) const = default;
 };
 
