@@ -21,7 +21,10 @@ OMP_WAIT_POLICY=PASSIVE for fp32. The output says so.
 Usage: python3 bench/gpt_vs_torch.py [--brigade build/bin/brigade] [--configs gpt2,small]
                                      [--precisions fp32,bf16] [--steps 6] [--warmup 2]
                                      [--rounds 3] [--threads 2] [--markdown]
-Torch runs with Debian's /usr/bin/python3 (python3-torch).
+Torch runs with Debian's /usr/bin/python3 (python3-torch). Its fp32 GEMMs go through the
+system libblas.so.3: install OpenBLAS (`apt-get install libopenblas0-pthread`), or Debian's
+reference BLAS serves them at a few GFLOP/s; the script warns when torch's fp32 GEMM peak
+looks like that.
 """
 import argparse
 import json
@@ -163,6 +166,9 @@ def main():
                     results[e].append(res)
                     print(f"  {name} {precision} round {r + 1}: {e:<11} {res['tokens_per_s']:8.1f} tok/s", flush=True)
             torch_tps = statistics.median(x["tokens_per_s"] for x in results["torch"])
+            if precision == "fp32" and statistics.median(x["gemm_peak_f32_gflops"] for x in results["torch"]) < 50:
+                print("warning: PyTorch's fp32 GEMM peak is under 50 GFLOP/s: libblas.so.3 is probably Debian's "
+                      "reference BLAS; install libopenblas0-pthread for PyTorch's real fp32 speed", flush=True)
             for e, _ in engines:
                 rs = results[e]
                 tps = statistics.median(x["tokens_per_s"] for x in rs)
