@@ -157,25 +157,6 @@ void convert_contig(DType from, DType to, int64_t n, const void* in, void* out) 
   }
 }
 
-bool is_contig(int nd, const int64_t* shape, const int64_t* st) {
-  int64_t acc = 1;
-  for (int d = nd - 1; d >= 0; --d) {
-    if (shape[d] == 1) continue;
-    if (st[d] != acc) return false;
-    acc *= shape[d];
-  }
-  return true;
-}
-
-inline int64_t row_offset(int64_t r, int nd, const int64_t* shape, const int64_t* st) {
-  int64_t off = 0;
-  for (int d = nd - 2; d >= 0; --d) {
-    off += (r % shape[d]) * st[d];
-    r /= shape[d];
-  }
-  return off;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- helpers of the native 16-bit kernels (io16.h)

@@ -19,26 +19,6 @@ namespace {
 
 constexpr int64_t kParallelMin = 1 << 15;  // below this many elements, stay serial
 
-bool is_contig(int nd, const int64_t* shape, const int64_t* st) {
-  int64_t acc = 1;
-  for (int d = nd - 1; d >= 0; --d) {
-    if (shape[d] == 1) continue;
-    if (st[d] != acc) return false;
-    acc *= shape[d];
-  }
-  return true;
-}
-
-// Offset of row r (row-major over all dims but the last) under strides st.
-inline int64_t row_offset(int64_t r, int nd, const int64_t* shape, const int64_t* st) {
-  int64_t off = 0;
-  for (int d = nd - 2; d >= 0; --d) {
-    off += (r % shape[d]) * st[d];
-    r /= shape[d];
-  }
-  return off;
-}
-
 template <typename F>
 void binary_impl(F f, int nd, const int64_t* shape, const float* a, const int64_t* sa, const float* b,
                  const int64_t* sb, float* out) {

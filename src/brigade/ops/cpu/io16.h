@@ -21,4 +21,26 @@ void store_f32_strided(DType dt, int64_t n, const float* in, void* out, int64_t 
 // out[0:m] = the logical elements [i0, i0 + m) of x (row-major over x.shape), widened.
 void gather_f32(const Strided& x, int64_t i0, int64_t m, float* out);
 
+// Stride walking shared by the elementwise and conversion kernels (shapes and strides
+// in elements). True when the strides are row-major contiguous (size-1 dims ignored).
+inline bool is_contig(int nd, const int64_t* shape, const int64_t* st) {
+  int64_t acc = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (st[d] != acc) return false;
+    acc *= shape[d];
+  }
+  return true;
+}
+
+// Offset of row r (row-major over all dims but the last) under strides st.
+inline int64_t row_offset(int64_t r, int nd, const int64_t* shape, const int64_t* st) {
+  int64_t off = 0;
+  for (int d = nd - 2; d >= 0; --d) {
+    off += (r % shape[d]) * st[d];
+    r /= shape[d];
+  }
+  return off;
+}
+
 }  // namespace brigade::ops::cpu
