@@ -161,6 +161,25 @@ TEST_F(Accumulation, NoiseScaleGrowsByItsRuleAndResumesExactly) {
   }
 }
 
+TEST_F(Accumulation, NoiseScaleIsMeasuredOnUnscaledGradientsUnderLossScaling) {
+  // The one-micro-batch gradient is read before the step's unscaling, with the loss scale
+  // (here 2^16 under fp16 dynamic scaling) still in it; the estimate must divide it out and
+  // agree with fp32's to fp16 rounding, not be off by the scale squared.
+  const std::string noise =
+      "--set train.batch_size=1 --set train.seq_len=8 --set train.steps=6 --set train.eval_every=0 "
+      "--set train.accumulation=2 --set train.accumulation_mode=noise_scale --set train.accumulation_max=8";
+  ASSERT_EQ(train(noise + " --set run.out_dir=fp32"), 0) << err();
+  ASSERT_EQ(train(noise + " --set run.out_dir=fp16 --set precision.level=O2 --set precision.dtype=fp16"), 0) << err();
+  auto a = records("fp32", "loss"), b = records("fp16", "loss");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  EXPECT_EQ(b.front()["loss_scale"].get<double>(), 65536.0);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double x = a[i]["noise_scale"], y = b[i]["noise_scale"];
+    EXPECT_NEAR(y, x, 0.05 * std::abs(x) + 1e-9) << "step " << i + 1;
+  }
+}
+
 TEST(AccumulationPolicy, NoiseScaleEstimatorRecoversKnownNoise) {
   // A gradient with true squared norm |G|^2 = 4 and per-row noise trace S = 12:
   // E|G_b|^2 = |G|^2 + S / b, so B_simple = S / |G|^2 = 3 rows.

@@ -618,7 +618,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
         // |G_small|^2: the gradient of one micro-batch (B rows), averaged over the ranks
         small_sq = dp.local_grad_sq();
         ctrl->allreduce(&small_sq, 1);
-        small_sq /= double(P);
+        small_sq /= double(P) * scaler.scale() * scaler.scale();  // the loss scale is still in these gradients
       }
       dp.begin_micro_step(m);
       samplers[size_t(m)].get_batch(step, x, y);
