@@ -643,8 +643,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     last_loss = agreed[0] / double(P);
     BRIGADE_CHECK(std::isfinite(last_loss), ValueError,
                   "loss became {} at step {}; the run diverged: lower optim.lr, keep train.grad_clip on, or resume "
-                  "from the last checkpoint in {}",
-                  last_loss, step + 1, ckpt_dir);
+                  "from the last checkpoint in {}{}",
+                  last_loss, step + 1, ckpt_dir,
+                  policy.level != amp::Level::O0 && policy.low == DType::F16
+                      ? " (under fp16 the forward itself may have overflowed 65504, which loss scaling cannot "
+                        "fix: try precision.dtype = \"bf16\")"
+                      : "");
     if (fault.rank == rank && fault.step == step + 1 && (fault.kind == "inf_grad" || fault.kind == "nan_grad")) {
       for (auto& [name, p] : dp.optimizer_params())
         if (p.grad().defined() && p.grad().numel() > 0) {
