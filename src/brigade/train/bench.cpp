@@ -28,21 +28,16 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
                 "bench: runs one process; parallel.dp = {} is for `brigade train` under mpirun", r.parallel.dp);
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
   const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation;
-  models::GPT model(gpt_config(r.model));
-  {
-    Generator init_gen(r.run.seed);
-    model.init_weights(init_gen);
-  }
-  model.dropout_generator().manual_seed(r.run.seed + 1);
-  model.set_recompute(models::plan_recompute(
-      model.config(), B, T,
-      models::RecomputePolicy{r.memory.recompute, r.memory.every_k, int64_t(r.memory.budget_mb * double(1 << 20))}));
+  const std::unique_ptr<models::GPT> model_owner = build_model(r);
+  models::GPT& model = *model_owner;
   parallel::DataParallelOptions dpo;
   dpo.accumulation = A;
-  parallel::DataParallel dp(gpt_units(model), dist::ProcessGroup::world(), dpo);
+  const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
+  parallel::DataParallel dp(gpt_units(model), world, dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   const amp::Policy policy = precision_policy(r.precision);
   amp::LossScaler scaler(loss_scaler_options(r.precision));
+  if (policy.level == amp::Level::O3) round_state_to_low(dp, *opt, policy.low);
 
   // random ids (and targets: the next id), fixed by the seed
   Tensor ids = Tensor::empty({B, T + 1}, DType::I64);  // (B, T + 1)
@@ -75,17 +70,7 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
       loss_sum += loss.item();
     }
     dp.finish_gradients();
-    bool skip = false;
-    if (scaler.enabled()) {
-      std::vector<Tensor> grads;
-      for (auto& [name, p] : dp.optimizer_params()) grads.push_back(p.grad());
-      skip = scaler.update(scaler.unscale_(grads));
-    }
-    if (!skip) {
-      dp.clip_grad_norm(r.train.grad_clip);
-      opt->step(r.optim.lr);
-      dp.after_optimizer_step();
-    }
+    apply_gradients(dp, *opt, scaler, policy, r.train, r.optim.lr, *world);  // the trainer's step
     res.last_loss = loss_sum / double(A);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step >= o.warmup) res.step_seconds.push_back(dt);

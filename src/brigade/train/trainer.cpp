@@ -133,6 +133,20 @@ amp::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
   return o;
 }
 
+std::unique_ptr<models::GPT> build_model(const Recipe& r) {
+  auto model = std::make_unique<models::GPT>(gpt_config(r.model));
+  {
+    Generator init_gen(r.run.seed);
+    model->init_weights(init_gen);
+  }
+  model->dropout_generator().manual_seed(r.run.seed + 1);
+  // Activation recompute ([memory], docs/memory.md): a per-block plan for one micro-batch of B x T.
+  const models::RecomputePolicy recompute{r.memory.recompute, r.memory.every_k,
+                                          int64_t(r.memory.budget_mb * double(1 << 20))};
+  model->set_recompute(models::plan_recompute(model->config(), r.train.batch_size, r.train.seq_len, recompute));
+  return model;
+}
+
 namespace {
 
 // O3 keeps no fp32 master copy: every stored value is rounded to the low dtype.
@@ -143,6 +157,44 @@ void round_to(const Tensor& t, DType low) {
   Tensor r = ops::cast(ops::cast(t, low), DType::F32);
   std::memcpy(t.data<float>(), r.data<float>(), t.nbytes());
 }
+
+}  // namespace
+
+void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType low) {
+  for (auto& [name, p] : dp.optimizer_params()) round_to(p, low);
+  for (auto& [name, t] : opt.state_tensors()) round_to(t, low);
+  dp.after_optimizer_step();
+}
+
+GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,
+                             const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl) {
+  GradientStep out;
+  // Loss scaling: unscale this rank's gradients (whole or ZeRO shards) with the Inf/NaN check
+  // fused in; every rank agrees on the verdict, so all skip an overflowing step together.
+  if (scaler.enabled()) {
+    std::vector<Tensor> grads;
+    for (auto& [name, p] : dp.optimizer_params()) grads.push_back(p.grad());
+    const amp::UnscaleResult ur = scaler.unscale_(grads);
+    double verdict[2] = {ur.found_inf, ur.amax};
+    ctrl.allreduce_max(verdict, 2);
+    out.skipped = scaler.update({verdict[0], verdict[1]});
+  }
+  if (out.skipped) return out;  // weights and optimizer state untouched
+  const bool pure_low = policy.level == amp::Level::O3;
+  if (pure_low)
+    for (auto& [name, p] : dp.optimizer_params()) round_to(p.grad(), policy.low);
+  out.grad_norm = dp.clip_grad_norm(t.grad_clip);
+  // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
+  optim::clip_grad_value(dp.optimizer_params(), t.clip_value);
+  opt.step(lr);
+  if (pure_low)
+    round_state_to_low(dp, opt, policy.low);  // includes dp.after_optimizer_step()
+  else
+    dp.after_optimizer_step();
+  return out;
+}
+
+namespace {
 
 // Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second signal
 // kills as usual (SA_RESETHAND).
@@ -379,16 +431,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   const std::vector<data::BatchSampler> val_samplers = make_samplers(val_ds, A);
 
   // ---- model
-  models::GPT model(gpt_config(r.model));
-  {
-    Generator init_gen(r.run.seed);
-    model.init_weights(init_gen);
-  }
-  model.dropout_generator().manual_seed(r.run.seed + 1);
-  // Activation recompute ([memory], docs/memory.md): a per-block plan for one micro-batch of B x T.
-  const models::RecomputePolicy recompute{r.memory.recompute, r.memory.every_k,
-                                          int64_t(r.memory.budget_mb * double(1 << 20))};
-  model.set_recompute(models::plan_recompute(model.config(), B, T, recompute));
+  const std::unique_ptr<models::GPT> model_owner = build_model(r);
+  models::GPT& model = *model_owner;
 
   const fs::path out_dir(r.run.out_dir);
   std::error_code ec;
@@ -485,13 +529,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   const amp::Policy policy = precision_policy(r.precision);
   amp::LossScaler scaler(loss_scaler_options(r.precision));
   if (opts.resume) scaler.set_state(state.scaler_state);
-  const bool pure_low = policy.level == amp::Level::O3;
-  auto round_state_to_low = [&]() {  // O3: no fp32 master copy of anything
-    for (auto& [name, p] : dp.optimizer_params()) round_to(p, policy.low);
-    for (auto& [name, t] : opt->state_tensors()) round_to(t, policy.low);
-    dp.after_optimizer_step();
-  };
-  if (pure_low) round_state_to_low();
+  if (policy.level == amp::Level::O3) round_state_to_low(dp, *opt, policy.low);  // no fp32 master copy
 
   optim::Schedule sched{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
                         r.schedule.warmup_steps, r.train.steps, r.schedule.step_every, r.schedule.step_gamma,
@@ -657,32 +695,10 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
           break;
         }
     }
-    // Loss scaling: unscale this rank's gradients (whole or ZeRO shards) with the Inf/NaN check
-    // fused in; every rank agrees on the verdict, so all skip an overflowing step together.
-    bool skip = false;
-    if (scaler.enabled()) {
-      std::vector<Tensor> grads;
-      for (auto& [name, p] : dp.optimizer_params()) grads.push_back(p.grad());
-      amp::UnscaleResult ur = scaler.unscale_(grads);
-      double verdict[2] = {ur.found_inf, ur.amax};
-      ctrl->allreduce_max(verdict, 2);
-      skip = scaler.update({verdict[0], verdict[1]});
-    }
     const double lr = sched.lr_at(step);
-    double norm = std::numeric_limits<double>::quiet_NaN();
-    if (!skip) {  // a skipped step leaves weights and optimizer state untouched
-      if (pure_low)
-        for (auto& [name, p] : dp.optimizer_params()) round_to(p.grad(), policy.low);
-      norm = dp.clip_grad_norm(r.train.grad_clip);
-      // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
-      optim::clip_grad_value(dp.optimizer_params(), r.train.clip_value);
-      if (accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * P);
-      opt->step(lr);
-      if (pure_low)
-        round_state_to_low();  // includes dp.after_optimizer_step()
-      else
-        dp.after_optimizer_step();
-    }
+    const GradientStep gs = apply_gradients(dp, *opt, scaler, policy, r.train, lr, *ctrl);
+    const double norm = gs.grad_norm;
+    if (!gs.skipped && accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * P);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     step_times.push_back(dt);
     comm_waits.push_back(dp.comm_wait_seconds());

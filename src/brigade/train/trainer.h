@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,27 @@ data::PrepareOptions prepare_options(const Recipe& r);
 // parameters, or this rank's ZeRO shards; LAMB then reduces its norms over dp's group).
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
                                                 const parallel::DataParallel& dp);
+
+// The recipe's GPT: built from [model], initialised torch-identically from run.seed, the
+// dropout stream seeded with run.seed + 1, and the [memory] recompute plan applied for
+// micro-batches of train.batch_size x train.seq_len.
+std::unique_ptr<models::GPT> build_model(const Recipe& r);
+
+// One optimizer step once the step's gradients are complete (after dp.finish_gradients()):
+// loss-scaler unscaling with the Inf/NaN verdict max-reduced over `ctrl` (every rank skips
+// an overflowing step together, leaving weights and optimizer state untouched); otherwise,
+// at O3 the gradients rounded to the low dtype, clipping by global norm then by value
+// (t.grad_clip, t.clip_value), opt.step(lr) and dp.after_optimizer_step() (at O3 after
+// rounding the weights and optimizer state). Collective over dp's group and `ctrl`.
+struct GradientStep {
+  bool skipped = false;
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping; NaN when skipped
+};
+GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,
+                             const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl);
+// O3: rounds this rank's optimizer parameters and optimizer state to `low` (no fp32 master
+// copy), then dp.after_optimizer_step() so every rank's full weights follow.
+void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType low);
 
 // The recipe's precision section as an autocast policy and loss-scaler options
 // ("auto" loss scaling: dynamic for fp16 at O1..O3, none otherwise).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "brigade/ops/cpu/io16.h"
@@ -194,22 +195,37 @@ void cross_entropy_backward(int64_t N, int64_t V, double gloss, const float* log
 // Each row is widened into a per-thread f32 buffer, the f32 row function runs there, and the
 // output row is rounded once as it is stored. Same thresholds, splits and sums as above.
 
-void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot,
-                  void* y, float* mean, float* rstd) {
-  const float epsf = float(eps);
+namespace {
+
+// For each of the N rows of C elements: row n of every input widened into per-thread f32
+// buffers, row(n, inputs..., out) computing the f32 output row, which is stored rounded to
+// dtype ot at row n of y. Parallel over rows above kParallelMin elements, static schedule.
+template <typename Row, typename... In>
+void map_rows16(int64_t N, int64_t C, DType ot, void* y, Row row, const In&... in) {
+  constexpr size_t K = sizeof...(In);
   const size_t eo = dtype_size(ot);
 #pragma omp parallel if (N * C > kParallelMin)
   {
-    std::vector<float> buf(static_cast<size_t>(2 * C));
-    float* xr = buf.data();
-    float* yr = xr + C;
+    std::vector<float> buf(static_cast<size_t>((K + 1) * C));
+    float* out = buf.data() + K * C;
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      gather_f32(x, n * C, C, xr);
-      layer_norm_row(C, xr, w, b, epsf, yr, mean + n, rstd + n);
-      store_f32(ot, C, yr, static_cast<char*>(y) + size_t(n * C) * eo);
+      size_t k = 0;
+      (gather_f32(in, n * C, C, buf.data() + (k++) * C), ...);
+      [&]<size_t... I>(std::index_sequence<I...>) { row(n, (buf.data() + I * C)..., out); }(std::make_index_sequence<K>{});
+      store_f32(ot, C, out, static_cast<char*>(y) + size_t(n * C) * eo);
     }
   }
+}
+
+}  // namespace
+
+void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot,
+                  void* y, float* mean, float* rstd) {
+  const float epsf = float(eps);
+  map_rows16(
+      N, C, ot, y,
+      [&](int64_t n, const float* xr, float* yr) { layer_norm_row(C, xr, w, b, epsf, yr, mean + n, rstd + n); }, x);
 }
 
 void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w,
@@ -250,37 +266,13 @@ void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Stride
 }
 
 void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y) {
-  const size_t eo = dtype_size(ot);
-#pragma omp parallel if (N * C > kParallelMin)
-  {
-    std::vector<float> buf(static_cast<size_t>(2 * C));
-    float* xr = buf.data();
-    float* yr = xr + C;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      gather_f32(x, n * C, C, xr);
-      softmax_row(C, xr, yr);
-      store_f32(ot, C, yr, static_cast<char*>(y) + size_t(n * C) * eo);
-    }
-  }
+  map_rows16(N, C, ot, y, [&](int64_t, const float* xr, float* yr) { softmax_row(C, xr, yr); }, x);
 }
 
 void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx) {
-  const size_t eo = dtype_size(ot);
-#pragma omp parallel if (N * C > kParallelMin)
-  {
-    std::vector<float> buf(static_cast<size_t>(3 * C));
-    float* gr = buf.data();
-    float* yr = gr + C;
-    float* gxr = yr + C;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      gather_f32(gy, n * C, C, gr);
-      gather_f32(y, n * C, C, yr);
-      softmax_backward_row(C, gr, yr, gxr);
-      store_f32(ot, C, gxr, static_cast<char*>(gx) + size_t(n * C) * eo);
-    }
-  }
+  map_rows16(
+      N, C, ot, gx,
+      [&](int64_t, const float* gr, const float* yr, float* gxr) { softmax_backward_row(C, gr, yr, gxr); }, gy, y);
 }
 
 int64_t cross_entropy16(int64_t N, int64_t V, const Strided& logits, const int64_t* targets, int64_t ignore_index,
