@@ -61,26 +61,46 @@ Tensor GPT::forward(const Tensor& ids) const {
 }
 
 Tensor GPT::forward_flat(const Tensor& ids) const {
+  return head_logits(run_blocks(embed(ids), 0, cfg_.n_layer));  // (B*T, V)
+}
+
+Tensor GPT::embed(const Tensor& ids) const {
   BRIGADE_CHECK(ids.dim() == 2, ShapeError, "GPT.forward: ids must be (B, T), got {}", ids.str());
   const int64_t T = ids.size(1);
   BRIGADE_CHECK(T <= cfg_.block_size, ShapeError,
                 "GPT.forward: sequence length {} exceeds block_size {}; shorten the input or raise model.block_size",
                 T, cfg_.block_size);
   auto& t = *transformer;
-  Tensor pos = Tensor::arange(T, DType::I64);              // (T)
+  Tensor pos = Tensor::arange(T, DType::I64);                   // (T)
   Tensor x = F::add(t.wte->forward(ids), t.wpe->forward(pos));  // (B, T, C)
-  x = t.drop->forward(x);
-  for (const auto& block : *t.h) x = block->forward(x);  // (B, T, C)
-  x = t.ln_f->forward(x);                                // (B, T, C)
-  x = F::reshape(x, {ids.size(0) * T, cfg_.n_embd});     // (B*T, C)
-  return F::matmul(x, t.wte->weight, false, true);       // (B*T, V): tied head, x @ wte^T
+  return t.drop->forward(x);
+}
+
+Tensor GPT::run_blocks(const Tensor& x0, int64_t begin, int64_t end) const {
+  BRIGADE_CHECK(0 <= begin && begin <= end && end <= cfg_.n_layer, ValueError,
+                "GPT.run_blocks: blocks [{}, {}) outside [0, {})", begin, end, cfg_.n_layer);
+  Tensor x = x0;
+  for (int64_t i = begin; i < end; ++i) x = (*transformer->h)[size_t(i)].forward(x);  // (B, T, C)
+  return x;
+}
+
+Tensor GPT::head_logits(const Tensor& x0) const {
+  BRIGADE_CHECK(x0.dim() == 3, ShapeError, "GPT.head_logits: x must be (B, T, C), got {}", x0.str());
+  auto& t = *transformer;
+  Tensor x = t.ln_f->forward(x0);                               // (B, T, C)
+  x = F::reshape(x, {x0.size(0) * x0.size(1), x0.size(2)});      // (B*T, C)
+  return F::matmul(x, t.wte->weight, false, true);              // (B*T, V): tied head, x @ wte^T
+}
+
+Tensor GPT::head_loss(const Tensor& x, const Tensor& targets) const {
+  Tensor logits = head_logits(x);  // (B*T, V)
+  return F::cross_entropy(logits, targets.reshape({targets.numel()}));
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
   BRIGADE_CHECK(targets.shape() == ids.shape(), ShapeError, "GPT.loss: targets {} must match ids {}", targets.str(),
                 ids.str());
-  Tensor logits = forward_flat(ids);  // (B*T, V)
-  return F::cross_entropy(logits, targets.reshape({targets.numel()}));
+  return head_loss(run_blocks(embed(ids), 0, cfg_.n_layer), targets);
 }
 
 void GPT::set_recompute(const std::vector<nn::Recompute>& modes) {

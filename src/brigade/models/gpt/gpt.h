@@ -40,6 +40,12 @@ class GPT : public nn::Module {
   Tensor forward(const Tensor& ids) const;                          // ids (B, T) -> logits (B, T, V)
   Tensor forward_flat(const Tensor& ids) const;                     // ids (B, T) -> logits (B*T, V)
   Tensor loss(const Tensor& ids, const Tensor& targets) const;      // mean cross-entropy, 0-d
+  // The forward in pieces, for plans that cut the model into pipeline stages:
+  // loss(ids, targets) == head_loss(run_blocks(embed(ids), 0, n_layer), targets).
+  Tensor embed(const Tensor& ids) const;                             // ids (B, T) -> (B, T, C)
+  Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const;  // blocks [begin, end): (B, T, C)
+  Tensor head_logits(const Tensor& x) const;                         // ln_f + tied head: (B, T, C) -> (B*T, V)
+  Tensor head_loss(const Tensor& x, const Tensor& targets) const;    // ln_f, head, mean cross-entropy: 0-d
   // Model FLOPs per token of one training step (forward + backward): 6N + 12 L T C with
   // N = all parameters (the tied head makes wte a GEMM operand), as in PaLM's MFU appendix.
   double flops_per_token(int64_t T) const;
