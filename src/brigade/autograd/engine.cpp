@@ -13,7 +13,12 @@ namespace {
 thread_local bool g_grad_enabled = true;
 thread_local int g_recompute_depth = 0;
 thread_local uint64_t g_node_seq = 0;
+thread_local DeferredGrads* g_deferred = nullptr;
 }  // namespace
+
+DeferWeightGradScope::DeferWeightGradScope(DeferredGrads* sink) : prev_(g_deferred) { g_deferred = sink; }
+DeferWeightGradScope::~DeferWeightGradScope() { g_deferred = prev_; }
+DeferredGrads* deferred_weight_grads() { return g_deferred; }
 
 Node::Node() : seq(g_node_seq++) {}
 uint64_t next_node_seq() { return g_node_seq; }

@@ -89,6 +89,30 @@ class RecomputeScope {
   RecomputeScope& operator=(const RecomputeScope&) = delete;
 };
 
+// Zero-bubble pipeline schedules split a backward into the input gradient (now: the
+// previous stage waits for it) and the weight gradients (later, in what would be idle
+// time; Qi et al. 2023). Inside a DeferWeightGradScope, the GEMM nodes (linear, matmul)
+// whose weight operand is a parameter (a leaf that requires grad, possibly read through
+// a recorded autocast) compute only their other gradients and append one task per node
+// to the sink; a task computes that node's weight (and bias) gradients with the same
+// kernels and feeds them to their gradient edges (so .grad accumulates, through any
+// cast, as without deferral). Running every task gives bitwise the gradients of an
+// undeferred backward, up to the order in which contributions to one .grad are summed.
+// Everything else (norms, embeddings, biases added outside a linear) is not deferred.
+using DeferredGrads = std::vector<std::function<void()>>;
+class DeferWeightGradScope {
+ public:
+  explicit DeferWeightGradScope(DeferredGrads* sink);
+  ~DeferWeightGradScope();
+  DeferWeightGradScope(const DeferWeightGradScope&) = delete;
+  DeferWeightGradScope& operator=(const DeferWeightGradScope&) = delete;
+
+ private:
+  DeferredGrads* prev_;
+};
+// The current scope's sink (thread-local), or nullptr outside any scope.
+DeferredGrads* deferred_weight_grads();
+
 // The node that receives the gradient of `t`: its grad_fn, its AccumulateGrad
 // (leaves with requires_grad), or nullptr.
 std::shared_ptr<Node> gradient_edge(const Tensor& t);

@@ -584,6 +584,38 @@ void ProcessGroup::recv(void* data, int64_t bytes, int src, int tag) {
   recv_pieces(c, data, bytes, MPI_BYTE, 1, src, tag, g_limits.piece, /*at_least_one=*/true);
 }
 
+void ProcessGroup::isend(const void* data, int64_t bytes, int dst, int tag) {
+  BRIGADE_CHECK(dst >= 0 && dst < size_, InternalError, "isend: destination {} is not a rank of this {}-rank group",
+                dst, size_);
+  BRIGADE_CHECK(dst != rank_, InternalError, "isend: rank {} cannot send to itself", rank_);
+  BRIGADE_CHECK(tag >= 0 && tag < kFirstInternalTag, InternalError,
+                "isend: tag {} is outside [0, {}) (higher tags are reserved for collectives)", tag, kFirstInternalTag);
+  BRIGADE_CHECK(bytes >= 0, InternalError, "isend: bytes = {} is negative", bytes);
+  static_assert(sizeof(MPI_Request) <= sizeof(void*), "MPI_Request must fit a pointer");
+  const char* p = static_cast<const char*>(data);
+  const int64_t piece = g_limits.piece;
+  int64_t off = 0;
+  do {  // the same pieces as send(), so recv() takes either
+    const int count = static_cast<int>(std::min(piece, bytes - off));
+    MPI_Request req;
+    check_mpi(MPI_Isend(p + off, count, MPI_BYTE, dst, tag, as_comm(comm_), &req), "MPI_Isend");
+    void* h = nullptr;
+    std::memcpy(&h, &req, sizeof(req));
+    pending_.push_back(h);
+    off += count;
+  } while (off < bytes);
+  bytes_sent_ += bytes;
+}
+
+void ProcessGroup::wait_sends() {
+  for (void* h : pending_) {
+    MPI_Request req;
+    std::memcpy(&req, &h, sizeof(req));
+    check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+  }
+  pending_.clear();
+}
+
 void ProcessGroup::barrier() {
   if (size_ == 1) return;
   check_mpi(MPI_Barrier(as_comm(comm_)), "MPI_Barrier");

@@ -100,6 +100,11 @@ class ProcessGroup {
   // A zero-byte send is still a message.
   void send(const void* data, int64_t bytes, int dst, int tag);
   void recv(void* data, int64_t bytes, int src, int tag);
+  // Non-blocking send (the same message as send(), in the same pieces): returns at once;
+  // `data` must stay valid and unchanged until wait_sends(). Pipeline stages send this way,
+  // so two neighbours sending to each other at once cannot deadlock.
+  void isend(const void* data, int64_t bytes, int dst, int tag);
+  void wait_sends();  // completes every isend of this group
   void barrier();
 
   // Bytes this rank has sent through this group's point-to-point algorithms
@@ -119,6 +124,7 @@ class ProcessGroup {
   bool owned_ = false;
   int rank_ = 0, size_ = 1;
   int64_t bytes_sent_ = 0;
+  std::vector<void*> pending_;  // MPI_Request handles of isend() (as void*, see comm_)
 };
 
 // The world arranged as a grid with named axes. Rank layout (tp fastest, then dp,
@@ -132,6 +138,7 @@ class DeviceMesh {
   int size(Axis a) const { return sizes_[a]; }
   int coord(Axis a) const { return coords_[a]; }
   ProcessGroup& group(Axis a) const { return *groups_[a]; }
+  std::shared_ptr<ProcessGroup> group_ptr(Axis a) const { return groups_[a]; }
   ProcessGroup& world() const { return *world_; }
 
  private:

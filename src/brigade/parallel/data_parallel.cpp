@@ -160,9 +160,13 @@ DataParallel::DataParallel(std::vector<ParamUnit> units, std::shared_ptr<dist::P
     }
     if (!cur.params.empty()) buckets_.push_back(std::move(cur));
   }
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    for (size_t i : buckets_[b].params)
-      autograd::set_grad_ready_hook(params_[i].second, [this, b] { on_grad_ready(b); });
+  BRIGADE_CHECK(o_.communicate_in_backward || o_.zero <= 1, ConfigError,
+                "ZeRO-{} reduces gradients during the backward; it cannot wait for the step's end (use zero 0 or 1)",
+                o_.zero);
+  if (o_.communicate_in_backward)
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      for (size_t i : buckets_[b].params)
+        autograd::set_grad_ready_hook(params_[i].second, [this, b] { on_grad_ready(b); });
 
   // ---- ZeRO-3: gather before each unit's forward, release after; gather again in the backward
   if (o_.zero == 3) {

@@ -62,6 +62,10 @@ struct DataParallelOptions {
   int64_t bucket_bytes = int64_t(4) << 20;
   bool overlap = true;            // communicate during the backward (communication thread)
   int64_t accumulation = 1;       // micro-steps per optimizer step
+  // false: no gradient hooks; every bucket is communicated in finish_gradients(), after the
+  // whole step's backward work (pipeline schedules, whose weight gradients may come late and
+  // out of micro-step order, and the tied embedding's cross-stage sum). ZeRO 0 and 1 only.
+  bool communicate_in_backward = true;
 };
 
 // One flat range of a parameter: [flat_begin, flat_end) of the flat space.
