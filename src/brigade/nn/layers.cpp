@@ -11,10 +11,24 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, WeightLayout layout) : la
   weight = register_parameter("weight", layout == WeightLayout::OutIn ? Shape{out, in} : Shape{in, out});
   if (has_bias) bias = register_parameter("bias", {out});
 }
-Tensor Linear::forward(const Tensor& x) const { return F::linear(x, weight, bias, layout); }
+Tensor Linear::forward(const Tensor& x) const {
+  return shard ? shard->forward(*this, x) : F::linear(x, weight, bias, layout);
+}
+void Linear::parameter_replaced(const std::string& name, const Tensor& t) {
+  (name == "weight" ? weight : bias) = t;
+}
 
 Embedding::Embedding(int64_t num, int64_t dim) { weight = register_parameter("weight", {num, dim}); }
-Tensor Embedding::forward(const Tensor& ids) const { return F::embedding(weight, ids); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  return shard ? shard->lookup(*this, ids) : F::embedding(weight, ids);
+}
+Tensor Embedding::attend(const Tensor& x) const {
+  return shard ? shard->attend(*this, x) : F::matmul(x, weight, false, true);  // (N, V)
+}
+Tensor Embedding::lm_loss(const Tensor& x, const Tensor& targets) const {
+  return shard ? shard->lm_loss(*this, x, targets) : F::cross_entropy(attend(x), targets);
+}
+void Embedding::parameter_replaced(const std::string&, const Tensor& t) { weight = t; }
 
 LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
   weight = register_parameter("weight", {dim});
@@ -22,6 +36,9 @@ LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
   bias = register_parameter("bias", {dim});
 }
 Tensor LayerNorm::forward(const Tensor& x) const { return F::layer_norm(x, weight, bias, eps); }
+void LayerNorm::parameter_replaced(const std::string& name, const Tensor& t) {
+  (name == "weight" ? weight : bias) = t;
+}
 
 Tensor Dropout::forward(const Tensor& x) const { return F::dropout(x, p, is_training(), *gen_); }
 

@@ -2,6 +2,11 @@
 // MLP and the pre-LayerNorm transformer block (GPT-2 style). Parameter names
 // follow Hugging Face GPT-2 (c_attn, c_proj, c_fc, ln_1, ln_2). Layers allocate
 // zeroed parameters; the model owns initialisation (so it can match torch's RNG order).
+//
+// Sharding hooks. A plan applied from outside (parallel/tensor_parallel.h) can make
+// Linear and Embedding compute on a shard of their weight by installing a LinearShard /
+// EmbeddingShard object; nn knows nothing of process groups (the plan's objects hold
+// them). Without one, every layer runs exactly its single-device code path.
 #pragma once
 #include "brigade/autograd/functions.h"
 #include "brigade/nn/module.h"
@@ -10,21 +15,62 @@ namespace brigade::nn {
 
 using ops::WeightLayout;
 
+class Linear;
+class Embedding;
+
+// A plan's forward for a Linear whose weight (and bias) it replaced by a shard, e.g.
+// Megatron's column-parallel y_local = x W[:, cols] + b[cols] (the input's gradient summed
+// over the group) or row-parallel y = allreduce(x_local W[rows, :]) + b.
+class LinearShard {
+ public:
+  virtual ~LinearShard() = default;
+  virtual Tensor forward(const Linear& layer, const Tensor& x) const = 0;
+};
+
 // y = x W^T + b (torch.nn.Linear, weight (out, in)) or y = x W + b (HF Conv1D, weight (in, out)).
 class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias = true, WeightLayout layout = WeightLayout::OutIn);
+  // shard ? shard->forward(*this, x) : fn::linear(x, weight, bias, layout)
   Tensor forward(const Tensor& x) const;
   Tensor weight, bias;
   WeightLayout layout;
+  std::shared_ptr<const LinearShard> shard;  // set by a plan; null: the plain layer
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
-// out = weight[ids] (torch.nn.Embedding), weight (V, C).
+// A plan's lookup and tied-head functions for an Embedding whose weight it replaced by a
+// shard of the rows (vocabulary-parallel embedding): this rank holds rows
+// [vocab_start, vocab_start + weight.size(0)) of a table whose real row count is vocab_size
+// (rows at or past it are padding).
+class EmbeddingShard {
+ public:
+  virtual ~EmbeddingShard() = default;
+  virtual Tensor lookup(const Embedding& layer, const Tensor& ids) const = 0;
+  // Full logits x @ W^T; a plan that never gathers them throws a ValueError saying so.
+  virtual Tensor attend(const Embedding& layer, const Tensor& x) const = 0;
+  virtual Tensor lm_loss(const Embedding& layer, const Tensor& x, const Tensor& targets) const = 0;
+  int64_t vocab_start = 0, vocab_size = 0;
+};
+
+// out = weight[ids] (torch.nn.Embedding), weight (V, C). attend / lm_loss are the tied LM
+// head on the same weight (GPT-2): the model calls them instead of reading the weight, so a
+// vocabulary-sharding plan can replace them.
 class Embedding : public Module {
  public:
   Embedding(int64_t num, int64_t dim);
-  Tensor forward(const Tensor& ids) const;
+  Tensor forward(const Tensor& ids) const;  // ids (...) -> (..., C)
+  // x (N, C) -> logits (N, V) = x @ weight^T.
+  Tensor attend(const Tensor& x) const;
+  // Mean cross-entropy (0-d) of attend(x) against targets (N), ignore_index -100.
+  Tensor lm_loss(const Tensor& x, const Tensor& targets) const;
   Tensor weight;
+  std::shared_ptr<const EmbeddingShard> shard;  // set by a plan; null: the plain layer
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
 // torch.nn.LayerNorm over the last dim; weight = 1, bias = 0 at construction.
@@ -34,6 +80,9 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) const;
   Tensor weight, bias;
   double eps;
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
 // Inverted dropout drawing from `gen` (owned by the model) in training mode only.
@@ -54,6 +103,8 @@ class CausalSelfAttention : public Module {
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_drop;
+  // Heads this layer computes: all of them, or this rank's n_head / tp under tensor
+  // parallelism (c_attn then yields [q | k | v] of those heads only).
   int64_t n_head;
 };
 

@@ -15,6 +15,27 @@ Tensor Module::register_parameter(const std::string& name, const Shape& shape) {
   return p;
 }
 
+void Module::set_parameter(const std::string& name, const Tensor& t) {
+  BRIGADE_CHECK(t.defined(), ValueError, "set_parameter('{}'): the new tensor is undefined", name);
+  BRIGADE_CHECK(t.is_leaf(), ValueError,
+                "set_parameter('{}'): the new tensor {} has autograd history; pass a leaf (detach() it)", name,
+                t.str());
+  for (auto& [n, p] : params_) {
+    if (n != name) continue;
+    Tensor q = t;
+    q.set_requires_grad(true);
+    if (p.defined() && p.impl()->meta) q.meta().name = p.name();  // keep the full name
+    p = q;
+    parameter_replaced(name, q);
+    return;
+  }
+  std::string have;
+  for (auto& [n, p] : params_) have += (have.empty() ? "" : ", ") + n;
+  throw ValueError(fmt::format("set_parameter('{}'): this module has no such parameter (it has: {}); pass a "
+                               "local name, not a dotted path",
+                               name, have.empty() ? "none" : have));
+}
+
 void Module::collect(const std::string& prefix, NamedTensors& out) const {
   for (auto& [n, t] : params_) out.emplace_back(prefix + n, t);
   for (auto& [n, m] : children_) m->collect(prefix + n + ".", out);

@@ -37,8 +37,18 @@ class Module {
   std::function<void()> pre_forward_hook;
   std::function<Tensor(const Tensor&)> post_forward_hook;
 
+  // Replaces the registered parameter `name` of this module (a local name such as
+  // "weight", not a dotted path) by `t`, keeping its place in the registration order
+  // and its full name; `t` is marked requires_grad. For plans that swap in shards
+  // (tensor parallelism): the layer's own member (Linear::weight, ...) follows, through
+  // parameter_replaced. ValueError when this module has no such parameter.
+  void set_parameter(const std::string& name, const Tensor& t);
+
  protected:
   Tensor register_parameter(const std::string& name, const Shape& shape);  // zero-initialised
+  // Called by set_parameter after the registry holds the new tensor: a layer that keeps
+  // a member alias of the parameter updates it here.
+  virtual void parameter_replaced(const std::string& /*name*/, const Tensor& /*t*/) {}
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     children_.emplace_back(name, m);

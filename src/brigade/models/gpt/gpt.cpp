@@ -84,17 +84,20 @@ Tensor GPT::run_blocks(const Tensor& x0, int64_t begin, int64_t end) const {
   return x;
 }
 
-Tensor GPT::head_logits(const Tensor& x0) const {
-  BRIGADE_CHECK(x0.dim() == 3, ShapeError, "GPT.head_logits: x must be (B, T, C), got {}", x0.str());
-  auto& t = *transformer;
-  Tensor x = t.ln_f->forward(x0);                               // (B, T, C)
-  x = F::reshape(x, {x0.size(0) * x0.size(1), x0.size(2)});      // (B*T, C)
-  return F::matmul(x, t.wte->weight, false, true);              // (B*T, V): tied head, x @ wte^T
+Tensor GPT::head_features(const Tensor& x0, const char* where) const {
+  BRIGADE_CHECK(x0.dim() == 3, ShapeError, "GPT.{}: x must be (B, T, C), got {}", where, x0.str());
+  Tensor x = transformer->ln_f->forward(x0);                     // (B, T, C)
+  return F::reshape(x, {x0.size(0) * x0.size(1), x0.size(2)});  // (B*T, C)
+}
+
+Tensor GPT::head_logits(const Tensor& x) const {
+  return transformer->wte->attend(head_features(x, "head_logits"));  // (B*T, V): tied head, x @ wte^T
 }
 
 Tensor GPT::head_loss(const Tensor& x, const Tensor& targets) const {
-  Tensor logits = head_logits(x);  // (B*T, V)
-  return F::cross_entropy(logits, targets.reshape({targets.numel()}));
+  // Tied head + mean cross-entropy; under a vocabulary-sharding plan the embedding computes
+  // it without materialising the full (B*T, V) logits.
+  return transformer->wte->lm_loss(head_features(x, "head_loss"), targets.reshape({targets.numel()}));  // 0-d
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {

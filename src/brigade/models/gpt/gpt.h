@@ -44,6 +44,9 @@ class GPT : public nn::Module {
   // loss(ids, targets) == head_loss(run_blocks(embed(ids), 0, n_layer), targets).
   Tensor embed(const Tensor& ids) const;                             // ids (B, T) -> (B, T, C)
   Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const;  // blocks [begin, end): (B, T, C)
+  // The head runs through the token embedding (wte->attend / wte->lm_loss), so a plan that
+  // shards the vocabulary (parallel/tensor_parallel.h) computes the loss without full
+  // logits; on such a model head_logits, forward and forward_flat are a ValueError.
   Tensor head_logits(const Tensor& x) const;                         // ln_f + tied head: (B, T, C) -> (B*T, V)
   Tensor head_loss(const Tensor& x, const Tensor& targets) const;    // ln_f, head, mean cross-entropy: 0-d
   // Model FLOPs per token of one training step (forward + backward): 6N + 12 L T C with
@@ -57,6 +60,7 @@ class GPT : public nn::Module {
   std::shared_ptr<GPTTransformer> transformer;
 
  private:
+  Tensor head_features(const Tensor& x, const char* where) const;  // ln_f, flattened: (B, T, C) -> (B*T, C)
   GPTConfig cfg_;
   Generator gen_;  // dropout masks
 };
