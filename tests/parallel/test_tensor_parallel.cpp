@@ -8,7 +8,8 @@
 //     1e-5 relative, with V = 37 (padded to 38 or 39) and an ignored target;
 //   - a tiny GPT, full vs sharded with apply_tensor_parallel: loss to 1e-5 relative and
 //     every parameter gradient (gathered with tp_gather_param) to 1e-4 of its max,
-//     without and with activation recompute (the recompute re-runs the allreduces);
+//     without and with activation recompute (the recompute re-runs the allreduces), and
+//     under autocast O1-O3 with bf16 (loss to 2e-2, f32 finite gradients);
 //   - tp_gather_param(tp_shard_param(full)) == full bitwise, the q/k/v head layout of a
 //     shard, tp_replicated exactly for LayerNorms, wpe and the row-parallel biases;
 //   - ConfigError when model.n_head is not divisible by the tp size.
@@ -23,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
@@ -224,9 +226,33 @@ TEST(TensorParallel, GPTMatchesUnsharded) {
       Tensor gathered = parallel::tp_gather_param(mine[i].first, grad, cfg, *group());
       EXPECT_LT(rel_err(gathered, ref[i].second.grad()), 1e-4) << mine[i].first;
     }
-    // The full logits are never gathered on a vocabulary-sharded model.
+    // The full logits are never gathered on a vocabulary-sharded model; a second plan is refused.
     if (P > 1) {
       EXPECT_THROW(model.forward(ids), ValueError);
+      EXPECT_THROW(parallel::apply_tensor_parallel(model, group()), ValueError);
+    }
+  }
+}
+
+// Under autocast the sharded model runs the same dtypes (16-bit partial sums are reduced in
+// f32 and rounded once more, so the losses agree to bf16 precision, not bitwise).
+TEST(TensorParallel, GPTUnderAutocast) {
+  const models::GPTConfig cfg = tiny_config(6);
+  models::GPT full(cfg), model(cfg);
+  Generator g0(1234), g1(1234);
+  full.init_weights(g0);
+  model.init_weights(g1);
+  parallel::apply_tensor_parallel(model, group());
+  Tensor ids = random_ids({2, 16}, cfg.vocab_size, 7), targets = random_ids({2, 16}, cfg.vocab_size, 8);
+  for (amp::Level level : {amp::Level::O1, amp::Level::O2, amp::Level::O3}) {
+    SCOPED_TRACE(std::string(amp::level_name(level)));
+    amp::AutocastScope scope(amp::Policy{level, DType::BF16});
+    Tensor want = full.loss(ids, targets), got = model.loss(ids, targets);
+    autograd::backward(got);
+    EXPECT_LT(std::abs(got.item() - want.item()) / std::abs(want.item()), 2e-2);
+    for (auto& [name, p] : model.named_parameters()) {
+      EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
+      for (float v : p.grad().to_vector()) EXPECT_TRUE(std::isfinite(v)) << name;
     }
   }
 }

@@ -307,7 +307,7 @@ Tensor tp_shard_param(const std::string& name, const Tensor& full, const models:
   const Split s = split_of(name, cfg, tp_size);
   if (!s.sharded) return full;
   BRIGADE_CHECK(full.shape() == s.full, ShapeError,
-                "tp_shard_param: {} is {}, but the model config gives it shape {}; check model.* against the "
+                "tp_shard_param: {} is {}, but the model config gives it shape ({}); check model.* against the "
                 "checkpoint",
                 name, full.str(), fmt::join(s.full, ", "));
   const SplitViews v = views_of(s, tp_size);
@@ -414,6 +414,9 @@ void apply_tensor_parallel(models::GPT& model, std::shared_ptr<dist::ProcessGrou
                 "attention heads); choose a parallel.tp that divides model.n_head",
                 P, cfg.n_head);
   if (P == 1) return;
+  BRIGADE_CHECK(model.transformer->wte->shard == nullptr, ValueError,
+                "apply_tensor_parallel: the model is already sharded (a plan was applied before); build a fresh "
+                "model to shard it again");
   autograd::NoGradGuard no_grad;
   auto shard = [&](nn::Module& m, const std::string& local, const std::string& full_name) {
     Tensor current;
