@@ -191,8 +191,19 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // Defaults round trip too, and the output is stable.
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
-  EXPECT_EQ(recipe_keys().size(), 70u);
+  EXPECT_EQ(recipe_keys().size(), 77u);
 }
+
+namespace {
+std::string parse_error(const char* text, const std::vector<std::string>& sets) {
+  try {
+    parse_recipe(text, "p.toml", sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
 
 TEST(Recipe, ParallelKeysAreValidated) {
   const char* base = "[train]\nsteps = 10\n[schedule]\nwarmup_steps = 1\n";
@@ -210,6 +221,18 @@ TEST(Recipe, ParallelKeysAreValidated) {
   EXPECT_NE(msg("parallel.bucket_mb=0").find("parallel.bucket_mb"), std::string::npos);
   EXPECT_NE(msg("parallel.overlap=1").find("true or false"), std::string::npos) << msg("parallel.overlap=1");
   EXPECT_NE(msg("train.accumulation=0").find("train.accumulation"), std::string::npos);
+  // model parallelism
+  EXPECT_NE(msg("parallel.tp=0").find("parallel.tp"), std::string::npos);
+  EXPECT_NE(msg("parallel.schedule=1fb1").find("did you mean"), std::string::npos) << msg("parallel.schedule=1fb1");
+  EXPECT_NE(msg("parallel.microbatches=3").find("must divide train.batch_size"), std::string::npos);
+  EXPECT_NE(msg("parallel.virtual_stages=2").find("interleaved"), std::string::npos);
+  EXPECT_NE(msg("parallel.max_in_flight=-1").find("parallel.max_in_flight"), std::string::npos);
+  EXPECT_NE(parse_error(base, {"parallel.pp=2", "parallel.zero=2"}).find("ZeRO-0 or ZeRO-1"), std::string::npos);
+  EXPECT_NE(parse_error(base, {"parallel.tp=2", "optim.name=lamb"}).find("LAMB"), std::string::npos);
+  EXPECT_NE(parse_error(base, {"parallel.pp=2", "parallel.schedule=interleaved", "parallel.microbatches=3",
+                               "train.batch_size=6"})
+                .find("multiple of it"),
+            std::string::npos);
   Recipe ok = parse_recipe(base, "p.toml", {"parallel.overlap=false", "parallel.zero=3", "train.accumulation=2"});
   EXPECT_FALSE(ok.parallel.overlap);
   EXPECT_EQ(ok.parallel.zero, 3);

@@ -87,6 +87,13 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(parallel, allreduce, String),
       BRIGADE_FIELD(parallel, bucket_mb, Float),
       BRIGADE_FIELD(parallel, overlap, Bool),
+      BRIGADE_FIELD(parallel, tp, Int),
+      BRIGADE_FIELD(parallel, pp, Int),
+      BRIGADE_FIELD(parallel, microbatches, Int),
+      BRIGADE_FIELD(parallel, schedule, String),
+      BRIGADE_FIELD(parallel, virtual_stages, Int),
+      BRIGADE_FIELD(parallel, stage_layers, String),
+      BRIGADE_FIELD(parallel, max_in_flight, Int),
       BRIGADE_FIELD(memory, recompute, String),
       BRIGADE_FIELD(memory, every_k, Int),
       BRIGADE_FIELD(memory, budget_mb, Float),
@@ -501,6 +508,43 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
                      r.parallel.allreduce, suggest(r.parallel.allreduce, {"mpi", "ring", "tree"})));
   if (!(r.parallel.bucket_mb > 0 && r.parallel.bucket_mb <= 4096))
     fail(fmt::format("parallel.bucket_mb = {} must be in (0, 4096]; use e.g. 4 or 25", r.parallel.bucket_mb));
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"tp", r.parallel.tp}, {"pp", r.parallel.pp},
+                        {"microbatches", r.parallel.microbatches}, {"virtual_stages", r.parallel.virtual_stages}})
+    if (v < 1 || v > 65536) fail(fmt::format("parallel.{} = {} must be between 1 and 65536", key, v));
+  if (r.parallel.max_in_flight < 0)
+    fail(fmt::format("parallel.max_in_flight = {} must be >= 0 (0 = no limit)", r.parallel.max_in_flight));
+  const std::string& ps = r.parallel.schedule;
+  if (ps != "gpipe" && ps != "1f1b" && ps != "interleaved" && ps != "zb-h1" && ps != "dynamic")
+    fail(fmt::format("parallel.schedule = \"{}\" is not a pipeline schedule; use \"gpipe\", \"1f1b\", "
+                     "\"interleaved\", \"zb-h1\" or \"dynamic\"{}",
+                     ps, suggest(ps, {"gpipe", "1f1b", "interleaved", "zb-h1", "dynamic"})));
+  if (r.train.batch_size % r.parallel.microbatches != 0)
+    fail(fmt::format("parallel.microbatches = {} must divide train.batch_size = {} (each pipeline micro-batch is "
+                     "batch_size / microbatches rows)",
+                     r.parallel.microbatches, r.train.batch_size));
+  if (r.parallel.virtual_stages > 1 && ps != "interleaved" && ps != "dynamic")
+    fail(fmt::format("parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (or \"dynamic\"); "
+                     "\"{}\" runs one stage per rank",
+                     r.parallel.virtual_stages, ps));
+  if (ps == "interleaved" && r.parallel.microbatches % r.parallel.pp != 0)
+    fail(fmt::format("parallel.schedule = \"interleaved\" runs micro-batches in groups of parallel.pp = {}: "
+                     "parallel.microbatches = {} must be a multiple of it",
+                     r.parallel.pp, r.parallel.microbatches));
+  if (r.parallel.tp > 1 || r.parallel.pp > 1) {
+    const std::string what = fmt::format("parallel.tp = {}, parallel.pp = {}", r.parallel.tp, r.parallel.pp);
+    if (r.parallel.zero > 1)
+      fail(fmt::format("{}: model parallelism combines with ZeRO-0 or ZeRO-1 on the dp axis; parallel.zero = {} "
+                       "is not supported with it",
+                       what, r.parallel.zero));
+    if (r.train.accumulation_mode == "noise_scale")
+      fail(fmt::format("{}: train.accumulation_mode = \"noise_scale\" is not supported with model parallelism; use "
+                       "\"static\" or \"ramp\"",
+                       what));
+    if (r.optim.name == "lamb" && r.parallel.tp > 1)
+      fail(fmt::format("{}: LAMB's trust ratios need whole-matrix norms, which tensor parallelism splits; use "
+                       "optim.name = \"adamw\" or \"sgd\", or parallel.tp = 1",
+                       what));
+  }
 
   const std::string& rc = r.memory.recompute;
   if (rc != "none" && rc != "full" && rc != "selective" && rc != "every_k" && rc != "budget")

@@ -91,6 +91,14 @@ struct ParallelConfig {
   std::string allreduce = "mpi";     // "mpi" | "ring" | "tree"
   double bucket_mb = 4.0;            // gradient bucket size (MiB), filled in reverse parameter order
   bool overlap = true;               // communicate buckets during the backward pass
+  // Model parallelism (docs/model-parallel.md): processes = dp x tp x pp.
+  int64_t tp = 1;                    // tensor-parallel ranks (Megatron: heads, MLP and vocabulary split)
+  int64_t pp = 1;                    // pipeline stages (ranks); the blocks are cut into pp x virtual_stages
+  int64_t microbatches = 1;          // pipeline micro-batches per batch_size rows (batch_size % microbatches == 0)
+  std::string schedule = "1f1b";     // "gpipe" | "1f1b" | "interleaved" | "zb-h1" | "dynamic"
+  int64_t virtual_stages = 1;        // interleaved: chunks per pipeline rank (dynamic: the most it may try)
+  std::string stage_layers = "";     // blocks per stage, e.g. "3,4,5" ("" = cut by estimated cost)
+  int64_t max_in_flight = 0;         // dynamic: the most micro-batches' activations a rank may hold (0 = no limit)
   bool operator==(const ParallelConfig&) const = default;
 };
 

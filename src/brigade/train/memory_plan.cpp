@@ -287,6 +287,10 @@ std::string dry_run_report(const Recipe& r) {
       "dp {} (global batch {} rows) | optimizer {} | ZeRO-{} | recompute {} (blocks {})\n\n",
       r.path.empty() ? "default recipe" : r.path, r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
       r.model.block_size, B, T, A, P, B * A * P, r.optim.name, r.parallel.zero, r.memory.recompute, p0.recompute);
+  if (r.parallel.tp > 1 || r.parallel.pp > 1)
+    s += fmt::format("note: this prediction models data parallelism only; parallel.tp = {} and parallel.pp = {} are "
+                     "not in it (a tp/pp run measures every rank's peaks into memory.json; docs/model-parallel.md)\n\n",
+                     r.parallel.tp, r.parallel.pp);
   s += fmt::format("{:<12}", "category");
   for (size_t c = 0; c < cols; ++c)
     s += fmt::format(" {:>34}", cols > 1 ? fmt::format("rank {} peak (live)", c) : std::string("peak (live)"));

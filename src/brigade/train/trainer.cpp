@@ -42,6 +42,7 @@
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/generate.h"
 #include "brigade/train/memory_plan.h"
+#include "brigade/train/model_parallel.h"
 #include "brigade/train/run_metrics.h"
 
 namespace brigade::train {
@@ -167,7 +168,8 @@ void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType
 }
 
 GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,
-                             const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl) {
+                             const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl,
+                             const std::function<double(double)>& clip) {
   GradientStep out;
   // Loss scaling: unscale this rank's gradients (whole or ZeRO shards) with the Inf/NaN check
   // fused in; every rank agrees on the verdict, so all skip an overflowing step together.
@@ -183,7 +185,7 @@ GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, 
   const bool pure_low = policy.level == amp::Level::O3;
   if (pure_low)
     for (auto& [name, p] : dp.optimizer_params()) round_to(p.grad(), policy.low);
-  out.grad_norm = dp.clip_grad_norm(t.grad_clip);
+  out.grad_norm = clip ? clip(t.grad_clip) : dp.clip_grad_norm(t.grad_clip);
   // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
   optim::clip_grad_value(dp.optimizer_params(), t.clip_value);
   opt.step(lr);
@@ -385,10 +387,22 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
   const int rank = world->rank(), P = world->size();
   const bool lead = rank == 0;  // rank 0 alone prints, writes logs and the shared checkpoint files
-  BRIGADE_CHECK(P == r.parallel.dp, ConfigError,
+  const bool model_parallel = r.parallel.tp > 1 || r.parallel.pp > 1;  // docs/model-parallel.md
+  const int64_t ranks_needed = r.parallel.dp * r.parallel.tp * r.parallel.pp;
+  if (model_parallel)
+    BRIGADE_CHECK(P == ranks_needed, ConfigError,
+                  "{}: parallel.dp = {} x parallel.tp = {} x parallel.pp = {} = {} ranks, but this job has {} "
+                  "process{}; launch with `mpirun -np {} brigade train ...` or change parallel.dp / tp / pp",
+                  r.path, r.parallel.dp, r.parallel.tp, r.parallel.pp, ranks_needed, P, P == 1 ? "" : "es",
+                  ranks_needed);
+  BRIGADE_CHECK(P == ranks_needed, ConfigError,
                 "{}: parallel.dp = {} but this job has {} process{}; launch with `mpirun -np {} brigade train ...` "
                 "or set parallel.dp = {}",
                 r.path, r.parallel.dp, P, P == 1 ? "" : "es", r.parallel.dp, P);
+  // Data-parallel replicas: every rank of one replica (its tp and pp ranks) reads the same batch.
+  const int D = int(r.parallel.dp);
+  const int replica = model_parallel ? int((rank / r.parallel.tp) % r.parallel.dp) : rank;  // DeviceMesh's layout
+
   // Gradients travel on `world`; the trainer's own small messages (loss, stop flag, eval, memory)
   // on a duplicate, so the gradient group's byte counter measures the algorithm alone.
   std::shared_ptr<dist::ProcessGroup> ctrl = world->split(0, rank);
@@ -416,7 +430,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                   "{}: token file {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again", r.path,
                   ds->path(), ds->vocab_size(), r.model.vocab_size);
   const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation;
-  AccumulationPolicy accumulation(r.train, B * P);  // micro-steps per step (static, ramp or noise_scale)
+  AccumulationPolicy accumulation(r.train, B * D);  // micro-steps per step (static, ramp or noise_scale)
   // Micro-step m of rank p takes rows [(m P + p) B, +B) of the step's global batch, so the rows
   // seen per step do not depend on how the batch is split (dp x accumulation x batch_size).
   // Evaluation uses the same split of its (fixed) windows with the recipe's accumulation, so val
@@ -424,7 +438,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   auto make_samplers = [&](const data::TokenDataset& ds, int64_t micro_steps) {
     std::vector<data::BatchSampler> v;
     for (int64_t m = 0; m < micro_steps; ++m)
-      v.emplace_back(ds, B, T, r.run.seed, int(m * P + rank), int(micro_steps * P));
+      v.emplace_back(ds, B, T, r.run.seed, int(m * D + replica), int(micro_steps * D));
     return v;
   };
   std::vector<data::BatchSampler> samplers = make_samplers(train_ds, A);
@@ -459,12 +473,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     const int64_t saved_global =
         saved.train.batch_size * saved.train.accumulation * saved.parallel.dp;
     if (!layout_diff.empty())
-      say(saved_global == B * A * P
+      say(saved_global == B * A * D
               ? "resuming with a different batch split (" + layout_diff +
                     "): same global batch, so the continuation matches an uninterrupted run up to float rounding"
               : fmt::format("warning: the global batch changes from {} to {} rows ({}); the continuation will not "
                             "match an uninterrupted run",
-                            saved_global, B * A * P, layout_diff));
+                            saved_global, B * A * D, layout_diff));
     load_model_weights((fs::path(ckpt_dir) / "model.safetensors").string(), model);
     model.dropout_generator().set_state(state.rng_state);
     accumulation.set_state(state.accumulation_state);
@@ -497,14 +511,31 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   dpo.bucket_bytes = int64_t(r.parallel.bucket_mb * double(1 << 20));
   dpo.overlap = r.parallel.overlap;
   dpo.accumulation = A;
-  parallel::DataParallel dp(gpt_units(model), world, dpo);
+  // Model parallelism (tp, pp) shards and trims the model first; data parallelism then runs over
+  // the dp group on this rank's parameters, communicating after the pipeline's backward work.
+  const double flops_per_token = model.flops_per_token(T);  // of the whole model, before any split
+  const int64_t num_params = model.num_parameters();
+  std::unique_ptr<ModelParallel> mp;
+  if (model_parallel) {
+    mp = std::make_unique<ModelParallel>(r, model, world, say);
+    dpo.communicate_in_backward = false;
+  }
+  parallel::DataParallel dp(mp ? mp->units() : gpt_units(model), mp ? mp->dp_group() : world, dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   std::vector<FlatLayoutEntry> layout;
   for (const auto& e : dp.layout()) layout.push_back({e.name, e.offset, e.numel});
   if (opts.resume) {
     // the optimizer's own step count (bias corrections): loss scaling may have skipped updates
     const int64_t opt_steps = state.optimizer_steps >= 0 ? state.optimizer_steps : state.step;
-    if (dpo.zero == 0 && !checkpoint_is_sharded(ckpt_dir)) {
+    const bool saved_mp = checkpoint_recipe(ckpt_dir).parallel.tp > 1 || checkpoint_recipe(ckpt_dir).parallel.pp > 1;
+    BRIGADE_CHECK(saved_mp == model_parallel, CheckpointError,
+                  "--resume: the checkpoint in {} was saved by a run {} model parallelism, this one runs {} it; the "
+                  "optimizer state is kept per rank of the mesh, so resume with the checkpoint's parallel.tp and "
+                  "parallel.pp (its model.safetensors loads anywhere, e.g. for `brigade generate`)",
+                  ckpt_dir, saved_mp ? "with" : "without", model_parallel ? "with" : "without");
+    if (mp) {
+      read_mp_optimizer(ckpt_dir, *mp, *opt, opt_steps);
+    } else if (dpo.zero == 0 && !checkpoint_is_sharded(ckpt_dir)) {
       load_optimizer_state(ckpt_dir, *opt, opt_steps);
     } else if (dpo.zero == 0) {  // a ZeRO checkpoint resumed without ZeRO: re-assemble per parameter
       std::map<std::string, Shape> shapes;
@@ -541,7 +572,6 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                   metrics_path.string());
   }
 
-  const double flops_per_token = model.flops_per_token(T);
   // MFU is measured against the GEMM ceiling of the dtype the GEMMs run in
   const DType gemm_dtype = policy.level == amp::Level::O0 ? DType::F32 : policy.low;
   double peak = measure_gemm_peak_gflops(gemm_dtype);  // per rank, measured by all ranks at once
@@ -549,17 +579,18 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   say(fmt::format("model: GPT {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters | data: {} train / {} val "
                   "tokens | {} threads, {} GEMM peak {:.0f} GFLOP/s",
                   r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
-                  double(model.num_parameters()) / 1e6, train_ds.size(), val_ds.size(), omp_get_max_threads(),
+                  double(num_params) / 1e6, train_ds.size(), val_ds.size(), omp_get_max_threads(),
                   dtype_name(gemm_dtype), peak));
   if (policy.level != amp::Level::O0 || scaler.enabled())
     say(fmt::format("precision: {} {} | loss scaling {}{}", r.precision.level,
                     policy.level == amp::Level::O0 ? "fp32" : r.precision.dtype, amp::scale_mode_name(scaler.mode()),
                     scaler.enabled() ? fmt::format(" (scale {:g})", scaler.scale()) : std::string()));
-  if (P > 1 || A > 1)
+  if (D > 1 || A > 1)
     say(fmt::format("parallel: dp {} x accumulation {} x batch {} = {} rows per step | ZeRO-{} | allreduce {} | "
                     "buckets {} MiB | overlap {}",
-                    P, A, B, B * A * P, dpo.zero, r.parallel.allreduce, r.parallel.bucket_mb,
-                    r.parallel.overlap ? "on" : "off"));
+                    D, A, B, B * A * D, dpo.zero, r.parallel.allreduce, r.parallel.bucket_mb,
+                    r.parallel.overlap && !mp ? "on" : "off"));
+  if (mp) say(mp->describe());
   if (r.memory.recompute != "none") {
     std::string blocks;
     for (nn::Recompute m : model.recompute_modes()) blocks += models::recompute_name(m)[0];
@@ -579,6 +610,10 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t m = 0; m < A; ++m) {
         val_samplers[size_t(m)].get_eval_batch(i, n, x, y);
+        if (mp) {
+          total += mp->eval_batch(x, y, policy);  // non-zero on one rank per replica
+          continue;
+        }
         amp::AutocastScope autocast(policy);
         total += model.loss(x, y).item();
       }
@@ -586,7 +621,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     model.train(true);
     double mean = total / double(n * A);
     ctrl->allreduce(&mean, 1);
-    return mean / double(P);
+    return mean / double(D);
   };
 
   const std::string tokenizer_path = (data_dir / data::kTokenizerFile).string();
@@ -595,6 +630,20 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     state.accumulation_state = accumulation.state();
     state.scaler_state = scaler.state();
     state.optimizer_steps = opt->steps();
+    if (mp) {  // the whole model gathered on rank 0 (HF names); the optimizer state per rank of the mesh
+      const nn::NamedTensors whole = mp->gather_full(dp);
+      const std::string tmp = dir + ".tmp";
+      if (lead) begin_checkpoint(dir);
+      ctrl->barrier();
+      write_mp_optimizer(tmp, *mp, *opt);
+      ctrl->barrier();
+      if (lead) {
+        write_checkpoint_files(tmp, whole, nullptr, state, r, tokenizer_path);
+        commit_checkpoint(dir);
+      }
+      ctrl->barrier();
+      return;
+    }
     // Rank 0 copies every parameter (ZeRO-3: one gathered unit at a time, so no rank ever holds
     // the whole model as parameters; the copies are checkpoint staging, tagged "other").
     std::map<std::string, Tensor> copies;
@@ -643,10 +692,10 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     // Dropout masks: one stream per rank, re-seeded from (seed, step, rank) every step, so a run
     // resumes exactly at any dp size without saving per-rank generator states.
     model.dropout_generator().manual_seed(
-        data::splitmix64(r.run.seed ^ data::splitmix64((uint64_t(step) << 16) + uint64_t(rank))));
+        data::splitmix64(r.run.seed ^ data::splitmix64((uint64_t(step) << 16) + uint64_t(replica))));
     const int64_t acc = accumulation.at(step);
     if (int64_t(samplers.size()) != acc) samplers = make_samplers(train_ds, acc);
-    const int64_t tokens_per_step = B * T * acc * P;  // this step's global batch
+    const int64_t tokens_per_step = B * T * acc * D;  // this step's global batch
     dp.set_accumulation(acc);
     dp.reset_stats();
     dp.begin_step();
@@ -656,10 +705,19 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
         // |G_small|^2: the gradient of one micro-batch (B rows), averaged over the ranks
         small_sq = dp.local_grad_sq();
         ctrl->allreduce(&small_sq, 1);
-        small_sq /= double(P) * scaler.scale() * scaler.scale();  // the loss scale is still in these gradients
+        small_sq /= double(D) * scaler.scale() * scaler.scale();  // the loss scale is still in these gradients
       }
       dp.begin_micro_step(m);
       samplers[size_t(m)].get_batch(step, x, y);
+      if (mp) {  // the pipeline: forward and backward of every micro-batch of this batch
+        loss_sum += mp->train_batch(x, y, scaler.enabled() ? scaler.scale() : 1.0, policy);
+        if (fault.rank == rank && fault.step == step + 1 && fault.kind != "inf_grad" && fault.kind != "nan_grad") {
+          if (fault.kind == "kill") ::raise(SIGKILL);
+          throw ValueError(fmt::format("injected fault at step {} (BRIGADE_FAULT={}:{}:{})", step + 1, fault.rank,
+                                       fault.step, fault.kind));
+        }
+        continue;
+      }
       Tensor loss;
       {
         amp::AutocastScope autocast(policy);
@@ -674,11 +732,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       autograd::backward(scaler.enabled() ? fn::mul_scalar(loss, scaler.scale()) : loss);
       loss_sum += loss.item();
     }
+    if (mp) mp->sync_tied_gradients();  // the tied embedding's two halves, before the dp reduction
     dp.finish_gradients();
     double agreed[2] = {loss_sum / double(acc), g_stop_requested.load() ? 1.0 : 0.0};
     ctrl->allreduce(agreed, 1);  // the global batch's mean loss (x P)
     ctrl->allreduce_max(agreed + 1, 1);  // stop when any rank was asked to
-    last_loss = agreed[0] / double(P);
+    last_loss = agreed[0] / double(D);  // one reporting rank per replica
     BRIGADE_CHECK(std::isfinite(last_loss), ValueError,
                   "loss became {} at step {}; the run diverged: lower optim.lr, keep train.grad_clip on, or resume "
                   "from the last checkpoint in {}{}",
@@ -696,9 +755,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
         }
     }
     const double lr = sched.lr_at(step);
-    const GradientStep gs = apply_gradients(dp, *opt, scaler, policy, r.train, lr, *ctrl);
+    const GradientStep gs =
+        mp ? apply_gradients(dp, *opt, scaler, policy, r.train, lr, *ctrl,
+                             [&](double max_norm) { return mp->clip_grad_norm(dp, max_norm, *ctrl); })
+           : apply_gradients(dp, *opt, scaler, policy, r.train, lr, *ctrl);
     const double norm = gs.grad_norm;
-    if (!gs.skipped && accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * P);
+    if (!gs.skipped && accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * D);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     step_times.push_back(dt);
     comm_waits.push_back(dp.comm_wait_seconds());
@@ -717,7 +779,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                        {"tokens_per_s", tok_s},
                        {"mfu", mfu},
                        {"tokens_seen", state.tokens_seen},
-                       {"global_batch", B * acc * P},
+                       {"global_batch", B * acc * D},
                        {"accumulation", acc},
                        {"mem_peak", memory_json(Allocator::instance().stats())["peak"]},
                        {"mem_live", memory_json(Allocator::instance().stats())["live"]}};
@@ -834,10 +896,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     ctrl->allreduce(all.data(), int64_t(all.size()));
     if (lead) {
       nlohmann::json mj = memory_json(res.memory);
-      mj["dp"] = P;
+      mj["dp"] = D;
+      mj["tp"] = r.parallel.tp;
+      mj["pp"] = r.parallel.pp;
       mj["zero"] = dpo.zero;
       mj["precision"] = {{"level", r.precision.level}, {"dtype", policy.level == amp::Level::O0 ? "f32" : r.precision.dtype}};
-      mj["predicted"] = predicted_json(predict_memory(r, 0), /*formulas=*/true);
+      if (!mp) mj["predicted"] = predicted_json(predict_memory(r, 0), /*formulas=*/true);  // dp only
       for (int p = 0; p < P; ++p) {
         nlohmann::json rj;
         for (int i = 0; i < kNumMemTags; ++i) {
@@ -845,7 +909,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
           rj["live"][name] = int64_t(all[(size_t(p) * 2) * kNumMemTags + size_t(i)]);
           rj["peak"][name] = int64_t(all[(size_t(p) * 2 + 1) * kNumMemTags + size_t(i)]);
         }
-        rj["predicted"] = predicted_json(predict_memory(r, p), /*formulas=*/false);
+        if (!mp) rj["predicted"] = predicted_json(predict_memory(r, p), /*formulas=*/false);
         mj["ranks"].push_back(rj);
       }
       std::ofstream(out_dir / "memory.json") << mj.dump(2) << '\n';
@@ -860,7 +924,40 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       say(fmt::format("warning: could not draw {}: {}", (out_dir / "loss.svg").string(), e.what()));
     }
   }
-  if (opts.sample && !interrupted) {
+  if (mp && r.parallel.pp > 1) {  // the last step's measured pipeline timeline (collective)
+    const ModelParallel::PipeReport rep = mp->report();
+    if (lead) {
+      nlohmann::json pj{{"schedule", std::string(parallel::pipe_schedule_name(mp->plan().kind))},
+                        {"pp", mp->plan().p},
+                        {"virtual_stages", mp->plan().v},
+                        {"microbatches", mp->plan().m},
+                        {"stage_bounds", mp->stage_bounds()},
+                        {"measured_bubble", rep.measured_bubble},
+                        {"predicted_bubble", rep.predicted_bubble},
+                        {"peak_in_flight", rep.peak_in_flight}};
+      std::ofstream(out_dir / "pipeline.json") << pj.dump(2) << '\n';
+      parallel::write_pipe_timeline_svg((out_dir / "pipeline.svg").string(), rep.events, mp->plan().p,
+                                        fmt::format("{}: {} schedule, measured (last step, pp rank rows)", r.run.name,
+                                                    parallel::pipe_schedule_name(mp->plan().kind)));
+      std::string peaks;
+      for (int v : rep.peak_in_flight) peaks += fmt::format("{}{}", peaks.empty() ? "" : " ", v);
+      say(fmt::format("pipeline: bubble measured {:.1f}% | predicted from the measured stage times {:.1f}% | "
+                      "micro-batches in flight per pp rank {} | timeline {}",
+                      100.0 * rep.measured_bubble, 100.0 * rep.predicted_bubble, peaks,
+                      (out_dir / "pipeline.svg").string()));
+    }
+  }
+  if (opts.sample && !interrupted && mp) {
+    const nn::NamedTensors whole = mp->gather_full(dp);  // collective
+    if (lead) {
+      models::GPT full(gpt_config(r.model));
+      std::map<std::string, Tensor> by_name(whole.begin(), whole.end());
+      for (auto& [name, p] : full.named_parameters()) p.copy_(by_name.at(name));
+      SampleOptions so{r.sample.tokens, r.sample.temperature, r.sample.top_k, r.run.seed};
+      full.train(false);
+      res.sample = generate_text(full, tok, r.sample.prompt, so);
+    }
+  } else if (opts.sample && !interrupted) {
     dp.gather_all();  // collective
     if (lead) {
       SampleOptions so{r.sample.tokens, r.sample.temperature, r.sample.top_k, r.run.seed};
@@ -870,19 +967,28 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   }
   if (!opts.quiet && lead) {
     // measured / predicted peak per category (the prediction of `brigade train --dry-run`)
-    const MemoryPrediction pred = predict_memory(r, 0);
-    auto vs = [&](MemTag t) {
-      const PredictedCategory& c = pred[t];
-      const std::string p = c.peak_low == c.peak ? format_bytes(c.peak)
-                                                 : format_bytes(c.peak_low) + " to " + format_bytes(c.peak);
-      return fmt::format("{} {} / {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)]), p);
-    };
-    say(fmt::format("done: {} steps | final loss {:.4f} | val loss {:.4f} | {:.0f} tok/s (median) | MFU {:.1f}% of "
-                    "{:.0f} GFLOP/s | peak memory measured / predicted {} / {} ({}, {}, {}, {}, {})",
-                    res.steps, res.last_loss, res.val_loss, res.tokens_per_s, 100.0 * res.mfu, peak,
-                    format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
-                    vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
-    if (policy.level != amp::Level::O0)
+    if (mp) {  // the dry-run prediction models data parallelism only; measured, rank 0 (memory.json: every rank)
+      auto m = [&](MemTag t) { return fmt::format("{} {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)])); };
+      say(fmt::format("done: {} steps | final loss {:.4f} | val loss {:.4f} | {:.0f} tok/s (median) | MFU {:.1f}% of "
+                      "{:.0f} GFLOP/s | peak memory of rank 0 {} ({}, {}, {}, {}, {}; every rank in memory.json)",
+                      res.steps, res.last_loss, res.val_loss, res.tokens_per_s, 100.0 * res.mfu, peak,
+                      format_bytes(res.memory.peak_total), m(MemTag::Params), m(MemTag::Grads), m(MemTag::Optimizer),
+                      m(MemTag::Activations), m(MemTag::Workspace)));
+    } else {
+      const MemoryPrediction pred = predict_memory(r, 0);
+      auto vs = [&](MemTag t) {
+        const PredictedCategory& c = pred[t];
+        const std::string p = c.peak_low == c.peak ? format_bytes(c.peak)
+                                                   : format_bytes(c.peak_low) + " to " + format_bytes(c.peak);
+        return fmt::format("{} {} / {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)]), p);
+      };
+      say(fmt::format("done: {} steps | final loss {:.4f} | val loss {:.4f} | {:.0f} tok/s (median) | MFU {:.1f}% of "
+                      "{:.0f} GFLOP/s | peak memory measured / predicted {} / {} ({}, {}, {}, {}, {})",
+                      res.steps, res.last_loss, res.val_loss, res.tokens_per_s, 100.0 * res.mfu, peak,
+                      format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
+                      vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
+    }
+    if (policy.level != amp::Level::O0 && !mp)
       say(fmt::format("(the prediction is for fp32; at {} params include the {} weight copies and activations are "
                       "smaller: see docs/mixed-precision.md)",
                       r.precision.level, r.precision.dtype));

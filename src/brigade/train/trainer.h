@@ -83,13 +83,16 @@ std::unique_ptr<models::GPT> build_model(const Recipe& r);
 // an overflowing step together, leaving weights and optimizer state untouched); otherwise,
 // at O3 the gradients rounded to the low dtype, clipping by global norm then by value
 // (t.grad_clip, t.clip_value), opt.step(lr) and dp.after_optimizer_step() (at O3 after
-// rounding the weights and optimizer state). Collective over dp's group and `ctrl`.
+// rounding the weights and optimizer state). Collective over dp's group and `ctrl`. `clip`,
+// when given, replaces dp.clip_grad_norm: it returns the global norm and clips (model
+// parallelism's norm over the whole mesh).
 struct GradientStep {
   bool skipped = false;
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping; NaN when skipped
 };
 GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,
-                             const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl);
+                             const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl,
+                             const std::function<double(double)>& clip = {});
 // O3: rounds this rank's optimizer parameters and optimizer state to `low` (no fp32 master
 // copy), then dp.after_optimizer_step() so every rank's full weights follow.
 void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType low);

@@ -1,0 +1,455 @@
+// Tensor and pipeline parallelism for the GPT recipe; see model_parallel.h.
+#include "brigade/train/model_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include "brigade/autograd/engine.h"
+#include "brigade/autograd/functions.h"
+#include "brigade/ckpt/safetensors.h"
+#include "brigade/core/error.h"
+#include "brigade/ops/ops.h"
+#include "brigade/parallel/tensor_parallel.h"
+
+namespace brigade::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const char* const kWte = "transformer.wte.weight";
+
+// "transformer.h.<i>.<rest>" -> i; -1 for parameters outside the blocks.
+int64_t block_of(const std::string& name) {
+  const std::string pre = "transformer.h.";
+  if (name.rfind(pre, 0) != 0) return -1;
+  return std::stoll(name.substr(pre.size()));
+}
+
+std::vector<int64_t> parse_counts(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      size_t used = 0;
+      out.push_back(std::stoll(item, &used));
+      BRIGADE_CHECK(item.find_first_not_of(' ', used) == std::string::npos, ConfigError, "x");
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("parallel.stage_layers = \"{}\": \"{}\" is not a block count; write counts "
+                                    "separated by commas, e.g. \"3,4,5\"",
+                                    s, item));
+    }
+  }
+  return out;
+}
+
+// Frees a parameter of the whole GPT that this rank does not hold: it becomes an empty
+// (0-element) tensor, so memory accounting shows what the rank really keeps.
+void release_parameter(models::GPT& model, const std::string& name) {
+  auto& t = *model.transformer;
+  const size_t dot = name.rfind('.');
+  const std::string owner = name.substr(0, dot), local = name.substr(dot + 1);
+  nn::Module* m = nullptr;
+  if (owner == "transformer.wte") m = t.wte.get();
+  if (owner == "transformer.wpe") m = t.wpe.get();
+  if (owner == "transformer.ln_f") m = t.ln_f.get();
+  const int64_t b = block_of(name);
+  if (b >= 0) {
+    nn::TransformerBlock& blk = (*t.h)[size_t(b)];
+    const std::string rest = owner.substr(owner.find('.', std::string("transformer.h.").size()) + 1);
+    if (rest == "ln_1") m = blk.ln_1.get();
+    if (rest == "ln_2") m = blk.ln_2.get();
+    if (rest == "attn.c_attn") m = blk.attn->c_attn.get();
+    if (rest == "attn.c_proj") m = blk.attn->c_proj.get();
+    if (rest == "mlp.c_fc") m = blk.mlp->c_fc.get();
+    if (rest == "mlp.c_proj") m = blk.mlp->c_proj.get();
+  }
+  BRIGADE_CHECK(m != nullptr, InternalError, "model parallel: no module holds parameter {}", name);
+  m->set_parameter(local, Tensor::empty({0}, DType::F32, MemTag::Params));
+}
+
+// Seconds of fn(), the median of `reps` runs (after one warm-up).
+double time_median(int reps, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, std::shared_ptr<dist::ProcessGroup> world,
+                             const std::function<void(const std::string&)>& say)
+    : r_(r), model_(model), world_(std::move(world)), full_cfg_(model.config()) {
+  const int dp = int(r.parallel.dp), tp = int(r.parallel.tp), pp = int(r.parallel.pp);
+  mesh_ = std::make_unique<dist::DeviceMesh>(world_, dp, tp, pp);
+  dp_group_ = mesh_->group_ptr(dist::DeviceMesh::DP);
+  tp_group_ = mesh_->group_ptr(dist::DeviceMesh::TP);
+  pp_group_ = mesh_->group_ptr(dist::DeviceMesh::PP);
+  for (auto& [name, p] : model.named_parameters()) full_shapes_.emplace_back(name, p.shape());
+
+  // 1. tensor parallel
+  if (tp > 1) parallel::apply_tensor_parallel(model, tp_group_);
+
+  // 2. the pipeline: schedule, virtual stages, the cut
+  const int64_t L = full_cfg_.n_layer, M = r.parallel.microbatches, Bm = r.train.batch_size / M,
+                T = r.train.seq_len, C = full_cfg_.n_embd;
+  const double N = double(Bm * T), V = double(full_cfg_.vocab_size);
+  // forward FLOPs of one micro-batch on this rank (the backward costs about twice as much)
+  std::vector<double> block_cost(size_t(L), (24.0 * N * double(C) * double(C) + 4.0 * N * double(T) * double(C)) / tp);
+  double first_extra = 2.0 * N * double(C), last_extra = (2.0 * N * double(C) * V + 10.0 * N * V) / tp;
+  double f_block = block_cost[0], bi_block = block_cost[0], w_block = block_cost[0];
+  double f_last = last_extra, bi_last = last_extra, w_last = last_extra;
+  const std::string& sched = r.parallel.schedule;
+  if (sched == "dynamic" && pp > 1) {
+    // Measured per-micro-batch times of one block and of the head on this rank (medians,
+    // averaged over every rank), so the simulator compares the schedules on real costs.
+    autograd::NoGradGuard outer;
+    Tensor ids = Tensor::zeros({Bm, T}, DType::I64);  // (Bm, T)
+    Tensor x = ops::mul_scalar(Tensor::ones({Bm, T, C}, DType::F32), 0.1);  // (Bm, T, C)
+    auto measure = [&](const std::function<Tensor(const Tensor&)>& fwd, double& f, double& bi, double& w) {
+      autograd::EnableGradGuard eg;
+      f = time_median(3, [&] { (void)fwd(x.clone().set_requires_grad(true)); });
+      double bsum = 0.0, wsum = 0.0;
+      for (int i = 0; i < 3; ++i) {
+        Tensor in = x.clone();
+        in.set_requires_grad(true);
+        Tensor y = fwd(in);
+        autograd::DeferredGrads tasks;
+        const auto t0 = Clock::now();
+        {
+          autograd::DeferWeightGradScope scope(&tasks);
+          if (y.numel() == 1)
+            autograd::backward(y);
+          else
+            autograd::backward(y, Tensor::ones(y.shape(), y.dtype()));
+        }
+        const auto t1 = Clock::now();
+        for (auto& task : tasks) task();
+        bsum += std::chrono::duration<double>(t1 - t0).count();
+        wsum += std::chrono::duration<double>(Clock::now() - t1).count();
+      }
+      bi = bsum / 3;
+      w = wsum / 3;
+      for (auto& [name, prm] : model.named_parameters()) prm.set_grad(Tensor());  // leave no gradient behind
+    };
+    const amp::Policy policy{amp::level_from_name(r.precision.level),
+                             r.precision.dtype == "fp16" ? DType::F16 : DType::BF16};
+    measure(
+        [&](const Tensor& in) {
+          amp::AutocastScope ac(policy);
+          return model.run_blocks(in, 0, 1);
+        },
+        f_block, bi_block, w_block);
+    measure(
+        [&](const Tensor& in) {
+          amp::AutocastScope ac(policy);
+          return model.head_loss(in, ids);
+        },
+        f_last, bi_last, w_last);
+    double t[6] = {f_block, bi_block, w_block, f_last, bi_last, w_last};
+    world_->allreduce(t, 6);
+    for (double& v : t) v /= double(world_->size());
+    f_block = t[0], bi_block = t[1], w_block = t[2], f_last = t[3], bi_last = t[4], w_last = t[5];
+    std::fill(block_cost.begin(), block_cost.end(), f_block + bi_block + w_block);
+    last_extra = f_last + bi_last + w_last;
+    first_extra = 0.0;
+  }
+  // per-stage costs of the model cut into pp x v stages (for ZB-H1's W placement and `dynamic`)
+  auto costs_for = [&](const std::vector<int64_t>& b) {
+    parallel::PipeCosts c;
+    const int S = int(b.size()) - 1;
+    for (int s = 0; s < S; ++s) {
+      const double n = double(b[size_t(s) + 1] - b[size_t(s)]);
+      c.forward.push_back(n * f_block + (s == S - 1 ? f_last : 0.0));
+      c.backward_input.push_back(n * bi_block + (s == S - 1 ? bi_last : 0.0));
+      c.backward_weight.push_back(n * w_block + (s == S - 1 ? w_last : 0.0));
+    }
+    return c;
+  };
+  auto bounds_for = [&](int S) {
+    if (!r.parallel.stage_layers.empty())
+      return parallel::stage_bounds_from_list(parse_counts(r.parallel.stage_layers), S, L);
+    return parallel::partition_layers(block_cost, S, first_extra, last_extra);
+  };
+  parallel::PipePlan plan;
+  if (sched == "dynamic" && pp > 1) {
+    std::vector<int> vs;
+    if (M % pp == 0)
+      for (int v = 2; v <= int(r.parallel.virtual_stages); ++v)
+        if (int64_t(v) * pp <= L) vs.push_back(v);
+    parallel::PipeChoice choice =
+        parallel::choose_pipe_plan(pp, int(M), vs, int(r.parallel.max_in_flight),
+                                   [&](int v) { return costs_for(bounds_for(pp * v)); });
+    plan = choice.plan;
+    choice_table_ = choice.table;
+  } else {
+    const parallel::PipeSchedule kind =
+        sched == "dynamic" ? parallel::PipeSchedule::OneFOneB : parallel::pipe_schedule_from_name(sched);
+    const int v = kind == parallel::PipeSchedule::Interleaved ? int(r.parallel.virtual_stages) : 1;
+    plan = parallel::build_pipe_plan(kind, pp, int(M), v, costs_for(bounds_for(pp * v)));
+  }
+  bounds_ = bounds_for(plan.stages());
+  const int S = plan.stages(), me = pp_group_->rank();
+  first_ = me == plan.rank_of(0);
+  last_ = me == plan.rank_of(S - 1);
+  reports_loss_ = last_ && tp_group_->rank() == 0;
+  exec_ = std::make_unique<parallel::PipelineExecutor>(plan, *pp_group_, Shape{Bm, T, C});
+
+  // 3. keep this rank's parameters, free the others
+  for (auto& [name, p] : model.named_parameters()) {
+    bool mine;
+    const int64_t b = block_of(name);
+    if (b >= 0) {
+      const int s = int(std::upper_bound(bounds_.begin(), bounds_.end(), b) - bounds_.begin()) - 1;
+      mine = plan.rank_of(s) == me;
+    } else if (name == kWte) {
+      mine = first_ || last_;
+    } else if (name.rfind("transformer.wpe.", 0) == 0) {
+      mine = first_;
+    } else {
+      mine = last_;  // ln_f
+    }
+    if (mine)
+      local_.emplace_back(name, p);
+    else
+      release_parameter(model, name);
+  }
+  if (!choice_table_.empty()) say("pipeline schedule (dynamic), candidates:\n" + choice_table_);
+}
+
+std::vector<parallel::ParamUnit> ModelParallel::units() const {
+  parallel::ParamUnit u;
+  u.name = fmt::format("pp{}.tp{}", pp_group_->rank(), tp_group_->rank());
+  u.params = local_;
+  return {u};
+}
+
+std::vector<parallel::PipeChunk> ModelParallel::chunks(const Tensor& ids, const Tensor& targets,
+                                                       const amp::Policy& policy) {
+  const parallel::PipePlan& plan = exec_->plan();
+  const int p = plan.p, S = plan.stages(), me = pp_group_->rank();
+  const int64_t Bm = ids.size(0) / plan.m;
+  std::vector<parallel::PipeChunk> out;
+  for (int c = 0; c < plan.v; ++c) {
+    const int s = c * p + me;
+    const int64_t lo = bounds_[size_t(s)], hi = bounds_[size_t(s) + 1];
+    out.push_back({[this, s, S, lo, hi, Bm, ids, targets, policy](int mb, const Tensor& in) {
+      amp::AutocastScope autocast(policy);
+      Tensor x = s == 0 ? model_.embed(ids.narrow(0, mb * Bm, Bm)) : in;  // (Bm, T, C)
+      x = model_.run_blocks(x, lo, hi);
+      return s == S - 1 ? model_.head_loss(x, targets.narrow(0, mb * Bm, Bm)) : x;
+    }});
+  }
+  return out;
+}
+
+double ModelParallel::train_batch(const Tensor& ids, const Tensor& targets, double loss_scale,
+                                  const amp::Policy& policy) {
+  const int m = exec_->plan().m;
+  last_step_ = exec_->run(chunks(ids, targets, policy), loss_scale / double(m), /*train=*/true);
+  return reports_loss_ ? last_step_.loss_sum / double(m) : 0.0;
+}
+
+double ModelParallel::eval_batch(const Tensor& ids, const Tensor& targets, const amp::Policy& policy) {
+  const int m = exec_->plan().m;
+  const parallel::PipeStepResult res = exec_->run(chunks(ids, targets, policy), 1.0, /*train=*/false);
+  return reports_loss_ ? res.loss_sum / double(m) : 0.0;
+}
+
+void ModelParallel::sync_tied_gradients() {
+  if (pp_group_->size() == 1 || first_ == last_) return;
+  Tensor wte;
+  for (auto& [name, p] : local_)
+    if (name == kWte) wte = p;
+  BRIGADE_CHECK(wte.defined(), InternalError, "tied embedding missing on pp rank {}", pp_group_->rank());
+  Tensor g = wte.grad();
+  if (!g.defined()) {  // the stage's backward never reached it: a zero gradient
+    wte.set_grad(Tensor::zeros(wte.shape(), DType::F32));
+    g = wte.grad();
+  }
+  const int first = exec_->plan().rank_of(0), last = exec_->plan().rank_of(exec_->plan().stages() - 1);
+  const int64_t bytes = g.nbytes();
+  constexpr int kTag = 31999;
+  if (last_) {  // send ours, receive the sum
+    pp_group_->send(g.raw_data(), bytes, first, kTag);
+    pp_group_->recv(g.raw_data(), bytes, first, kTag);
+  } else {  // first: add the head's gradient to the embedding's, send the sum back
+    Tensor other = Tensor::empty(g.shape(), DType::F32, MemTag::Workspace);
+    pp_group_->recv(other.raw_data(), bytes, last, kTag);
+    ops::add_(g, other);
+    pp_group_->send(g.raw_data(), bytes, last, kTag);
+  }
+}
+
+double ModelParallel::clip_grad_norm(parallel::DataParallel& dp, double max_norm, dist::ProcessGroup& ctrl) const {
+  // Count each distinct gradient element once over the mesh: ZeRO-0 replicas only on dp rank 0,
+  // tp-replicated parameters only on tp rank 0, the tied embedding only on the first stage.
+  const bool dp_counts = dp.zero() >= 1 || mesh_->coord(dist::DeviceMesh::DP) == 0;
+  const bool tp0 = tp_group_->rank() == 0;
+  double sq = 0.0;
+  for (auto& [name, p] : dp.optimizer_params()) {
+    if (!dp_counts || (!tp0 && parallel::tp_replicated(name)) || (name == kWte && !first_)) continue;
+    const Tensor g = p.grad();
+    if (g.defined()) sq += ops::sum_squares(g);
+  }
+  ctrl.allreduce(&sq, 1);
+  const double norm = std::sqrt(sq);
+  if (max_norm > 0.0 && norm > max_norm)
+    for (auto& [name, p] : dp.optimizer_params())
+      if (p.grad().defined()) ops::mul_scalar_(p.grad(), max_norm / (norm + 1e-6));  // as torch's clip_grad_norm_
+  return norm;
+}
+
+int ModelParallel::owner_pp(const std::string& name) const {
+  const parallel::PipePlan& plan = exec_->plan();
+  const int64_t b = block_of(name);
+  if (b >= 0) {
+    const int s = int(std::upper_bound(bounds_.begin(), bounds_.end(), b) - bounds_.begin()) - 1;
+    return plan.rank_of(s);
+  }
+  if (name == kWte || name.rfind("transformer.wpe.", 0) == 0) return plan.rank_of(0);
+  return plan.rank_of(plan.stages() - 1);
+}
+
+nn::NamedTensors ModelParallel::gather_full(const parallel::DataParallel& dp) {
+  (void)dp;
+  const int tp = tp_group_->size(), dpn = dp_group_->size();
+  const bool dp0 = mesh_->coord(dist::DeviceMesh::DP) == 0;
+  std::map<std::string, Tensor> local;
+  for (auto& [name, p] : local_) local[name] = p;
+  nn::NamedTensors out;
+  int tag = 0;
+  for (const auto& [name, shape] : full_shapes_) {
+    const int owner = owner_pp(name);
+    const int owner_world = (owner * dpn + 0) * tp + 0;  // (pp, dp 0, tp 0)
+    Tensor full;
+    if (dp0 && pp_group_->rank() == owner) {
+      const Tensor mine = local.at(name);
+      full = tp > 1 ? parallel::tp_gather_param(name, mine, full_cfg_, *tp_group_) : mine.contiguous();
+      if (world_->rank() == owner_world && owner_world != 0)
+        world_->send(full.raw_data(), full.nbytes(), 0, tag % 32000);
+    }
+    if (world_->rank() == 0) {
+      if (owner_world != 0) {
+        full = Tensor::empty(shape, DType::F32, MemTag::Other);
+        world_->recv(full.raw_data(), full.nbytes(), owner_world, tag % 32000);
+      }
+      BRIGADE_CHECK(full.shape() == shape, InternalError, "gathered {} as {}, expected {}", name, full.str(),
+                    shape_str(shape));
+      out.emplace_back(name, full);
+    }
+    ++tag;
+  }
+  return out;
+}
+
+ModelParallel::PipeReport ModelParallel::report() {
+  PipeReport rep;
+  const int p = pp_group_->size();
+  // every pp rank's events, as (rank, op, stage, mb, start, end) rows summed into one buffer
+  std::vector<double> counts(size_t(p), 0.0);
+  counts[size_t(pp_group_->rank())] = double(last_step_.events.size());
+  pp_group_->allreduce(counts.data(), p);
+  int64_t total = 0, before = 0;
+  for (int i = 0; i < p; ++i) {
+    if (i < pp_group_->rank()) before += int64_t(counts[size_t(i)]);
+    total += int64_t(counts[size_t(i)]);
+  }
+  std::vector<double> rows(size_t(total) * 6 + size_t(p) * 3, 0.0);
+  for (size_t i = 0; i < last_step_.events.size(); ++i) {
+    const parallel::PipeEvent& e = last_step_.events[i];
+    double* row = rows.data() + (size_t(before) + i) * 6;
+    row[0] = e.rank, row[1] = double(int(e.action.op)), row[2] = e.action.stage, row[3] = e.action.mb;
+    row[4] = e.start, row[5] = e.end;
+  }
+  double* tail = rows.data() + size_t(total) * 6 + size_t(pp_group_->rank()) * 3;
+  tail[0] = last_step_.busy, tail[1] = last_step_.makespan, tail[2] = last_step_.peak_in_flight;
+  pp_group_->allreduce(rows.data(), int64_t(rows.size()));
+  std::vector<double> busy, span;
+  const parallel::PipePlan& plan = exec_->plan();
+  parallel::PipeCosts measured;
+  measured.forward.assign(size_t(plan.stages()), 0.0);
+  measured.backward_input.assign(size_t(plan.stages()), 0.0);
+  measured.backward_weight.assign(size_t(plan.stages()), 0.0);
+  for (int64_t i = 0; i < total; ++i) {
+    const double* row = rows.data() + size_t(i) * 6;
+    parallel::PipeEvent e{int(row[0]), {parallel::PipeOp(int(row[1])), int(row[2]), int(row[3])}, row[4], row[5]};
+    rep.events.push_back(e);
+    const double d = (e.end - e.start) / double(plan.m);  // mean per micro-batch
+    const size_t s = size_t(e.action.stage);
+    if (e.action.op == parallel::PipeOp::Forward) measured.forward[s] += d;
+    if (e.action.op == parallel::PipeOp::Backward || e.action.op == parallel::PipeOp::BackwardInput)
+      measured.backward_input[s] += d;
+    if (e.action.op == parallel::PipeOp::BackwardWeight) measured.backward_weight[s] += d;
+  }
+  for (int i = 0; i < p; ++i) {
+    const double* t = rows.data() + size_t(total) * 6 + size_t(i) * 3;
+    busy.push_back(t[0]);
+    span.push_back(t[1]);
+    rep.peak_in_flight.push_back(int(t[2]));
+  }
+  rep.measured_bubble = parallel::measured_bubble(busy, span);
+  rep.predicted_bubble = parallel::simulate_pipe_plan(plan, measured).bubble;
+  return rep;
+}
+
+std::string ModelParallel::describe() const {
+  const parallel::PipePlan& plan = exec_->plan();
+  std::string stages;
+  for (size_t s = 0; s + 1 < bounds_.size(); ++s)
+    stages += fmt::format("{}{}", s ? "," : "", bounds_[s + 1] - bounds_[s]);
+  return fmt::format("model parallel: dp {} x tp {} x pp {} | {} micro-batches of {} rows | schedule {}{} | blocks per "
+                     "stage {}",
+                     mesh_->size(dist::DeviceMesh::DP), mesh_->size(dist::DeviceMesh::TP),
+                     mesh_->size(dist::DeviceMesh::PP), plan.m, r_.train.batch_size / plan.m,
+                     parallel::pipe_schedule_name(plan.kind), plan.v > 1 ? fmt::format(" (v = {})", plan.v) : "",
+                     stages);
+}
+
+// ---------------------------------------------------------------- optimizer state per rank
+
+namespace {
+std::string mp_optimizer_file(int rank, int world) {
+  return fmt::format("optimizer-mp-{}-of-{}.safetensors", rank, world);
+}
+std::string mesh_tag(const ModelParallel& mp) {
+  std::string b;
+  for (int64_t x : mp.stage_bounds()) b += fmt::format("{}{}", b.empty() ? "" : ",", x);
+  return fmt::format("dp{}.tp{}.pp{}.v{}.bounds{}", mp.mesh().size(dist::DeviceMesh::DP),
+                     mp.mesh().size(dist::DeviceMesh::TP), mp.mesh().size(dist::DeviceMesh::PP), mp.plan().v, b);
+}
+}  // namespace
+
+void write_mp_optimizer(const std::string& tmp, const ModelParallel& mp, const optim::Optimizer& opt) {
+  const int rank = mp.mesh().world().rank(), world = mp.mesh().world().size();
+  ckpt::save_safetensors((fs::path(tmp) / mp_optimizer_file(rank, world)).string(), opt.state_tensors(),
+                         {{"mesh", mesh_tag(mp)}, {"steps", std::to_string(opt.steps())}});
+}
+
+void read_mp_optimizer(const std::string& dir, const ModelParallel& mp, optim::Optimizer& opt, int64_t steps) {
+  const int rank = mp.mesh().world().rank(), world = mp.mesh().world().size();
+  const fs::path path = fs::path(dir) / mp_optimizer_file(rank, world);
+  BRIGADE_CHECK(fs::exists(path), CheckpointError,
+                "--resume: {} is missing; a model-parallel run resumes only from a checkpoint of the same mesh "
+                "({} processes) — was it saved by a run with other parallel.dp / tp / pp?",
+                path.string(), world);
+  ckpt::SafetensorsReader in(path.string());
+  const std::string want = mesh_tag(mp), saved = in.metadata("mesh").value_or("?");
+  BRIGADE_CHECK(saved == want, CheckpointError,
+                "--resume: {} was saved on mesh {} but this run is {}; resume with the same parallel.* settings",
+                path.string(), saved, want);
+  for (auto& [name, t] : opt.state_tensors()) in.get_into(name, t);
+  opt.set_steps(steps);
+}
+
+}  // namespace brigade::train
