@@ -382,6 +382,18 @@ OpCase reduce_case(const std::string& name, Input x, std::vector<int64_t> dims, 
   return c;
 }
 
+// Op cases by topic (tests/ops/cases_<topic>.inc): each defines std::vector<OpCase>
+// <topic>_cases() here, and all_cases() appends them.
+#if __has_include("cases_llama.inc")
+#include "cases_llama.inc"
+#endif
+#if __has_include("cases_vision.inc")
+#include "cases_vision.inc"
+#endif
+#if __has_include("cases_encoder.inc")
+#include "cases_encoder.inc"
+#endif
+
 std::vector<OpCase> all_cases() {
   using ref::BinaryOp;
   using ref::UnaryOp;
@@ -662,6 +674,15 @@ std::vector<OpCase> all_cases() {
     c.f32_outputs = {true, true};  // loss, lse
     cs.push_back(c);
   }
+#if __has_include("cases_llama.inc")
+  for (OpCase& c : llama_cases()) cs.push_back(std::move(c));
+#endif
+#if __has_include("cases_vision.inc")
+  for (OpCase& c : vision_cases()) cs.push_back(std::move(c));
+#endif
+#if __has_include("cases_encoder.inc")
+  for (OpCase& c : encoder_cases()) cs.push_back(std::move(c));
+#endif
   return cs;
 }
 
