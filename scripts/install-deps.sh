@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Brigade needs on Debian 12 (idempotent: safe to run again).
 # Build: compiler, CMake, oneDNN, OpenMP, TOML, CLI11, fmt, JSON, SentencePiece.
-# Data: the King James Bible (bible-kjv). Tests: GoogleTest, and python3-torch
+# Data: the King James Bible (bible-kjv), Fashion-MNIST (dataset-fashion-mnist). Tests: GoogleTest, and python3-torch
 # for the PyTorch cross-checks (fixtures themselves are committed).
 set -euo pipefail
 pkgs=(
@@ -12,7 +12,7 @@ pkgs=(
   libzstd-dev zlib1g-dev
   libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  bible-kjv bible-kjv-text
+  bible-kjv bible-kjv-text dataset-fashion-mnist
   python3-torch python3-numpy
 )
 missing=()

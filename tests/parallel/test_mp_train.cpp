@@ -154,7 +154,9 @@ void expect_same_curve(const std::map<int64_t, double>& got, const std::map<int6
     EXPECT_LE(std::abs(it->second - w), tol * std::abs(w)) << what << " step " << step << ": " << it->second
                                                            << " vs " << w;
   }
-  if (same_steps) EXPECT_EQ(got.size(), want.size()) << what;
+  if (same_steps) {
+    EXPECT_EQ(got.size(), want.size()) << what;
+  }
 }
 
 TEST_F(MpTrain, EveryScheduleAnd3DMixMatchesOneProcess) {

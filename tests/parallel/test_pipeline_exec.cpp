@@ -106,7 +106,9 @@ TEST(PipelineExecutor, EveryScheduleGivesTheOneProcessLossAndGradients) {
       chunks.push_back({[&net, s](int mb, const Tensor& in) { return net.stage(s, s == 0 ? micro_input(mb) : in); }});
     }
     const PipeStepResult res = exec.run(chunks, 1.0 / m);
-    if (me == exec.plan().rank_of(S - 1)) EXPECT_NEAR(res.loss_sum / m, ref_loss, 1e-6 * std::abs(ref_loss));
+    if (me == exec.plan().rank_of(S - 1)) {
+      EXPECT_NEAR(res.loss_sum / m, ref_loss, 1e-6 * std::abs(ref_loss));
+    }
     for (int k = 0; k < c.v; ++k) {
       const size_t s = size_t(k * p + me);
       ASSERT_TRUE(net.w[s].grad().defined()) << "stage " << s;
@@ -114,9 +116,15 @@ TEST(PipelineExecutor, EveryScheduleGivesTheOneProcessLossAndGradients) {
       EXPECT_LT(max_rel_diff(net.b[s].grad(), ref.b[s].grad()), 1e-5) << "bias of stage " << s;
     }
     // in flight: GPipe all m; 1F1B p - r; ZB-H1 no more than 1F1B
-    if (c.kind == PipeSchedule::GPipe) EXPECT_EQ(res.peak_in_flight, m);
-    if (c.kind == PipeSchedule::OneFOneB) EXPECT_EQ(res.peak_in_flight, std::min(m, p - me));
-    if (c.kind == PipeSchedule::ZeroBubbleH1) EXPECT_LE(res.peak_in_flight, p);  // 1F1B's peak (rank 0)
+    if (c.kind == PipeSchedule::GPipe) {
+      EXPECT_EQ(res.peak_in_flight, m);
+    }
+    if (c.kind == PipeSchedule::OneFOneB) {
+      EXPECT_EQ(res.peak_in_flight, std::min(m, p - me));
+    }
+    if (c.kind == PipeSchedule::ZeroBubbleH1) {
+      EXPECT_LE(res.peak_in_flight, p);  // 1F1B's peak (rank 0)
+    }
     // the measured timeline: one event per compute action, ordered, within the makespan
     size_t compute = 0;
     for (const PipeAction& a : exec.plan().ranks[size_t(me)])
@@ -125,14 +133,18 @@ TEST(PipelineExecutor, EveryScheduleGivesTheOneProcessLossAndGradients) {
     ASSERT_EQ(res.events.size(), compute);
     for (size_t i = 0; i < res.events.size(); ++i) {
       EXPECT_LE(res.events[i].start, res.events[i].end);
-      if (i) EXPECT_LE(res.events[i - 1].end, res.events[i].start);
+      if (i) {
+        EXPECT_LE(res.events[i - 1].end, res.events[i].start);
+      }
     }
     EXPECT_LE(res.busy, res.makespan + 1e-9);
 
     // evaluation: forwards only, no gradients touched
     net.zero();
     const PipeStepResult ev = exec.run(chunks, 1.0, /*train=*/false);
-    if (me == exec.plan().rank_of(S - 1)) EXPECT_NEAR(ev.loss_sum / m, ref_loss, 1e-6 * std::abs(ref_loss));
+    if (me == exec.plan().rank_of(S - 1)) {
+      EXPECT_NEAR(ev.loss_sum / m, ref_loss, 1e-6 * std::abs(ref_loss));
+    }
     for (int k = 0; k < c.v; ++k) EXPECT_FALSE(net.w[size_t(k * p + me)].grad().defined());
   }
 }

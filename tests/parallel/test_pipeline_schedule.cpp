@@ -102,7 +102,9 @@ TEST(PipeSchedule, ZeroBubbleH1BeatsOneFOneBAtTheSameMemory) {
       expect_complete(zb);
       const PipeSimulation z = simulate_pipe_plan(zb, c);
       const PipeSimulation o = simulate_pipe_plan(build_pipe_plan(PipeSchedule::OneFOneB, p, m), c);
-      if (p > 1) EXPECT_LT(z.bubble, o.bubble);
+      if (p > 1) {
+        EXPECT_LT(z.bubble, o.bubble);
+      }
       // the same memory: no rank holds more micro-batches than 1F1B's peak (p, on its first rank)
       const int peak_1f1b = *std::max_element(o.peak_in_flight.begin(), o.peak_in_flight.end());
       EXPECT_EQ(peak_1f1b, std::min(p, m));
