@@ -1,0 +1,482 @@
+// Vision ops: front-end checks, the widened 16-bit path, and the cpu backend (see
+// ext_vision.h). Convolutions run oneDNN's convolution_forward / _backward_data /
+// _backward_weights primitives on plain NCHW / OIHW memory (no layout reorders), created
+// once per (shape, stride, padding, bias) and cached under a mutex; the ref backend runs the
+// scalar oracle in ext_vision.h. Batch norm runs one channel per OpenMP iteration, pooling
+// one (H, W) plane per iteration, both with the oracle's own per-element code (double
+// accumulators, fixed order), so cpu and ref agree closely and the cpu results do not
+// depend on the thread count.
+#include "brigade/ops/ext_vision.h"
+
+#include <dnnl.hpp>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "brigade/core/error.h"
+#include "brigade/ops/ops.h"
+
+namespace brigade::ops {
+
+namespace {
+
+namespace vr = ref::vision;
+
+bool on_cpu() { return current_backend() == Backend::Cpu; }
+
+void check_float(const Tensor& t, const char* op, const char* name) {
+  BRIGADE_CHECK(t.defined(), ValueError, "{}: argument '{}' is an undefined tensor", op, name);
+  BRIGADE_CHECK(is_floating(t.dtype()), ShapeError,
+                "{}: '{}' is {} but must be a floating tensor (f32, bf16 or f16); convert it with ops::cast", op,
+                name, t.str());
+}
+void check_nchw(const Tensor& t, const char* op, const char* name) {
+  check_float(t, op, name);
+  BRIGADE_CHECK(t.dim() == 4, ShapeError, "{}: '{}' must be 4-D (N, C, H, W), got {}", op, name,
+                shape_str(t.shape()));
+}
+void check_vec(const Tensor& t, int64_t C, const char* op, const char* name) {
+  check_float(t, op, name);
+  BRIGADE_CHECK(t.dim() == 1 && t.size(0) == C, ShapeError, "{}: '{}' must be ({}) (one value per channel), got {}",
+                op, name, C, shape_str(t.shape()));
+}
+void check_window(int64_t k, int64_t s, int64_t p, const char* op) {
+  BRIGADE_CHECK(k >= 1 && s >= 1 && p >= 0, ValueError,
+                "{}: kernel {} and stride {} must be >= 1 and padding {} >= 0", op, k, s, p);
+}
+
+bool is_half(const Tensor& t) { return t.defined() && (t.dtype() == DType::BF16 || t.dtype() == DType::F16); }
+Tensor f32_of(const Tensor& t) { return is_half(t) ? cast(t, DType::F32) : t; }
+Tensor round_to(const Tensor& t, DType dt) { return t.defined() && t.dtype() != dt ? cast(t, dt) : t; }
+Tensor contig(const Tensor& t) { return t.defined() ? t.contiguous() : t; }
+const float* fptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+float* fptr_mut(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+// ---------------------------------------------------------------- oneDNN convolutions
+
+using dnnl::memory;
+
+dnnl::engine& engine() {
+  static dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
+struct ConvPrims {
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_forward fwd;
+  bool have_bwd_d = false, have_bwd_w = false;
+  dnnl::convolution_backward_data bwd_d;
+  dnnl::convolution_backward_weights bwd_w;
+};
+
+std::mutex g_conv_mu;
+std::unordered_map<std::string, ConvPrims>& conv_cache() {
+  static std::unordered_map<std::string, ConvPrims> c;
+  return c;
+}
+
+struct ConvMds {
+  memory::desc src, wei, bias, dst;
+  memory::dims strides, pad;
+};
+ConvMds conv_mds(const vr::ConvGeom& g) {
+  ConvMds m;
+  m.src = memory::desc({g.N, g.C, g.H, g.W}, memory::data_type::f32, memory::format_tag::nchw);
+  m.wei = memory::desc({g.O, g.C, g.KH, g.KW}, memory::data_type::f32, memory::format_tag::oihw);
+  m.bias = memory::desc({g.O}, memory::data_type::f32, memory::format_tag::x);
+  m.dst = memory::desc({g.N, g.O, g.OH, g.OW}, memory::data_type::f32, memory::format_tag::nchw);
+  m.strides = {g.stride, g.stride};
+  m.pad = {g.pad, g.pad};
+  return m;
+}
+
+// The cached primitives of one geometry (with bias in the forward and weight backward when
+// `bias`); the backward primitives are created on first use. Caller holds g_conv_mu.
+ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, bool want_bwd_w) {
+  const std::string key = fmt::format("{},{},{},{},{},{},{},{},{},{}", g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.stride,
+                                      g.pad, bias ? 1 : 0);
+  auto it = conv_cache().find(key);
+  const ConvMds m = conv_mds(g);
+  if (it == conv_cache().end()) {
+    ConvPrims p;
+    auto d = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                    dnnl::algorithm::convolution_direct, m.src, m.wei, m.bias, m.dst,
+                                                    m.strides, m.pad, m.pad)
+                  : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                    dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst,
+                                                    m.strides, m.pad, m.pad);
+    p.fwd_pd = dnnl::convolution_forward::primitive_desc(d, engine());
+    p.fwd = dnnl::convolution_forward(p.fwd_pd);
+    it = conv_cache().emplace(key, std::move(p)).first;
+  }
+  ConvPrims& p = it->second;
+  if (want_bwd_d && !p.have_bwd_d) {
+    dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst, m.strides,
+                                            m.pad, m.pad);
+    p.bwd_d = dnnl::convolution_backward_data(dnnl::convolution_backward_data::primitive_desc(d, engine(), p.fwd_pd));
+    p.have_bwd_d = true;
+  }
+  if (want_bwd_w && !p.have_bwd_w) {
+    auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.wei,
+                                                             m.bias, m.dst, m.strides, m.pad, m.pad)
+                  : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.wei,
+                                                             m.dst, m.strides, m.pad, m.pad);
+    p.bwd_w =
+        dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(d, engine(), p.fwd_pd));
+    p.have_bwd_w = true;
+  }
+  return p;
+}
+
+memory mem(const memory::desc& d, const float* p) { return memory(d, engine(), const_cast<float*>(p)); }
+
+void cpu_conv2d(const vr::ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
+  dnnl::convolution_forward prim;
+  {
+    std::lock_guard<std::mutex> lock(g_conv_mu);
+    prim = conv_prims_locked(g, b != nullptr, false, false).fwd;
+  }
+  const ConvMds m = conv_mds(g);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_WEIGHTS, mem(m.wei, w)},
+                                       {DNNL_ARG_DST, mem(m.dst, y)}};
+  if (b) args.emplace(DNNL_ARG_BIAS, mem(m.bias, b));
+  dnnl::stream s(engine());
+  prim.execute(s, args);
+  s.wait();
+}
+
+void cpu_conv2d_backward(const vr::ConvGeom& g, const float* gy, const float* x, const float* w, float* gx,
+                         float* gw, float* gb) {
+  // The weight primitive computes gw and gb together; a gb without gw goes to scratch.
+  std::vector<float> gw_scratch;
+  if (gb && !gw) {
+    gw_scratch.resize(size_t(g.O * g.C * g.KH * g.KW));
+    gw = gw_scratch.data();
+  }
+  dnnl::convolution_backward_data bd;
+  dnnl::convolution_backward_weights bw;
+  {
+    std::lock_guard<std::mutex> lock(g_conv_mu);
+    ConvPrims& p = conv_prims_locked(g, gb != nullptr, gx != nullptr, gw != nullptr);
+    if (gx) bd = p.bwd_d;
+    if (gw) bw = p.bwd_w;
+  }
+  const ConvMds m = conv_mds(g);
+  dnnl::stream s(engine());
+  if (gx)
+    bd.execute(s, {{DNNL_ARG_DIFF_DST, mem(m.dst, gy)}, {DNNL_ARG_WEIGHTS, mem(m.wei, w)},
+                   {DNNL_ARG_DIFF_SRC, mem(m.src, gx)}});
+  if (gw) {
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
+                                         {DNNL_ARG_DIFF_WEIGHTS, mem(m.wei, gw)}};
+    if (gb) args.emplace(DNNL_ARG_DIFF_BIAS, mem(m.bias, gb));
+    bw.execute(s, args);
+  }
+  s.wait();
+}
+
+vr::ConvGeom conv_geom(const Tensor& x, const Tensor& w, int64_t stride, int64_t padding, const char* op) {
+  check_nchw(x, op, "x");
+  check_nchw(w, op, "w");
+  check_window(1, stride, padding, op);
+  BRIGADE_CHECK(w.size(1) == x.size(1), ShapeError,
+                "{}: w {} expects {} input channels but x {} has {}; w must be (O, C, KH, KW)", op,
+                shape_str(w.shape()), w.size(1), shape_str(x.shape()), x.size(1));
+  vr::ConvGeom g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), stride, padding, 0, 0};
+  g.OH = conv_out_size(g.H, g.KH, stride, padding, op);
+  g.OW = conv_out_size(g.W, g.KW, stride, padding, op);
+  return g;
+}
+
+// Pooling windows: (N C) planes of x (N, C, H, W).
+struct PoolGeom {
+  int64_t P, H, W, OH, OW;
+};
+PoolGeom pool_geom(const Shape& xs, int64_t k, int64_t s, int64_t p, const char* op) {
+  check_window(k, s, p, op);
+  BRIGADE_CHECK(xs.size() == 4, ShapeError, "{}: x must be 4-D (N, C, H, W), got {}", op, shape_str(xs));
+  BRIGADE_CHECK(2 * p <= k, ValueError, "{}: padding {} must be at most half the kernel {} (as torch requires)", op,
+                p, k);
+  return {xs[0] * xs[1], xs[2], xs[3], conv_out_size(xs[2], k, s, p, op), conv_out_size(xs[3], k, s, p, op)};
+}
+
+}  // namespace
+
+int64_t conv_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, const char* op) {
+  const int64_t o = in + 2 * pad - k >= 0 ? (in + 2 * pad - k) / stride + 1 : 0;
+  BRIGADE_CHECK(o >= 1, ShapeError,
+                "{}: a window of {} with padding {} does not fit an input of size {}; use a larger input or padding",
+                op, k, pad, in);
+  return o;
+}
+
+// ---------------------------------------------------------------- conv2d
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding) {
+  const vr::ConvGeom g = conv_geom(x, w, stride, padding, "conv2d");
+  if (bias.defined()) check_vec(bias, g.O, "conv2d", "bias");
+  if (is_half(x) || is_half(w) || is_half(bias)) {
+    const DType ot = x.dtype() == w.dtype() ? x.dtype() : DType::F32;
+    return round_to(conv2d(f32_of(x), f32_of(w), f32_of(bias), stride, padding), ot);
+  }
+  const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(bias);
+  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW});  // (N, O, OH, OW)
+  if (on_cpu())
+    cpu_conv2d(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>());
+  else
+    vr::conv2d<float>(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>());
+  return y;
+}
+
+Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, int64_t stride, int64_t padding,
+                            bool need_gx, bool need_gw, bool need_gb) {
+  const vr::ConvGeom g = conv_geom(x, w, stride, padding, "conv2d_backward");
+  check_nchw(gy, "conv2d_backward", "gy");
+  BRIGADE_CHECK(gy.shape() == Shape({g.N, g.O, g.OH, g.OW}), ShapeError,
+                "conv2d_backward: gy must be the output's shape {}, got {}", shape_str({g.N, g.O, g.OH, g.OW}),
+                shape_str(gy.shape()));
+  if (is_half(gy) || is_half(x) || is_half(w)) {
+    Conv2dGrads r = conv2d_backward(f32_of(gy), f32_of(x), f32_of(w), stride, padding, need_gx, need_gw, need_gb);
+    r.gx = round_to(r.gx, x.dtype());
+    r.gw = round_to(r.gw, w.dtype());
+    r.gb = round_to(r.gb, gy.dtype());
+    return r;
+  }
+  const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous();
+  Conv2dGrads r;
+  if (need_gx) r.gx = Tensor::empty(x.shape());  // (N, C, H, W)
+  if (need_gw) r.gw = Tensor::empty(w.shape());  // (O, C, KH, KW)
+  if (need_gb) r.gb = Tensor::empty({g.O});      // (O)
+  if (!need_gx && !need_gw && !need_gb) return r;
+  if (on_cpu())
+    cpu_conv2d_backward(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx), fptr_mut(r.gw),
+                        fptr_mut(r.gb));
+  else
+    vr::conv2d_backward<float>(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx),
+                               fptr_mut(r.gw), fptr_mut(r.gb));
+  return r;
+}
+
+// ---------------------------------------------------------------- batch norm
+
+BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
+                          const Tensor& running_var, bool training, double momentum, double eps) {
+  const char* op = "batch_norm2d";
+  check_nchw(x, op, "x");
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  check_vec(w, C, op, "w");
+  if (b.defined()) check_vec(b, C, op, "b");
+  BRIGADE_CHECK(running_mean.defined() == running_var.defined(), ValueError,
+                "{}: give both running_mean and running_var, or neither", op);
+  for (const Tensor* r : {&running_mean, &running_var})
+    if (r->defined()) {
+      check_vec(*r, C, op, r == &running_mean ? "running_mean" : "running_var");
+      BRIGADE_CHECK(r->dtype() == DType::F32 && r->is_contiguous(), ValueError,
+                    "{}: running statistics must be contiguous f32 tensors, got {}", op, r->str());
+    }
+  BRIGADE_CHECK(training || running_mean.defined(), ValueError,
+                "{}: eval mode normalises with the running statistics, but none were given", op);
+  BRIGADE_CHECK(!training || N * HW > 1, ValueError,
+                "{}: training needs more than one value per channel to compute a variance, got x {}", op,
+                shape_str(x.shape()));
+  BRIGADE_CHECK(eps >= 0 && momentum >= 0 && momentum <= 1, ValueError,
+                "{}: eps {} must be >= 0 and momentum {} in [0, 1]", op, eps, momentum);
+  if (is_half(x) || is_half(w) || is_half(b)) {
+    BatchNormOut o = batch_norm2d(f32_of(x), f32_of(w), f32_of(b), running_mean, running_var, training, momentum, eps);
+    o.y = round_to(o.y, x.dtype());
+    return o;
+  }
+  const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(b);
+  BatchNormOut o;
+  o.y = Tensor::empty(x.shape());  // (N, C, H, W)
+  o.mean = Tensor::empty({C});     // (C)
+  o.rstd = Tensor::empty({C});     // (C)
+  Tensor var = Tensor::empty({C});  // (C) the variance used (biased, in training)
+  const float* rm = training ? nullptr : running_mean.data<float>();
+  const float* rv = training ? nullptr : running_var.data<float>();
+  const float *xp = xc.data<float>(), *wp = wc.data<float>(), *bp = fptr(bc);
+  float *yp = o.y.data<float>(), *mp = o.mean.data<float>(), *sp = o.rstd.data<float>(), *vp = var.data<float>();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c)
+      vr::batch_norm2d<float, float>(N, C, HW, c, c + 1, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
+  } else {
+    vr::batch_norm2d<float, float>(N, C, HW, 0, C, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
+  }
+  if (training && running_mean.defined()) {
+    const double M = double(N * HW), unbias = M / (M - 1);
+    float *rmp = running_mean.data<float>(), *rvp = running_var.data<float>();
+    for (int64_t c = 0; c < C; ++c) {
+      rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * double(mp[c]));
+      rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * double(vp[c]) * unbias);
+    }
+  }
+  return o;
+}
+
+BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                     const Tensor& rstd, bool training) {
+  const char* op = "batch_norm2d_backward";
+  check_nchw(x, op, "x");
+  check_nchw(gy, op, "gy");
+  BRIGADE_CHECK(gy.shape() == x.shape(), ShapeError, "{}: gy {} must have x's shape {}", op, shape_str(gy.shape()),
+                shape_str(x.shape()));
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  check_vec(w, C, op, "w");
+  check_vec(mean, C, op, "mean");
+  check_vec(rstd, C, op, "rstd");
+  if (is_half(gy) || is_half(x) || is_half(w) || is_half(mean) || is_half(rstd)) {
+    BatchNormGrads r = batch_norm2d_backward(f32_of(gy), f32_of(x), f32_of(w), f32_of(mean), f32_of(rstd), training);
+    r.gx = round_to(r.gx, x.dtype());
+    r.gw = round_to(r.gw, w.dtype());
+    r.gb = round_to(r.gb, w.dtype());
+    return r;
+  }
+  const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous(), mc = mean.contiguous(),
+               rc = rstd.contiguous();
+  BatchNormGrads r;
+  r.gx = Tensor::empty(x.shape());  // (N, C, H, W)
+  r.gw = Tensor::empty({C});        // (C)
+  r.gb = Tensor::empty({C});        // (C)
+  const float *gp = gyc.data<float>(), *xp = xc.data<float>(), *wp = wc.data<float>(), *mp = mc.data<float>(),
+              *sp = rc.data<float>();
+  float *gxp = r.gx.data<float>(), *gwp = r.gw.data<float>(), *gbp = r.gb.data<float>();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c)
+      vr::batch_norm2d_backward<float, float>(N, C, HW, c, c + 1, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
+  } else {
+    vr::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------- pooling
+
+MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+  check_nchw(x, "max_pool2d", "x");
+  const PoolGeom g = pool_geom(x.shape(), kernel, stride, padding, "max_pool2d");
+  if (is_half(x)) {
+    MaxPoolOut o = max_pool2d(f32_of(x), kernel, stride, padding);
+    o.y = round_to(o.y, x.dtype());
+    return o;
+  }
+  const Tensor xc = x.contiguous();
+  MaxPoolOut o;
+  o.y = Tensor::empty({x.size(0), x.size(1), g.OH, g.OW});                // (N, C, OH, OW)
+  o.idx = Tensor::empty({x.size(0), x.size(1), g.OH, g.OW}, DType::I64);  // (N, C, OH, OW)
+  const float* xp = xc.data<float>();
+  float* yp = o.y.data<float>();
+  int64_t* ip = o.idx.data<int64_t>();
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+  const bool par = on_cpu() && g.P * HW > (1 << 15);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t p = 0; p < g.P; ++p)
+    vr::max_pool2d_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, xp + p * HW, yp + p * OHW,
+                                ip + p * OHW);
+  return o;
+}
+
+Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_shape) {
+  check_nchw(gy, "max_pool2d_backward", "gy");
+  BRIGADE_CHECK(idx.defined() && idx.dtype() == DType::I64 && idx.shape() == gy.shape(), ShapeError,
+                "max_pool2d_backward: idx must be i64 of gy's shape {} (max_pool2d's idx), got {}",
+                shape_str(gy.shape()), idx.defined() ? idx.str() : "undefined");
+  BRIGADE_CHECK(x_shape.size() == 4 && x_shape[0] == gy.size(0) && x_shape[1] == gy.size(1), ShapeError,
+                "max_pool2d_backward: x shape {} does not match gy {}", shape_str(x_shape), shape_str(gy.shape()));
+  if (is_half(gy)) return round_to(max_pool2d_backward(f32_of(gy), idx, x_shape), gy.dtype());
+  const Tensor gyc = gy.contiguous(), ic = idx.contiguous();
+  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
+  const int64_t P = x_shape[0] * x_shape[1], HW = x_shape[2] * x_shape[3], OHW = gy.size(2) * gy.size(3);
+  const float* gp = gyc.data<float>();
+  const int64_t* ip = ic.data<int64_t>();
+  for (int64_t i = 0; i < P * OHW; ++i)
+    BRIGADE_CHECK(ip[i] >= -1 && ip[i] < HW, ValueError, "max_pool2d_backward: index {} outside a plane of {}",
+                  ip[i], HW);
+  float* gxp = gx.data<float>();
+  const bool par = on_cpu() && P * HW > (1 << 15);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t p = 0; p < P; ++p) vr::max_pool2d_backward_plane<float>(HW, OHW, gp + p * OHW, ip + p * OHW, gxp + p * HW);
+  return gx;
+}
+
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+  check_nchw(x, "avg_pool2d", "x");
+  const PoolGeom g = pool_geom(x.shape(), kernel, stride, padding, "avg_pool2d");
+  if (is_half(x)) return round_to(avg_pool2d(f32_of(x), kernel, stride, padding), x.dtype());
+  const Tensor xc = x.contiguous();
+  Tensor y = Tensor::empty({x.size(0), x.size(1), g.OH, g.OW});  // (N, C, OH, OW)
+  const float* xp = xc.data<float>();
+  float* yp = y.data<float>();
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+  const bool par = on_cpu() && g.P * HW > (1 << 15);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t p = 0; p < g.P; ++p)
+    vr::avg_pool2d_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, xp + p * HW, yp + p * OHW);
+  return y;
+}
+
+Tensor avg_pool2d_backward(const Tensor& gy, const Shape& x_shape, int64_t kernel, int64_t stride, int64_t padding) {
+  check_nchw(gy, "avg_pool2d_backward", "gy");
+  const PoolGeom g = pool_geom(x_shape, kernel, stride, padding, "avg_pool2d_backward");
+  BRIGADE_CHECK(gy.shape() == Shape({x_shape[0], x_shape[1], g.OH, g.OW}), ShapeError,
+                "avg_pool2d_backward: gy {} must be the output's shape {}", shape_str(gy.shape()),
+                shape_str({x_shape[0], x_shape[1], g.OH, g.OW}));
+  if (is_half(gy)) return round_to(avg_pool2d_backward(f32_of(gy), x_shape, kernel, stride, padding), gy.dtype());
+  const Tensor gyc = gy.contiguous();
+  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
+  const float* gp = gyc.data<float>();
+  float* gxp = gx.data<float>();
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+  const bool par = on_cpu() && g.P * HW > (1 << 15);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t p = 0; p < g.P; ++p)
+    vr::avg_pool2d_backward_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, gp + p * OHW, gxp + p * HW);
+  return gx;
+}
+
+// ---------------------------------------------------------------- relu
+
+Tensor relu(const Tensor& x) {
+  check_float(x, "relu", "x");
+  if (is_half(x)) return round_to(relu(f32_of(x)), x.dtype());
+  const Tensor xc = x.contiguous();
+  Tensor y = Tensor::empty(x.shape());  // x's shape
+  const int64_t n = x.numel();
+  const float* xp = xc.data<float>();
+  float* yp = y.data<float>();
+  if (on_cpu()) {
+    constexpr int64_t kBlock = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > (1 << 15))
+    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b)
+      vr::relu<float>(std::min(kBlock, n - b * kBlock), xp + b * kBlock, yp + b * kBlock);
+  } else {
+    vr::relu<float>(n, xp, yp);
+  }
+  return y;
+}
+
+Tensor relu_backward(const Tensor& gy, const Tensor& y) {
+  check_float(gy, "relu_backward", "gy");
+  check_float(y, "relu_backward", "y");
+  BRIGADE_CHECK(gy.shape() == y.shape(), ShapeError, "relu_backward: gy {} and y {} must have the same shape",
+                shape_str(gy.shape()), shape_str(y.shape()));
+  if (is_half(gy) || is_half(y)) return round_to(relu_backward(f32_of(gy), f32_of(y)), gy.dtype());
+  const Tensor gc = gy.contiguous(), yc = y.contiguous();
+  Tensor gx = Tensor::empty(y.shape());  // y's shape
+  const int64_t n = y.numel();
+  const float *gp = gc.data<float>(), *yp = yc.data<float>();
+  float* gxp = gx.data<float>();
+  if (on_cpu()) {
+    constexpr int64_t kBlock = 1 << 14;
+#pragma omp parallel for schedule(static) if (n > (1 << 15))
+    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b)
+      vr::relu_backward<float>(std::min(kBlock, n - b * kBlock), gp + b * kBlock, yp + b * kBlock, gxp + b * kBlock);
+  } else {
+    vr::relu_backward<float>(n, gp, yp, gxp);
+  }
+  return gx;
+}
+
+}  // namespace brigade::ops
