@@ -1,0 +1,119 @@
+// LLaMA (Touvron et al. 2023) as single-device model code, with Hugging Face parameter
+// names and layouts (transformers' LlamaForCausalLM): pre-norm decoder layers with RMSNorm,
+// rotary position embeddings on q and k, grouped-query attention (n_kv_head kv heads shared
+// by n_head / n_kv_head query heads each), a SwiGLU MLP, no biases, and an untied LM head.
+//
+//   model.embed_tokens.weight                         (V, C)
+//   model.layers.{i}.self_attn.q_proj.weight          (NH * HS, C)     torch Linear (out, in)
+//   model.layers.{i}.self_attn.k_proj.weight          (NKV * HS, C)
+//   model.layers.{i}.self_attn.v_proj.weight          (NKV * HS, C)
+//   model.layers.{i}.self_attn.o_proj.weight          (C, NH * HS)
+//   model.layers.{i}.mlp.gate_proj.weight             (I, C)
+//   model.layers.{i}.mlp.up_proj.weight               (I, C)
+//   model.layers.{i}.mlp.down_proj.weight             (C, I)
+//   model.layers.{i}.input_layernorm.weight           (C)
+//   model.layers.{i}.post_attention_layernorm.weight  (C)
+//   model.norm.weight                                 (C)
+//   lm_head.weight                                    (V, C)
+// (C = hidden_size, I = intermediate_size, HS = C / NH; registration order as in HF.)
+//
+// Layer: h = x + o_proj(gqa(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))), n = input_layernorm(x);
+//        y = h + down_proj(silu(gate_proj(m)) * up_proj(m)), m = post_attention_layernorm(h).
+// Model: logits = lm_head(norm(layers(embed_tokens(ids)))); no dropout (LLaMA trains without).
+// Every op goes through fn:: (autograd/ext_llama.h for the new ones), so autocast policies
+// apply as for GPT. Not parallel-aware, no activation recompute plan, no KV cache: those are
+// plans applied from outside, as for GPT.
+#pragma once
+#include <memory>
+
+#include "brigade/core/rng.h"
+#include "brigade/nn/layers.h"
+
+namespace brigade::models {
+
+struct LLaMAConfig {
+  int64_t vocab_size = 32000;
+  int64_t hidden_size = 4096;
+  int64_t intermediate_size = 11008;
+  int64_t n_layer = 32;
+  int64_t n_head = 32;
+  int64_t n_kv_head = 32;       // must divide n_head; == n_head is multi-head attention
+  int64_t max_position = 2048;  // longest sequence forward accepts
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  double init_std = 0.02;
+};
+
+// HF LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * weight; weight = 1 at construction.
+class RMSNorm : public nn::Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-6);
+  Tensor forward(const Tensor& x) const;  // (..., C) -> (..., C)
+  Tensor weight;
+  double eps;
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& t) override;
+};
+
+// Causal grouped-query self-attention with rotary embeddings ("self_attn").
+class LlamaAttention : public nn::Module {
+ public:
+  explicit LlamaAttention(const LLaMAConfig& c);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
+  int64_t n_head, n_kv_head, head_dim;
+  double rope_theta;
+};
+
+// SwiGLU MLP ("mlp"): down_proj(silu(gate_proj(x)) * up_proj(x)).
+class LlamaMLP : public nn::Module {
+ public:
+  explicit LlamaMLP(const LLaMAConfig& c);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  std::shared_ptr<nn::Linear> gate_proj, up_proj, down_proj;
+};
+
+// Pre-norm decoder layer ("model.layers.{i}").
+class LlamaDecoderLayer : public nn::Module {
+ public:
+  explicit LlamaDecoderLayer(const LLaMAConfig& c);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<LlamaMLP> mlp;
+  std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+};
+
+// The decoder stack ("model").
+class LlamaModel : public nn::Module {
+ public:
+  explicit LlamaModel(const LLaMAConfig& c);
+  std::shared_ptr<nn::Embedding> embed_tokens;
+  std::shared_ptr<nn::ModuleList<LlamaDecoderLayer>> layers;
+  std::shared_ptr<RMSNorm> norm;
+};
+
+class LLaMA : public nn::Module {
+ public:
+  explicit LLaMA(const LLaMAConfig& c);  // ConfigError on inconsistent sizes
+  // normal(0, init_std) for embed_tokens, every projection and lm_head, in registration
+  // order; ones for every RMSNorm weight. Not torch-identical to HF's init (which draws the
+  // same distribution in a different order); parity tests load weights instead.
+  void init_weights(Generator& gen);
+  Tensor forward(const Tensor& ids) const;                      // ids (B, T) -> logits (B, T, V)
+  Tensor forward_flat(const Tensor& ids) const;                 // ids (B, T) -> logits (B*T, V)
+  Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy, 0-d
+  // Model FLOPs per token of one training step (forward + backward), PaLM's MFU count:
+  // 6 N + 12 L T C, with N = all parameters except embed_tokens (a lookup, not a GEMM; the
+  // untied lm_head is counted), and 12 L T C for the attention scores and values (GQA shares
+  // k and v heads but every query head still runs its own T x T products).
+  double flops_per_token(int64_t T) const;
+  const LLaMAConfig& config() const { return cfg_; }
+  std::shared_ptr<LlamaModel> model;
+  std::shared_ptr<nn::Linear> lm_head;
+
+ private:
+  LLaMAConfig cfg_;
+};
+
+}  // namespace brigade::models
