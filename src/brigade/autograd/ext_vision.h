@@ -1,0 +1,28 @@
+// Differentiable vision functions (the fn:: side of ops/ext_vision.h): conv2d,
+// batch_norm2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d (output size 1) and relu.
+// Each runs its raw op and records one Node whose backward is the op's backward, as the
+// rules in functions.cpp do. Precision: the active policy (amp/policy.h) decides the
+// compute dtype with the table rows of the nearest existing op kind: conv2d as Linear (a
+// GEMM), batch_norm2d as LayerNorm (precision-sensitive: f32 under O1/O2), pooling and relu
+// as Elementwise; outside any AutocastScope (O0) they run in their inputs' dtype.
+// Gradients come back in each input's own dtype (recorded casts, fn::cast).
+#pragma once
+#include "brigade/core/tensor.h"
+
+namespace brigade::fn {
+
+// x (N, C, H, W), w (O, C, KH, KW), bias (O) or undefined -> (N, O, OH, OW).
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding);
+// x (N, C, H, W) -> (N, C, H, W). Training: batch statistics, and running_mean /
+// running_var (f32 (C), may be undefined) updated in place with `momentum` (torch's rule);
+// the backward differentiates through the batch statistics. Eval: the running statistics
+// (required), an affine map. The running statistics are state, never differentiated.
+Tensor batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
+                    const Tensor& running_var, bool training, double momentum, double eps);
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)
+// torch.nn.AdaptiveAvgPool2d(1): the mean over (H, W); (N, C, H, W) -> (N, C, 1, 1).
+Tensor adaptive_avg_pool2d(const Tensor& x);
+Tensor relu(const Tensor& x);
+
+}  // namespace brigade::fn

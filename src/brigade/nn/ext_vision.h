@@ -1,0 +1,67 @@
+// Vision layers (torch.nn names and parameter layout): Conv2d (weight (O, C, KH, KW),
+// optional bias (O)), BatchNorm2d (weight, bias (C) and the buffers running_mean,
+// running_var, num_batches_tracked), MaxPool2d, AvgPool2d, AdaptiveAvgPool2d(1).
+// nn::Module knows only parameters, so BatchNorm2d keeps its buffers as members and
+// exposes them through named_buffers(); a model that owns BatchNorm2d layers collects
+// them with its own names (models/resnet does). Buffers are plain f32 / i64 tensors that
+// never require grad; the training forward updates them in place. Initialisation as
+// torch: Conv2d weights are zero here (the model initialises them), BatchNorm2d weight 1,
+// bias 0, running_mean 0, running_var 1.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "brigade/autograd/ext_vision.h"
+#include "brigade/nn/module.h"
+
+namespace brigade::nn {
+
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0, bool bias = false);
+  Tensor forward(const Tensor& x) const;  // (N, in, H, W) -> (N, out, OH, OW)
+  int64_t in_channels, out_channels, kernel, stride, padding;
+  Tensor weight, bias;  // (out, in, kernel, kernel), (out) or undefined
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& t) override;
+};
+
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
+  // Training mode (is_training()): batch statistics, buffers updated and
+  // num_batches_tracked incremented; eval: running statistics.
+  Tensor forward(const Tensor& x) const;  // (N, C, H, W) -> (N, C, H, W)
+  // running_mean (C) f32, running_var (C) f32, num_batches_tracked 0-d i64 (torch's names).
+  NamedTensors named_buffers(const std::string& prefix = "") const;
+  int64_t channels;
+  double eps, momentum;
+  Tensor weight, bias;
+  Tensor running_mean, running_var, num_batches_tracked;
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& t) override;
+};
+
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(int64_t kernel, int64_t stride, int64_t padding = 0) : kernel(kernel), stride(stride), padding(padding) {}
+  Tensor forward(const Tensor& x) const { return fn::max_pool2d(x, kernel, stride, padding); }
+  int64_t kernel, stride, padding;
+};
+
+class AvgPool2d : public Module {
+ public:
+  AvgPool2d(int64_t kernel, int64_t stride, int64_t padding = 0) : kernel(kernel), stride(stride), padding(padding) {}
+  Tensor forward(const Tensor& x) const { return fn::avg_pool2d(x, kernel, stride, padding); }
+  int64_t kernel, stride, padding;
+};
+
+// AdaptiveAvgPool2d with output size 1 (the only size ResNet needs): (N, C, H, W) -> (N, C, 1, 1).
+class AdaptiveAvgPool2d : public Module {
+ public:
+  Tensor forward(const Tensor& x) const { return fn::adaptive_avg_pool2d(x); }
+};
+
+}  // namespace brigade::nn
