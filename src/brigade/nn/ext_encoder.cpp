@@ -1,0 +1,50 @@
+// Encoder layers (nn/ext_encoder.h): differentiable fn:: calls only.
+#include "brigade/nn/ext_encoder.h"
+
+#include "brigade/core/error.h"
+
+namespace brigade::nn {
+
+EncoderSelfAttention::EncoderSelfAttention(int64_t D, int64_t n_head) : n_head(n_head) {
+  BRIGADE_CHECK(n_head > 0 && D % n_head == 0, ConfigError,
+                "EncoderSelfAttention: the width {} must be divisible by the number of heads {}", D, n_head);
+  query = register_module("query", std::make_shared<Linear>(D, D));
+  key = register_module("key", std::make_shared<Linear>(D, D));
+  value = register_module("value", std::make_shared<Linear>(D, D));
+}
+
+Tensor EncoderSelfAttention::forward(const Tensor& x, const Tensor& key_mask) const {
+  BRIGADE_CHECK(x.dim() == 3, ShapeError, "EncoderSelfAttention: x must be (B, T, D), got {}", shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1), D = x.size(2), HS = D / n_head;
+  auto heads = [&](const Tensor& y) {  // (B, T, D) -> (B, NH, T, HS) view
+    return fn::transpose(fn::reshape(y, {B, T, n_head, HS}), 1, 2);
+  };
+  const Tensor q = heads(query->forward(x));  // (B, NH, T, HS)
+  const Tensor k = heads(key->forward(x));    // (B, NH, T, HS)
+  const Tensor v = heads(value->forward(x));  // (B, NH, T, HS)
+  const Tensor o = fn::attention_key_mask(q, k, v, key_mask);  // (B, NH, T, HS)
+  return fn::reshape(fn::transpose(o, 1, 2), {B, T, D});       // (B, T, D)
+}
+
+PatchEmbedding::PatchEmbedding(int64_t in_channels, int64_t D, int64_t patch)
+    : in_channels(in_channels), dim(D), patch(patch) {
+  BRIGADE_CHECK(in_channels > 0 && D > 0 && patch > 0, ConfigError,
+                "PatchEmbedding: channels {}, width {} and patch size {} must be positive", in_channels, D, patch);
+  weight = register_parameter("weight", {D, in_channels, patch, patch});
+  bias = register_parameter("bias", {D});
+}
+
+Tensor PatchEmbedding::forward(const Tensor& images) const {
+  BRIGADE_CHECK(images.dim() == 4 && images.size(1) == in_channels, ShapeError,
+                "PatchEmbedding: images must be (N, C={}, H, W), got {}", in_channels, shape_str(images.shape()));
+  const Tensor patches = fn::patchify(images, patch);                                  // (N, P, C*p*p)
+  const Tensor w = fn::reshape(weight, {dim, in_channels * patch * patch});           // (D, C*p*p)
+  return fn::linear(patches, w, bias, WeightLayout::OutIn);                            // (N, P, D)
+}
+
+void PatchEmbedding::parameter_replaced(const std::string& name, const Tensor& t) {
+  if (name == "weight") weight = t;
+  if (name == "bias") bias = t;
+}
+
+}  // namespace brigade::nn
