@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
@@ -226,6 +227,40 @@ TEST_F(BertParity, SaveLoadRoundTripWithHuggingFaceNames) {
   autograd::NoGradGuard ng;
   EXPECT_EQ(a.mlm_loss(ids_, labels_, mask_, types_).item(), b.mlm_loss(ids_, labels_, mask_, types_).item());
   fs::remove(path);
+}
+
+TEST_F(BertParity, RunsUnderAutocastWithF32Gradients) {
+  // bf16 autocast: the MLM loss stays near the f32 reference (bf16 keeps ~3 significant
+  // digits) and every parameter gets an f32 gradient.
+  for (amp::Level level : {amp::Level::O1, amp::Level::O2}) {
+    models::BERT m(cfg_);
+    load(m);
+    Tensor loss;
+    {
+      amp::AutocastScope scope(amp::Policy{level, DType::BF16});
+      loss = m.mlm_loss(ids_, labels_, mask_, types_);
+    }
+    EXPECT_EQ(loss.dtype(), DType::F32);
+    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 2e-2 * std::abs(r_.get("loss").item()))
+        << amp::level_name(level);
+    autograd::backward(loss);
+    for (auto& [name, p] : m.named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
+    }
+  }
+}
+
+TEST_F(BertParity, DropoutOnlyInTrainingMode) {
+  models::BERTConfig c = cfg_;
+  c.hidden_dropout = 0.2;
+  models::BERT m(c);
+  load(m);
+  autograd::NoGradGuard ng;
+  m.train(false);
+  EXPECT_LT(rel_err(m.mlm_loss(ids_, labels_, mask_, types_), r_.get("loss")), 1e-5);  // eval: no dropout
+  m.train(true);
+  EXPECT_NE(m.mlm_loss(ids_, labels_, mask_, types_).item(), r_.get("loss").item());
 }
 
 TEST(BertCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
