@@ -551,4 +551,28 @@ TEST_F(Cli, BenchPrintsOneJsonLineWithSpeedAndMemory) {
   expect_clean_error(brigade("bench tiny.toml --steps 0", dir_), "--steps must be >= 1");
 }
 
+TEST_F(Cli, LlamaTrainsResumesExactlyAndSamples) {
+  // model.type = "llama" (RMSNorm, RoPE, SwiGLU, grouped-query attention with 1 kv head of 2, untied
+  // head) through the same loop: it learns, resumes bitwise, recomputes bitwise, and its checkpoint
+  // samples through `brigade generate` (the checkpoint's recipe picks the architecture).
+  const std::string llama = "train tiny.toml --quiet --set model.type=llama --set model.n_kv_head=1 ";
+  CmdResult full = brigade(llama + "--no-sample --set run.out_dir=full", dir_);
+  ASSERT_EQ(full.code, 0) << full.err;
+  const std::vector<std::string> curve = losses("full");
+  ASSERT_EQ(curve.size(), 16u);
+  EXPECT_LT(std::stod(curve.back()), std::stod(curve.front()) - 0.5) << "llama does not learn";
+  CmdResult first = brigade(llama + "--no-sample --set run.out_dir=split --stop-at 8", dir_);
+  ASSERT_EQ(first.code, 0) << first.err;
+  CmdResult second = brigade(llama + "--no-sample --set run.out_dir=split --resume", dir_);
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(losses("split"), curve);
+  CmdResult rc = brigade(llama + "--no-sample --set run.out_dir=rc --set memory.recompute=full", dir_);
+  ASSERT_EQ(rc.code, 0) << rc.err;
+  EXPECT_EQ(losses("rc"), curve);
+  CmdResult g = brigade("generate --ckpt full/checkpoint --prompt 'And the king' --tokens 8 --seed 3", dir_);
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(g.out.rfind("And the king", 0), 0u) << g.out;
+  expect_clean_error(brigade(llama + "--set parallel.tp=2", dir_), "built for model.type");
+}
+
 }  // namespace

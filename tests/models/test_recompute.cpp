@@ -301,7 +301,7 @@ models::GPTConfig zero_config() {
 }
 
 // The trainer's unit split (train/trainer.h).
-std::vector<parallel::ParamUnit> units_of(models::GPT& m) { return train::gpt_units(m); }
+std::vector<parallel::ParamUnit> units_of(models::GPT& m) { return train::model_units(m); }
 
 // GPT::loss with every whole block (hooks included) inside a checkpoint.
 Tensor loss_with_outer_checkpoints(models::GPT& m, const Tensor& ids, const Tensor& targets) {

@@ -56,7 +56,7 @@ std::unique_ptr<models::GPT> make_gpt() {
 }
 
 // The trainer's unit split (train/trainer.h).
-std::vector<parallel::ParamUnit> units_of(models::GPT& m) { return train::gpt_units(m); }
+std::vector<parallel::ParamUnit> units_of(models::GPT& m) { return train::model_units(m); }
 
 // Deterministic token batch number `k`: (kB, kT) ids in [0, vocab).
 std::pair<Tensor, Tensor> batch(int k) {

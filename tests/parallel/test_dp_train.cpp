@@ -225,6 +225,22 @@ TEST_F(DpTrain, DpMatchesSingleProcess) {
   }
 }
 
+TEST_F(DpTrain, LlamaUnderZeroMatchesOneProcess) {
+  // model.type = "llama": its decoder layers run the plans' forward hooks, so ZeRO-3 gathers
+  // and releases them one at a time as it does GPT's blocks.
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
+  const std::string llama = "--set model.type=llama --set model.n_kv_head=1 ";
+  const Curve ref = train_ok(0, "ref", llama);
+  ASSERT_EQ(ref.loss.size(), 20u);
+  for (const char* zero : {"1", "3"}) {
+    SCOPED_TRACE(std::string("ZeRO-") + zero);
+    const Curve c = train_ok(2, std::string("llama_zero") + zero,
+                             llama + "--set parallel.dp=2 --set train.batch_size=4 --set parallel.zero=" + zero);
+    expect_same_curve(c.loss, ref.loss, "loss");
+    expect_same_curve(c.val_loss, ref.val_loss, "val_loss");
+  }
+}
+
 TEST_F(DpTrain, MixedPrecisionMatchesOneProcessAndRanksAgreeOnSkips) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
   // O2 fp16 with dynamic loss scaling, ZeRO-1/2/3. An Inf gradient is injected at step 3 on one rank

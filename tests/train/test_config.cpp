@@ -121,7 +121,7 @@ TEST(Recipe, RangeAndCombinationChecksSayWhatToChange) {
   expect_error("[train]\nbatch_size = 0\n", {"train.batch_size = 0", "> 0"});
   expect_error("[model]\nn_layer = -1\n", {"model.n_layer"});
   expect_error("[data]\nval_fraction = 0\n", {"data.val_fraction"});
-  expect_error("[model]\ntype = \"llama\"\n", {"model.type"});
+  expect_error("[model]\ntype = \"bart\"\n", {"model.type"});
   expect_error("[optim]\nlr = nan\n", {"optim.lr", "finite"});
   expect_error("[schedule]\nmin_lr = 0.1\n", {"schedule.min_lr = 0.1", "optim.lr"});
   expect_error("[sample]\ntemperature = 0\n", {"sample.temperature"});
@@ -191,7 +191,7 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // Defaults round trip too, and the output is stable.
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
-  EXPECT_EQ(recipe_keys().size(), 77u);
+  EXPECT_EQ(recipe_keys().size(), 80u);
 }
 
 namespace {
@@ -221,6 +221,14 @@ TEST(Recipe, ParallelKeysAreValidated) {
   EXPECT_NE(msg("parallel.bucket_mb=0").find("parallel.bucket_mb"), std::string::npos);
   EXPECT_NE(msg("parallel.overlap=1").find("true or false"), std::string::npos) << msg("parallel.overlap=1");
   EXPECT_NE(msg("train.accumulation=0").find("train.accumulation"), std::string::npos);
+  // model types
+  EXPECT_NE(msg("model.type=lama").find("did you mean"), std::string::npos) << msg("model.type=lama");
+  EXPECT_NE(parse_error(base, {"model.type=llama", "model.n_kv_head=3"}).find("must divide model.n_head"),
+            std::string::npos);
+  EXPECT_NE(parse_error(base, {"model.type=llama", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
+  EXPECT_NE(parse_error(base, {"model.type=llama", "parallel.tp=2"}).find("built for model.type"),
+            std::string::npos);
+  EXPECT_EQ(parse_error(base, {"model.type=llama", "model.n_kv_head=2"}), "");
   // model parallelism
   EXPECT_NE(msg("parallel.tp=0").find("parallel.tp"), std::string::npos);
   EXPECT_NE(msg("parallel.schedule=1fb1").find("did you mean"), std::string::npos) << msg("parallel.schedule=1fb1");

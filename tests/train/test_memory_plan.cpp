@@ -155,7 +155,7 @@ TEST(MemoryPlanUnits, AreTheModelsParametersInOrder) {
       else
         EXPECT_EQ(name.rfind(units[u].name + ".", 0), 0u) << name << " in " << units[u].name;
     }
-  // the model's order with unit 0 (everything outside the blocks) moved first, as gpt_units does
+  // the model's order with unit 0 (everything outside the blocks) moved first, as model_units does
   std::vector<std::pair<std::string, int64_t>> actual, blocks;
   for (const auto& [name, p] : model.named_parameters())
     (name.rfind("transformer.h.", 0) == 0 ? blocks : actual).emplace_back(name, p.numel());

@@ -56,11 +56,11 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
                 "runs/gpt-kjv/checkpoint)",
                 ckpt);
   train::Recipe r = train::checkpoint_recipe(ckpt);
-  models::GPT model(train::gpt_config(r.model));
-  train::load_model_weights((fs::path(ckpt) / "model.safetensors").string(), model);
-  model.train(false);
+  const std::unique_ptr<models::CausalLM> model = train::make_model(r.model);
+  train::load_model_weights((fs::path(ckpt) / "model.safetensors").string(), *model);
+  model->train(false);
   data::Tokenizer tok = data::Tokenizer::load((fs::path(ckpt) / "tokenizer.model").string());
-  fmt::print("{}\n", train::generate_text(model, tok, prompt, so));
+  fmt::print("{}\n", train::generate_text(*model, tok, prompt, so));
   return 0;
 }
 

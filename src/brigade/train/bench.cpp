@@ -28,12 +28,12 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
                 "bench: runs one process; parallel.dp = {} is for `brigade train` under mpirun", r.parallel.dp);
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
   const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation;
-  const std::unique_ptr<models::GPT> model_owner = build_model(r);
-  models::GPT& model = *model_owner;
+  const std::unique_ptr<models::CausalLM> model_owner = build_model(r);
+  models::CausalLM& model = *model_owner;
   parallel::DataParallelOptions dpo;
   dpo.accumulation = A;
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
-  parallel::DataParallel dp(gpt_units(model), world, dpo);
+  parallel::DataParallel dp(model_units(model), world, dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   const amp::Policy policy = precision_policy(r.precision);
   amp::LossScaler scaler(loss_scaler_options(r.precision));

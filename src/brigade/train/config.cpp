@@ -47,6 +47,9 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(model, dropout, Float),
       BRIGADE_FIELD(model, layer_norm_eps, Float),
       BRIGADE_FIELD(model, init_std, Float),
+      BRIGADE_FIELD(model, n_kv_head, Int),
+      BRIGADE_FIELD(model, intermediate_size, Int),
+      BRIGADE_FIELD(model, rope_theta, Float),
       BRIGADE_FIELD(data, corpus, String),
       BRIGADE_FIELD(data, dir, String),
       BRIGADE_FIELD(data, val_fraction, Float),
@@ -398,8 +401,31 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (r.run.seed > uint64_t(std::numeric_limits<int64_t>::max()))
     fail(fmt::format("run.seed = {} does not fit a TOML integer; use a seed below 2^63", r.run.seed));
 
-  if (r.model.type != "gpt")
-    fail(fmt::format("model.type = \"{}\" is not a known model; use \"gpt\"", r.model.type));
+  if (r.model.type != "gpt" && r.model.type != "llama")
+    fail(fmt::format("model.type = \"{}\" is not a known model; use \"gpt\" or \"llama\"{}", r.model.type,
+                     suggest(r.model.type, {"gpt", "llama"})));
+  if (r.model.type == "llama") {
+    const int64_t kv = r.model.n_kv_head == 0 ? r.model.n_head : r.model.n_kv_head;
+    if (kv < 1 || r.model.n_head % kv != 0)
+      fail(fmt::format("model.n_kv_head = {} must divide model.n_head = {} (grouped-query attention shares each "
+                       "key/value head among n_head / n_kv_head query heads); 0 means n_head",
+                       r.model.n_kv_head, r.model.n_head));
+    if (r.model.intermediate_size < 0)
+      fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 8 n_embd / 3 rounded up to a multiple of 64)",
+                       r.model.intermediate_size));
+    if (!(r.model.rope_theta > 0))
+      fail(fmt::format("model.rope_theta = {} must be > 0; LLaMA uses 10000", r.model.rope_theta));
+    if (r.model.dropout != 0)
+      fail(fmt::format("model.dropout = {}: the llama model has no dropout; set model.dropout = 0",
+                       r.model.dropout));
+    if (r.parallel.tp > 1 || r.parallel.pp > 1)
+      fail(fmt::format("parallel.tp = {} and parallel.pp = {}: tensor and pipeline parallelism are built for "
+                       "model.type = \"gpt\"; train llama with parallel.dp (and ZeRO)",
+                       r.parallel.tp, r.parallel.pp));
+    if (r.memory.recompute == "budget")
+      fail("memory.recompute = \"budget\" needs the activation estimate, which exists for model.type = \"gpt\" "
+           "only; use \"full\", \"selective\" or \"every_k\" for llama");
+  }
   constexpr int64_t kMinVocab = 16;
   if (r.model.vocab_size < kMinVocab || r.model.vocab_size > (int64_t(1) << 31) - 1)
     fail(fmt::format("model.vocab_size = {} is out of range; use a value between {} and 2^31-1 (4096 suits the KJV)",

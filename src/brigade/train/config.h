@@ -19,7 +19,7 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt";          // only "gpt" for now
+  std::string type = "gpt";          // "gpt" (GPT-2) | "llama" (RMSNorm, RoPE, SwiGLU, GQA, untied head)
   int64_t vocab_size = 4096;
   int64_t block_size = 128;          // max sequence length (n_positions)
   int64_t n_layer = 4;
@@ -28,6 +28,10 @@ struct ModelConfig {
   double dropout = 0.0;
   double layer_norm_eps = 1e-5;
   double init_std = 0.02;
+  // llama only:
+  int64_t n_kv_head = 0;             // key/value heads (grouped-query attention); 0 = n_head
+  int64_t intermediate_size = 0;     // SwiGLU width; 0 = 8 n_embd / 3 rounded up to a multiple of 64
+  double rope_theta = 10000.0;       // rotary embedding base
   bool operator==(const ModelConfig&) const = default;
 };
 

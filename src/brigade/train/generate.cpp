@@ -10,7 +10,7 @@
 
 namespace brigade::train {
 
-std::string generate_text(const models::GPT& model, const data::Tokenizer& tok, const std::string& prompt,
+std::string generate_text(const models::CausalLM& model, const data::Tokenizer& tok, const std::string& prompt,
                           const SampleOptions& o) {
   BRIGADE_CHECK(o.temperature > 0.0, ValueError, "temperature must be > 0, got {}", o.temperature);
   BRIGADE_CHECK(o.tokens >= 0, ValueError, "number of tokens must be >= 0, got {}", o.tokens);
@@ -18,7 +18,7 @@ std::string generate_text(const models::GPT& model, const data::Tokenizer& tok, 
   std::vector<int> ids = tok.encode_strict(prompt, "prompt");
   const size_t prompt_len = ids.size();
   if (ids.empty()) ids.push_back(data::Tokenizer::kEosId);  // start from a line break
-  const int64_t V = model.config().vocab_size, block = model.config().block_size;
+  const int64_t V = model.vocab_size(), block = model.max_seq_len();
   Generator gen(o.seed);
   autograd::NoGradGuard no_grad;
   std::vector<float> probs(static_cast<size_t>(V));
@@ -28,8 +28,8 @@ std::string generate_text(const models::GPT& model, const data::Tokenizer& tok, 
     const int64_t T = int64_t(ids.size()) - start;
     std::vector<int64_t> ctx(ids.begin() + start, ids.end());
     Tensor x = Tensor::from_vector_i64(ctx, {1, T});  // (1, T)
-    Tensor logits = model.forward_flat(x);            // (T, V)
-    std::vector<float> last = logits.select(0, T - 1).to_vector();
+    Tensor logits = model.forward(x);                 // (1, T, V)
+    std::vector<float> last = logits.select(0, 0).select(0, T - 1).to_vector();
     // top-k filter, then softmax(logits / temperature)
     std::iota(order.begin(), order.end(), 0);
     int64_t k = (o.top_k == 0 || o.top_k > V) ? V : o.top_k;

@@ -1,4 +1,4 @@
-// Text generation from a trained GPT: temperature and top-k sampling (Fan et al.
+// Text generation from a trained causal language model (GPT, LLaMA): temperature and top-k sampling (Fan et al.
 // 2018), recomputing the full context each token (no KV cache yet; contexts are
 // cropped to the model's block_size).
 #pragma once
@@ -6,7 +6,7 @@
 #include <string>
 
 #include "brigade/data/tokenizer.h"
-#include "brigade/models/gpt/gpt.h"
+#include "brigade/models/causal_lm.h"
 
 namespace brigade::train {
 
@@ -19,7 +19,7 @@ struct SampleOptions {
 
 // Continues `prompt` (must use only characters the tokenizer knows: DataError
 // otherwise). Returns prompt + continuation, decoded.
-std::string generate_text(const models::GPT& model, const data::Tokenizer& tok, const std::string& prompt,
+std::string generate_text(const models::CausalLM& model, const data::Tokenizer& tok, const std::string& prompt,
                           const SampleOptions& o);
 
 }  // namespace brigade::train

@@ -268,6 +268,10 @@ MemoryPrediction predict_memory(const Recipe& r, int rank) {
 }
 
 std::string dry_run_report(const Recipe& r) {
+  BRIGADE_CHECK(r.model.type == "gpt", ConfigError,
+                "--dry-run predicts memory for model.type = \"gpt\"; \"{}\" has no estimate yet (train it and read "
+                "the measured peaks in memory.json)",
+                r.model.type);
   std::vector<MemoryPrediction> ranks;
   for (int p = 0; p < int(r.parallel.dp); ++p) ranks.push_back(predict_memory(r, p));
   bool differ = false;

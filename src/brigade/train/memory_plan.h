@@ -64,7 +64,7 @@ struct PlannedUnit {
   std::string name;
   std::vector<std::pair<std::string, int64_t>> params;  // full name, numel
 };
-// GPT's parameter units as train's gpt_units() builds them: "embeddings+head" (wte, wpe,
+// GPT's parameter units as train's model_units() builds them: "embeddings+head" (wte, wpe,
 // ln_f), then transformer.h.0 .. h.{L-1}.
 std::vector<PlannedUnit> planned_gpt_units(const ModelConfig& m);
 

@@ -134,17 +134,39 @@ amp::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
   return o;
 }
 
-std::unique_ptr<models::GPT> build_model(const Recipe& r) {
-  auto model = std::make_unique<models::GPT>(gpt_config(r.model));
+models::LLaMAConfig llama_config(const ModelConfig& m) {
+  models::LLaMAConfig c;
+  c.vocab_size = m.vocab_size;
+  c.hidden_size = m.n_embd;
+  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : (8 * m.n_embd / 3 + 63) / 64 * 64;
+  c.n_layer = m.n_layer;
+  c.n_head = m.n_head;
+  c.n_kv_head = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  c.max_position = m.block_size;
+  c.rms_norm_eps = m.layer_norm_eps;
+  c.rope_theta = m.rope_theta;
+  c.init_std = m.init_std;
+  return c;
+}
+
+std::unique_ptr<models::CausalLM> make_model(const ModelConfig& m) {
+  if (m.type == "llama") return std::make_unique<models::LLaMA>(llama_config(m));
+  return std::make_unique<models::GPT>(gpt_config(m));
+}
+
+std::unique_ptr<models::CausalLM> build_model(const Recipe& r) {
+  std::unique_ptr<models::CausalLM> model = make_model(r.model);
   {
     Generator init_gen(r.run.seed);
-    model->init_weights(init_gen);
+    if (auto* gpt = dynamic_cast<models::GPT*>(model.get())) gpt->init_weights(init_gen);
+    if (auto* llama = dynamic_cast<models::LLaMA*>(model.get())) llama->init_weights(init_gen);
   }
   model->dropout_generator().manual_seed(r.run.seed + 1);
   // Activation recompute ([memory], docs/memory.md): a per-block plan for one micro-batch of B x T.
   const models::RecomputePolicy recompute{r.memory.recompute, r.memory.every_k,
                                           int64_t(r.memory.budget_mb * double(1 << 20))};
-  model->set_recompute(models::plan_recompute(model->config(), r.train.batch_size, r.train.seq_len, recompute));
+  models::GPTConfig shape = gpt_config(r.model);  // the plan's policies; "budget" reads GPT's estimate
+  model->set_recompute(models::plan_recompute(shape, r.train.batch_size, r.train.seq_len, recompute));
   return model;
 }
 
@@ -328,14 +350,14 @@ void truncate_metrics(const fs::path& p, int64_t step) {
 
 }  // namespace
 
-std::vector<parallel::ParamUnit> gpt_units(models::GPT& m) {
+std::vector<parallel::ParamUnit> model_units(models::CausalLM& m) {
   std::vector<parallel::ParamUnit> units(1);
   units[0].name = "embeddings+head";
-  const auto& blocks = *m.transformer->h;
+  const auto blocks = m.blocks();
   std::vector<parallel::ParamUnit> block_units(blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) {
-    block_units[i].name = fmt::format("transformer.h.{}", i);
-    block_units[i].module = &blocks[i];
+    block_units[i].name = blocks[i].first;
+    block_units[i].module = blocks[i].second;
   }
   for (auto& [name, p] : m.named_parameters()) {
     bool placed = false;
@@ -445,8 +467,9 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   const std::vector<data::BatchSampler> val_samplers = make_samplers(val_ds, A);
 
   // ---- model
-  const std::unique_ptr<models::GPT> model_owner = build_model(r);
-  models::GPT& model = *model_owner;
+  const std::unique_ptr<models::CausalLM> model_owner = build_model(r);
+  models::CausalLM& model = *model_owner;
+  models::GPT* const gpt = dynamic_cast<models::GPT*>(&model);  // for the GPT-only plans (tp/pp, memory estimate)
 
   const fs::path out_dir(r.run.out_dir);
   std::error_code ec;
@@ -517,10 +540,12 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   const int64_t num_params = model.num_parameters();
   std::unique_ptr<ModelParallel> mp;
   if (model_parallel) {
-    mp = std::make_unique<ModelParallel>(r, model, world, say);
+    BRIGADE_CHECK(gpt != nullptr, ConfigError, "{}: parallel.tp and parallel.pp are built for model.arch = \"gpt\"; "
+                  "this model is \"{}\": use parallel.dp", r.path, model.arch());
+    mp = std::make_unique<ModelParallel>(r, *gpt, world, say);
     dpo.communicate_in_backward = false;
   }
-  parallel::DataParallel dp(mp ? mp->units() : gpt_units(model), mp ? mp->dp_group() : world, dpo);
+  parallel::DataParallel dp(mp ? mp->units() : model_units(model), mp ? mp->dp_group() : world, dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   std::vector<FlatLayoutEntry> layout;
   for (const auto& e : dp.layout()) layout.push_back({e.name, e.offset, e.numel});
@@ -576,9 +601,9 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   const DType gemm_dtype = policy.level == amp::Level::O0 ? DType::F32 : policy.low;
   double peak = measure_gemm_peak_gflops(gemm_dtype);  // per rank, measured by all ranks at once
   ctrl->allreduce(&peak, 1);                          // the job's ceiling: the sum over ranks
-  say(fmt::format("model: GPT {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters | data: {} train / {} val "
+  say(fmt::format("model: {} {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters | data: {} train / {} val "
                   "tokens | {} threads, {} GEMM peak {:.0f} GFLOP/s",
-                  r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
+                  gpt ? "GPT" : "LLaMA", r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
                   double(num_params) / 1e6, train_ds.size(), val_ds.size(), omp_get_max_threads(),
                   dtype_name(gemm_dtype), peak));
   if (policy.level != amp::Level::O0 || scaler.enabled())
@@ -597,7 +622,8 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     say(fmt::format("memory: recompute {} (blocks {}: f = full, s = selective, n = none) | estimated activation peak "
                     "{}",
                     r.memory.recompute, blocks,
-                    fmt_bytes(models::estimate_activation_peak(model.config(), B, T, model.recompute_modes()))));
+                    gpt ? fmt_bytes(models::estimate_activation_peak(gpt->config(), B, T, model.recompute_modes()))
+                        : std::string("(not estimated for this architecture)")));
   }
 
   auto evaluate = [&]() {
@@ -901,7 +927,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
       mj["pp"] = r.parallel.pp;
       mj["zero"] = dpo.zero;
       mj["precision"] = {{"level", r.precision.level}, {"dtype", policy.level == amp::Level::O0 ? "f32" : r.precision.dtype}};
-      if (!mp) mj["predicted"] = predicted_json(predict_memory(r, 0), /*formulas=*/true);  // dp only
+      if (!mp && gpt) mj["predicted"] = predicted_json(predict_memory(r, 0), /*formulas=*/true);  // GPT, dp
       for (int p = 0; p < P; ++p) {
         nlohmann::json rj;
         for (int i = 0; i < kNumMemTags; ++i) {
@@ -909,7 +935,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
           rj["live"][name] = int64_t(all[(size_t(p) * 2) * kNumMemTags + size_t(i)]);
           rj["peak"][name] = int64_t(all[(size_t(p) * 2 + 1) * kNumMemTags + size_t(i)]);
         }
-        if (!mp) rj["predicted"] = predicted_json(predict_memory(r, p), /*formulas=*/false);
+        if (!mp && gpt) rj["predicted"] = predicted_json(predict_memory(r, p), /*formulas=*/false);
         mj["ranks"].push_back(rj);
       }
       std::ofstream(out_dir / "memory.json") << mj.dump(2) << '\n';
@@ -967,7 +993,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   }
   if (!opts.quiet && lead) {
     // measured / predicted peak per category (the prediction of `brigade train --dry-run`)
-    if (mp) {  // the dry-run prediction models data parallelism only; measured, rank 0 (memory.json: every rank)
+    if (mp || !gpt) {  // the dry-run prediction models GPT under data parallelism; here: measured, rank 0
       auto m = [&](MemTag t) { return fmt::format("{} {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)])); };
       say(fmt::format("done: {} steps | final loss {:.4f} | val loss {:.4f} | {:.0f} tok/s (median) | MFU {:.1f}% of "
                       "{:.0f} GFLOP/s | peak memory of rank 0 {} ({}, {}, {}, {}, {}; every rank in memory.json)",
@@ -988,7 +1014,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                       format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
                       vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
     }
-    if (policy.level != amp::Level::O0 && !mp)
+    if (policy.level != amp::Level::O0 && !mp && gpt)
       say(fmt::format("(the prediction is for fp32; at {} params include the {} weight copies and activations are "
                       "smaller: see docs/mixed-precision.md)",
                       r.precision.level, r.precision.dtype));

@@ -20,6 +20,7 @@
 #include "brigade/core/allocator.h"
 #include "brigade/data/prepare.h"
 #include "brigade/models/gpt/gpt.h"
+#include "brigade/models/llama/llama.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/train/config.h"
@@ -58,12 +59,15 @@ struct TrainResult {
 
 TrainResult run_training(const Recipe& recipe, const TrainOptions& opts);
 
-// The model section of a recipe as the GPT model's own config.
+// The model section of a recipe as the GPT / LLaMA model's own config.
 models::GPTConfig gpt_config(const ModelConfig& m);
-// How data parallelism groups GPT's parameters (ZeRO-3 gather units, flat-layout order):
-// one unit for everything outside the blocks (embeddings, final norm, tied head; gathered
-// for the whole step), then one unit per transformer block.
-std::vector<parallel::ParamUnit> gpt_units(models::GPT& m);
+models::LLaMAConfig llama_config(const ModelConfig& m);
+// The model.type's model, uninitialised (zero weights): for loading a checkpoint.
+std::unique_ptr<models::CausalLM> make_model(const ModelConfig& m);
+// How data parallelism groups a model's parameters (ZeRO-3 gather units, flat-layout order):
+// one unit for everything outside the blocks (embeddings, final norm, head; gathered for
+// the whole step), then one unit per block of CausalLM::blocks().
+std::vector<parallel::ParamUnit> model_units(models::CausalLM& m);
 // What `brigade prepare` builds for a recipe (corpus, data dir, vocab, val split).
 data::PrepareOptions prepare_options(const Recipe& r);
 
@@ -73,10 +77,11 @@ data::PrepareOptions prepare_options(const Recipe& r);
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
                                                 const parallel::DataParallel& dp);
 
-// The recipe's GPT: built from [model], initialised torch-identically from run.seed, the
+// The recipe's model (model.type): built from [model], initialised from run.seed (GPT:
+// torch-identically), the
 // dropout stream seeded with run.seed + 1, and the [memory] recompute plan applied for
 // micro-batches of train.batch_size x train.seq_len.
-std::unique_ptr<models::GPT> build_model(const Recipe& r);
+std::unique_ptr<models::CausalLM> build_model(const Recipe& r);
 
 // One optimizer step once the step's gradients are complete (after dp.finish_gradients()):
 // loss-scaler unscaling with the Inf/NaN verdict max-reduced over `ctrl` (every rank skips

@@ -106,6 +106,13 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
   return head_loss(run_blocks(embed(ids), 0, cfg_.n_layer), targets);
 }
 
+std::vector<std::pair<std::string, nn::Module*>> GPT::blocks() {
+  std::vector<std::pair<std::string, nn::Module*>> out;
+  const auto& h = *transformer->h;
+  for (size_t i = 0; i < h.size(); ++i) out.emplace_back(fmt::format("transformer.h.{}", i), &h[i]);
+  return out;
+}
+
 void GPT::set_recompute(const std::vector<nn::Recompute>& modes) {
   auto& blocks = *transformer->h;
   BRIGADE_CHECK(modes.size() == blocks.size(), ValueError, "GPT.set_recompute: {} modes for {} blocks",

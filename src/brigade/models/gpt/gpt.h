@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "brigade/core/rng.h"
+#include "brigade/models/causal_lm.h"
 #include "brigade/nn/layers.h"
 
 namespace brigade::models {
@@ -32,14 +33,15 @@ class GPTTransformer : public nn::Module {
   std::shared_ptr<nn::LayerNorm> ln_f;
 };
 
-class GPT : public nn::Module {
+class GPT : public CausalLM {
  public:
   explicit GPT(const GPTConfig& c);
   // Torch-identical init from `gen` (see tests/reference/gpt2_reference.py for the order).
   void init_weights(Generator& gen);
-  Tensor forward(const Tensor& ids) const;                          // ids (B, T) -> logits (B, T, V)
+  const char* arch() const override { return "gpt"; }
+  Tensor forward(const Tensor& ids) const override;                 // ids (B, T) -> logits (B, T, V)
   Tensor forward_flat(const Tensor& ids) const;                     // ids (B, T) -> logits (B*T, V)
-  Tensor loss(const Tensor& ids, const Tensor& targets) const;      // mean cross-entropy, 0-d
+  Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy, 0-d
   // The forward in pieces, for plans that cut the model into pipeline stages:
   // loss(ids, targets) == head_loss(run_blocks(embed(ids), 0, n_layer), targets).
   Tensor embed(const Tensor& ids) const;                             // ids (B, T) -> (B, T, C)
@@ -51,12 +53,15 @@ class GPT : public nn::Module {
   Tensor head_loss(const Tensor& x, const Tensor& targets) const;    // ln_f, head, mean cross-entropy: 0-d
   // Model FLOPs per token of one training step (forward + backward): 6N + 12 L T C with
   // N = all parameters (the tied head makes wte a GEMM operand), as in PaLM's MFU appendix.
-  double flops_per_token(int64_t T) const;
+  double flops_per_token(int64_t T) const override;
   const GPTConfig& config() const { return cfg_; }
-  Generator& dropout_generator() { return gen_; }
+  Generator& dropout_generator() override { return gen_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t max_seq_len() const override { return cfg_.block_size; }
+  std::vector<std::pair<std::string, nn::Module*>> blocks() override;  // "transformer.h.<i>"
   // Per-block activation recompute (one entry per block; from plan_recompute below).
-  void set_recompute(const std::vector<nn::Recompute>& modes);
-  std::vector<nn::Recompute> recompute_modes() const;
+  void set_recompute(const std::vector<nn::Recompute>& modes) override;
+  std::vector<nn::Recompute> recompute_modes() const override;
   std::shared_ptr<GPTTransformer> transformer;
 
  private:

@@ -57,9 +57,22 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LLaMAConfig& c) {
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x) const {
+Tensor LlamaDecoderLayer::body(const Tensor& x) const {
   Tensor h = F::add(x, self_attn->forward(input_layernorm->forward(x)));  // (B, T, C)
   return F::add(h, mlp->forward(post_attention_layernorm->forward(h)));   // (B, T, C)
+}
+
+Tensor LlamaDecoderLayer::forward(const Tensor& x) const {
+  if (pre_forward_hook) pre_forward_hook();
+  Tensor out;
+  if (recompute == nn::Recompute::None) {
+    out = body(x);
+  } else {
+    F::CheckpointOptions o;
+    o.keep = recompute == nn::Recompute::Selective ? F::CheckpointKeep::GemmOutputs : F::CheckpointKeep::Inputs;
+    out = F::checkpoint([this](const std::vector<Tensor>& in) { return body(in[0]); }, {x}, o);  // (B, T, C)
+  }
+  return post_forward_hook ? post_forward_hook(out) : out;
 }
 
 LlamaModel::LlamaModel(const LLaMAConfig& c) {
@@ -111,6 +124,26 @@ Tensor LLaMA::forward_flat(const Tensor& ids) const {
   for (const auto& layer : *model->layers) x = layer->forward(x);       // (B, T, C)
   x = F::reshape(model->norm->forward(x), {B * T, cfg_.hidden_size});  // (B*T, C)
   return lm_head->forward(x);                                           // (B*T, V)
+}
+
+std::vector<std::pair<std::string, nn::Module*>> LLaMA::blocks() {
+  std::vector<std::pair<std::string, nn::Module*>> out;
+  const auto& layers = *model->layers;
+  for (size_t i = 0; i < layers.size(); ++i) out.emplace_back(fmt::format("model.layers.{}", i), &layers[i]);
+  return out;
+}
+
+void LLaMA::set_recompute(const std::vector<nn::Recompute>& modes) {
+  auto& layers = *model->layers;
+  BRIGADE_CHECK(modes.size() == layers.size(), ValueError, "LLaMA.set_recompute: {} modes for {} layers",
+                modes.size(), layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) layers[i].recompute = modes[i];
+}
+
+std::vector<nn::Recompute> LLaMA::recompute_modes() const {
+  std::vector<nn::Recompute> out;
+  for (const auto& l : *model->layers) out.push_back(l->recompute);
+  return out;
 }
 
 Tensor LLaMA::forward(const Tensor& ids) const {

@@ -27,6 +27,7 @@
 #include <memory>
 
 #include "brigade/core/rng.h"
+#include "brigade/models/causal_lm.h"
 #include "brigade/nn/layers.h"
 
 namespace brigade::models {
@@ -75,6 +76,9 @@ class LlamaMLP : public nn::Module {
 };
 
 // Pre-norm decoder layer ("model.layers.{i}").
+// Pre-RMSNorm decoder layer. Like nn::TransformerBlock it runs the plans' forward hooks
+// (ZeRO-3 gathers the layer around its forward) and, when `recompute` says so, its body
+// through fn::checkpoint (no dropout: nothing to replay).
 class LlamaDecoderLayer : public nn::Module {
  public:
   explicit LlamaDecoderLayer(const LLaMAConfig& c);
@@ -82,6 +86,10 @@ class LlamaDecoderLayer : public nn::Module {
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
+  nn::Recompute recompute = nn::Recompute::None;
+
+ private:
+  Tensor body(const Tensor& x) const;
 };
 
 // The decoder stack ("model").
@@ -93,27 +101,35 @@ class LlamaModel : public nn::Module {
   std::shared_ptr<RMSNorm> norm;
 };
 
-class LLaMA : public nn::Module {
+class LLaMA : public CausalLM {
  public:
   explicit LLaMA(const LLaMAConfig& c);  // ConfigError on inconsistent sizes
   // normal(0, init_std) for embed_tokens, every projection and lm_head, in registration
   // order; ones for every RMSNorm weight. Not torch-identical to HF's init (which draws the
   // same distribution in a different order); parity tests load weights instead.
   void init_weights(Generator& gen);
-  Tensor forward(const Tensor& ids) const;                      // ids (B, T) -> logits (B, T, V)
+  const char* arch() const override { return "llama"; }
+  Tensor forward(const Tensor& ids) const override;             // ids (B, T) -> logits (B, T, V)
   Tensor forward_flat(const Tensor& ids) const;                 // ids (B, T) -> logits (B*T, V)
-  Tensor loss(const Tensor& ids, const Tensor& targets) const;  // mean cross-entropy, 0-d
+  Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy, 0-d
   // Model FLOPs per token of one training step (forward + backward), PaLM's MFU count:
   // 6 N + 12 L T C, with N = all parameters except embed_tokens (a lookup, not a GEMM; the
   // untied lm_head is counted), and 12 L T C for the attention scores and values (GQA shares
   // k and v heads but every query head still runs its own T x T products).
-  double flops_per_token(int64_t T) const;
+  double flops_per_token(int64_t T) const override;
   const LLaMAConfig& config() const { return cfg_; }
+  int64_t vocab_size() const override { return cfg_.vocab_size; }
+  int64_t max_seq_len() const override { return cfg_.max_position; }
+  Generator& dropout_generator() override { return gen_; }  // LLaMA has no dropout; kept for the interface
+  std::vector<std::pair<std::string, nn::Module*>> blocks() override;  // "model.layers.<i>"
+  void set_recompute(const std::vector<nn::Recompute>& modes) override;
+  std::vector<nn::Recompute> recompute_modes() const override;
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<nn::Linear> lm_head;
 
  private:
   LLaMAConfig cfg_;
+  Generator gen_;
 };
 
 }  // namespace brigade::models
