@@ -26,6 +26,10 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
                 o.steps, o.warmup);
   BRIGADE_CHECK(r.parallel.dp == 1, ConfigError,
                 "bench: runs one process; parallel.dp = {} is for `brigade train` under mpirun", r.parallel.dp);
+  BRIGADE_CHECK(r.parallel.tp == 1 && r.parallel.pp == 1, ConfigError,
+                "bench: runs one process; parallel.tp = {} and parallel.pp = {} are for `brigade train` under mpirun "
+                "(bench/mp_bench.py times them)",
+                r.parallel.tp, r.parallel.pp);
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
   const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation;
   const std::unique_ptr<models::CausalLM> model_owner = build_model(r);
