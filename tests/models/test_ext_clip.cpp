@@ -4,7 +4,8 @@
 // contrastive loss within 1e-5 and every parameter gradient within 1e-4 (max|a - b| / max|b|
 // over each tensor; the key biases, whose exact gradient is 0, normalised by their whole key
 // projection), a save -> load round trip with the HF names, Brigade-saved weights loaded into
-// the reference give the same loss (when /usr/bin/python3 has torch), zero-shot prediction on a
+// the reference give the same loss (when /usr/bin/python3 has torch), bf16 autocast (O1, O2)
+// with f32 gradients, zero-shot prediction on a
 // constructed case, the pooling rule, config errors and FLOPs.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
@@ -190,6 +192,28 @@ TEST_F(ClipParity, RefBackendGivesTheSameLoss) {
   autograd::NoGradGuard ng;
   const Tensor loss = m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
   EXPECT_LT(rel_err(loss, r_.get("loss")), 1e-5);
+}
+
+TEST_F(ClipParity, RunsUnderAutocastWithF32Gradients) {
+  // bf16 autocast (O1: GEMMs and attention in bf16; O2: also the rest the table allows): the
+  // loss stays near the f32 reference and every parameter gets an f32 gradient.
+  for (amp::Level level : {amp::Level::O1, amp::Level::O2}) {
+    models::CLIP m(cfg_);
+    load(m);
+    Tensor loss;
+    {
+      amp::AutocastScope scope(amp::Policy{level, DType::BF16});
+      loss = m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
+    }
+    EXPECT_EQ(loss.dtype(), DType::F32);
+    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item()))
+        << amp::level_name(level);
+    autograd::backward(loss);
+    for (auto& [name, p] : m.named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
+    }
+  }
 }
 
 TEST_F(ClipParity, PaddingAfterTheEndTokenDoesNotChangeTheTextEmbedding) {

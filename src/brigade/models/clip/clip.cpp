@@ -278,7 +278,11 @@ Tensor CLIP::contrastive_loss_from_logits(const Tensor& logits_per_image) const 
   const Tensor labels = Tensor::arange(N, DType::I64);                        // (N)
   const Tensor li = F::cross_entropy(logits_per_image, labels);                // image -> text
   const Tensor lt = F::cross_entropy(F::transpose(logits_per_image, 0, 1), labels);  // text -> image
-  return F::mul_scalar(F::add(li, lt), 0.5);                                   // 0-d
+  // (li + lt) / 2 as a mean over the pair [li, lt] (prepend_token only moves values): a
+  // reduction, which every precision policy keeps in f32, where an elementwise add would run in
+  // bf16 under O2.
+  const Tensor both = F::prepend_token(li, F::reshape(lt, {1, 1, 1}));        // (1, 2, 1)
+  return F::mean_all(both);                                                    // 0-d
 }
 
 Tensor CLIP::contrastive_loss(const Tensor& images, const Tensor& ids, const Tensor& lengths) const {
