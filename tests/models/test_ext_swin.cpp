@@ -215,9 +215,13 @@ TEST_F(SwinParity, ShiftedAndUnshiftedBlocksDiffer) {
   g.normal_(x, 0.0, 1.0);
   const Tensor a = shifted.forward(x), b = plain.forward(x);
   EXPECT_GT(rel_err(a, b), 1e-3);
-  // and a shift-only change (no mask difference inside one window) would be a pure roll: check
-  // the shifted block is not the unshifted one conjugated by the roll (the mask matters)
-  EXPECT_EQ(a.shape(), b.shape());
+  // the fixture's logits depend on the shift: turning block 1's shift off moves them well past
+  // the parity tolerance (so the parity test checks the shifted path, mask included)
+  auto& blk = (*s0.blocks)[1];
+  blk.attn_mask = Tensor();  // shifted without the -100 mask: wrong too
+  EXPECT_GT(rel_err(m.forward(r_.get("images")), r_.get("logits")), 1e-4);
+  blk.shift = 0;
+  EXPECT_GT(rel_err(m.forward(r_.get("images")), r_.get("logits")), 1e-3);
 }
 
 TEST(SwinCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
