@@ -191,7 +191,7 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // Defaults round trip too, and the output is stable.
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
-  EXPECT_EQ(recipe_keys().size(), 80u);
+  EXPECT_EQ(recipe_keys().size(), 86u);  // + model.{image_size,patch_size,num_classes,in_channels,width}, data.augment
 }
 
 namespace {
@@ -204,6 +204,53 @@ std::string parse_error(const char* text, const std::vector<std::string>& sets) 
   return "";
 }
 }  // namespace
+
+TEST(Recipe, VisionKeysAreValidated) {
+  const char* base = "[train]\nsteps = 10\n[schedule]\nwarmup_steps = 1\n";
+  const std::vector<std::string> fm = {"data.corpus=fashion-mnist"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), fm.begin(), fm.end());
+    return parse_error(base, sets);
+  };
+  // the valid combinations
+  EXPECT_EQ(with({"model.type=vit", "model.patch_size=4", "model.n_embd=64", "data.augment=true"}), "");
+  EXPECT_EQ(with({"model.type=resnet18", "model.width=16"}), "");
+  EXPECT_EQ(with({"model.type=resnet50"}), "");
+  Recipe v = parse_recipe(base, "p.toml", {"data.corpus=fashion-mnist", "model.type=vit", "model.patch_size=14"});
+  EXPECT_EQ(v.model.patch_size, 14);
+  EXPECT_EQ(v.model.image_size, 28);
+  EXPECT_EQ(v.model.num_classes, 10);
+  EXPECT_EQ(v.model.in_channels, 1);
+  EXPECT_FALSE(v.data.augment);
+  // a vision model with a text corpus, and image data with a language model
+  EXPECT_NE(parse_error(base, {"model.type=vit"}).find("data.corpus = \"fashion-mnist\""), std::string::npos)
+      << parse_error(base, {"model.type=vit"});
+  EXPECT_NE(parse_error(base, fm).find("is a language model"), std::string::npos) << parse_error(base, fm);
+  EXPECT_NE(parse_error(base, {"data.augment=true"}).find("data.augment"), std::string::npos);
+  // the type name
+  EXPECT_NE(parse_error(base, {"model.type=resnet19"}).find("did you mean 'resnet18'"), std::string::npos)
+      << parse_error(base, {"model.type=resnet19"});
+  // shapes
+  EXPECT_NE(with({"model.type=vit", "model.patch_size=5"}).find("must divide model.image_size = 28"),
+            std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "model.patch_size=0"}).find("model.patch_size"), std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "model.image_size=32"}).find("28x28"), std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "model.in_channels=3"}).find("one channel"), std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "model.num_classes=100"}).find("10 classes"), std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "model.n_embd=30", "model.n_head=4"}).find("not divisible"), std::string::npos);
+  EXPECT_NE(with({"model.type=resnet18", "model.width=0"}).find("model.width"), std::string::npos);
+  EXPECT_NE(with({"model.type=resnet18", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
+  // what the classifiers do not support
+  EXPECT_NE(with({"model.type=vit", "train.accumulation=2"}).find("one batch per step"), std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "parallel.tp=2"}).find("one process"), std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "memory.recompute=full"}).find("memory.recompute"), std::string::npos);
+  EXPECT_NE(with({"model.type=resnet18", "precision.level=O1"}).find("fp32 only"), std::string::npos);
+  // vision keys on a language model
+  EXPECT_NE(parse_error(base, {"model.patch_size=4"}).find("apply to the image classifiers"), std::string::npos);
+  // every message is one line
+  for (const std::string& m : {with({"model.type=vit", "model.patch_size=5"}), parse_error(base, {"model.type=vit"})})
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+}
 
 TEST(Recipe, ParallelKeysAreValidated) {
   const char* base = "[train]\nsteps = 10\n[schedule]\nwarmup_steps = 1\n";

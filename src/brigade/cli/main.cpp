@@ -1,4 +1,4 @@
-// `brigade`: the command-line front-end. Subcommands: prepare, train, generate, ablate.
+// `brigade`: the command-line front-end. Subcommands: prepare, train, generate, eval, ablate, bench.
 // Every error ends in one line "brigade: error: ..." on stderr and a non-zero exit.
 #include <omp.h>
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include "brigade/train/ablate.h"
 #include "brigade/train/bench.h"
 #include "brigade/train/checkpoint.h"
+#include "brigade/train/classify.h"
 #include "brigade/train/config.h"
 #include "brigade/train/generate.h"
 #include "brigade/train/memory_plan.h"
@@ -34,6 +35,13 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
 
 int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
+  if (train::is_vision_model(r.model.type)) {  // image classifiers (train/classify.h)
+    const train::ClassifyResult res = train::run_classification(r, o);
+    fmt::print("final test accuracy: {:.2f}% ({}/{}) | test loss {:.4f} | {} steps in {:.0f}s | checkpoint {}\n",
+               100.0 * res.test_accuracy, res.test_correct, res.test_total, res.test_loss, res.steps, res.seconds,
+               res.checkpoint_dir);
+    return 0;
+  }
   if (o.dry_run) {  // the plan's memory per category, from the recipe alone (memory_plan.h)
     if (dist::Env::world_rank() == 0) fmt::print("{}", train::dry_run_report(r));
     return 0;
@@ -61,6 +69,13 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
   model->train(false);
   data::Tokenizer tok = data::Tokenizer::load((fs::path(ckpt) / "tokenizer.model").string());
   fmt::print("{}\n", train::generate_text(*model, tok, prompt, so));
+  return 0;
+}
+
+int cmd_eval(const std::string& ckpt, int threads) {
+  const train::EvalResult ev = train::evaluate_checkpoint(ckpt, threads);
+  fmt::print("test accuracy: {:.2f}% ({}/{}) | test loss {:.4f}\n", 100.0 * ev.accuracy, ev.correct, ev.total,
+             ev.loss);
   return 0;
 }
 
@@ -127,6 +142,11 @@ int run(int argc, char** argv) {
   gen->add_option("--seed", so.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
 
+  auto* ev = app.add_subcommand("eval", "Evaluate an image-classifier checkpoint on the Fashion-MNIST test set "
+                                        "(accuracy and loss)");
+  ev->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/vit-fashion/checkpoint)")->required();
+  ev->add_option("--threads", threads, "OpenMP threads (0 = the recipe's run.threads)");
+
   train::AblateOptions aopts;
   auto* abl = app.add_subcommand("ablate", "Run a recipe under each combination of --vary values and compare "
                                            "tokens/s, peak memory and loss (table + loss-curve plot)");
@@ -170,6 +190,7 @@ int run(int argc, char** argv) {
       return finish(cmd_train(recipe, sets, topts), "");
     }
     if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
+    if (ev->parsed()) return finish(cmd_eval(ckpt, threads), "");
     if (bench->parsed()) {
       const train::Recipe r = train::load_recipe(recipe, sets);
       fmt::print("{}\n", train::bench_json(r, train::run_bench(r, bopts)));

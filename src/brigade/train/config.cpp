@@ -50,9 +50,15 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(model, n_kv_head, Int),
       BRIGADE_FIELD(model, intermediate_size, Int),
       BRIGADE_FIELD(model, rope_theta, Float),
+      BRIGADE_FIELD(model, image_size, Int),
+      BRIGADE_FIELD(model, patch_size, Int),
+      BRIGADE_FIELD(model, num_classes, Int),
+      BRIGADE_FIELD(model, in_channels, Int),
+      BRIGADE_FIELD(model, width, Int),
       BRIGADE_FIELD(data, corpus, String),
       BRIGADE_FIELD(data, dir, String),
       BRIGADE_FIELD(data, val_fraction, Float),
+      BRIGADE_FIELD(data, augment, Bool),
       BRIGADE_FIELD(train, steps, Int),
       BRIGADE_FIELD(train, batch_size, Int),
       BRIGADE_FIELD(train, seq_len, Int),
@@ -401,9 +407,73 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (r.run.seed > uint64_t(std::numeric_limits<int64_t>::max()))
     fail(fmt::format("run.seed = {} does not fit a TOML integer; use a seed below 2^63", r.run.seed));
 
-  if (r.model.type != "gpt" && r.model.type != "llama")
-    fail(fmt::format("model.type = \"{}\" is not a known model; use \"gpt\" or \"llama\"{}", r.model.type,
-                     suggest(r.model.type, {"gpt", "llama"})));
+  const bool vision = r.model.type == "vit" || r.model.type == "resnet18" || r.model.type == "resnet50";
+  if (r.model.type != "gpt" && r.model.type != "llama" && !vision)
+    fail(fmt::format("model.type = \"{}\" is not a known model; use \"gpt\" or \"llama\" (language models), "
+                     "\"vit\", \"resnet18\" or \"resnet50\" (image classifiers){}",
+                     r.model.type, suggest(r.model.type, {"gpt", "llama", "vit", "resnet18", "resnet50"})));
+  const bool images = r.data.corpus == "fashion-mnist";
+  if (vision && !images)
+    fail(fmt::format("model.type = \"{}\" is an image classifier but data.corpus = \"{}\" is text; set data.corpus = "
+                     "\"fashion-mnist\" (and data.dir to its folder, e.g. \"/usr/share/datasets/fashion-mnist\")",
+                     r.model.type, r.data.corpus));
+  if (images && !vision)
+    fail(fmt::format("data.corpus = \"fashion-mnist\" is image data, but model.type = \"{}\" is a language model; "
+                     "use model.type = \"vit\", \"resnet18\" or \"resnet50\"",
+                     r.model.type));
+  if (r.data.augment && !images)
+    fail(fmt::format("data.augment = true applies to image data (data.corpus = \"fashion-mnist\"), not \"{}\"; "
+                     "remove it",
+                     r.data.corpus));
+  if (vision) {
+    const std::string& mt = r.model.type;
+    if (r.model.image_size != 28)
+      fail(fmt::format("model.image_size = {}: Fashion-MNIST images are 28x28; set model.image_size = 28",
+                       r.model.image_size));
+    if (r.model.in_channels != 1)
+      fail(fmt::format("model.in_channels = {}: Fashion-MNIST images are grey (one channel); set model.in_channels = 1",
+                       r.model.in_channels));
+    if (r.model.num_classes != 10)
+      fail(fmt::format("model.num_classes = {}: Fashion-MNIST has 10 classes; set model.num_classes = 10",
+                       r.model.num_classes));
+    if (mt == "vit") {
+      if (r.model.patch_size < 1 || r.model.image_size % r.model.patch_size != 0)
+        fail(fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
+                         "patches); use e.g. 4, 7 or 14",
+                         r.model.patch_size, r.model.image_size));
+      if (r.model.intermediate_size < 0)
+        fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 4 n_embd)", r.model.intermediate_size));
+    } else {
+      if (r.model.width < 1 || r.model.width > 4096)
+        fail(fmt::format("model.width = {} must be in [1, 4096]: the ResNet's stem and stage-1 channels (torchvision "
+                         "64; 16 or 32 train faster)",
+                         r.model.width));
+      if (r.model.dropout != 0)
+        fail(fmt::format("model.dropout = {}: the ResNet has no dropout; set model.dropout = 0", r.model.dropout));
+      if (r.precision.level != "O0")
+        fail(fmt::format("precision.level = \"{}\": model.type = \"{}\" trains in fp32 only (\"O0\") for now",
+                         r.precision.level, mt));
+    }
+    if (r.parallel.tp > 1 || r.parallel.pp > 1 || r.parallel.zero > 0)
+      fail(fmt::format("parallel.tp = {}, parallel.pp = {}, parallel.zero = {}: the image classifiers train on one "
+                       "process (parallel.dp = 1, no ZeRO, tp = pp = 1) for now",
+                       r.parallel.tp, r.parallel.pp, r.parallel.zero));
+    if (r.train.accumulation != 1 || r.train.accumulation_mode != "static")
+      fail(fmt::format("train.accumulation = {} (mode \"{}\"): the image classifiers take one batch per step; set "
+                       "train.accumulation = 1 and raise train.batch_size instead",
+                       r.train.accumulation, r.train.accumulation_mode));
+    if (r.memory.recompute != "none")
+      fail(fmt::format("memory.recompute = \"{}\" applies to the language models' transformer blocks; use \"none\" "
+                       "with model.type = \"{}\"",
+                       r.memory.recompute, mt));
+    if (r.train.early_stop)
+      fail(fmt::format("train.early_stop = true is not supported for model.type = \"{}\" yet; remove it", mt));
+  } else if (r.model.width != 64 || r.model.patch_size != 7 || r.model.image_size != 28 || r.model.num_classes != 10 ||
+             r.model.in_channels != 1) {
+    fail(fmt::format("model.image_size, patch_size, num_classes, in_channels and width apply to the image "
+                     "classifiers (model.type = \"vit\", \"resnet18\", \"resnet50\"), not \"{}\"; remove them",
+                     r.model.type));
+  }
   if (r.model.type == "llama") {
     const int64_t kv = r.model.n_kv_head == 0 ? r.model.n_head : r.model.n_kv_head;
     if (kv < 1 || r.model.n_head % kv != 0)

@@ -19,7 +19,8 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt";          // "gpt" (GPT-2) | "llama" (RMSNorm, RoPE, SwiGLU, GQA, untied head)
+  std::string type = "gpt";          // "gpt" (GPT-2) | "llama" (RMSNorm, RoPE, SwiGLU, GQA, untied head) |
+                                     // image classifiers (train/classify.h): "vit" | "resnet18" | "resnet50"
   int64_t vocab_size = 4096;
   int64_t block_size = 128;          // max sequence length (n_positions)
   int64_t n_layer = 4;
@@ -32,13 +33,22 @@ struct ModelConfig {
   int64_t n_kv_head = 0;             // key/value heads (grouped-query attention); 0 = n_head
   int64_t intermediate_size = 0;     // SwiGLU width; 0 = 8 n_embd / 3 rounded up to a multiple of 64
   double rope_theta = 10000.0;       // rotary embedding base
+  // image classifiers only (vit: n_layer, n_head, n_embd, intermediate_size (0 = 4 n_embd), dropout,
+  // layer_norm_eps and init_std as for the language models):
+  int64_t image_size = 28;           // square input side (Fashion-MNIST: 28)
+  int64_t patch_size = 7;            // vit: patch side, dividing image_size
+  int64_t num_classes = 10;          // classifier outputs
+  int64_t in_channels = 1;           // input channels (Fashion-MNIST: 1, grey)
+  int64_t width = 64;                // resnet: channels of the stem and stage 1 (torchvision: 64)
   bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {
-  std::string corpus = "kjv";        // "kjv" (Debian bible-kjv) or a path to a text file or folder
+  std::string corpus = "kjv";        // "kjv" (Debian bible-kjv) or a path to a text file or folder;
+                                     // "fashion-mnist": the image data of the vision models (dir = its IDX files)
   std::string dir = "data/kjv";      // prepared data: tokenizer.model, train.bin, val.bin, meta.json
   double val_fraction = 0.05;
+  bool augment = false;              // fashion-mnist: random crop (pad 2) + horizontal flip per training image
   bool operator==(const DataConfig&) const = default;
 };
 

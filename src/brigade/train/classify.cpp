@@ -1,0 +1,334 @@
+// Image classification from a recipe; see classify.h.
+#include "brigade/train/classify.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "brigade/amp/loss_scaler.h"
+#include "brigade/amp/policy.h"
+#include "brigade/autograd/engine.h"
+#include "brigade/autograd/functions.h"
+#include "brigade/ckpt/safetensors.h"
+#include "brigade/core/error.h"
+#include "brigade/data/ext_fashion_mnist.h"
+#include "brigade/dist/process_group.h"
+#include "brigade/models/resnet/resnet.h"
+#include "brigade/models/vit/vit.h"
+#include "brigade/optim/schedule.h"
+#include "brigade/parallel/data_parallel.h"
+#include "brigade/train/checkpoint.h"
+#include "brigade/train/run_metrics.h"
+
+namespace fs = std::filesystem;
+
+namespace brigade::train {
+namespace {
+
+// Test-set evaluation runs in chunks of this many images (independent of train.batch_size, so
+// `brigade eval` reproduces the training run's final numbers exactly).
+constexpr int64_t kEvalChunk = 500;
+
+// The recipe's classifier behind one small interface.
+struct Classifier {
+  std::shared_ptr<models::ViT> vit;
+  std::shared_ptr<models::ResNet> resnet;
+  nn::Module& module() { return vit ? static_cast<nn::Module&>(*vit) : static_cast<nn::Module&>(*resnet); }
+  Tensor forward(const Tensor& x) const { return vit ? vit->forward(x) : resnet->forward(x); }
+  Tensor loss(const Tensor& x, const Tensor& y) const { return vit ? vit->loss(x, y) : resnet->loss(x, y); }
+  // Parameters, then (ResNet) BatchNorm buffers: what the checkpoint stores.
+  nn::NamedTensors state_dict() const { return vit ? vit->named_parameters() : resnet->state_dict(); }
+};
+
+models::ViTConfig vit_config(const ModelConfig& m) {
+  models::ViTConfig c;
+  c.image_size = m.image_size;
+  c.patch_size = m.patch_size;
+  c.num_channels = m.in_channels;
+  c.hidden_size = m.n_embd;
+  c.num_hidden_layers = m.n_layer;
+  c.num_attention_heads = m.n_head;
+  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : 4 * m.n_embd;
+  c.num_labels = m.num_classes;
+  c.layer_norm_eps = m.layer_norm_eps;
+  c.hidden_dropout = m.dropout;
+  c.initializer_range = m.init_std;
+  return c;
+}
+
+Classifier make_classifier(const ModelConfig& m) {
+  Classifier c;
+  if (m.type == "vit") {
+    c.vit = std::make_shared<models::ViT>(vit_config(m));
+  } else {
+    models::ResNetConfig rc = m.type == "resnet50" ? models::resnet50_config(m.num_classes, m.in_channels, true)
+                                                   : models::resnet18_config(m.num_classes, m.in_channels, true);
+    rc.width = m.width;
+    c.resnet = std::make_shared<models::ResNet>(rc);
+  }
+  return c;
+}
+
+std::string fmt_duration(double s) {
+  if (s < 0 || !std::isfinite(s)) return "?";
+  int64_t t = int64_t(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+// Loss and accuracy on the first `limit` images of `set` (eval mode, no autograd, fp32).
+EvalResult evaluate(Classifier& model, const data::FashionMnist& set, int64_t limit) {
+  const int64_t n = std::min(limit, set.size());
+  const bool was_training = model.module().is_training();
+  model.module().train(false);
+  autograd::NoGradGuard no_grad;
+  EvalResult res;
+  double loss_sum = 0;
+  for (int64_t lo = 0; lo < n; lo += kEvalChunk) {
+    const int64_t hi = std::min(n, lo + kEvalChunk);
+    std::vector<int64_t> idx(size_t(hi - lo));
+    for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
+    const data::FashionMnist::Batch b = set.batch(idx);
+    const Tensor logits = model.forward(b.images).contiguous();  // (N, classes)
+    loss_sum += fn::cross_entropy(logits, b.labels).item() * double(hi - lo);
+    const Tensor lf = logits.dtype() == DType::F32 ? logits : logits.to(DType::F32).contiguous();
+    const float* p = lf.data<float>();
+    const int64_t* y = b.labels.data<int64_t>();
+    const int64_t k = lf.shape()[1];
+    for (int64_t i = 0; i < hi - lo; ++i) {
+      const float* row = p + i * k;
+      const int64_t pred = int64_t(std::max_element(row, row + k) - row);
+      res.correct += pred == y[i] ? 1 : 0;
+    }
+  }
+  res.total = n;
+  res.loss = n > 0 ? loss_sum / double(n) : 0.0;
+  res.accuracy = n > 0 ? double(res.correct) / double(n) : 0.0;
+  model.module().train(was_training);
+  return res;
+}
+
+void load_state_dict(const std::string& path, Classifier& model) {
+  ckpt::SafetensorsReader r(path);
+  std::set<std::string> expected;
+  for (auto& [name, t] : model.state_dict()) {
+    expected.insert(name);
+    BRIGADE_CHECK(r.contains(name), CheckpointError,
+                  "{}: tensor '{}' is missing; the checkpoint was written for a different model config", path, name);
+    Tensor v = r.get(name);
+    BRIGADE_CHECK(v.shape() == t.shape(), CheckpointError,
+                  "{}: tensor '{}' has shape {} but the model expects {}; check model.* in the recipe", path, name,
+                  shape_str(v.shape()), shape_str(t.shape()));
+    t.copy_(v);
+  }
+  for (const std::string& name : r.names())
+    BRIGADE_CHECK(expected.count(name), CheckpointError, "{}: unexpected tensor '{}' (not in this model's state)",
+                  path, name);
+}
+
+}  // namespace
+
+bool is_vision_model(const std::string& type) { return type == "vit" || type == "resnet18" || type == "resnet50"; }
+
+std::string fashion_mnist_dir(const Recipe& r) {
+  return r.data.dir == DataConfig{}.dir ? std::string(data::kFashionMnistDir) : r.data.dir;
+}
+
+ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
+  BRIGADE_CHECK(is_vision_model(r.model.type), ConfigError,
+                "model.type = \"{}\" is not an image classifier (vit, resnet18, resnet50)", r.model.type);
+  BRIGADE_CHECK(r.parallel.dp == 1 && dist::Env::world_size() == 1, ConfigError,
+                "recipe {}: parallel.dp = {} (processes: {}): the image classifiers train on one process for now; "
+                "set parallel.dp = 1 and run without mpirun",
+                r.path, r.parallel.dp, dist::Env::world_size());
+  BRIGADE_CHECK(!opts.resume, ConfigError,
+                "--resume is not supported for model.type = \"{}\" yet; start the run again without it", r.model.type);
+  BRIGADE_CHECK(!opts.dry_run, ConfigError, "--dry-run predicts the language models' memory; model.type = \"{}\" has "
+                "no prediction yet", r.model.type);
+  if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
+  const bool tty = isatty(fileno(stderr)) && !opts.quiet;
+
+  const std::string dir = fashion_mnist_dir(r);
+  const data::FashionMnist train_set(dir, data::FashionMnist::Split::Train);
+  const data::FashionMnist test_set(dir, data::FashionMnist::Split::Test);
+
+  Classifier model = make_classifier(r.model);
+  {
+    Generator init(r.run.seed);
+    if (model.vit) {
+      model.vit->init_weights(init);
+      model.vit->dropout_generator().manual_seed(r.run.seed + 1);
+    } else {
+      model.resnet->init_weights(init);
+    }
+  }
+  model.module().train(true);
+
+  parallel::DataParallelOptions dpo;
+  const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
+  std::vector<parallel::ParamUnit> units{{"model", model.module().named_parameters(), nullptr}};
+  parallel::DataParallel dp(std::move(units), world, dpo);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
+  const amp::Policy policy = precision_policy(r.precision);
+  amp::LossScaler scaler(loss_scaler_options(r.precision));
+  if (policy.level == amp::Level::O3) round_state_to_low(dp, *opt, policy.low);
+
+  optim::Schedule sched;
+  sched.kind = optim::schedule_from_name(r.schedule.name);
+  sched.base_lr = r.optim.lr;
+  sched.min_lr = r.schedule.min_lr;
+  sched.warmup_steps = r.schedule.warmup_steps;
+  sched.total_steps = r.train.steps;
+  sched.step_every = r.schedule.step_every;
+  sched.step_gamma = r.schedule.step_gamma;
+  sched.decay_steps = r.schedule.decay_steps;
+  sched.decay_shape = optim::decay_shape_from_name(r.schedule.decay_shape);
+
+  const int64_t B = r.train.batch_size;
+  BRIGADE_CHECK(B <= train_set.size(), ConfigError, "train.batch_size = {} exceeds the {} training images", B,
+                train_set.size());
+  const data::ShuffledBatchSampler sampler(train_set.size(), B, r.run.seed, /*drop_last=*/true);
+  const int64_t per_epoch = sampler.batches_per_epoch();
+  const int64_t last_step = opts.stop_at > 0 ? std::min(opts.stop_at, r.train.steps) : r.train.steps;
+
+  const fs::path out_dir(r.run.out_dir);
+  fs::create_directories(out_dir);
+  const fs::path metrics_path = out_dir / "metrics.jsonl";
+  std::ofstream metrics(metrics_path, std::ios::trunc);
+  BRIGADE_CHECK(metrics.good(), IoError, "cannot write {}; check run.out_dir", metrics_path.string());
+  auto say = [&](const std::string& s) {
+    if (!opts.quiet) fmt::print(stderr, "{}\n", s);
+  };
+  say(fmt::format("classify: {} ({} parameters) on Fashion-MNIST ({} train / {} test images), {} steps of {} images "
+                  "({:.2f} epochs){}",
+                  r.model.type, model.module().num_parameters(), train_set.size(), test_set.size(), r.train.steps, B,
+                  double(r.train.steps) / double(per_epoch), r.data.augment ? ", augmented" : ""));
+
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  ClassifyResult res;
+  std::vector<double> speeds;
+  const int64_t eval_limit = r.train.eval_batches * B;
+  int64_t step = 0;
+  while (step < last_step) {
+    const auto t0 = Clock::now();
+    const int64_t epoch = step / per_epoch;
+    const std::vector<int64_t> idx = sampler.batch(epoch, step % per_epoch);
+    Generator aug(r.run.seed * 1000003ull + uint64_t(step) + 7);
+    const data::FashionMnist::Batch b = train_set.batch(idx, r.data.augment ? &aug : nullptr);
+    const double lr = sched.lr_at(step);
+    dp.begin_step();
+    dp.begin_micro_step(0);
+    Tensor loss;
+    {
+      amp::AutocastScope autocast(policy);
+      loss = model.loss(b.images, b.labels);
+    }
+    autograd::backward(scaler.enabled() ? fn::mul_scalar(loss, scaler.scale()) : loss);
+    const double loss_v = loss.item();
+    dp.finish_gradients();
+    const GradientStep gs = apply_gradients(dp, *opt, scaler, policy, r.train, lr, *world);
+    ++step;
+    BRIGADE_CHECK(std::isfinite(loss_v), ValueError,
+                  "training diverged at step {} (loss {}); lower optim.lr or raise schedule.warmup_steps", step,
+                  loss_v);
+    res.last_loss = loss_v;
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double img_s = double(B) / dt;
+    const bool log_now = step % r.train.log_every == 0 || step == last_step;
+    if (log_now) {
+      speeds.push_back(img_s);
+      nlohmann::json j{{"step", step}, {"loss", loss_v}, {"lr", lr}, {"images_per_s", img_s}, {"epoch", epoch}};
+      if (!gs.skipped) j["grad_norm"] = gs.grad_norm;
+      metrics << j.dump() << '\n';
+      metrics.flush();
+    }
+    if (!opts.quiet) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
+      const double eta = elapsed / double(step) * double(last_step - step);
+      const std::string line =
+          fmt::format("step {:>5}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | ETA {}", step, last_step,
+                      epoch, loss_v, lr, img_s, fmt_duration(eta));
+      if (tty)
+        fmt::print(stderr, "\r{}\033[K", line);
+      else if (log_now)
+        fmt::print(stderr, "{}\n", line);
+    }
+    const bool final_eval = step == last_step;
+    if (final_eval || (r.train.eval_every > 0 && step % r.train.eval_every == 0)) {
+      const EvalResult ev = evaluate(model, test_set, final_eval ? test_set.size() : eval_limit);
+      metrics << nlohmann::json{{"step", step}, {"val_loss", ev.loss}, {"accuracy", ev.accuracy},
+                                {"test_images", ev.total}}
+                     .dump()
+              << '\n';
+      metrics.flush();
+      if (tty) fmt::print(stderr, "\n");
+      say(fmt::format("eval step {}: test loss {:.4f} | accuracy {:.2f}% ({}/{} test images)", step, ev.loss,
+                      100.0 * ev.accuracy, ev.correct, ev.total));
+      if (final_eval) {
+        res.test_loss = ev.loss;
+        res.test_accuracy = ev.accuracy;
+        res.test_correct = ev.correct;
+        res.test_total = ev.total;
+      }
+    }
+  }
+  res.steps = step;
+  res.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+  if (!speeds.empty()) {
+    std::vector<double> s = speeds;
+    std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
+    res.images_per_s = s[s.size() / 2];
+  }
+
+  // checkpoint: parameters + buffers by name, optimizer state, state.json, recipe.toml
+  const std::string ckpt_dir = (out_dir / "checkpoint").string();
+  TrainState state;
+  state.step = step;
+  state.tokens_seen = step * B;  // images seen
+  state.last_val_loss = res.test_loss;
+  state.optimizer_steps = step - scaler.skipped();
+  const std::string tmp = begin_checkpoint(ckpt_dir);
+  write_checkpoint_files(tmp, model.state_dict(), opt.get(), state, r, "");
+  commit_checkpoint(ckpt_dir);
+  res.checkpoint_dir = ckpt_dir;
+  metrics.close();
+  try {
+    write_loss_plot(read_run_metrics(metrics_path.string()), (out_dir / "loss.svg").string(),
+                    r.run.name + " (" + r.model.type + ", Fashion-MNIST)");
+  } catch (const Error& e) {
+    say(fmt::format("warning: loss.svg not written: {}", e.what()));
+  }
+  return res;
+}
+
+EvalResult evaluate_checkpoint(const std::string& ckpt_dir, int threads) {
+  BRIGADE_CHECK(fs::is_directory(ckpt_dir), CheckpointError,
+                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
+                "runs/vit-fashion/checkpoint)",
+                ckpt_dir);
+  const Recipe r = checkpoint_recipe(ckpt_dir);
+  BRIGADE_CHECK(is_vision_model(r.model.type), CheckpointError,
+                "--ckpt {}: a model.type = \"{}\" (language model) checkpoint; `brigade eval` evaluates the image "
+                "classifiers (vit, resnet18, resnet50); a language model's val loss is in its run's metrics.jsonl",
+                ckpt_dir, r.model.type);
+  if (threads > 0) omp_set_num_threads(threads);
+  else if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
+  Classifier model = make_classifier(r.model);
+  load_state_dict((fs::path(ckpt_dir) / "model.safetensors").string(), model);
+  const data::FashionMnist test_set(fashion_mnist_dir(r), data::FashionMnist::Split::Test);
+  return evaluate(model, test_set, test_set.size());
+}
+
+}  // namespace brigade::train
