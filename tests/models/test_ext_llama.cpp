@@ -26,23 +26,17 @@
 #include "brigade/ops/ops.h"
 #include "brigade/optim/optimizer.h"
 
+#include "support/parity.h"
+
 using namespace brigade;
+using test_support::grad_err;
+using test_support::rel_err;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/llama_tiny.safetensors";
 
-double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to(DType::F32).to_vector(), b = want.to(DType::F32).to_vector();
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 
 nlohmann::json config_json(const models::LLaMAConfig& c) {
   return {{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
@@ -175,7 +169,7 @@ TEST(LlamaCheckpoint, SaveLoadRoundTripUnderHuggingFaceNames) {
 }
 
 TEST(LlamaCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+  if (!test_support::have_torch())
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   models::LLaMAConfig c;
   c.vocab_size = 101;  // odd sizes on purpose

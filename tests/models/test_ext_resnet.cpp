@@ -21,23 +21,17 @@
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/models/resnet/resnet.h"
 
+#include "support/parity.h"
+
 using namespace brigade;
+using test_support::grad_err;
+using test_support::rel_err;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/resnet_tiny.safetensors";
 
-double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to_vector(), b = want.to_vector();
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 
 models::ResNetConfig config_of(const ckpt::SafetensorsReader& r, const std::string& prefix) {
   auto j = nlohmann::json::parse(r.metadata("config." + prefix).value());
@@ -114,9 +108,11 @@ TEST_P(ResNetParity, EvalModeLogitsMatchTorchAndLeaveBuffersAlone) {
   EXPECT_FALSE((*m_->stages[3])[0].is_training());
   autograd::NoGradGuard ng;
   EXPECT_LT(rel_err(m_->forward(get("images")), get("logits_eval")), 1e-5);
-  for (auto& [name, t] : m_->named_buffers())
-    if (name.find("num_batches_tracked") == std::string::npos)
+  for (auto& [name, t] : m_->named_buffers()) {
+    if (name.find("num_batches_tracked") == std::string::npos) {
       EXPECT_EQ(rel_err(t, get("buffer." + name)), 0.0) << name;
+    }
+  }
 }
 
 TEST_P(ResNetParity, SafetensorsRoundTripByTorchvisionNames) {
@@ -141,7 +137,7 @@ TEST_P(ResNetParity, SafetensorsRoundTripByTorchvisionNames) {
 }
 
 TEST_P(ResNetParity, BrigadeCheckpointLoadsIntoPyTorchWithTheSameLogits) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+  if (!test_support::have_torch())
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   m_->train();
   {

@@ -20,41 +20,18 @@
 #include "brigade/core/error.h"
 #include "brigade/models/vit/vit.h"
 
+#include "support/parity.h"
+
 using namespace brigade;
+using test_support::grad_err;
+using test_support::rel_err;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/vit_tiny.safetensors";
 
-double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to_vector(), b = want.to_vector();
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 
-// Gradient error of parameter `name`: rel_err against the reference gradient. The key bias is
-// the exception: softmax is invariant to adding q . b_k to every score of a row, so its exact
-// gradient is 0 and both sides hold rounding noise (~1e-10); it is normalised by the whole key
-// projection's reference gradient (weight and bias), i.e. checked as the error of that layer.
-double grad_err(const ckpt::SafetensorsReader& r, const std::string& name, const Tensor& got) {
-  const Tensor want = r.get("grad." + name);
-  const std::string kb = "key.bias";
-  if (name.size() < kb.size() || name.compare(name.size() - kb.size(), kb.size(), kb) != 0)
-    return rel_err(got, want);
-  std::vector<float> a = got.to_vector(), b = want.to_vector();
-  std::vector<float> w = r.get("grad." + name.substr(0, name.size() - 4) + "weight").to_vector();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-  for (float x : b) den = std::max(den, std::abs(double(x)));
-  for (float x : w) den = std::max(den, std::abs(double(x)));
-  return num / den;
-}
 
 models::ViTConfig config_from_json(const nlohmann::json& j) {
   models::ViTConfig c;
@@ -217,7 +194,7 @@ TEST_F(VitParity, DropoutOnlyInTrainingMode) {
 }
 
 TEST(VitCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+  if (!test_support::have_torch())
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   models::ViTConfig c;  // other sizes than the fixture: 3 channels, 8x8 images of 2x2 patches
   c.image_size = 8;
