@@ -79,6 +79,23 @@ TEST(Recipe, ShippedRecipeLoads) {
   EXPECT_EQ(r.data.corpus, "kjv");
 }
 
+TEST(Recipe, EveryShippedRecipeLoads) {
+  // every recipes/*.toml parses and validates, with the model type its name says
+  const std::filesystem::path dir = std::filesystem::path(BRIGADE_SOURCE_DIR) / "recipes";
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".toml") continue;
+    ++n;
+    SCOPED_TRACE(e.path().string());
+    Recipe r;
+    ASSERT_NO_THROW(r = load_recipe(e.path().string()));
+    const std::string stem = e.path().stem().string();
+    EXPECT_EQ(stem.rfind(r.model.type, 0), 0u) << "recipe " << stem << " has model.type " << r.model.type;
+    EXPECT_EQ(r.run.name, stem);
+  }
+  EXPECT_GE(n, 4u);
+}
+
 TEST(Recipe, InvalidTomlNamesFileLineAndColumn) {
   expect_error("[train]\nsteps = 10\nlr = = 3\n", {"recipe r.toml:3:", "invalid TOML"});
   expect_error("[train\n", {"r.toml:1:", "invalid TOML"});
