@@ -13,6 +13,7 @@
 #include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
 #include "brigade/parallel/tensor_parallel.h"
+#include "brigade/train/trainer.h"
 
 namespace brigade::train {
 
@@ -34,15 +35,18 @@ std::vector<int64_t> parse_counts(const std::string& s) {
   std::vector<int64_t> out;
   std::stringstream in(s);
   for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t v = 0;
     try {
-      size_t used = 0;
-      out.push_back(std::stoll(item, &used));
-      BRIGADE_CHECK(item.find_first_not_of(' ', used) == std::string::npos, ConfigError, "x");
+      v = std::stoll(item, &used);
     } catch (const std::exception&) {
-      throw ConfigError(fmt::format("parallel.stage_layers = \"{}\": \"{}\" is not a block count; write counts "
-                                    "separated by commas, e.g. \"3,4,5\"",
-                                    s, item));
+      used = 0;  // not a number: reported below
     }
+    BRIGADE_CHECK(used > 0 && item.find_first_not_of(' ', used) == std::string::npos, ConfigError,
+                  "parallel.stage_layers = \"{}\": \"{}\" is not a block count; write counts separated by commas, "
+                  "e.g. \"3,4,5\"",
+                  s, item);
+    out.push_back(v);
   }
   return out;
 }
@@ -142,8 +146,7 @@ ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, std::shared_pt
       w = wsum / 3;
       for (auto& [name, prm] : model.named_parameters()) prm.set_grad(Tensor());  // leave no gradient behind
     };
-    const amp::Policy policy{amp::level_from_name(r.precision.level),
-                             r.precision.dtype == "fp16" ? DType::F16 : DType::BF16};
+    const amp::Policy policy = precision_policy(r.precision);
     measure(
         [&](const Tensor& in) {
           amp::AutocastScope ac(policy);
@@ -207,18 +210,7 @@ ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, std::shared_pt
 
   // 3. keep this rank's parameters, free the others
   for (auto& [name, p] : model.named_parameters()) {
-    bool mine;
-    const int64_t b = block_of(name);
-    if (b >= 0) {
-      const int s = int(std::upper_bound(bounds_.begin(), bounds_.end(), b) - bounds_.begin()) - 1;
-      mine = plan.rank_of(s) == me;
-    } else if (name == kWte) {
-      mine = first_ || last_;
-    } else if (name.rfind("transformer.wpe.", 0) == 0) {
-      mine = first_;
-    } else {
-      mine = last_;  // ln_f
-    }
+    const bool mine = owner_pp(name) == me || (name == kWte && last_);  // the tied head's copy
     if (mine)
       local_.emplace_back(name, p);
     else
@@ -321,8 +313,7 @@ int ModelParallel::owner_pp(const std::string& name) const {
   return plan.rank_of(plan.stages() - 1);
 }
 
-nn::NamedTensors ModelParallel::gather_full(const parallel::DataParallel& dp) {
-  (void)dp;
+nn::NamedTensors ModelParallel::gather_full() {
   const int tp = tp_group_->size(), dpn = dp_group_->size();
   const bool dp0 = mesh_->coord(dist::DeviceMesh::DP) == 0;
   std::map<std::string, Tensor> local;

@@ -66,7 +66,7 @@ class ModelParallel {
   double clip_grad_norm(parallel::DataParallel& dp, double max_norm, dist::ProcessGroup& ctrl) const;
   // Every parameter, whole and by its Hugging Face name, on world rank 0 (empty elsewhere).
   // Collective.
-  nn::NamedTensors gather_full(const parallel::DataParallel& dp);
+  nn::NamedTensors gather_full();
 
   // ---- the pipeline's measurements
   const parallel::PipePlan& plan() const { return exec_->plan(); }

@@ -657,7 +657,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     state.scaler_state = scaler.state();
     state.optimizer_steps = opt->steps();
     if (mp) {  // the whole model gathered on rank 0 (HF names); the optimizer state per rank of the mesh
-      const nn::NamedTensors whole = mp->gather_full(dp);
+      const nn::NamedTensors whole = mp->gather_full();
       const std::string tmp = dir + ".tmp";
       if (lead) begin_checkpoint(dir);
       ctrl->barrier();
@@ -974,7 +974,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     }
   }
   if (opts.sample && !interrupted && mp) {
-    const nn::NamedTensors whole = mp->gather_full(dp);  // collective
+    const nn::NamedTensors whole = mp->gather_full();  // collective
     if (lead) {
       models::GPT full(gpt_config(r.model));
       std::map<std::string, Tensor> by_name(whole.begin(), whole.end());
