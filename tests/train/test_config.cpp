@@ -208,7 +208,9 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // Defaults round trip too, and the output is stable.
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
-  EXPECT_EQ(recipe_keys().size(), 86u);  // + model.{image_size,patch_size,num_classes,in_channels,width}, data.augment
+  // 86 + model.{depths,window_size,mlp_ratio} (swin), model.{text_layers,text_heads,text_width,projection_dim}
+  // (clip), data.mlm_probability (bert)
+  EXPECT_EQ(recipe_keys().size(), 94u);
 }
 
 namespace {
@@ -263,7 +265,32 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(with({"model.type=vit", "memory.recompute=full"}).find("memory.recompute"), std::string::npos);
   EXPECT_NE(with({"model.type=resnet18", "precision.level=O1"}).find("fp32 only"), std::string::npos);
   // vision keys on a language model
-  EXPECT_NE(parse_error(base, {"model.patch_size=4"}).find("apply to the image classifiers"), std::string::npos);
+  EXPECT_NE(parse_error(base, {"model.patch_size=4"}).find("apply to the image models"), std::string::npos);
+  // swin, clip and bert keys
+  EXPECT_EQ(with({"model.type=swin", "model.patch_size=2", "model.depths=2,2", "model.window_size=7"}), "");
+  EXPECT_EQ(with({"model.type=swin", "model.patch_size=2", "model.depths=2,6", "model.window_size=14"}), "");
+  EXPECT_EQ(with({"model.type=clip", "model.patch_size=4", "model.text_width=32", "model.text_heads=2"}), "");
+  EXPECT_EQ(parse_error(base, {"model.type=bert", "data.mlm_probability=0.2"}), "");
+  const std::string bad_list = with({"model.type=swin", "model.patch_size=2", "model.depths=2,x"});
+  EXPECT_NE(bad_list.find("model.depths = \"2,x\": \"x\" is not a count"), std::string::npos) << bad_list;
+  const std::string bad_window = with({"model.type=swin", "model.patch_size=2", "model.window_size=5"});
+  EXPECT_NE(bad_window.find("does not divide stage 0's 14x14 grid"), std::string::npos) << bad_window;
+  const std::string odd_grid = with({"model.type=swin", "model.patch_size=4", "model.depths=2,2"});
+  EXPECT_NE(odd_grid.find("patch merging cannot halve"), std::string::npos) << odd_grid;
+  EXPECT_NE(with({"model.type=swin", "model.patch_size=2", "model.depths=0,2"}).find("at least 1"),
+            std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "model.window_size=5"}).find("apply to model.type = \"swin\""),
+            std::string::npos);
+  EXPECT_NE(with({"model.type=vit", "model.text_width=32"}).find("apply to model.type = \"clip\""),
+            std::string::npos);
+  EXPECT_NE(with({"model.type=clip", "model.text_width=30", "model.text_heads=4"}).find("not divisible"),
+            std::string::npos);
+  EXPECT_NE(with({"model.type=swin", "model.width=16"}).find("applies to the ResNets"), std::string::npos);
+  EXPECT_NE(parse_error(base, {"data.mlm_probability=0.2"}).find("applies to model.type = \"bert\""),
+            std::string::npos);
+  EXPECT_NE(parse_error(base, {"model.type=bert", "data.mlm_probability=1"}).find("must be in (0, 1)"),
+            std::string::npos);
+  EXPECT_NE(parse_error(base, {"model.type=bert", "parallel.dp=2"}).find("one process"), std::string::npos);
   // every message is one line
   for (const std::string& m : {with({"model.type=vit", "model.patch_size=5"}), parse_error(base, {"model.type=vit"})})
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;

@@ -16,9 +16,11 @@
 #include "brigade/train/bench.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/classify.h"
+#include "brigade/train/clip_train.h"
 #include "brigade/train/config.h"
 #include "brigade/train/generate.h"
 #include "brigade/train/memory_plan.h"
+#include "brigade/train/mlm.h"
 #include "brigade/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -35,6 +37,8 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
 
 int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
+  if (r.model.type == "bert") return train::train_bert_cli(r, o);  // masked-LM (train/mlm.h)
+  if (r.model.type == "clip") return train::train_clip_cli(r, o);  // contrastive (train/clip_train.h)
   if (train::is_vision_model(r.model.type)) {  // image classifiers (train/classify.h)
     const train::ClassifyResult res = train::run_classification(r, o);
     fmt::print("final test accuracy: {:.2f}% ({}/{}) | test loss {:.4f} | {} steps in {:.0f}s | checkpoint {}\n",
@@ -73,6 +77,11 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
 }
 
 int cmd_eval(const std::string& ckpt, int threads) {
+  if (fs::is_directory(ckpt)) {
+    const std::string type = train::checkpoint_recipe(ckpt).model.type;
+    if (type == "bert") return train::eval_bert_cli(ckpt, threads);
+    if (type == "clip") return train::eval_clip_cli(ckpt, threads);
+  }
   const train::EvalResult ev = train::evaluate_checkpoint(ckpt, threads);
   fmt::print("test accuracy: {:.2f}% ({}/{}) | test loss {:.4f}\n", 100.0 * ev.accuracy, ev.correct, ev.total,
              ev.loss);

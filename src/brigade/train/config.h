@@ -20,7 +20,9 @@ struct RunConfig {
 
 struct ModelConfig {
   std::string type = "gpt";          // "gpt" (GPT-2) | "llama" (RMSNorm, RoPE, SwiGLU, GQA, untied head) |
-                                     // image classifiers (train/classify.h): "vit" | "resnet18" | "resnet50"
+                                     // "bert" (masked-LM encoder on the text corpus) |
+                                     // image classifiers (train/classify.h): "vit" | "resnet18" | "resnet50" |
+                                     // "swin" | "clip" (contrastive image-caption, zero-shot eval)
   int64_t vocab_size = 4096;
   int64_t block_size = 128;          // max sequence length (n_positions)
   int64_t n_layer = 4;
@@ -40,6 +42,15 @@ struct ModelConfig {
   int64_t num_classes = 10;          // classifier outputs
   int64_t in_channels = 1;           // input channels (Fashion-MNIST: 1, grey)
   int64_t width = 64;                // resnet: channels of the stem and stage 1 (torchvision: 64)
+  // swin (n_embd = embed_dim, n_head = heads of stage 0, doubling per stage; patch_size as vit):
+  std::string depths = "";           // blocks per stage, e.g. "2,2" ("" = "2,2")
+  int64_t window_size = 7;           // attention window side (stage grids must be multiples, or smaller)
+  double mlp_ratio = 4.0;            // MLP width / stage width
+  // clip (image tower: n_layer, n_head, n_embd, intermediate_size, patch_size as vit):
+  int64_t text_layers = 0;           // text transformer layers (0 = n_layer)
+  int64_t text_heads = 0;            // text heads (0 = n_head)
+  int64_t text_width = 0;            // text width (0 = n_embd); MLP 4 x text_width
+  int64_t projection_dim = 0;        // shared embedding width (0 = n_embd)
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -49,6 +60,7 @@ struct DataConfig {
   std::string dir = "data/kjv";      // prepared data: tokenizer.model, train.bin, val.bin, meta.json
   double val_fraction = 0.05;
   bool augment = false;              // fashion-mnist: random crop (pad 2) + horizontal flip per training image
+  double mlm_probability = 0.15;     // bert: fraction of positions chosen for masking (80/10/10 rule)
   bool operator==(const DataConfig&) const = default;
 };
 
@@ -182,5 +194,12 @@ void apply_override(Recipe& r, const std::string& override_text);
 void validate_recipe(const Recipe& r, const std::string& origin);
 // Every recipe key as "section.key", in file order.
 std::vector<std::string> recipe_keys();
+
+// "3,4,5" -> {3, 4, 5}: comma-separated integers (spaces allowed after each). ConfigError naming
+// `key` and the bad item otherwise (used for parallel.stage_layers and model.depths).
+std::vector<int64_t> parse_count_list(const std::string& key, const std::string& value);
+
+// model.depths for swin: the parsed list ("" = {2, 2}).
+std::vector<int64_t> swin_depths(const ModelConfig& m);
 
 }  // namespace brigade::train

@@ -31,26 +31,6 @@ int64_t block_of(const std::string& name) {
   return std::stoll(name.substr(pre.size()));
 }
 
-std::vector<int64_t> parse_counts(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;  // not a number: reported below
-    }
-    BRIGADE_CHECK(used > 0 && item.find_first_not_of(' ', used) == std::string::npos, ConfigError,
-                  "parallel.stage_layers = \"{}\": \"{}\" is not a block count; write counts separated by commas, "
-                  "e.g. \"3,4,5\"",
-                  s, item);
-    out.push_back(v);
-  }
-  return out;
-}
-
 // Frees a parameter of the whole GPT that this rank does not hold: it becomes an empty
 // (0-element) tensor, so memory accounting shows what the rank really keeps.
 void release_parameter(models::GPT& model, const std::string& name) {
@@ -181,7 +161,7 @@ ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, std::shared_pt
   };
   auto bounds_for = [&](int S) {
     if (!r.parallel.stage_layers.empty())
-      return parallel::stage_bounds_from_list(parse_counts(r.parallel.stage_layers), S, L);
+      return parallel::stage_bounds_from_list(parse_count_list("parallel.stage_layers", r.parallel.stage_layers), S, L);
     return parallel::partition_layers(block_cost, S, first_extra, last_extra);
   };
   parallel::PipePlan plan;
