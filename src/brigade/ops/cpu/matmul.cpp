@@ -115,8 +115,18 @@ std::vector<T> gather(const MatDesc m, const T* p, MatDesc& out) {  // m by valu
   const int nd = int(m.dims.size());
   const int64_t n = ref::numel_of(nd, m.dims.data());
   std::vector<T> buf(static_cast<size_t>(n));
+  // Row by row over the last dim: one offset computation (divisions) per row, not per element.
+  const int64_t cols = std::max<int64_t>(m.dims.back(), 1), sc = m.strides.back(), rows = n / cols;
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
-  for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = p[ref::strided_offset(i, nd, m.dims.data(), m.strides.data())];
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* src = p + ref::strided_offset(r, nd - 1, m.dims.data(), m.strides.data());
+    T* dst = buf.data() + r * cols;
+    if (sc == 1) {
+      std::copy(src, src + cols, dst);
+    } else {
+      for (int64_t j = 0; j < cols; ++j) dst[j] = src[j * sc];
+    }
+  }
   return buf;
 }
 
