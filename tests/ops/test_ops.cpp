@@ -393,6 +393,9 @@ OpCase reduce_case(const std::string& name, Input x, std::vector<int64_t> dims, 
 #if __has_include("cases_encoder.inc")
 #include "cases_encoder.inc"
 #endif
+#if __has_include("cases_swin.inc")
+#include "cases_swin.inc"
+#endif
 
 std::vector<OpCase> all_cases() {
   using ref::BinaryOp;
@@ -682,6 +685,9 @@ std::vector<OpCase> all_cases() {
 #endif
 #if __has_include("cases_encoder.inc")
   for (OpCase& c : encoder_cases()) cs.push_back(std::move(c));
+#endif
+#if __has_include("cases_swin.inc")
+  for (OpCase& c : swin_cases()) cs.push_back(std::move(c));
 #endif
   return cs;
 }
