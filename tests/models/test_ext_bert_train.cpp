@@ -1,0 +1,301 @@
+// Masked-language-model pre-training of BERT from a recipe (train/mlm.h): a tiny BERT on the
+// tiny structured corpus (support/test_support.h) learns far beyond the context-free baselines,
+// computed here from val.bin alone (the best constant answer's accuracy, the entropy of the
+// maskable val tokens); its checkpoint holds the BertForMaskedLM names and evaluates, through
+// evaluate_mlm_checkpoint and `brigade eval --ckpt`, to exactly the run's final numbers; runs are
+// deterministic; bad inputs end in clear errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "brigade/ckpt/safetensors.h"
+#include "brigade/core/error.h"
+#include "brigade/data/prepare.h"
+#include "brigade/data/token_file.h"
+#include "brigade/train/checkpoint.h"
+#include "brigade/train/config.h"
+#include "brigade/train/mlm.h"
+#include "support/test_support.h"
+
+namespace fs = std::filesystem;
+using namespace brigade;
+
+namespace {
+
+constexpr int64_t kVocab = 128;
+
+// A tiny BERT: 2 layers, 64 wide, sequences of 16 tokens, batches of 32, 1 thread.
+std::string recipe_text(const fs::path& data_dir, const fs::path& out_dir, int64_t steps, uint64_t seed = 7) {
+  return fmt::format(R"(
+[run]
+name = "bert-tiny"
+out_dir = "{}"
+seed = {}
+threads = 1
+[model]
+type = "bert"
+vocab_size = {}
+block_size = 32
+n_layer = 2
+n_head = 4
+n_embd = 64
+intermediate_size = 128
+layer_norm_eps = 1e-12
+dropout = 0.0
+[data]
+corpus = "{}"
+dir = "{}"
+val_fraction = 0.1
+[train]
+steps = {}
+batch_size = 32
+seq_len = 16
+eval_every = 100
+eval_batches = 8
+log_every = 10
+grad_clip = 1.0
+[optim]
+name = "adamw"
+lr = 2e-3
+weight_decay = 0.01
+beta1 = 0.9
+beta2 = 0.98
+[schedule]
+name = "cosine"
+warmup_steps = {}
+min_lr = 2e-4
+)",
+                     out_dir.string(), seed, kVocab, (data_dir.parent_path() / "corpus.txt").string(),
+                     data_dir.string(), steps, std::min<int64_t>(20, steps));
+}
+
+train::Recipe recipe(const fs::path& data_dir, const fs::path& out_dir, int64_t steps, uint64_t seed = 7) {
+  return train::parse_recipe(recipe_text(data_dir, out_dir, steps, seed), "test-bert.toml");
+}
+
+train::TrainOptions quiet() {
+  train::TrainOptions o;
+  o.quiet = true;
+  o.sample = false;
+  return o;
+}
+
+// One trained run shared by the tests (the slow part, a few seconds).
+class BertTrain : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / fmt::format("brigade_bert_train_{}", ::getpid());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    test_support::write_tiny_corpus(root_ / "corpus.txt");
+    data::PrepareOptions po;
+    po.corpus = (root_ / "corpus.txt").string();
+    po.out_dir = (root_ / "data").string();
+    po.vocab_size = kVocab;
+    po.val_fraction = 0.1;
+    data::prepare(po);
+    result_ = new train::MlmResult(train::run_mlm(recipe(root_ / "data", root_ / "run", 300), quiet()));
+  }
+  static void TearDownTestSuite() {
+    delete result_;
+    result_ = nullptr;
+    fs::remove_all(root_);
+  }
+  static fs::path root_;
+  static train::MlmResult* result_;
+};
+fs::path BertTrain::root_;
+train::MlmResult* BertTrain::result_ = nullptr;
+
+TEST_F(BertTrain, LearnsFarBeyondContextFreeBaselines) {
+  const train::MlmResult& res = *result_;
+  ASSERT_FALSE(res.interrupted);
+  EXPECT_EQ(res.steps, 300);
+  // Independent baselines from val.bin: a predictor that ignores context can at best answer the
+  // most frequent maskable token (accuracy = its share) and at best reach the entropy of the
+  // maskable tokens' distribution (cross-entropy >= entropy).
+  data::TokenDataset val((root_ / "data" / data::kValFile).string());
+  std::map<int64_t, int64_t> count;
+  int64_t n = 0;
+  for (int64_t i = 0; i < val.size(); ++i) {
+    const int64_t t = val[i];
+    if (t <= 2) continue;  // unk, bos, eos: never masked
+    ++count[t];
+    ++n;
+  }
+  ASSERT_GT(n, 1000);
+  int64_t top = 0;
+  double entropy = 0.0;
+  for (const auto& [id, c] : count) {
+    top = std::max(top, c);
+    const double p = double(c) / double(n);
+    entropy -= p * std::log(p);
+  }
+  const double best_constant = double(top) / double(n);
+  ASSERT_GT(res.final_eval.masked_tokens, 300);
+  EXPECT_GT(res.final_eval.accuracy, best_constant + 0.2)
+      << "masked accuracy " << res.final_eval.accuracy << " vs best constant answer " << best_constant;
+  EXPECT_LT(res.final_eval.loss, entropy - 0.6) << "val MLM loss vs unigram entropy " << entropy;
+  EXPECT_LT(res.final_eval.loss, std::log(double(kVocab + 1)) - 2.0);
+  // The run's own baselines agree with the independent ones' meaning: unigram loss >= entropy
+  // up to smoothing and sampling, most-frequent accuracy near the share of the top token.
+  EXPECT_NEAR(res.unigram_accuracy, best_constant, 0.1);
+  EXPECT_GT(res.unigram_loss, entropy - 0.3);
+  EXPECT_DOUBLE_EQ(res.initial_loss, std::log(double(kVocab + 1)));
+  EXPECT_EQ(res.final_eval.correct,
+            int64_t(std::llround(res.final_eval.accuracy * double(res.final_eval.masked_tokens))));
+}
+
+TEST_F(BertTrain, WritesMetricsPlotAndHuggingFaceCheckpoint) {
+  const fs::path run = root_ / "run";
+  std::ifstream f(run / "metrics.jsonl");
+  std::string line;
+  int train_records = 0;
+  std::vector<double> val_losses;
+  double first_loss = -1, last_loss = -1;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("val_loss")) {
+      val_losses.push_back(j["val_loss"].get<double>());
+      EXPECT_TRUE(j.contains("mlm_accuracy"));
+      EXPECT_GT(j["masked_tokens"].get<int64_t>(), 0);
+    } else {
+      ++train_records;
+      for (const char* k : {"loss", "lr", "tokens_per_s", "train_accuracy"}) EXPECT_TRUE(j.contains(k)) << k;
+      if (first_loss < 0) first_loss = j["loss"].get<double>();
+      last_loss = j["loss"].get<double>();
+    }
+  }
+  EXPECT_EQ(train_records, 30);                  // every 10 of 300 steps
+  ASSERT_EQ(val_losses.size(), 3u);              // steps 100, 200, 300
+  EXPECT_EQ(val_losses.back(), result_->final_eval.loss);
+  EXPECT_LT(last_loss, first_loss - 1.0);
+  EXPECT_TRUE(fs::exists(run / "loss.svg"));
+  const fs::path ck = run / "checkpoint";
+  for (const char* file : {"model.safetensors", "optimizer.safetensors", "state.json", "recipe.toml",
+                           "tokenizer.model"})
+    EXPECT_TRUE(fs::exists(ck / file)) << file;
+  ckpt::SafetensorsReader st((ck / "model.safetensors").string());
+  ASSERT_TRUE(st.contains("bert.embeddings.word_embeddings.weight"));
+  EXPECT_EQ(st.get("bert.embeddings.word_embeddings.weight").shape(), (Shape{kVocab + 1, 64}));  // + [MASK]
+  EXPECT_TRUE(st.contains("bert.encoder.layer.1.attention.self.query.weight"));
+  EXPECT_TRUE(st.contains("cls.predictions.transform.LayerNorm.bias"));
+  EXPECT_EQ(st.get("cls.predictions.bias").shape(), (Shape{kVocab + 1}));
+  EXPECT_EQ(train::checkpoint_state(ck.string()).step, 300);
+}
+
+TEST_F(BertTrain, CheckpointEvaluationReproducesFinalNumbersExactly) {
+  const train::MlmEval ev = train::evaluate_mlm_checkpoint((root_ / "run" / "checkpoint").string(), 1);
+  EXPECT_EQ(ev.loss, result_->final_eval.loss);  // bitwise: same weights, batches, masks, threads
+  EXPECT_EQ(ev.correct, result_->final_eval.correct);
+  EXPECT_EQ(ev.masked_tokens, result_->final_eval.masked_tokens);
+  EXPECT_EQ(ev.accuracy, result_->final_eval.accuracy);
+}
+
+TEST_F(BertTrain, CliEvalPrintsTheSameNumbers) {
+  const std::string bin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
+  if (!fs::exists(bin)) GTEST_SKIP() << "build the brigade binary for this test";
+  const fs::path out = root_ / "eval_out.txt", err = root_ / "eval_err.txt";
+  auto run = [&](const std::string& ckpt) {
+    const std::string cmd = bin + " eval --ckpt '" + ckpt + "' --threads 1 >'" + out.string() + "' 2>'" +
+                            err.string() + "'";
+    const int st = std::system(cmd.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  ASSERT_EQ(run((root_ / "run" / "checkpoint").string()), 0) << test_support::slurp(err);
+  const train::MlmEval& f = result_->final_eval;
+  const std::string expect = fmt::format("val MLM loss {:.6f} | masked accuracy {:.2f}% ({}/{} masked tokens)\n",
+                                         f.loss, 100.0 * f.accuracy, f.correct, f.masked_tokens);
+  EXPECT_EQ(test_support::slurp(out), expect);
+  EXPECT_EQ(run((root_ / "no-such-dir").string()), 1);
+  const std::string e = test_support::slurp(err);
+  EXPECT_NE(e.find("no such checkpoint directory"), std::string::npos) << e;
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;  // one line
+}
+
+TEST_F(BertTrain, RunsAreDeterministicAndSeeded) {
+  auto short_run = [&](uint64_t seed, const char* name) {
+    return train::run_mlm(recipe(root_ / "data", root_ / name, 6, seed), quiet());
+  };
+  const train::MlmResult a = short_run(11, "det-a"), b = short_run(11, "det-b"), c = short_run(12, "det-c");
+  EXPECT_EQ(a.last_loss, b.last_loss);
+  EXPECT_EQ(a.final_eval.loss, b.final_eval.loss);
+  EXPECT_NE(a.last_loss, c.last_loss);
+  // evaluation masks do not depend on the seed: same masked positions, different models
+  EXPECT_EQ(a.final_eval.masked_tokens, c.final_eval.masked_tokens);
+  EXPECT_NE(a.final_eval.loss, c.final_eval.loss);
+}
+
+TEST_F(BertTrain, StopsAtStepAndCheckpoints) {
+  train::TrainOptions o = quiet();
+  o.stop_at = 4;
+  const train::MlmResult r = train::run_mlm(recipe(root_ / "data", root_ / "stop", 300), o);
+  EXPECT_EQ(r.steps, 4);
+  EXPECT_GT(r.final_eval.masked_tokens, 0);  // evaluated at the last step run
+  EXPECT_EQ(train::checkpoint_state((root_ / "stop" / "checkpoint").string()).step, 4);
+}
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no error";
+}
+
+TEST_F(BertTrain, BadInputsGiveClearErrors) {
+  // vocabulary of the recipe differs from the prepared data's
+  train::Recipe r = recipe(root_ / "data", root_ / "bad", 5);
+  r.model.vocab_size = 256;
+  std::string e = error_of<ConfigError>([&] { train::run_mlm(r, quiet()); });
+  EXPECT_NE(e.find("vocab 128"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.vocab_size"), std::string::npos) << e;
+  // --resume is refused
+  train::TrainOptions o = quiet();
+  o.resume = true;
+  e = error_of<ConfigError>([&] { train::run_mlm(recipe(root_ / "data", root_ / "bad", 5), o); });
+  EXPECT_NE(e.find("--resume"), std::string::npos) << e;
+  // accumulation is refused with what to do
+  r = recipe(root_ / "data", root_ / "bad", 5);
+  r.train.accumulation = 2;
+  e = error_of<ConfigError>([&] { train::run_mlm(r, quiet()); });
+  EXPECT_NE(e.find("train.accumulation = 1"), std::string::npos) << e;
+  // a missing checkpoint directory
+  e = error_of<CheckpointError>([&] { train::evaluate_mlm_checkpoint((root_ / "nope").string(), 1); });
+  EXPECT_NE(e.find("no such checkpoint directory"), std::string::npos) << e;
+  // a checkpoint whose tokenizer is not the one of its data.dir
+  const fs::path copy = root_ / "ckpt-copy";
+  fs::copy(root_ / "run" / "checkpoint", copy, fs::copy_options::recursive);
+  std::ofstream(copy / "tokenizer.model", std::ios::trunc) << "another tokenizer";
+  e = error_of<CheckpointError>([&] { train::evaluate_mlm_checkpoint(copy.string(), 1); });
+  EXPECT_NE(e.find("differs from the checkpoint's tokenizer.model"), std::string::npos) << e;
+  // a checkpoint missing a tensor is refused by name
+  fs::remove_all(copy);
+  fs::copy(root_ / "run" / "checkpoint", copy, fs::copy_options::recursive);
+  {
+    ckpt::SafetensorsReader st((copy / "model.safetensors").string());
+    std::vector<std::pair<std::string, Tensor>> keep;
+    for (const std::string& name : st.names())
+      if (name != "cls.predictions.bias") keep.emplace_back(name, st.get(name));
+    ckpt::save_safetensors((copy / "model.safetensors").string(), keep);
+  }
+  e = error_of<CheckpointError>([&] { train::evaluate_mlm_checkpoint(copy.string(), 1); });
+  EXPECT_NE(e.find("cls.predictions.bias"), std::string::npos) << e;
+}
+
+}  // namespace
