@@ -103,6 +103,36 @@ warmup_steps = 2
 min_lr = 1e-3
 )";
 
+const char* kSwin = R"(
+[run]
+name = "tiny-swin"
+out_dir = "swin"
+seed = 3
+threads = 1
+[model]
+type = "swin"
+patch_size = 2
+n_embd = 32
+n_head = 1
+depths = "1,2"
+window_size = 7
+mlp_ratio = 2.0
+[data]
+corpus = "fashion-mnist"
+dir = "/usr/share/datasets/fashion-mnist"
+[train]
+steps = 100
+batch_size = 32
+eval_every = 0
+log_every = 5
+[optim]
+lr = 5e-3
+weight_decay = 0.05
+[schedule]
+warmup_steps = 5
+min_lr = 1e-4
+)";
+
 class Classify : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -213,13 +243,37 @@ TEST_F(Classify, TinyResnetTrainsAndEvalReproducesAccuracy) {
   EXPECT_GT(acc, 0.3) << "40 steps of a tiny ResNet should beat chance (0.1)";
 }
 
+// Swin: stage 0 (14x14 grid, 7x7 windows) holds one unshifted block; stage 1 (7x7, the window
+// is the whole grid) two blocks, so no shift there either; patch merging between them.
+TEST_F(Classify, TinySwinTrainsAndEvalReproducesAccuracy) {
+  write("swin.toml", kSwin);
+  const double acc = train_and_eval(
+      "swin.toml", "swin",
+      {"swin.embeddings.patch_embeddings.projection.weight", "swin.embeddings.norm.weight",
+       "swin.encoder.layers.0.blocks.0.attention.self.relative_position_bias_table",
+       "swin.encoder.layers.0.downsample.reduction.weight", "swin.encoder.layers.1.blocks.1.output.dense.bias",
+       "swin.layernorm.weight", "classifier.weight"});
+  EXPECT_GT(acc, 0.3) << "100 steps of a tiny Swin should beat chance (0.1) clearly";
+  // a shifted block: depths "2" at stage 0 makes block 1 shift by 3; it trains and reproduces too
+  write("swin2.toml", kSwin);
+  CmdResult r = brigade("train swin2.toml --quiet --set model.depths=2 --set train.steps=10 --set run.out_dir=swin2",
+                        dir_);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("final test accuracy"), std::string::npos) << r.out;
+}
+
 TEST_F(Classify, BadCombinationsAreOneErrorLine) {
   write("vit.toml", kVit);
-  expect_one_error(brigade("train vit.toml --set data.corpus=kjv", dir_), "is an image classifier");
+  expect_one_error(brigade("train vit.toml --set data.corpus=kjv", dir_), "is an image model");
   expect_one_error(brigade("train vit.toml --set model.patch_size=5", dir_), "must divide model.image_size");
   expect_one_error(brigade("train vit.toml --set model.type=gpt", dir_), "is a language model");
   expect_one_error(brigade("train vit.toml --set parallel.dp=2", dir_), "one process");
   expect_one_error(brigade("train vit.toml --set data.dir=nowhere", dir_), "nowhere");
+  expect_one_error(brigade("train vit.toml --set model.type=swin --set model.patch_size=4", dir_),
+                   "patch merging cannot halve");
+  expect_one_error(brigade("train vit.toml --set model.type=swin --set model.patch_size=2 --set model.window_size=5",
+                           dir_),
+                   "does not divide stage 0's 14x14 grid");
   expect_one_error(brigade("eval --ckpt missing", dir_), "no such checkpoint directory");
   fs::create_directories(dir_ / "lm");
   write("lm/recipe.toml", "[model]\ntype = \"gpt\"\n");
