@@ -24,6 +24,7 @@
 #include "brigade/data/ext_fashion_mnist.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/models/resnet/resnet.h"
+#include "brigade/models/swin/swin.h"
 #include "brigade/models/vit/vit.h"
 #include "brigade/optim/schedule.h"
 #include "brigade/parallel/data_parallel.h"
@@ -43,11 +44,22 @@ constexpr int64_t kEvalChunk = 500;
 struct Classifier {
   std::shared_ptr<models::ViT> vit;
   std::shared_ptr<models::ResNet> resnet;
-  nn::Module& module() { return vit ? static_cast<nn::Module&>(*vit) : static_cast<nn::Module&>(*resnet); }
-  Tensor forward(const Tensor& x) const { return vit ? vit->forward(x) : resnet->forward(x); }
-  Tensor loss(const Tensor& x, const Tensor& y) const { return vit ? vit->loss(x, y) : resnet->loss(x, y); }
+  std::shared_ptr<models::Swin> swin;
+  nn::Module& module() {
+    if (vit) return *vit;
+    if (swin) return *swin;
+    return *resnet;
+  }
+  Tensor forward(const Tensor& x) const {
+    return vit ? vit->forward(x) : swin ? swin->forward(x) : resnet->forward(x);
+  }
+  Tensor loss(const Tensor& x, const Tensor& y) const {
+    return vit ? vit->loss(x, y) : swin ? swin->loss(x, y) : resnet->loss(x, y);
+  }
   // Parameters, then (ResNet) BatchNorm buffers: what the checkpoint stores.
-  nn::NamedTensors state_dict() const { return vit ? vit->named_parameters() : resnet->state_dict(); }
+  nn::NamedTensors state_dict() const {
+    return vit ? vit->named_parameters() : swin ? swin->named_parameters() : resnet->state_dict();
+  }
 };
 
 models::ViTConfig vit_config(const ModelConfig& m) {
@@ -66,10 +78,29 @@ models::ViTConfig vit_config(const ModelConfig& m) {
   return c;
 }
 
+models::SwinConfig swin_config(const ModelConfig& m) {
+  models::SwinConfig c;
+  c.image_size = m.image_size;
+  c.patch_size = m.patch_size;
+  c.num_channels = m.in_channels;
+  c.embed_dim = m.n_embd;
+  c.depths = swin_depths(m);
+  c.num_heads.clear();
+  for (size_t i = 0; i < c.depths.size(); ++i) c.num_heads.push_back(m.n_head << i);
+  c.window_size = m.window_size;
+  c.mlp_ratio = m.mlp_ratio;
+  c.num_labels = m.num_classes;
+  c.layer_norm_eps = m.layer_norm_eps;
+  c.initializer_range = m.init_std;
+  return c;
+}
+
 Classifier make_classifier(const ModelConfig& m) {
   Classifier c;
   if (m.type == "vit") {
     c.vit = std::make_shared<models::ViT>(vit_config(m));
+  } else if (m.type == "swin") {
+    c.swin = std::make_shared<models::Swin>(swin_config(m));
   } else {
     models::ResNetConfig rc = m.type == "resnet50" ? models::resnet50_config(m.num_classes, m.in_channels, true)
                                                    : models::resnet18_config(m.num_classes, m.in_channels, true);
@@ -139,7 +170,9 @@ void load_state_dict(const std::string& path, Classifier& model) {
 
 }  // namespace
 
-bool is_vision_model(const std::string& type) { return type == "vit" || type == "resnet18" || type == "resnet50"; }
+bool is_vision_model(const std::string& type) {
+  return type == "vit" || type == "resnet18" || type == "resnet50" || type == "swin";
+}
 
 std::string fashion_mnist_dir(const Recipe& r) {
   return r.data.dir == DataConfig{}.dir ? std::string(data::kFashionMnistDir) : r.data.dir;
@@ -147,7 +180,7 @@ std::string fashion_mnist_dir(const Recipe& r) {
 
 ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
   BRIGADE_CHECK(is_vision_model(r.model.type), ConfigError,
-                "model.type = \"{}\" is not an image classifier (vit, resnet18, resnet50)", r.model.type);
+                "model.type = \"{}\" is not an image classifier (vit, resnet18, resnet50, swin)", r.model.type);
   BRIGADE_CHECK(r.parallel.dp == 1 && dist::Env::world_size() == 1, ConfigError,
                 "recipe {}: parallel.dp = {} (processes: {}): the image classifiers train on one process for now; "
                 "set parallel.dp = 1 and run without mpirun",
@@ -169,6 +202,8 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
     if (model.vit) {
       model.vit->init_weights(init);
       model.vit->dropout_generator().manual_seed(r.run.seed + 1);
+    } else if (model.swin) {
+      model.swin->init_weights(init);
     } else {
       model.resnet->init_weights(init);
     }
@@ -321,7 +356,7 @@ EvalResult evaluate_checkpoint(const std::string& ckpt_dir, int threads) {
   const Recipe r = checkpoint_recipe(ckpt_dir);
   BRIGADE_CHECK(is_vision_model(r.model.type), CheckpointError,
                 "--ckpt {}: a model.type = \"{}\" (language model) checkpoint; `brigade eval` evaluates the image "
-                "classifiers (vit, resnet18, resnet50); a language model's val loss is in its run's metrics.jsonl",
+                "classifiers (vit, resnet18, resnet50, swin); a language model's val loss is in its run's metrics.jsonl",
                 ckpt_dir, r.model.type);
   if (threads > 0) omp_set_num_threads(threads);
   else if (r.run.threads > 0) omp_set_num_threads(r.run.threads);

@@ -1,5 +1,5 @@
 // Image classification from a recipe: `brigade train` for model.type = "vit" | "resnet18" |
-// "resnet50" on data.corpus = "fashion-mnist", and `brigade eval --ckpt DIR`.
+// "resnet50" | "swin" on data.corpus = "fashion-mnist", and `brigade eval --ckpt DIR`.
 // One process (parallel.dp = 1): the model (initialised from run.seed), the recipe's optimizer
 // via make_optimizer over a one-rank parallel::DataParallel, the [schedule] lr, clipping and the
 // step through apply_gradients (trainer.h). Step s trains on batch (s mod E) of epoch s / E of a
@@ -20,7 +20,7 @@
 
 namespace brigade::train {
 
-// model.type is "vit", "resnet18" or "resnet50".
+// model.type is "vit", "resnet18", "resnet50" or "swin" (clip trains in train/clip_train.h).
 bool is_vision_model(const std::string& type);
 
 struct ClassifyResult {
