@@ -15,6 +15,15 @@
 
 #include "brigade/core/error.h"
 
+#if defined(__AVX512F__) && defined(BRIGADE_HAVE_LIBMVEC)
+#include <immintrin.h>
+// glibc's libmvec (>= 2.35): 16-lane AVX-512 erff / expf (the vector ABI names GCC emits for
+// `#pragma omp declare simd` math; within 4 ulp, like the scalar functions).
+extern "C" __m512 _ZGVeN16v_erff(__m512);
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+#define BRIGADE_GELU_AVX512 1
+#endif
+
 namespace brigade::ops {
 
 namespace {
@@ -30,20 +39,51 @@ bool is_ref() { return current_backend() == Backend::Ref; }
 
 // ------------------------------------------------------------------ cpu kernels
 
+// GELU (exact): 0.5 x (1 + erf(x / sqrt 2)). With AVX-512 and libmvec, 16 lanes at a time through
+// the vector erff / expf (the scalar loop finishes the tail); the result differs from the scalar
+// erff path by at most a few ulp (the op harness bounds both against the double oracle).
 void gelu_erf_cpu(int64_t n, const float* x, float* y) {
   const float r = 0.7071067811865476f;
+#ifdef BRIGADE_GELU_AVX512
+  const int64_t nv = n / 16;
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t b = 0; b < nv; ++b) {
+    const __m512 v = _mm512_loadu_ps(x + b * 16);
+    const __m512 e = _ZGVeN16v_erff(_mm512_mul_ps(v, _mm512_set1_ps(r)));
+    const __m512 h = _mm512_mul_ps(_mm512_set1_ps(0.5f), v);
+    _mm512_storeu_ps(y + b * 16, _mm512_fmadd_ps(h, e, h));  // 0.5x + 0.5x erf
+  }
+  for (int64_t i = nv * 16; i < n; ++i) y[i] = 0.5f * x[i] * (1.f + std::erf(x[i] * r));
+#else
 #pragma omp parallel for schedule(static) if (n > (1 << 14))
   for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.f + std::erf(x[i] * r));
+#endif
 }
 
+// d/dx GELU = Phi(x) + x phi(x), times gy.
 void gelu_erf_backward_cpu(int64_t n, const float* gy, const float* x, float* gx) {
   const float r = 0.7071067811865476f, c = 0.3989422804014327f;
-#pragma omp parallel for schedule(static) if (n > (1 << 14))
-  for (int64_t i = 0; i < n; ++i) {
+  auto one = [&](int64_t i) {
     const float cdf = 0.5f * (1.f + std::erf(x[i] * r));
     const float pdf = c * std::exp(-0.5f * x[i] * x[i]);
     gx[i] = gy[i] * (cdf + x[i] * pdf);
+  };
+#ifdef BRIGADE_GELU_AVX512
+  const int64_t nv = n / 16;
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t b = 0; b < nv; ++b) {
+    const __m512 v = _mm512_loadu_ps(x + b * 16);
+    const __m512 cdf = _mm512_fmadd_ps(_mm512_set1_ps(0.5f), _ZGVeN16v_erff(_mm512_mul_ps(v, _mm512_set1_ps(r))),
+                                       _mm512_set1_ps(0.5f));
+    const __m512 pdf = _mm512_mul_ps(
+        _mm512_set1_ps(c), _ZGVeN16v_expf(_mm512_mul_ps(_mm512_set1_ps(-0.5f), _mm512_mul_ps(v, v))));
+    _mm512_storeu_ps(gx + b * 16, _mm512_mul_ps(_mm512_loadu_ps(gy + b * 16), _mm512_fmadd_ps(v, pdf, cdf)));
   }
+  for (int64_t i = nv * 16; i < n; ++i) one(i);
+#else
+#pragma omp parallel for schedule(static) if (n > (1 << 14))
+  for (int64_t i = 0; i < n; ++i) one(i);
+#endif
 }
 
 // One (head, query) row per iteration: scores over the unmasked keys (d in order), their

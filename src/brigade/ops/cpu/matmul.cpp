@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/cpu/kernels.h"
 
@@ -104,23 +105,52 @@ bool is_plain(const MatDesc& m) {
   return true;
 }
 
+// A contiguous workspace buffer from the caching allocator (uninitialised, reused across steps:
+// no zero-fill and no page faults in the steady state), returned on destruction.
+template <typename T>
+class Workspace {
+ public:
+  Workspace() = default;
+  explicit Workspace(int64_t n)
+      : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(T)),
+        p_(static_cast<T*>(Allocator::instance().allocate(bytes_, MemTag::Workspace))) {}
+  Workspace(Workspace&& o) noexcept : bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr; }
+  Workspace& operator=(Workspace&& o) noexcept {
+    std::swap(bytes_, o.bytes_);
+    std::swap(p_, o.p_);
+    return *this;
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    if (p_) Allocator::instance().deallocate(p_, bytes_, MemTag::Workspace);
+  }
+  T* data() const { return p_; }
+  bool empty() const { return p_ == nullptr; }
+
+ private:
+  size_t bytes_ = 0;
+  T* p_ = nullptr;
+};
+
 // Contiguous copy of a strided operand (for layouts oneDNN does not take fast).
 // T is the element type (float, or uint16_t holding bf16/f16 bits: a bit copy).
 template <typename T>
-std::vector<T> gather(const MatDesc m, const T* p, MatDesc& out) {  // m by value: out may alias it
+Workspace<T> gather(const MatDesc m, const T* p, MatDesc& out) {  // m by value: out may alias it
   out.dims = m.dims;
   out.strides.assign(m.dims.size(), 1);
   for (int64_t i = int64_t(m.dims.size()) - 2; i >= 0; --i)
     out.strides[size_t(i)] = out.strides[size_t(i + 1)] * std::max<int64_t>(m.dims[size_t(i + 1)], 1);
   const int nd = int(m.dims.size());
   const int64_t n = ref::numel_of(nd, m.dims.data());
-  std::vector<T> buf(static_cast<size_t>(n));
+  Workspace<T> buf(n);
+  T* const b = buf.data();
   // Row by row over the last dim: one offset computation (divisions) per row, not per element.
   const int64_t cols = std::max<int64_t>(m.dims.back(), 1), sc = m.strides.back(), rows = n / cols;
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
   for (int64_t r = 0; r < rows; ++r) {
     const T* src = p + ref::strided_offset(r, nd - 1, m.dims.data(), m.strides.data());
-    T* dst = buf.data() + r * cols;
+    T* dst = b + r * cols;
     if (sc == 1) {
       std::copy(src, src + cols, dst);
     } else {
@@ -175,7 +205,7 @@ void run(MatDesc a, const T* ap, MatDesc b, const T* bp, const MatDesc& c, void*
   a = sanitize(a);
   b = sanitize(b);
   const MatDesc cs = sanitize(c);
-  std::vector<T> abuf, bbuf;
+  Workspace<T> abuf, bbuf;
   if (!is_plain(a)) abuf = gather(a, ap, a), ap = abuf.data();
   if (!is_plain(b)) bbuf = gather(b, bp, b), bp = bbuf.data();
   const CacheEntry* e = nullptr;
