@@ -260,6 +260,120 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
 
 // ---------------------------------------------------------------- batch norm
 
+// ---------------------------------------------------------------- cpu kernels (batch norm, relu)
+// Branch-free and vectorisable; statistics accumulate each (n, c) row of HW values in float
+// (16-lane partial sums), then the rows in double, in a fixed order per channel: bitwise
+// reproducible for any thread count (one channel per iteration). The ref templates above are
+// the double oracle the op harness compares against.
+namespace {
+
+// Sum of a row, and sum of (x - m)^2 when `m` is given, as float partial sums in lane order.
+inline float row_sum(const float* x, int64_t n) {
+  float acc[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) acc[l] += x[i + l];
+  float s = 0;
+  for (; i < n; ++i) s += x[i];
+  for (int l = 0; l < 16; ++l) s += acc[l];
+  return s;
+}
+inline float row_sq_dev(const float* x, int64_t n, float m) {
+  float acc[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) {
+      const float d = x[i + l] - m;
+      acc[l] += d * d;
+    }
+  float s = 0;
+  for (; i < n; ++i) s += (x[i] - m) * (x[i] - m);
+  for (int l = 0; l < 16; ++l) s += acc[l];
+  return s;
+}
+// sum(gy) and sum(gy * (x - m)) of a row.
+inline void row_grad_sums(const float* gy, const float* x, int64_t n, float m, float& sg, float& sgx) {
+  float a[16] = {0}, b[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+#pragma omp simd
+    for (int l = 0; l < 16; ++l) {
+      a[l] += gy[i + l];
+      b[l] += gy[i + l] * (x[i + l] - m);
+    }
+  float s0 = 0, s1 = 0;
+  for (; i < n; ++i) s0 += gy[i], s1 += gy[i] * (x[i] - m);
+  for (int l = 0; l < 16; ++l) s0 += a[l], s1 += b[l];
+  sg = s0, sgx = s1;
+}
+
+void batch_norm2d_cpu(int64_t N, int64_t C, int64_t HW, const float* x, const float* w, const float* b,
+                      bool training, const float* rmean, const float* rvar, double eps, float* y, float* mean,
+                      float* rstd, float* var_out) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+  for (int64_t c = 0; c < C; ++c) {
+    double m, v;
+    if (training) {
+      const double M = double(N * HW);
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += double(row_sum(x + (n * C + c) * HW, HW));
+      m = s / M;
+      double q = 0;
+      for (int64_t n = 0; n < N; ++n) q += double(row_sq_dev(x + (n * C + c) * HW, HW, float(m)));
+      v = q / M;
+    } else {
+      m = double(rmean[c]);
+      v = double(rvar[c]);
+    }
+    const double r = 1.0 / std::sqrt(v + eps);
+    mean[c] = float(m);
+    rstd[c] = float(r);
+    var_out[c] = float(v);
+    const float scale = float(r * double(w[c])), shift = float((b ? double(b[c]) : 0.0) - m * r * double(w[c]));
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = x + (n * C + c) * HW;
+      float* yr = y + (n * C + c) * HW;
+#pragma omp simd
+      for (int64_t i = 0; i < HW; ++i) yr[i] = xr[i] * scale + shift;
+    }
+  }
+}
+
+void batch_norm2d_backward_cpu(int64_t N, int64_t C, int64_t HW, const float* gy, const float* x, const float* w,
+                               const float* mean, const float* rstd, bool training, float* gx, float* gw,
+                               float* gb) {
+  const double M = double(N * HW);
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+  for (int64_t c = 0; c < C; ++c) {
+    const float m = mean[c];
+    const double r = double(rstd[c]), wc = double(w[c]);
+    double sg = 0, sgxm = 0;  // sum gy, sum gy (x - m)
+    for (int64_t n = 0; n < N; ++n) {
+      float a, b;
+      row_grad_sums(gy + (n * C + c) * HW, x + (n * C + c) * HW, HW, m, a, b);
+      sg += double(a), sgxm += double(b);
+    }
+    const double sgx = sgxm * r;  // sum gy * xhat
+    gw[c] = float(sgx);
+    gb[c] = float(sg);
+    // training: gx = w r (gy - sg/M - xhat sgx/M) = k1 gy + k2 (x - m) + k3; eval: gx = w r gy
+    const float k1 = float(wc * r);
+    const float k2 = training ? float(-wc * r * r * sgx / M) : 0.f;
+    const float k3 = training ? float(-wc * r * sg / M) : 0.f;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* g = gy + (n * C + c) * HW;
+      const float* xr = x + (n * C + c) * HW;
+      float* o = gx + (n * C + c) * HW;
+#pragma omp simd
+      for (int64_t i = 0; i < HW; ++i) o[i] = k1 * g[i] + k2 * (xr[i] - m) + k3;
+    }
+  }
+}
+
+}  // namespace
+
 BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
                           const Tensor& running_var, bool training, double momentum, double eps) {
   const char* op = "batch_norm2d";
@@ -298,9 +412,7 @@ BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, con
   const float *xp = xc.data<float>(), *wp = wc.data<float>(), *bp = fptr(bc);
   float *yp = o.y.data<float>(), *mp = o.mean.data<float>(), *sp = o.rstd.data<float>(), *vp = var.data<float>();
   if (on_cpu()) {
-#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
-    for (int64_t c = 0; c < C; ++c)
-      vr::batch_norm2d<float, float>(N, C, HW, c, c + 1, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
+    batch_norm2d_cpu(N, C, HW, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
   } else {
     vr::batch_norm2d<float, float>(N, C, HW, 0, C, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
   }
@@ -343,9 +455,7 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
               *sp = rc.data<float>();
   float *gxp = r.gx.data<float>(), *gwp = r.gw.data<float>(), *gbp = r.gb.data<float>();
   if (on_cpu()) {
-#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
-    for (int64_t c = 0; c < C; ++c)
-      vr::batch_norm2d_backward<float, float>(N, C, HW, c, c + 1, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
+    batch_norm2d_backward_cpu(N, C, HW, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
   } else {
     vr::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
   }
@@ -449,8 +559,13 @@ Tensor relu(const Tensor& x) {
   if (on_cpu()) {
     constexpr int64_t kBlock = 1 << 14;
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
-    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b)
-      vr::relu<float>(std::min(kBlock, n - b * kBlock), xp + b * kBlock, yp + b * kBlock);
+    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+      const float* xb = xp + b * kBlock;
+      float* yb = yp + b * kBlock;
+      const int64_t m = std::min(kBlock, n - b * kBlock);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) yb[i] = (xb[i] > 0.f || xb[i] != xb[i]) ? xb[i] : 0.f;  // NaN passes
+    }
   } else {
     vr::relu<float>(n, xp, yp);
   }
@@ -471,8 +586,13 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y) {
   if (on_cpu()) {
     constexpr int64_t kBlock = 1 << 14;
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
-    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b)
-      vr::relu_backward<float>(std::min(kBlock, n - b * kBlock), gp + b * kBlock, yp + b * kBlock, gxp + b * kBlock);
+    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
+      const float *gb = gp + b * kBlock, *yb = yp + b * kBlock;
+      float* ob = gxp + b * kBlock;
+      const int64_t m = std::min(kBlock, n - b * kBlock);
+#pragma omp simd
+      for (int64_t i = 0; i < m; ++i) ob[i] = yb[i] > 0.f ? gb[i] : 0.f;
+    }
   } else {
     vr::relu_backward<float>(n, gp, yp, gxp);
   }
