@@ -150,6 +150,21 @@ EvalResult evaluate(Classifier& model, const data::FashionMnist& set, int64_t li
   return res;
 }
 
+// Removes the evaluation record ({"step": step, "accuracy": ...}) of `step` from metrics.jsonl.
+void drop_eval_record(const fs::path& p, int64_t step) {
+  std::ifstream in(p);
+  if (!in) return;
+  std::vector<std::string> keep;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded() && j.value("step", int64_t(-1)) == step && j.contains("accuracy")) continue;
+    keep.push_back(line);
+  }
+  in.close();
+  std::ofstream out(p, std::ios::trunc);
+  for (const std::string& l : keep) out << l << '\n';
+}
+
 void load_state_dict(const std::string& path, Classifier& model) {
   ckpt::SafetensorsReader r(path);
   std::set<std::string> expected;
@@ -185,8 +200,6 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
                 "recipe {}: parallel.dp = {} (processes: {}): the image classifiers train on one process for now; "
                 "set parallel.dp = 1 and run without mpirun",
                 r.path, r.parallel.dp, dist::Env::world_size());
-  BRIGADE_CHECK(!opts.resume, ConfigError,
-                "--resume is not supported for model.type = \"{}\" yet; start the run again without it", r.model.type);
   BRIGADE_CHECK(!opts.dry_run, ConfigError, "--dry-run predicts the language models' memory; model.type = \"{}\" has "
                 "no prediction yet", r.model.type);
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
@@ -240,7 +253,32 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
   const fs::path out_dir(r.run.out_dir);
   fs::create_directories(out_dir);
   const fs::path metrics_path = out_dir / "metrics.jsonl";
-  std::ofstream metrics(metrics_path, std::ios::trunc);
+  const std::string ckpt_dir = (out_dir / "checkpoint").string();
+  int64_t step = 0;
+  if (opts.resume) {  // the model, its buffers, the optimizer, dropout and loss-scaler state, the step
+    BRIGADE_CHECK(checkpoint_exists(ckpt_dir), CheckpointError,
+                  "--resume: no checkpoint in {}; run without --resume to start training", ckpt_dir);
+    const Recipe saved = checkpoint_recipe(ckpt_dir);
+    BRIGADE_CHECK(saved.model == r.model, CheckpointError,
+                  "--resume: the checkpoint in {} holds a different model (model.* in its recipe.toml differs from "
+                  "this recipe's); resume with the same model settings or start a new run.out_dir",
+                  ckpt_dir);
+    const TrainState st = checkpoint_state(ckpt_dir);
+    BRIGADE_CHECK(st.step < last_step, ConfigError,
+                  "nothing to train: the checkpoint in {} is at step {} and this run ends at step {}; raise "
+                  "train.steps (e.g. --set train.steps={}) or --stop-at to continue",
+                  ckpt_dir, st.step, last_step, r.train.steps + st.step);
+    load_state_dict((fs::path(ckpt_dir) / "model.safetensors").string(), model);
+    if (model.vit && !st.rng_state.empty()) model.vit->dropout_generator().set_state(st.rng_state);
+    load_optimizer_state(ckpt_dir, *opt, st.optimizer_steps >= 0 ? st.optimizer_steps : st.step);
+    scaler.set_state(st.scaler_state);
+    step = st.step;
+    truncate_metrics(metrics_path.string(), step);
+    // The whole-test-set evaluation that ended the stopped run at `step` is not one the
+    // uninterrupted run makes (unless `step` is a periodic evaluation step): drop it.
+    if (r.train.eval_every == 0 || step % r.train.eval_every != 0) drop_eval_record(metrics_path, step);
+  }
+  std::ofstream metrics(metrics_path, opts.resume ? std::ios::app : std::ios::trunc);
   BRIGADE_CHECK(metrics.good(), IoError, "cannot write {}; check run.out_dir", metrics_path.string());
   auto say = [&](const std::string& s) {
     if (!opts.quiet) fmt::print(stderr, "{}\n", s);
@@ -249,13 +287,14 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
                   "({:.2f} epochs){}",
                   r.model.type, model.module().num_parameters(), train_set.size(), test_set.size(), r.train.steps, B,
                   double(r.train.steps) / double(per_epoch), r.data.augment ? ", augmented" : ""));
+  if (opts.resume) say(fmt::format("resumed from {} at step {}", ckpt_dir, step));
 
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
   ClassifyResult res;
   std::vector<double> speeds;
   const int64_t eval_limit = r.train.eval_batches * B;
-  int64_t step = 0;
+  const int64_t first_step = step;
   while (step < last_step) {
     const auto t0 = Clock::now();
     const int64_t epoch = step / per_epoch;
@@ -291,7 +330,7 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
     }
     if (!opts.quiet) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_start).count();
-      const double eta = elapsed / double(step) * double(last_step - step);
+      const double eta = elapsed / double(step - first_step) * double(last_step - step);
       const std::string line =
           fmt::format("step {:>5}/{} | epoch {} | loss {:.4f} | lr {:.2e} | {:.0f} img/s | ETA {}", step, last_step,
                       epoch, loss_v, lr, img_s, fmt_duration(eta));
@@ -328,12 +367,13 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
   }
 
   // checkpoint: parameters + buffers by name, optimizer state, state.json, recipe.toml
-  const std::string ckpt_dir = (out_dir / "checkpoint").string();
   TrainState state;
   state.step = step;
   state.tokens_seen = step * B;  // images seen
   state.last_val_loss = res.test_loss;
-  state.optimizer_steps = step - scaler.skipped();
+  state.optimizer_steps = opt->steps();
+  state.scaler_state = scaler.state();
+  if (model.vit) state.rng_state = model.vit->dropout_generator().state();
   const std::string tmp = begin_checkpoint(ckpt_dir);
   write_checkpoint_files(tmp, model.state_dict(), opt.get(), state, r, "");
   commit_checkpoint(ckpt_dir);

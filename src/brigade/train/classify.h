@@ -35,8 +35,12 @@ struct ClassifyResult {
   std::string checkpoint_dir;
 };
 
-// Trains the recipe (see the file comment). ConfigError for parallel.dp != 1 and for --resume
-// (not supported for the image classifiers yet).
+// Trains the recipe (see the file comment). ConfigError for parallel.dp != 1. --stop-at N ends
+// the run at step N with the final evaluation and the checkpoint; --resume continues from
+// <out_dir>/checkpoint (parameters, BatchNorm buffers, optimizer, dropout and loss-scaler state,
+// the step; metrics.jsonl is cut back to that step) and, at the same thread count, ends with the
+// same weights and numbers as an uninterrupted run. CheckpointError when the checkpoint is
+// missing or holds a different model.
 ClassifyResult run_classification(const Recipe& recipe, const TrainOptions& opts);
 
 struct EvalResult {

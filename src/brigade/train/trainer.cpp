@@ -329,8 +329,11 @@ std::string resume_differences(const Recipe& saved, const Recipe& now, bool layo
   return diff;
 }
 
+}  // namespace
+
 // Keeps metrics.jsonl consistent on resume: drops records past the resumed step.
-void truncate_metrics(const fs::path& p, int64_t step) {
+void truncate_metrics(const std::string& path, int64_t step) {
+  const fs::path p(path);
   std::ifstream in(p);
   if (!in) return;
   std::vector<std::string> keep;
@@ -348,7 +351,6 @@ void truncate_metrics(const fs::path& p, int64_t step) {
   for (auto& l : keep) out << l << '\n';
 }
 
-}  // namespace
 
 std::vector<parallel::ParamUnit> model_units(models::CausalLM& m) {
   std::vector<parallel::ParamUnit> units(1);
@@ -575,7 +577,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
                           opt->state_tensors());
       opt->set_steps(opt_steps);
     }
-    if (lead) truncate_metrics(metrics_path, state.step);
+    if (lead) truncate_metrics(metrics_path.string(), state.step);
     say(fmt::format("resumed from {} at step {}", ckpt_dir, state.step));
   } else if (lead) {
     std::ofstream(metrics_path, std::ios::trunc);

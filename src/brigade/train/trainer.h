@@ -102,6 +102,10 @@ GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, 
 // copy), then dp.after_optimizer_step() so every rank's full weights follow.
 void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType low);
 
+// --resume keeps metrics.jsonl consistent: drops the records past `step` (and early-stop
+// records, and a torn last line). A missing file is left alone.
+void truncate_metrics(const std::string& path, int64_t step);
+
 // The recipe's precision section as an autocast policy and loss-scaler options
 // ("auto" loss scaling: dynamic for fp16 at O1..O3, none otherwise).
 amp::Policy precision_policy(const PrecisionConfig& p);
