@@ -151,8 +151,9 @@ int run(int argc, char** argv) {
   gen->add_option("--seed", so.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
 
-  auto* ev = app.add_subcommand("eval", "Evaluate an image-classifier checkpoint on the Fashion-MNIST test set "
-                                        "(accuracy and loss)");
+  auto* ev = app.add_subcommand("eval", "Evaluate a checkpoint: an image classifier's Fashion-MNIST test accuracy "
+                                        "and loss, clip's zero-shot test accuracy, bert's masked-LM val loss and "
+                                        "accuracy");
   ev->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/vit-fashion/checkpoint)")->required();
   ev->add_option("--threads", threads, "OpenMP threads (0 = the recipe's run.threads)");
 
