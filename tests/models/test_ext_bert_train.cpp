@@ -3,12 +3,14 @@
 // computed here from val.bin alone (the best constant answer's accuracy, the entropy of the
 // maskable val tokens); its checkpoint holds the BertForMaskedLM names and evaluates, through
 // evaluate_mlm_checkpoint and `brigade eval --ckpt`, to exactly the run's final numbers; runs are
-// deterministic; bad inputs end in clear errors.
+// deterministic; Ctrl-C checkpoints and exits 130; bad inputs end in clear errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "brigade/ckpt/safetensors.h"
@@ -222,6 +225,35 @@ TEST_F(BertTrain, CliEvalPrintsTheSameNumbers) {
   const std::string e = test_support::slurp(err);
   EXPECT_NE(e.find("no such checkpoint directory"), std::string::npos) << e;
   EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 1) << e;  // one line
+}
+
+// Ctrl-C: `brigade train` finishes the step, writes the checkpoint and exits 130.
+TEST_F(BertTrain, InterruptCheckpointsAndExits130) {
+  const std::string bin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
+  if (!fs::exists(bin)) GTEST_SKIP() << "build the brigade binary for this test";
+  const fs::path dir = root_ / "interrupt";
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "r.toml") << recipe_text(root_ / "data", dir / "run", 100000);
+  }
+  const fs::path pidfile = dir / "pid";
+  const std::string cmd = "cd '" + dir.string() + "' && { " + bin + " train r.toml >out.txt 2>err.txt & echo $! >'" +
+                          pidfile.string() + "'; wait $!; echo $? >rc.txt; }";
+  std::thread runner([cmd] { (void)std::system(cmd.c_str()); });
+  // Signal only once a training step was logged (the handler is installed before the loop).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(dir / "run" / "metrics.jsonl") && fs::file_size(dir / "run" / "metrics.jsonl") > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const pid_t pid = pid_t(std::stol(test_support::slurp(pidfile)));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  runner.join();
+  EXPECT_EQ(std::stoi(test_support::slurp(dir / "rc.txt")), 130) << test_support::slurp(dir / "err.txt");
+  const int64_t step = train::checkpoint_state((dir / "run" / "checkpoint").string()).step;
+  EXPECT_GE(step, 10);
+  EXPECT_LT(step, 100000);
+  EXPECT_NE(test_support::slurp(dir / "err.txt").find("interrupted at step"), std::string::npos);
 }
 
 TEST_F(BertTrain, RunsAreDeterministicAndSeeded) {
