@@ -9,12 +9,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/test_support.h"
@@ -290,6 +293,39 @@ TEST_F(Classify, StopAndResumeMatchesAnUninterruptedRun) {
   expect_one_error(brigade(base + " --set run.out_dir=split --resume --set model.n_embd=64", dir_),
                    "holds a different model");
   expect_one_error(brigade(base + " --set run.out_dir=none --resume", dir_), "no checkpoint in");
+}
+
+// Ctrl-C: the step finishes, the whole test set is evaluated, the checkpoint is written, exit 130;
+// --resume then continues from that step.
+TEST_F(Classify, InterruptEvaluatesCheckpointsAndExits130) {
+  write("vit.toml", kVit);
+  const fs::path pidfile = dir_ / "pid";
+  const std::string cmd = "cd '" + dir_.string() + "' && { " + kBin +
+                          " train vit.toml --set train.steps=100000 --set run.out_dir=intr >out.txt 2>err.txt & echo $! "
+                          ">'" + pidfile.string() + "'; wait $!; echo $? >rc.txt; }";
+  std::thread runner([cmd] { (void)std::system(cmd.c_str()); });
+  // signal once a training step is logged (the handler is installed before the loop)
+  const fs::path metrics = dir_ / "intr" / "metrics.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && !(fs::exists(metrics) && fs::file_size(metrics) > 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (!fs::exists(pidfile) || slurp(pidfile).empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(::kill(pid_t(std::stol(slurp(pidfile))), SIGINT), 0);
+  runner.join();
+  EXPECT_EQ(std::stoi(slurp(dir_ / "rc.txt")), 130) << slurp(dir_ / "err.txt");
+  EXPECT_NE(slurp(dir_ / "err.txt").find("interrupted at step"), std::string::npos) << slurp(dir_ / "err.txt");
+  int64_t eval_step = -1;
+  for (const auto& j : records("intr"))
+    if (j.contains("accuracy") && j["test_images"] == 10000) eval_step = j["step"].get<int64_t>();
+  ASSERT_GE(eval_step, 5);
+  EXPECT_NE(slurp(dir_ / "intr/checkpoint/state.json").find("\"step\": " + std::to_string(eval_step)),
+            std::string::npos)
+      << slurp(dir_ / "intr/checkpoint/state.json");
+  CmdResult more = brigade("train vit.toml --quiet --set train.steps=100000 --set run.out_dir=intr --resume --stop-at " +
+                               std::to_string(eval_step + 3),
+                           dir_);
+  EXPECT_EQ(more.code, 0) << more.err;
+  EXPECT_NE(more.out.find(std::to_string(eval_step + 3) + " steps"), std::string::npos) << more.out;
 }
 
 TEST_F(Classify, BadCombinationsAreOneErrorLine) {

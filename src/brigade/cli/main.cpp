@@ -44,7 +44,7 @@ int cmd_train(const std::string& recipe_path, const std::vector<std::string>& se
     fmt::print("final test accuracy: {:.2f}% ({}/{}) | test loss {:.4f} | {} steps in {:.0f}s | checkpoint {}\n",
                100.0 * res.test_accuracy, res.test_correct, res.test_total, res.test_loss, res.steps, res.seconds,
                res.checkpoint_dir);
-    return 0;
+    return res.interrupted ? 130 : 0;
   }
   if (o.dry_run) {  // the plan's memory per category, from the recipe alone (memory_plan.h)
     if (dist::Env::world_rank() == 0) fmt::print("{}", train::dry_run_report(r));

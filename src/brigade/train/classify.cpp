@@ -110,14 +110,6 @@ Classifier make_classifier(const ModelConfig& m) {
   return c;
 }
 
-std::string fmt_duration(double s) {
-  if (s < 0 || !std::isfinite(s)) return "?";
-  int64_t t = int64_t(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
-}
-
 // Loss and accuracy on the first `limit` images of `set` (eval mode, no autograd, fp32).
 EvalResult evaluate(Classifier& model, const data::FashionMnist& set, int64_t limit) {
   const int64_t n = std::min(limit, set.size());
@@ -232,16 +224,7 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
   amp::LossScaler scaler(loss_scaler_options(r.precision));
   if (policy.level == amp::Level::O3) round_state_to_low(dp, *opt, policy.low);
 
-  optim::Schedule sched;
-  sched.kind = optim::schedule_from_name(r.schedule.name);
-  sched.base_lr = r.optim.lr;
-  sched.min_lr = r.schedule.min_lr;
-  sched.warmup_steps = r.schedule.warmup_steps;
-  sched.total_steps = r.train.steps;
-  sched.step_every = r.schedule.step_every;
-  sched.step_gamma = r.schedule.step_gamma;
-  sched.decay_steps = r.schedule.decay_steps;
-  sched.decay_shape = optim::decay_shape_from_name(r.schedule.decay_shape);
+  const optim::Schedule sched = make_schedule(r);
 
   const int64_t B = r.train.batch_size;
   BRIGADE_CHECK(B <= train_set.size(), ConfigError, "train.batch_size = {} exceeds the {} training images", B,
@@ -295,6 +278,7 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
   std::vector<double> speeds;
   const int64_t eval_limit = r.train.eval_batches * B;
   const int64_t first_step = step;
+  const StopSignalGuard stop_guard;  // Ctrl-C / SIGTERM: finish the step, evaluate, checkpoint (exit 130)
   while (step < last_step) {
     const auto t0 = Clock::now();
     const int64_t epoch = step / per_epoch;
@@ -339,7 +323,9 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
       else if (log_now)
         fmt::print(stderr, "{}\n", line);
     }
-    const bool final_eval = step == last_step;
+    const bool stopping = stop_requested() && step < last_step;
+    res.interrupted = stopping;
+    const bool final_eval = step == last_step || stopping;
     if (final_eval || (r.train.eval_every > 0 && step % r.train.eval_every == 0)) {
       const EvalResult ev = evaluate(model, test_set, final_eval ? test_set.size() : eval_limit);
       metrics << nlohmann::json{{"step", step}, {"val_loss", ev.loss}, {"accuracy", ev.accuracy},
@@ -356,6 +342,10 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
         res.test_correct = ev.correct;
         res.test_total = ev.total;
       }
+    }
+    if (stopping) {
+      say(fmt::format("interrupted at step {}: evaluated and checkpointed; continue with --resume", step));
+      break;
     }
   }
   res.steps = step;

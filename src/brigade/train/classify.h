@@ -24,7 +24,7 @@ namespace brigade::train {
 bool is_vision_model(const std::string& type);
 
 struct ClassifyResult {
-  bool interrupted = false;      // SIGINT/SIGTERM: stopped after a step (checkpoint saved)
+  bool interrupted = false;      // SIGINT/SIGTERM: stopped after a step (evaluated, checkpoint saved)
   int64_t steps = 0;
   double last_loss = 0.0;        // last training step's batch loss
   double test_loss = -1.0;       // final evaluation on the whole test set

@@ -2,11 +2,9 @@
 #include "brigade/train/clip_train.h"
 
 #include <omp.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -46,40 +44,6 @@ uint64_t train_caption_seed(uint64_t seed, int64_t step) {
 uint64_t test_caption_seed(uint64_t seed, int64_t chunk) {
   return seed * 0x9E3779B97F4A7C15ull + 0x7E57ull * 1000003ull + uint64_t(chunk) + (uint64_t(1) << 40);
 }
-
-std::string fmt_duration(double s) {
-  if (s < 0 || !std::isfinite(s)) return "?";
-  int64_t t = int64_t(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
-}
-
-// Ctrl-C / SIGTERM: finish the step, evaluate, checkpoint, exit 130 (trainer.h's convention).
-std::atomic<bool> g_clip_stop{false};
-extern "C" void on_clip_stop_signal(int) { g_clip_stop.store(true); }
-
-class StopSignals {
- public:
-  StopSignals() {
-    g_clip_stop.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_clip_stop_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
 
 void clamp_logit_scale(models::CLIP& model) {
   const double s = model.logit_scale.item();
@@ -191,16 +155,7 @@ ClipResult run_clip(const Recipe& r, const TrainOptions& opts) {
   const amp::Policy policy = precision_policy(r.precision);
   amp::LossScaler scaler(loss_scaler_options(r.precision));
 
-  optim::Schedule sched;
-  sched.kind = optim::schedule_from_name(r.schedule.name);
-  sched.base_lr = r.optim.lr;
-  sched.min_lr = r.schedule.min_lr;
-  sched.warmup_steps = r.schedule.warmup_steps;
-  sched.total_steps = r.train.steps;
-  sched.step_every = r.schedule.step_every;
-  sched.step_gamma = r.schedule.step_gamma;
-  sched.decay_steps = r.schedule.decay_steps;
-  sched.decay_shape = optim::decay_shape_from_name(r.schedule.decay_shape);
+  const optim::Schedule sched = make_schedule(r);
 
   const int64_t B = r.train.batch_size;
   BRIGADE_CHECK(B >= 2 && B <= train_set.size(), ConfigError,
@@ -229,7 +184,7 @@ ClipResult run_clip(const Recipe& r, const TrainOptions& opts) {
                   train_set.size(), test_set.size(), r.train.steps, B, double(r.train.steps) / double(per_epoch),
                   r.data.augment ? ", augmented" : ""));
 
-  StopSignals signals;
+  const StopSignalGuard stop_guard;  // Ctrl-C / SIGTERM: finish the step, evaluate, checkpoint, exit 130
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
   std::vector<double> speeds;
@@ -261,7 +216,7 @@ ClipResult run_clip(const Recipe& r, const TrainOptions& opts) {
                   "training diverged at step {} (loss {}); lower optim.lr or raise schedule.warmup_steps", step,
                   loss_v);
     res.last_loss = loss_v;
-    const bool stop = g_clip_stop.load();
+    const bool stop = stop_requested();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double img_s = double(B) / dt;
     const bool log_now = step % r.train.log_every == 0 || step == last_step || stop;

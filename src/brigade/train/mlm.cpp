@@ -2,11 +2,9 @@
 #include "brigade/train/mlm.h"
 
 #include <omp.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -45,39 +43,6 @@ const std::vector<int64_t>& special_ids() {
   return ids;
 }
 
-// Ctrl-C / SIGTERM: finish the current step, checkpoint, stop; a second signal kills as usual.
-std::atomic<bool> g_stop{false};
-extern "C" void on_mlm_stop_signal(int) { g_stop.store(true); }
-
-class StopGuard {
- public:
-  StopGuard() {
-    g_stop.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_mlm_stop_signal;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopGuard() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  StopGuard(const StopGuard&) = delete;
-  StopGuard& operator=(const StopGuard&) = delete;
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
-
-std::string duration_str(double s) {
-  if (s < 0 || !std::isfinite(s)) return "?";
-  const int64_t t = int64_t(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
-}
 
 // Checks shared by training and evaluation.
 void check_mlm_recipe(const Recipe& r, const std::string& where) {
@@ -263,16 +228,7 @@ MlmResult run_mlm(const Recipe& r, const TrainOptions& opts) {
   const amp::Policy policy = precision_policy(r.precision);  // O0 (validated)
   amp::LossScaler scaler(loss_scaler_options(r.precision));
 
-  optim::Schedule sched;
-  sched.kind = optim::schedule_from_name(r.schedule.name);
-  sched.base_lr = r.optim.lr;
-  sched.min_lr = r.schedule.min_lr;
-  sched.warmup_steps = r.schedule.warmup_steps;
-  sched.total_steps = r.train.steps;
-  sched.step_every = r.schedule.step_every;
-  sched.step_gamma = r.schedule.step_gamma;
-  sched.decay_steps = r.schedule.decay_steps;
-  sched.decay_shape = optim::decay_shape_from_name(r.schedule.decay_shape);
+  const optim::Schedule sched = make_schedule(r);
   const int64_t last_step = opts.stop_at > 0 ? std::min(opts.stop_at, r.train.steps) : r.train.steps;
 
   MlmResult res;
@@ -297,7 +253,7 @@ MlmResult run_mlm(const Recipe& r, const TrainOptions& opts) {
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
   std::vector<double> speeds;
-  const StopGuard stop_guard;
+  const StopSignalGuard stop_guard;  // Ctrl-C / SIGTERM: finish the step, checkpoint, exit 130
   const uint64_t train_mask_seed = data::splitmix64(r.run.seed ^ kTrainMask);
   Tensor x, y;  // (B, T) I64
   int64_t step = 0;
@@ -341,13 +297,13 @@ MlmResult run_mlm(const Recipe& r, const TrainOptions& opts) {
       const double eta = elapsed / double(step) * double(last_step - step);
       const std::string line =
           fmt::format("step {:>5}/{} | loss {:.4f} | masked acc {:5.2f}% | lr {:.2e} | {:.0f} tok/s | ETA {}", step,
-                      last_step, loss_v, 100.0 * acc, lr, tok_s, duration_str(eta));
+                      last_step, loss_v, 100.0 * acc, lr, tok_s, fmt_duration(eta));
       if (tty)
         fmt::print(stderr, "\r{}\033[K", line);
       else if (log_now)
         fmt::print(stderr, "{}\n", line);
     }
-    if (g_stop.load() && step < last_step) {
+    if (stop_requested() && step < last_step) {
       res.interrupted = true;
       break;
     }

@@ -220,39 +220,6 @@ GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, 
 
 namespace {
 
-// Ctrl-C / SIGTERM: finish the current step, checkpoint, stop. A second signal
-// kills as usual (SA_RESETHAND).
-std::atomic<bool> g_stop_requested{false};
-extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
-
-class StopSignalGuard {
- public:
-  StopSignalGuard() {
-    g_stop_requested.store(false);
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESETHAND;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopSignalGuard() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
-
-std::string fmt_duration(double s) {
-  if (s < 0 || !std::isfinite(s)) return "?";
-  int64_t t = int64_t(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
-}
-
 std::string fmt_bytes(int64_t b) {
   if (b >= (int64_t(1) << 30)) return fmt::format("{:.2f} GiB", double(b) / double(int64_t(1) << 30));
   if (b >= (int64_t(1) << 20)) return fmt::format("{:.1f} MiB", double(b) / double(1 << 20));
@@ -330,6 +297,48 @@ std::string resume_differences(const Recipe& saved, const Recipe& now, bool layo
 }
 
 }  // namespace
+
+// ---- shared by the training loops (trainer.h)
+
+namespace {
+std::atomic<bool> g_stop_requested{false};
+extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
+}  // namespace
+
+struct StopSignalGuard::Saved {
+  struct sigaction old_int {}, old_term {};
+};
+
+StopSignalGuard::StopSignalGuard() : saved_(std::make_unique<Saved>()) {
+  g_stop_requested.store(false);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &saved_->old_int);
+  sigaction(SIGTERM, &sa, &saved_->old_term);
+}
+
+StopSignalGuard::~StopSignalGuard() {
+  sigaction(SIGINT, &saved_->old_int, nullptr);
+  sigaction(SIGTERM, &saved_->old_term, nullptr);
+}
+
+bool stop_requested() { return g_stop_requested.load(); }
+
+std::string fmt_duration(double s) {
+  if (s < 0 || !std::isfinite(s)) return "?";
+  int64_t t = int64_t(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+optim::Schedule make_schedule(const Recipe& r) {
+  return optim::Schedule{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
+                         r.schedule.warmup_steps, r.train.steps, r.schedule.step_every, r.schedule.step_gamma,
+                         r.schedule.decay_steps, optim::decay_shape_from_name(r.schedule.decay_shape)};
+}
 
 // Keeps metrics.jsonl consistent on resume: drops records past the resumed step.
 void truncate_metrics(const std::string& path, int64_t step) {
@@ -589,9 +598,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   if (opts.resume) scaler.set_state(state.scaler_state);
   if (policy.level == amp::Level::O3) round_state_to_low(dp, *opt, policy.low);  // no fp32 master copy
 
-  optim::Schedule sched{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
-                        r.schedule.warmup_steps, r.train.steps, r.schedule.step_every, r.schedule.step_gamma,
-                        r.schedule.decay_steps, optim::decay_shape_from_name(r.schedule.decay_shape)};
+  const optim::Schedule sched = make_schedule(r);
   std::ofstream metrics;
   if (lead) {
     metrics.open(metrics_path, std::ios::app);
@@ -762,7 +769,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
     }
     if (mp) mp->sync_tied_gradients();  // the tied embedding's two halves, before the dp reduction
     dp.finish_gradients();
-    double agreed[2] = {loss_sum / double(acc), g_stop_requested.load() ? 1.0 : 0.0};
+    double agreed[2] = {loss_sum / double(acc), stop_requested() ? 1.0 : 0.0};
     ctrl->allreduce(agreed, 1);  // the global batch's mean loss (x P)
     ctrl->allreduce_max(agreed + 1, 1);  // stop when any rank was asked to
     last_loss = agreed[0] / double(D);  // one reporting rank per replica

@@ -22,6 +22,7 @@
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 #include "brigade/optim/optimizer.h"
+#include "brigade/optim/schedule.h"
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/train/config.h"
 
@@ -101,6 +102,27 @@ GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, 
 // O3: rounds this rank's optimizer parameters and optimizer state to `low` (no fp32 master
 // copy), then dp.after_optimizer_step() so every rank's full weights follow.
 void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType low);
+
+// Helpers every training loop shares (run_training, run_classification, run_clip, run_mlm):
+// "1h02m" / "3m05s" / "42s" ("?" for a negative or non-finite time), for progress lines;
+std::string fmt_duration(double seconds);
+// the recipe's [schedule] over train.steps from optim.lr;
+optim::Schedule make_schedule(const Recipe& r);
+// and Ctrl-C / SIGTERM: while a StopSignalGuard lives, the first signal only sets
+// stop_requested() (the loop finishes its step, checkpoints and stops); a second one kills as
+// usual (SA_RESETHAND). The destructor restores the previous handlers.
+class StopSignalGuard {
+ public:
+  StopSignalGuard();
+  ~StopSignalGuard();
+  StopSignalGuard(const StopSignalGuard&) = delete;
+  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
+
+ private:
+  struct Saved;
+  std::unique_ptr<Saved> saved_;
+};
+bool stop_requested();
 
 // --resume keeps metrics.jsonl consistent: drops the records past `step` (and early-stop
 // records, and a torn last line). A missing file is left alone.
