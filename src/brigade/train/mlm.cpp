@@ -68,25 +68,27 @@ data::TokenDataset open_split(const Recipe& r, const char* file, const std::stri
   return ds;
 }
 
-// One forward: mean cross-entropy over the labelled positions (BERT::mlm_loss's computation)
-// and, from the same logits, the argmax hits.
+// One forward: mean cross-entropy over the labelled positions (BERT::mlm_loss: the prediction
+// head runs on those rows only) and, from the same logits, the argmax hits.
 struct Scored {
   Tensor loss;  // 0-d, recorded
   int64_t correct = 0, masked = 0;
 };
 Scored score(const models::BERT& model, const data::MlmBatch& b) {
-  const int64_t V = model.config().vocab_size, N = b.inputs.numel();
-  const Tensor logits = fn::reshape(model.forward(b.inputs), {N, V});  // (B*T, V)
+  const int64_t V = model.config().vocab_size;
+  const models::BERT::MaskedLogits m = model.masked_logits(b.inputs, b.labels);  // (M, V), (M)
   Scored s;
-  s.loss = fn::cross_entropy(logits, b.labels.reshape({N}), -100);     // 0-d
-  const Tensor lg = logits.detach().contiguous();
+  s.masked = m.labels.numel();
+  if (s.masked == 0) {  // nothing masked in this batch: the loss is defined by the full logits
+    s.loss = model.mlm_loss(b.inputs, b.labels);
+    return s;
+  }
+  s.loss = fn::cross_entropy(m.logits, m.labels, -100);  // 0-d
+  const Tensor lg = m.logits.detach().contiguous();
   const float* p = lg.data<float>();
-  const Tensor lab = b.labels.contiguous();
-  const int64_t* y = lab.data<int64_t>();
-  for (int64_t i = 0; i < N; ++i) {
-    if (y[i] == -100) continue;
+  const int64_t* y = m.labels.data<int64_t>();
+  for (int64_t i = 0; i < s.masked; ++i) {
     const float* row = p + i * V;
-    ++s.masked;
     s.correct += int64_t(std::max_element(row, row + V) - row) == y[i] ? 1 : 0;
   }
   return s;

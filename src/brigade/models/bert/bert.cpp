@@ -121,18 +121,26 @@ void BERT::init_weights(Generator& g) {
   }
 }
 
-Tensor BERT::logits_flat(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const {
+Tensor BERT::encode(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const {
   Tensor x = bert->embeddings->forward(ids, token_type_ids);            // (B, T, D)
   if (attention_mask.defined())
     BRIGADE_CHECK(attention_mask.shape() == ids.shape(), ShapeError,
                   "BERT.forward: attention_mask must be {} like ids, got {}", shape_str(ids.shape()),
                   shape_str(attention_mask.shape()));
   for (const auto& l : *bert->layer) x = l->forward(x, attention_mask);  // (B, T, D)
-  const auto& head = *predictions;
-  const Tensor h = head.LayerNorm->forward(F::gelu_erf(head.dense->forward(x)));  // (B, T, D)
-  const Tensor hf = F::reshape(h, {ids.numel(), cfg_.hidden_size});             // (B*T, D)
+  return x;
+}
+
+Tensor BERT::head(const Tensor& hf) const {
+  const auto& p = *predictions;
+  const Tensor h = p.LayerNorm->forward(F::gelu_erf(p.dense->forward(hf)));  // (N, D)
   // tied decoder: logits = h W_word^T + bias
-  return F::linear(hf, bert->embeddings->word_embeddings->weight, head.bias, ops::WeightLayout::OutIn);  // (B*T, V)
+  return F::linear(h, bert->embeddings->word_embeddings->weight, p.bias, ops::WeightLayout::OutIn);  // (N, V)
+}
+
+Tensor BERT::logits_flat(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const {
+  const Tensor x = encode(ids, attention_mask, token_type_ids);                 // (B, T, D)
+  return head(F::reshape(x, {ids.numel(), cfg_.hidden_size}));                  // (B*T, V)
 }
 
 Tensor BERT::forward(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const {
@@ -140,13 +148,38 @@ Tensor BERT::forward(const Tensor& ids, const Tensor& attention_mask, const Tens
                     {ids.size(0), ids.size(1), cfg_.vocab_size});  // (B, T, V)
 }
 
+BERT::MaskedLogits BERT::masked_logits(const Tensor& ids, const Tensor& labels, const Tensor& attention_mask,
+                                       const Tensor& token_type_ids) const {
+  BRIGADE_CHECK(labels.shape() == ids.shape(), ShapeError,
+                "BERT.masked_logits: labels must be {} like ids (-100 where not masked), got {}",
+                shape_str(ids.shape()), shape_str(labels.shape()));
+  const std::vector<int64_t> lab = labels.to_vector_i64();
+  std::vector<int64_t> rows, picked;
+  for (size_t i = 0; i < lab.size(); ++i)
+    if (lab[i] != -100) rows.push_back(int64_t(i)), picked.push_back(lab[i]);
+  const int64_t M = int64_t(rows.size());
+  MaskedLogits out;
+  out.labels = Tensor::from_vector_i64(picked, {M});
+  if (M == 0) {
+    out.logits = Tensor::zeros({0, cfg_.vocab_size});
+    return out;
+  }
+  const Tensor x = F::reshape(encode(ids, attention_mask, token_type_ids), {ids.numel(), cfg_.hidden_size});
+  out.logits = head(F::embedding(x, Tensor::from_vector_i64(rows, {M})));  // rows of x, then (M, V)
+  return out;
+}
+
 Tensor BERT::mlm_loss(const Tensor& ids, const Tensor& labels, const Tensor& attention_mask,
                       const Tensor& token_type_ids) const {
   BRIGADE_CHECK(labels.shape() == ids.shape(), ShapeError,
                 "BERT.mlm_loss: labels must be {} like ids (-100 where not masked), got {}", shape_str(ids.shape()),
                 shape_str(labels.shape()));
-  const Tensor logits = logits_flat(ids, attention_mask, token_type_ids);  // (B*T, V)
-  return F::cross_entropy(logits, labels.reshape({labels.numel()}), -100);  // 0-d
+  const MaskedLogits m = masked_logits(ids, labels, attention_mask, token_type_ids);
+  if (m.labels.numel() == 0) {  // nothing labelled: the full logits' cross-entropy, as before
+    const Tensor logits = logits_flat(ids, attention_mask, token_type_ids);  // (B*T, V)
+    return F::cross_entropy(logits, labels.reshape({labels.numel()}), -100);
+  }
+  return F::cross_entropy(m.logits, m.labels, -100);  // 0-d
 }
 
 double BERT::mlm_accuracy(const Tensor& ids, const Tensor& labels, const Tensor& attention_mask,

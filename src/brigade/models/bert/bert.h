@@ -89,7 +89,19 @@ class BERT : public nn::Module {
   // token_type_ids (B, T) or undefined (all 0). Returns the MLM logits (B, T, V).
   Tensor forward(const Tensor& ids, const Tensor& attention_mask = Tensor(),
                  const Tensor& token_type_ids = Tensor()) const;
-  // Mean cross-entropy (0-d) over the positions whose label is not -100 (labels (B, T)).
+  // The prediction head on the labelled positions only (label != -100, in row-major order):
+  // logits (M, V) and their labels (M) i64. The encoder runs on every position; the transform
+  // and the tied decoder (the bulk of a small model's FLOPs with a large vocabulary) only on the
+  // M rows the loss reads, about 15% under MLM masking. M == 0 gives (0, V) and (0).
+  struct MaskedLogits {
+    Tensor logits;  // (M, V), recorded
+    Tensor labels;  // (M) i64
+  };
+  MaskedLogits masked_logits(const Tensor& ids, const Tensor& labels, const Tensor& attention_mask = Tensor(),
+                             const Tensor& token_type_ids = Tensor()) const;
+  // Mean cross-entropy (0-d) over the positions whose label is not -100 (labels (B, T)), computed
+  // on masked_logits; with no labelled position, the full logits' cross-entropy with
+  // ignore_index -100 (what ops::cross_entropy defines for that case).
   Tensor mlm_loss(const Tensor& ids, const Tensor& labels, const Tensor& attention_mask = Tensor(),
                   const Tensor& token_type_ids = Tensor()) const;
   // Fraction of the labelled positions (label != -100) whose argmax logit is the label (no graph
@@ -108,6 +120,8 @@ class BERT : public nn::Module {
 
  private:
   Tensor logits_flat(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const;
+  Tensor encode(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const;  // (B, T, D)
+  Tensor head(const Tensor& h) const;  // (N, D) -> logits (N, V)
   BERTConfig cfg_;
   Generator gen_;  // dropout masks
 };
