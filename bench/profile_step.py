@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Where the time of a GPT training step goes: a per-op profile from `perf`.
+
+Runs `brigade bench` (random ids, no data) on the issue's configs under `perf record`
+(user and kernel samples of the brigade process only), then groups the samples by symbol
+into the step's parts and prints the share of each:
+
+  GEMM (oneDNN JIT code), attention (forward and backward kernels), cross-entropy
+  (log-softmax and its backward over the vocabulary), LayerNorm, GELU, AdamW, copies and
+  transposes (copy kernels, head transposes, strided gathers), element-wise (binary and
+  unary kernels, reductions), memory (memset/memmove, page faults and the rest of the
+  kernel), other.
+
+The warm-up steps and the model's initialisation are sampled too; with --steps large
+against --warmup (the default 6 against 1) they are a small share. Shares are of samples,
+so a noisy machine changes them less than it changes absolute times.
+
+Needs `perf` (linux-perf) and a kernel that allows sampling (perf_event_paranoid <= 2, or root).
+
+Usage: python3 bench/profile_step.py [--brigade build/bin/brigade] [--config small|gpt2]
+                                     [--threads 2] [--steps 6] [--precision O0|O2]
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CONFIGS = {
+    "gpt2": dict(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, seq_len=256, batch_size=4),
+    "small": dict(n_layer=6, n_embd=384, n_head=6, vocab_size=8192, seq_len=256, batch_size=8),
+}
+
+# (part, pattern on "dso symbol"); the first match wins.
+PARTS = [
+    ("GEMM (oneDNN)", r"^\[JIT\]|libdnnl|dnnl::|brgemm|gemm"),
+    ("attention", r"attention"),
+    ("cross-entropy", r"cross_entropy|logsumexp|log_softmax"),
+    ("LayerNorm", r"layer_norm"),
+    ("GELU", r"gelu|erff|tanhf"),
+    ("AdamW / optimizer", r"AdamW|optim::|LAMB|SGD"),
+    ("copies, transposes, gathers", r"copy_kernel|transpose|gather|convert|cast"),
+    ("element-wise and reductions", r"binary|unary|column_sum|sum_squares|blocked_sum|axpy|scale|fill|normal_fill"),
+    ("memory (memset/memmove, page faults, kernel)", r"memset|memmove|memcpy|\[kernel|malloc|free|_int_"),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--brigade", default=os.path.join(ROOT, "build/bin/brigade"))
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--precision", default="O0", help="precision.level (O0 = fp32, O2 = bf16)")
+    args = ap.parse_args()
+    if not os.path.exists(args.brigade):
+        sys.exit(f"profile: {args.brigade} not found; build it with scripts/build.sh brigade")
+    if not shutil.which("perf"):
+        sys.exit("profile: perf not found; install it (apt install linux-perf)")
+    c = CONFIGS[args.config]
+    sets = [f"model.{k}={c[k]}" for k in ("n_layer", "n_embd", "n_head", "vocab_size")]
+    sets += [f"model.block_size={c['seq_len']}", f"train.seq_len={c['seq_len']}",
+             f"train.batch_size={c['batch_size']}", "model.dropout=0.0", f"run.threads={args.threads}",
+             f"precision.level={args.precision}", "precision.dtype=bf16"]
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "perf.data")
+        cmd = ["perf", "record", "-q", "-o", data, args.brigade, "bench", os.path.join(ROOT, "recipes/gpt-kjv.toml"),
+               "--steps", str(args.steps), "--warmup", str(args.warmup)] + sum([["--set", s] for s in sets], [])
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            sys.exit(f"profile: {' '.join(cmd)} failed:\n{run.stderr}")
+        bench = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+        rep = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "dso,symbol", "--stdio",
+                              "-q", "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
+    shares = {name: 0.0 for name, _ in PARTS}
+    shares["other"] = 0.0
+    top = {}
+    for line in rep.splitlines():
+        m = re.match(r"\s*([0-9.]+)%\s+(.+?)\s+\[([.k])\]\s+(.*)$", line)
+        if not m:
+            continue
+        pct, dso, sym = float(m.group(1)), m.group(2).strip(), m.group(4).strip()
+        if m.group(3) == "k":
+            dso = "[kernel " + dso
+        key = f"{dso} {sym}"
+        part = next((name for name, pat in PARTS if re.search(pat, key)), "other")
+        shares[part] += pct
+        label = "(oneDNN JIT-generated GEMM code)" if dso.startswith("[JIT]") else sym[:90]
+        top[(part, label)] = top.get((part, label), 0.0) + pct
+    print(f"# per-op profile: {args.config}, {args.precision}, {args.threads} threads, "
+          f"{args.steps} steps after {args.warmup} warm-up (perf samples of the brigade process)")
+    if bench:
+        print(f"# brigade bench: {bench}")
+    print("| part of the step | share of samples |")
+    print("|---|---:|")
+    for name, share in sorted(shares.items(), key=lambda kv: -kv[1]):
+        print(f"| {name} | {share:.1f}% |")
+    print("\n# the largest symbols")
+    for (part, sym), pct in sorted(top.items(), key=lambda kv: -kv[1])[:12]:
+        print(f"{pct:6.2f}%  {part:<28} {sym}")
+
+
+if __name__ == "__main__":
+    main()
