@@ -369,27 +369,17 @@ ClassifyResult run_classification(const Recipe& r, const TrainOptions& opts) {
   commit_checkpoint(ckpt_dir);
   res.checkpoint_dir = ckpt_dir;
   metrics.close();
-  try {
-    write_loss_plot(read_run_metrics(metrics_path.string()), (out_dir / "loss.svg").string(),
-                    r.run.name + " (" + r.model.type + ", Fashion-MNIST)");
-  } catch (const Error& e) {
-    say(fmt::format("warning: loss.svg not written: {}", e.what()));
-  }
+  write_run_plot(metrics_path.string(), (out_dir / "loss.svg").string(),
+                 r.run.name + " (" + r.model.type + ", Fashion-MNIST)", say);
   return res;
 }
 
 EvalResult evaluate_checkpoint(const std::string& ckpt_dir, int threads) {
-  BRIGADE_CHECK(fs::is_directory(ckpt_dir), CheckpointError,
-                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
-                "runs/vit-fashion/checkpoint)",
-                ckpt_dir);
-  const Recipe r = checkpoint_recipe(ckpt_dir);
+  const Recipe r = eval_checkpoint_recipe(ckpt_dir, "runs/vit-fashion/checkpoint", threads);
   BRIGADE_CHECK(is_vision_model(r.model.type), CheckpointError,
                 "--ckpt {}: a model.type = \"{}\" (language model) checkpoint; `brigade eval` evaluates the image "
                 "classifiers (vit, resnet18, resnet50, swin); a language model's val loss is in its run's metrics.jsonl",
                 ckpt_dir, r.model.type);
-  if (threads > 0) omp_set_num_threads(threads);
-  else if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
   Classifier model = make_classifier(r.model);
   load_state_dict((fs::path(ckpt_dir) / "model.safetensors").string(), model);
   const data::FashionMnist test_set(fashion_mnist_dir(r), data::FashionMnist::Split::Test);

@@ -286,27 +286,17 @@ ClipResult run_clip(const Recipe& r, const TrainOptions& opts) {
   commit_checkpoint(ckpt_dir);
   res.checkpoint_dir = ckpt_dir;
   metrics.close();
-  try {
-    write_loss_plot(read_run_metrics(metrics_path.string()), (out_dir / "loss.svg").string(),
-                    r.run.name + " (clip, Fashion-MNIST; val = test-pair contrastive loss)");
-  } catch (const Error& e) {
-    say(fmt::format("warning: loss.svg not written: {}", e.what()));
-  }
+  write_run_plot(metrics_path.string(), (out_dir / "loss.svg").string(),
+                 r.run.name + " (clip, Fashion-MNIST; val = test-pair contrastive loss)", say);
   return res;
 }
 
 ClipEvalResult evaluate_clip_checkpoint(const std::string& ckpt_dir, int threads) {
-  BRIGADE_CHECK(fs::is_directory(ckpt_dir), CheckpointError,
-                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
-                "runs/clip-fashion/checkpoint)",
-                ckpt_dir);
-  const Recipe r = checkpoint_recipe(ckpt_dir);
+  const Recipe r = eval_checkpoint_recipe(ckpt_dir, "runs/clip-fashion/checkpoint", threads);
   BRIGADE_CHECK(r.model.type == "clip", CheckpointError,
                 "--ckpt {}: a model.type = \"{}\" checkpoint, not a clip one; `brigade eval` picks the right "
                 "evaluation by itself",
                 ckpt_dir, r.model.type);
-  if (threads > 0) omp_set_num_threads(threads);
-  else if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
   const data::CaptionTokenizer tok;
   models::CLIP model(clip_config(r.model, tok));
   load_model_weights((fs::path(ckpt_dir) / "model.safetensors").string(), model);

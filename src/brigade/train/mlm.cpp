@@ -349,29 +349,17 @@ MlmResult run_mlm(const Recipe& r, const TrainOptions& opts) {
                     "for bert)",
                     step, ckpt_dir));
   metrics.close();
-  try {
-    write_loss_plot(read_run_metrics(metrics_path.string()), (out_dir / "loss.svg").string(),
-                    r.run.name + " (bert masked-LM, " + r.data.corpus + ")");
-  } catch (const Error& e) {
-    say(fmt::format("warning: loss.svg not written: {}", e.what()));
-  }
+  write_run_plot(metrics_path.string(), (out_dir / "loss.svg").string(),
+                 r.run.name + " (bert masked-LM, " + r.data.corpus + ")", say);
   return res;
 }
 
 MlmEval evaluate_mlm_checkpoint(const std::string& ckpt_dir, int threads) {
-  BRIGADE_CHECK(fs::is_directory(ckpt_dir), CheckpointError,
-                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
-                "runs/bert-kjv/checkpoint)",
-                ckpt_dir);
-  const Recipe r = checkpoint_recipe(ckpt_dir);
+  const Recipe r = eval_checkpoint_recipe(ckpt_dir, "runs/bert-kjv/checkpoint", threads);
   const std::string where = "--ckpt " + ckpt_dir;
   BRIGADE_CHECK(r.model.type == "bert", CheckpointError,
                 "{}: a model.type = \"{}\" checkpoint, not a bert (masked-LM) one", where, r.model.type);
   check_mlm_recipe(r, where);
-  if (threads > 0)
-    omp_set_num_threads(threads);
-  else if (r.run.threads > 0)
-    omp_set_num_threads(r.run.threads);
   // The val numbers only mean something on data encoded with the checkpoint's own tokenizer.
   const fs::path data_tok = fs::path(r.data.dir) / data::kTokenizerFile;
   const fs::path ckpt_tok = fs::path(ckpt_dir) / data::kTokenizerFile;

@@ -334,6 +334,27 @@ std::string fmt_duration(double s) {
   return fmt::format("{}s", t);
 }
 
+void write_run_plot(const std::string& metrics_path, const std::string& svg_path, const std::string& title,
+                    const std::function<void(const std::string&)>& say) {
+  try {
+    write_loss_plot(read_run_metrics(metrics_path), svg_path, title);
+  } catch (const Error& e) {
+    say(fmt::format("warning: could not draw {}: {}", svg_path, e.what()));
+  }
+}
+
+Recipe eval_checkpoint_recipe(const std::string& ckpt_dir, const std::string& example, int threads) {
+  BRIGADE_CHECK(fs::is_directory(ckpt_dir), CheckpointError,
+                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. {})",
+                ckpt_dir, example);
+  Recipe r = checkpoint_recipe(ckpt_dir);
+  if (threads > 0)
+    omp_set_num_threads(threads);
+  else if (r.run.threads > 0)
+    omp_set_num_threads(r.run.threads);
+  return r;
+}
+
 optim::Schedule make_schedule(const Recipe& r) {
   return optim::Schedule{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
                          r.schedule.warmup_steps, r.train.steps, r.schedule.step_every, r.schedule.step_gamma,
@@ -952,12 +973,7 @@ TrainResult run_training(const Recipe& r, const TrainOptions& opts) {
   }
   if (lead) {  // loss.svg beside metrics.jsonl: the whole run's curves (a resumed run's included)
     metrics.flush();
-    try {
-      write_loss_plot(read_run_metrics(metrics_path.string()), (out_dir / "loss.svg").string(),
-                      fmt::format("{}: loss", r.run.name));
-    } catch (const Error& e) {
-      say(fmt::format("warning: could not draw {}: {}", (out_dir / "loss.svg").string(), e.what()));
-    }
+    write_run_plot(metrics_path.string(), (out_dir / "loss.svg").string(), fmt::format("{}: loss", r.run.name), say);
   }
   if (mp && r.parallel.pp > 1) {  // the last step's measured pipeline timeline (collective)
     const ModelParallel::PipeReport rep = mp->report();

@@ -123,6 +123,14 @@ class StopSignalGuard {
   std::unique_ptr<Saved> saved_;
 };
 bool stop_requested();
+// <svg_path> drawn from the run's metrics.jsonl; a failure is a warning through `say`, not an
+// error (the run's checkpoint and metrics are already written).
+void write_run_plot(const std::string& metrics_path, const std::string& svg_path, const std::string& title,
+                    const std::function<void(const std::string&)>& say);
+// For `brigade eval --ckpt DIR`: the recipe saved in the checkpoint folder (CheckpointError
+// naming the folder and `example`, a typical path, when it does not exist), with the OpenMP
+// threads set to `threads` when > 0, else to the recipe's run.threads when > 0.
+Recipe eval_checkpoint_recipe(const std::string& ckpt_dir, const std::string& example, int threads);
 
 // --resume keeps metrics.jsonl consistent: drops the records past `step` (and early-stop
 // records, and a torn last line). A missing file is left alone.
