@@ -11,9 +11,10 @@ into the step's parts and prints the share of each:
   unary kernels, reductions), memory (memset/memmove, page faults and the rest of the
   kernel), other.
 
-The warm-up steps and the model's initialisation are sampled too; with --steps large
-against --warmup (the default 6 against 1) they are a small share. Shares are of samples,
-so a noisy machine changes them less than it changes absolute times.
+Only the timed steps are sampled: perf starts with sampling disabled and the script
+enables it (perf's control FIFO) when `brigade bench` reports on stderr that its warm-up
+steps are done, so initialisation, first-touch page faults and JIT compilation stay out.
+Shares are of samples, so a noisy machine changes them less than it changes absolute times.
 
 Needs `perf` (linux-perf) and a kernel that allows sampling (perf_event_paranoid <= 2, or root).
 
@@ -69,12 +70,32 @@ def main():
              f"precision.level={args.precision}", "precision.dtype=bf16"]
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "perf.data")
-        cmd = ["perf", "record", "-q", "-o", data, args.brigade, "bench", os.path.join(ROOT, "recipes/gpt-kjv.toml"),
-               "--steps", str(args.steps), "--warmup", str(args.warmup)] + sum([["--set", s] for s in sets], [])
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode != 0:
-            sys.exit(f"profile: {' '.join(cmd)} failed:\n{run.stderr}")
-        bench = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
+        ctl, ack = os.path.join(tmp, "ctl.fifo"), os.path.join(tmp, "ack.fifo")
+        os.mkfifo(ctl)
+        os.mkfifo(ack)
+        # sampling starts disabled (-D -1); the bench's "warm-up done" line on stderr enables it, so
+        # initialisation and the warm-up steps (first-touch page faults, JIT) are not in the profile
+        cmd = ["perf", "record", "-q", "-D", "-1", f"--control=fifo:{ctl},{ack}", "-o", data, args.brigade, "bench",
+               os.path.join(ROOT, "recipes/gpt-kjv.toml"), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        cmd += sum([["--set", s] for s in sets], [])
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ctl_f = open(ctl, "w")
+        ack_f = open(ack, "r")
+        err_lines = []
+        for line in proc.stderr:
+            err_lines.append(line)
+            print(line.rstrip(), file=sys.stderr, flush=True)
+            if line.startswith("bench: warm-up done"):
+                ctl_f.write("enable\n")
+                ctl_f.flush()
+                ack_f.readline()
+        out = proc.stdout.read()
+        proc.wait()
+        ctl_f.close()
+        ack_f.close()
+        if proc.returncode != 0:
+            sys.exit(f"profile: {' '.join(cmd)} failed:\n{''.join(err_lines)}")
+        bench = out.strip().splitlines()[-1] if out.strip() else ""
         rep = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "dso,symbol", "--stdio",
                               "-q", "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
     shares = {name: 0.0 for name, _ in PARTS}

@@ -607,10 +607,12 @@ std::vector<OpCase> all_cases() {
     cs.push_back(c);
   }
 
-  // ---- attention: causal and not; T not a multiple of any block size; (B, T, NH, HS) views
+  // ---- attention: causal and not; T not a multiple of any tile size; (B, T, NH, HS) views
   struct AttnShape { int64_t B, NH, T, HS; bool causal; bool view; };
   for (auto s : {AttnShape{2, 2, 7, 5, true, false}, AttnShape{1, 3, 9, 4, false, true},
-                 AttnShape{2, 1, 70, 3, true, true}, AttnShape{1, 2, 67, 6, false, false}}) {
+                 AttnShape{2, 1, 70, 3, true, true}, AttnShape{1, 2, 67, 6, false, false},
+                 // several query and key tiles (cpu kernel: 64 queries x 128 keys), ragged last tiles
+                 AttnShape{1, 2, 150, 4, true, false}, AttnShape{1, 1, 133, 3, false, true}}) {
     OpCase c;
     c.name = fmt::format("attention_B{}_NH{}_T{}_HS{}_{}{}", s.B, s.NH, s.T, s.HS, s.causal ? "causal" : "full",
                          s.view ? "_view" : "");
@@ -2045,7 +2047,12 @@ TEST(Ops16, NativeKernelsAllocateOnlyTheirOutputs) {
     const char* name;
     std::function<void()> run;
     int64_t outputs;  // bytes the op's outputs take
+    int64_t per_thread = 0;  // scratch allowed per OpenMP thread (from the caching allocator)
   };
+  // The attention kernels widen one head at a time into per-thread f32 buffers (at most 8
+  // (T, HS) arrays in the backward) plus two 64 x 128 f32 tiles; a whole widened q, k or v
+  // (B * NH heads) is far over this budget at two threads.
+  const int64_t head_scratch = rs(4 * (8 * T * HS + 2 * 64 * 128 + T));
   const std::vector<Check> checks = {
       {"add", [&] { ops::add(x, y); }, h},
       {"add (broadcast)", [&] { ops::add(x, bias); }, h},
@@ -2062,8 +2069,9 @@ TEST(Ops16, NativeKernelsAllocateOnlyTheirOutputs) {
       {"softmax_backward", [&] { ops::softmax_backward(y, x); }, h},
       {"layer_norm", [&] { ops::layer_norm(x, w, bias, 1e-5); }, h + 2 * rs(4 * B * T)},
       {"layer_norm_backward", [&] { ops::layer_norm_backward(y, x, w, ln.mean, ln.rstd); }, h + 2 * rs(2 * C)},
-      {"attention", [&] { ops::attention(q, k, v, true, 0.125); }, h + rs(4 * B * NH * T)},
-      {"attention_backward", [&] { ops::attention_backward(q, q, k, v, att.out, att.lse, true, 0.125); }, 3 * h},
+      {"attention", [&] { ops::attention(q, k, v, true, 0.125); }, h + rs(4 * B * NH * T), head_scratch},
+      {"attention_backward", [&] { ops::attention_backward(q, q, k, v, att.out, att.lse, true, 0.125); }, 3 * h,
+       head_scratch},
       {"cross_entropy", [&] { ops::cross_entropy(logits, targets); }, rs(4) + rs(4 * B * T)},
       {"cross_entropy_backward", [&] { ops::cross_entropy_backward(1.0, logits, targets, ce.lse); },
        rs(2 * B * T * 512)},
@@ -2077,7 +2085,8 @@ TEST(Ops16, NativeKernelsAllocateOnlyTheirOutputs) {
       c.run();
       const int64_t growth = al.stats().peak_total - live;
       if (native)
-        EXPECT_LE(growth, c.outputs + slack) << c.name << ": the native op allocated more than its outputs";
+        EXPECT_LE(growth, c.outputs + slack + omp_get_max_threads() * c.per_thread)
+            << c.name << ": the native op allocated more than its outputs";
       else  // the test can see widened copies: the widened path allocates at least one f32 copy of x
         EXPECT_GE(growth, c.outputs + 2 * N) << c.name << " (widened path)";
     }

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -58,8 +59,17 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
   res.gemm_peak_f32 = measure_gemm_peak_gflops(DType::F32);
   res.gemm_peak_bf16 = measure_gemm_peak_gflops(DType::BF16);
   model.train(true);
+  struct rusage ru0 {};
+  int64_t os_allocs0 = 0;
   for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
-    if (step == o.warmup) Allocator::instance().reset_peak();
+    if (step == o.warmup) {
+      Allocator::instance().reset_peak();
+      os_allocs0 = Allocator::instance().stats().os_allocs;
+      getrusage(RUSAGE_SELF, &ru0);
+      // bench/profile_step.py starts sampling on this line, so the profile is of timed steps only
+      fmt::print(stderr, "bench: warm-up done, timing {} steps\n", o.steps);
+      std::fflush(stderr);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     dp.begin_step();
     double loss_sum = 0;
@@ -78,6 +88,14 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
     res.last_loss = loss_sum / double(A);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step >= o.warmup) res.step_seconds.push_back(dt);
+    fmt::print(stderr, "bench: step {}/{} ({}) {:.3f} s, loss {:.4f}\n", step + 1, o.warmup + o.steps,
+               step < o.warmup ? "warm-up" : "timed", dt, res.last_loss);
+  }
+  {
+    struct rusage ru1 {};
+    getrusage(RUSAGE_SELF, &ru1);
+    res.timed_page_faults_per_step = double(ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt) / double(o.steps);
+    res.timed_os_allocs_per_step = double(Allocator::instance().stats().os_allocs - os_allocs0) / double(o.steps);
   }
   std::vector<double> s = res.step_seconds;
   std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
@@ -117,6 +135,8 @@ std::string bench_json(const Recipe& r, const BenchResult& b) {
                         {"gemm_peak_bf16_gflops", b.gemm_peak_bf16},
                         {"mfu", b.mfu},
                         {"peak_rss_bytes", b.peak_rss_bytes},
+                        {"timed_page_faults_per_step", b.timed_page_faults_per_step},
+                        {"timed_os_allocs_per_step", b.timed_os_allocs_per_step},
                         {"allocator_peak_bytes", peaks},
                         {"allocator_peak_total", b.memory.peak_total},
                         {"last_loss", b.last_loss}}

@@ -30,6 +30,9 @@ struct BenchResult {
   int64_t parameters = 0;
   int64_t peak_rss_bytes = 0;                    // getrusage: the whole process, allocator included
   MemStats memory;                               // allocator live/peak by tag
+  // steady state: page faults (getrusage minor + major) and allocator blocks taken from
+  // the OS, per timed step; both 0 in an allocation-free step
+  double timed_page_faults_per_step = 0, timed_os_allocs_per_step = 0;
   double last_loss = 0;
 };
 

@@ -1,24 +1,42 @@
-// Fused causal/full attention for f32 (Vaswani et al. 2017; the row-wise online
-// softmax of FlashAttention, Dao et al. 2022, here on CPU): the forward walks each
-// query row over key blocks of kBlock keys, keeping a running max and sum, so no
-// T x T matrix exists; it saves lse per row. The backward recomputes p from lse.
-// Maths and the scalar oracle: ops/ref/kernels.h (attention, attention_backward).
-// Native 16-bit variants at the end of the file.
+// Fused causal/full attention for f32 (Vaswani et al. 2017), tiled as in FlashAttention
+// (Dao et al. 2022), here on the CPU: a tile is kQ query rows against kK keys, and every
+// product inside it is a small GEMM (oneDNN's dnnl_sgemm, run single-threaded inside our
+// OpenMP region): S = scale Q K^T, then O += P V. The forward walks a query tile's key
+// tiles with an online softmax (running max m and sum l per row), so no T x T matrix ever
+// exists, only one kQ x kK tile per thread; it saves lse = m + log l per row. The backward
+// recomputes P from lse tile by tile: dP = dO V^T, dS = scale P (dP - D) with
+// D_i = dO_i . O_i, then dV += P^T dO, dK += dS^T Q, dQ += dS K.
+// Memory: per thread O(kQ kK + T + kQ HS) scratch from the caching allocator; nothing T x T.
+// Order: each output element is produced by one thread in a fixed tile order, so results do
+// not depend on the thread count. Maths and the scalar oracle: ops/ref/kernels.h
+// (attention, attention_backward). Native 16-bit variants at the end of the file.
+#include <dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
+#include "brigade/core/error.h"
 #include "brigade/ops/cpu/io16.h"
 #include "brigade/ops/cpu/kernels.h"
 #include "brigade/ops/cpu/vec_math.h"
+#include "brigade/ops/cpu/workspace.h"
 
 namespace brigade::ops::cpu {
 
 namespace {
-constexpr int64_t kBlock = 64;  // keys per online-softmax step
+constexpr int64_t kQ = 64;   // query rows per tile
+constexpr int64_t kK = 128;  // keys per tile (one online-softmax step)
+
+// C (M, N) = alpha op(A) op(B) + beta C, row-major, through oneDNN's sgemm. Called inside
+// an active OpenMP region, where oneDNN runs it on the calling thread.
+inline void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  BRIGADE_CHECK(st == dnnl_success, Error, "attention: dnnl_sgemm({}, {}, M={}, N={}, K={}) failed with status {}",
+                ta, tb, M, N, K, int(st));
+}
 
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
@@ -26,109 +44,116 @@ inline float dot(const float* a, const float* b, int64_t n) {
   for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
   return s;
 }
-}  // namespace
 
-namespace {
-// kt (BH, HS, T) = k (BH, T, HS) transposed per head, so that the scores of one query
-// against a run of keys are axpys over contiguous keys (16 keys per AVX-512 FMA).
-std::vector<float> transpose_heads(int64_t BH, int64_t T, int64_t HS, const float* k) {
-  std::vector<float> kt(static_cast<size_t>(BH * T * HS));
-#pragma omp parallel for schedule(static) if (BH * T * HS > (1 << 15))
-  for (int64_t bh = 0; bh < BH; ++bh)
-    for (int64_t j = 0; j < T; ++j)
-      for (int64_t d = 0; d < HS; ++d) kt[size_t((bh * HS + d) * T + j)] = k[(bh * T + j) * HS + d];
-  return kt;
+// Keys row r of a query tile starting at i0 may see inside the key tile [j0, j0 + w).
+inline int64_t visible(bool causal, int64_t i0, int64_t r, int64_t j0, int64_t w) {
+  return causal ? std::clamp<int64_t>(i0 + r + 1 - j0, 0, w) : w;
 }
 
-// s[0:w] = sum_d q[d] * kt[d, j0:j0+w] (d in order: a fixed summation order per score).
-inline void scores(const float* q, const float* kt, int64_t T, int64_t HS, int64_t j0, int64_t w, float* s) {
-  std::fill(s, s + w, 0.f);
-  for (int64_t d = 0; d < HS; ++d) {
-    const float qd = q[d];
-    const float* kr = kt + d * T + j0;
-#pragma omp simd
-    for (int64_t j = 0; j < w; ++j) s[j] += qd * kr[j];
+// Per-thread scratch of the forward: the score tile, the output accumulator, m and l.
+struct FwdScratch {
+  Workspace<float> buf;
+  float *s, *acc, *m, *l;
+  explicit FwdScratch(int64_t HS) : buf(kQ * kK + kQ * HS + 2 * kQ) {
+    s = buf.data();
+    acc = s + kQ * kK;
+    m = acc + kQ * HS;
+    l = m + kQ;
   }
-}
+};
 
-// Query row i of one head: ktb (HS, T) the head's keys transposed, vb (T, HS) its values,
-// acc (HS) and s (kBlock) scratch. Writes the output row o (HS) and returns the row's lse.
-inline float attention_row(const float* qi, const float* ktb, const float* vb, int64_t T, int64_t HS, int64_t i,
-                           bool causal, float sc, float* acc, float* s, float* o) {
-  const int64_t nj = causal ? i + 1 : T;
-  float m = -std::numeric_limits<float>::infinity(), l = 0.f;
-  std::fill(acc, acc + HS, 0.f);
-  for (int64_t j0 = 0; j0 < nj; j0 += kBlock) {  // online softmax over key blocks
-    const int64_t w = std::min(kBlock, nj - j0);
-    float* sb = s;
-    scores(qi, ktb, T, HS, j0, w, sb);
-    float bm = -std::numeric_limits<float>::infinity();
+// One query tile of one head: rows [i0, i0 + nq) of q (row stride ld, as k and v; the head's
+// T rows start at q, k, v). Writes those rows of out (row stride ldo) and their lse.
+void forward_tile(int64_t T, int64_t HS, int64_t i0, int64_t nq, const float* q, const float* k, const float* v,
+                  int64_t ld, bool causal, float sc, float* out, int64_t ldo, float* lse, FwdScratch& w) {
+  const int64_t nk = causal ? std::min(T, i0 + nq) : T;
+  std::fill(w.m, w.m + nq, -std::numeric_limits<float>::infinity());
+  std::fill(w.l, w.l + nq, 0.f);
+  for (int64_t j0 = 0; j0 < nk; j0 += kK) {
+    const int64_t wk = std::min(kK, nk - j0);
+    sgemm('N', 'T', nq, wk, HS, sc, q + i0 * ld, ld, k + j0 * ld, ld, 0.f, w.s, kK);  // S = sc Q K^T
+    for (int64_t r = 0; r < nq; ++r) {
+      float* sr = w.s + r * kK;
+      float* ar = w.acc + r * HS;
+      const int64_t n = visible(causal, i0, r, j0, wk);
+      float bm = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : bm)
-    for (int64_t j = 0; j < w; ++j) {
-      sb[j] *= sc;
-      bm = std::max(bm, sb[j]);
-    }
-    const float mn = std::max(m, bm);
-    const float corr = fast_exp(m - mn);  // 0 on the first block (m = -inf)
-    float bl = 0.f;
+      for (int64_t j = 0; j < n; ++j) bm = std::max(bm, sr[j]);
+      const float mn = std::max(w.m[r], bm);  // finite: the first key tile gives every row key 0
+      const float corr = fast_exp(w.m[r] - mn);  // 0 on the first tile (m = -inf)
+      float bl = 0.f;
 #pragma omp simd reduction(+ : bl)
-    for (int64_t j = 0; j < w; ++j) {
-      sb[j] = fast_exp(sb[j] - mn);
-      bl += sb[j];
-    }
-    l = l * corr + bl;
-    float* a = acc;
+      for (int64_t j = 0; j < n; ++j) {
+        sr[j] = fast_exp(sr[j] - mn);
+        bl += sr[j];
+      }
+      std::fill(sr + n, sr + wk, 0.f);  // masked keys
+      w.l[r] = w.l[r] * corr + bl;
+      w.m[r] = mn;
+      if (j0 == 0) {
+        std::fill(ar, ar + HS, 0.f);
+      } else {
 #pragma omp simd
-    for (int64_t d = 0; d < HS; ++d) a[d] *= corr;
-    for (int64_t j = 0; j < w; ++j) {
-      const float p = sb[j];
-      const float* vj = vb + (j0 + j) * HS;
-#pragma omp simd
-      for (int64_t d = 0; d < HS; ++d) a[d] += p * vj[d];
+        for (int64_t d = 0; d < HS; ++d) ar[d] *= corr;
+      }
     }
-    m = mn;
+    sgemm('N', 'N', nq, HS, wk, 1.f, w.s, kK, v + j0 * ld, ld, 1.f, w.acc, HS);  // acc += P V
   }
-  const float inv = 1.0f / l;
+  for (int64_t r = 0; r < nq; ++r) {
+    const float inv = 1.0f / w.l[r];
+    const float* ar = w.acc + r * HS;
+    float* o = out + (i0 + r) * ldo;
 #pragma omp simd
-  for (int64_t d = 0; d < HS; ++d) o[d] = acc[d] * inv;
-  return m + std::log(l);
+    for (int64_t d = 0; d < HS; ++d) o[d] = ar[d] * inv;
+    lse[i0 + r] = w.m[r] + std::log(w.l[r]);
+  }
 }
 
-// The backward of one head (every pointer at the head's start: q, k, gout, out, gq, gk, gv
-// (T, HS); kt, vt (HS, T); lse (T)); p, gs: (T) scratch. Writes gq, gk, gv.
-inline void attention_backward_head(int64_t T, int64_t HS, const float* q, const float* k, const float* kt,
-                                    const float* vt, const float* gout, const float* out, const float* lse,
-                                    bool causal, float sc, float* gq, float* gk, float* gv, float* p, float* gs) {
-  std::fill(gk, gk + T * HS, 0.f);
-  std::fill(gv, gv + T * HS, 0.f);
+// Per-thread scratch of the backward: P and dP tiles, D (T).
+struct BwdScratch {
+  Workspace<float> buf;
+  float *p, *dp, *D;
+  explicit BwdScratch(int64_t T) : buf(2 * kQ * kK + T) {
+    p = buf.data();
+    dp = p + kQ * kK;
+    D = dp + kQ * kK;
+  }
+};
+
+// The backward of one head; every pointer at the head's first row, row stride ld for q, k,
+// v, gout, out and the outputs gq, gk, gv (written, not accumulated); lse (T).
+void backward_head(int64_t T, int64_t HS, const float* q, const float* k, const float* v, const float* gout,
+                   const float* out, int64_t ld, const float* lse, bool causal, float sc, float* gq, float* gk,
+                   float* gv, BwdScratch& w) {
   for (int64_t i = 0; i < T; ++i) {
-    const float* qi = q + i * HS;
-    const float* gi = gout + i * HS;
-    float* gqi = gq + i * HS;
-    const int64_t nj = causal ? i + 1 : T;
-    const float D = dot(gi, out + i * HS, HS);
-    const float l = lse[i];
-    float* pb = p;
-    float* gb = gs;
-    scores(qi, kt, T, HS, 0, nj, pb);  // q_i . k_j
-    scores(gi, vt, T, HS, 0, nj, gb);  // gout_i . v_j
+    w.D[i] = dot(gout + i * ld, out + i * ld, HS);
+    std::fill(gk + i * ld, gk + i * ld + HS, 0.f);
+    std::fill(gv + i * ld, gv + i * ld + HS, 0.f);
+  }
+  for (int64_t i0 = 0; i0 < T; i0 += kQ) {
+    const int64_t nq = std::min(kQ, T - i0);
+    const int64_t nk = causal ? std::min(T, i0 + nq) : T;
+    for (int64_t j0 = 0; j0 < nk; j0 += kK) {
+      const int64_t wk = std::min(kK, nk - j0);
+      sgemm('N', 'T', nq, wk, HS, sc, q + i0 * ld, ld, k + j0 * ld, ld, 0.f, w.p, kK);        // S = sc Q K^T
+      sgemm('N', 'T', nq, wk, HS, 1.f, gout + i0 * ld, ld, v + j0 * ld, ld, 0.f, w.dp, kK);  // dP = dO V^T
+      for (int64_t r = 0; r < nq; ++r) {
+        float* pr = w.p + r * kK;
+        float* gr = w.dp + r * kK;
+        const int64_t n = visible(causal, i0, r, j0, wk);
+        const float l = lse[i0 + r], D = w.D[i0 + r];
 #pragma omp simd
-    for (int64_t j = 0; j < nj; ++j) {
-      pb[j] = fast_exp(sc * pb[j] - l);
-      gb[j] = sc * pb[j] * (gb[j] - D);
-    }
-    std::fill(gqi, gqi + HS, 0.f);
-    for (int64_t j = 0; j < nj; ++j) {
-      const float pj = pb[j], g = gb[j];
-      const float* kj = k + j * HS;
-      float* gkj = gk + j * HS;
-      float* gvj = gv + j * HS;
-#pragma omp simd
-      for (int64_t d = 0; d < HS; ++d) {
-        gqi[d] += g * kj[d];
-        gkj[d] += g * qi[d];
-        gvj[d] += pj * gi[d];
+        for (int64_t j = 0; j < n; ++j) {
+          pr[j] = fast_exp(pr[j] - l);
+          gr[j] = sc * pr[j] * (gr[j] - D);
+        }
+        std::fill(pr + n, pr + wk, 0.f);
+        std::fill(gr + n, gr + wk, 0.f);
       }
+      sgemm('T', 'N', wk, HS, nq, 1.f, w.p, kK, gout + i0 * ld, ld, 1.f, gv + j0 * ld, ld);  // dV += P^T dO
+      sgemm('T', 'N', wk, HS, nq, 1.f, w.dp, kK, q + i0 * ld, ld, 1.f, gk + j0 * ld, ld);    // dK += dS^T Q
+      sgemm('N', 'N', nq, HS, wk, 1.f, w.dp, kK, k + j0 * ld, ld, j0 == 0 ? 0.f : 1.f, gq + i0 * ld,
+            ld);  // dQ (+)= dS K
     }
   }
 }
@@ -137,16 +162,17 @@ inline void attention_backward_head(int64_t T, int64_t HS, const float* q, const
 void attention(int64_t BH, int64_t T, int64_t HS, const float* q, const float* k, const float* v, bool causal,
                double scale, float* out, float* lse) {
   const float sc = float(scale);
-  const std::vector<float> kt = transpose_heads(BH, T, HS, k);  // (BH, HS, T)
-  // Query rows are independent: parallel over all BH * T rows.
-#pragma omp parallel if (BH * T * T * HS > (1 << 16))
+  const int64_t nqt = (T + kQ - 1) / kQ;  // query tiles per head
+  // Tiles are independent: parallel over all (head, query tile) pairs; dynamic, as causal
+  // tiles grow with their row index. Always an active region, so dnnl_sgemm stays on one thread.
+#pragma omp parallel
   {
-    std::vector<float> acc(static_cast<size_t>(HS)), s(static_cast<size_t>(kBlock));
-#pragma omp for schedule(static)
-    for (int64_t row = 0; row < BH * T; ++row) {
-      const int64_t bh = row / T, i = row % T;
-      lse[row] = attention_row(q + row * HS, kt.data() + bh * HS * T, v + bh * T * HS, T, HS, i, causal, sc,
-                               acc.data(), s.data(), out + row * HS);
+    FwdScratch w(HS);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < BH * nqt; ++t) {
+      const int64_t bh = t / nqt, i0 = (t % nqt) * kQ, o = bh * T * HS;
+      forward_tile(T, HS, i0, std::min(kQ, T - i0), q + o, k + o, v + o, HS, causal, sc, out + o, HS, lse + bh * T,
+                   w);
     }
   }
 }
@@ -154,66 +180,47 @@ void attention(int64_t BH, int64_t T, int64_t HS, const float* q, const float* k
 void attention_backward(int64_t BH, int64_t T, int64_t HS, const float* gout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, bool causal, double scale, float* gq,
                         float* gk, float* gv) {
-  // Backward of `out = softmax(scale q k^T) v` with p[i, j] = exp(scale q_i.k_j - lse[i]):
-  //   gv_j += p gout_i;  gs = p (gout_i.v_j - gout_i.out_i);  gq_i += scale gs k_j;  gk_j += scale gs q_i.
-  // One (b, h) per iteration, so gk/gv of a head are written by one thread in a fixed order.
+  // One head per iteration, so a head's gk/gv are accumulated by one thread in a fixed order.
   const float sc = float(scale);
-  const std::vector<float> kt = transpose_heads(BH, T, HS, k);  // (BH, HS, T)
-  const std::vector<float> vt = transpose_heads(BH, T, HS, v);  // (BH, HS, T)
-#pragma omp parallel if (BH * T * T * HS > (1 << 16))
+#pragma omp parallel
   {
-    std::vector<float> p(static_cast<size_t>(T)), gs(static_cast<size_t>(T));
-#pragma omp for schedule(static)
+    BwdScratch w(T);
+#pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t o = bh * T * HS;
-      attention_backward_head(T, HS, q + o, k + o, kt.data() + bh * HS * T, vt.data() + bh * HS * T, gout + o,
-                              out + o, lse + bh * T, causal, sc, gq + o, gk + o, gv + o, p.data(), gs.data());
+      backward_head(T, HS, q + o, k + o, v + o, gout + o, out + o, HS, lse + bh * T, causal, sc, gq + o, gk + o,
+                    gv + o, w);
     }
   }
 }
 
 // ---------------------------------------------------------------- native 16-bit variants (see kernels.h)
-// The same row and head functions on per-thread f32 buffers: the forward widens a head's
-// keys (transposed) and values when its static row range enters a new head, and each query
-// row as it comes; the backward widens one head's q, k (and k^T), v^T, gout and out, and
-// accumulates its gq, gk, gv in f32 before rounding them once.
-
-namespace {
-// dst (HS, T) = src (T, HS) transposed.
-inline void transpose_head(int64_t T, int64_t HS, const float* src, float* dst) {
-  for (int64_t j = 0; j < T; ++j)
-    for (int64_t d = 0; d < HS; ++d) dst[d * T + j] = src[j * HS + d];
-}
-}  // namespace
+// The same tile and head functions on per-thread f32 buffers: one head per iteration, its
+// q, k, v (and gout, out) widened exactly into f32, the f32 arithmetic above run on them
+// with the same shapes and strides, and each output rounded once as it is stored.
 
 void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Strided& k, const Strided& v,
                  bool causal, double scale, DType ot, void* out, float* lse) {
   const float sc = float(scale);
   const size_t eo = dtype_size(ot);
   const int64_t TH = T * HS;
-#pragma omp parallel if (BH * T * T * HS > (1 << 16))
+#pragma omp parallel
   {
-    std::vector<float> buf(static_cast<size_t>(3 * TH + 3 * HS + kBlock));
-    float* kh = buf.data();  // (T, HS)
-    float* kt = kh + TH;     // (HS, T)
-    float* vh = kt + TH;     // (T, HS)
-    float* qi = vh + TH;     // (HS)
-    float* o = qi + HS;      // (HS)
-    float* acc = o + HS;     // (HS)
-    float* s = acc + HS;     // (kBlock)
-    int64_t cur = -1;
-#pragma omp for schedule(static)
-    for (int64_t row = 0; row < BH * T; ++row) {
-      const int64_t bh = row / T, i = row % T;
-      if (bh != cur) {
-        gather_f32(k, bh * TH, TH, kh);
-        transpose_head(T, HS, kh, kt);
-        gather_f32(v, bh * TH, TH, vh);
-        cur = bh;
-      }
-      gather_f32(q, row * HS, HS, qi);
-      lse[row] = attention_row(qi, kt, vh, T, HS, i, causal, sc, acc, s, o);
-      store_f32(ot, HS, o, static_cast<char*>(out) + size_t(row * HS) * eo);
+    Workspace<float> buf(4 * TH);
+    float* qh = buf.data();  // each (T, HS)
+    float* kh = qh + TH;
+    float* vh = kh + TH;
+    float* oh = vh + TH;
+    FwdScratch w(HS);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const int64_t o = bh * TH;
+      gather_f32(q, o, TH, qh);
+      gather_f32(k, o, TH, kh);
+      gather_f32(v, o, TH, vh);
+      for (int64_t i0 = 0; i0 < T; i0 += kQ)
+        forward_tile(T, HS, i0, std::min(kQ, T - i0), qh, kh, vh, HS, causal, sc, oh, HS, lse + bh * T, w);
+      store_f32(ot, TH, oh, static_cast<char*>(out) + size_t(o) * eo);
     }
   }
 }
@@ -224,32 +231,27 @@ void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout
   const float sc = float(scale);
   const size_t eo = dtype_size(ot);
   const int64_t TH = T * HS;
-#pragma omp parallel if (BH * T * T * HS > (1 << 16))
+#pragma omp parallel
   {
-    std::vector<float> buf(static_cast<size_t>(10 * TH + 2 * T));
-    float* qh = buf.data();  // each (T, HS) unless said
+    Workspace<float> buf(8 * TH);
+    float* qh = buf.data();  // each (T, HS)
     float* kh = qh + TH;
-    float* kt = kh + TH;     // (HS, T)
-    float* vt = kt + TH;     // (HS, T)
-    float* gh = vt + TH;
+    float* vh = kh + TH;
+    float* gh = vh + TH;
     float* oh = gh + TH;
     float* gqh = oh + TH;
     float* gkh = gqh + TH;
     float* gvh = gkh + TH;
-    float* tmp = gvh + TH;
-    float* p = tmp + TH;     // (T)
-    float* gs = p + T;       // (T)
-#pragma omp for schedule(static)
+    BwdScratch w(T);
+#pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t o = bh * TH;
       gather_f32(q, o, TH, qh);
       gather_f32(k, o, TH, kh);
-      transpose_head(T, HS, kh, kt);
-      gather_f32(v, o, TH, tmp);
-      transpose_head(T, HS, tmp, vt);
+      gather_f32(v, o, TH, vh);
       gather_f32(gout, o, TH, gh);
       gather_f32(out, o, TH, oh);
-      attention_backward_head(T, HS, qh, kh, kt, vt, gh, oh, lse + bh * T, causal, sc, gqh, gkh, gvh, p, gs);
+      backward_head(T, HS, qh, kh, vh, gh, oh, HS, lse + bh * T, causal, sc, gqh, gkh, gvh, w);
       store_f32(ot, TH, gqh, static_cast<char*>(gq) + size_t(o) * eo);
       store_f32(ot, TH, gkh, static_cast<char*>(gk) + size_t(o) * eo);
       store_f32(ot, TH, gvh, static_cast<char*>(gv) + size_t(o) * eo);

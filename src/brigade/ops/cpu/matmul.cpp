@@ -19,6 +19,7 @@
 #include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/cpu/kernels.h"
+#include "brigade/ops/cpu/workspace.h"
 
 namespace brigade::ops::cpu {
 
@@ -104,34 +105,6 @@ bool is_plain(const MatDesc& m) {
   }
   return true;
 }
-
-// A contiguous workspace buffer from the caching allocator (uninitialised, reused across steps:
-// no zero-fill and no page faults in the steady state), returned on destruction.
-template <typename T>
-class Workspace {
- public:
-  Workspace() = default;
-  explicit Workspace(int64_t n)
-      : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(T)),
-        p_(static_cast<T*>(Allocator::instance().allocate(bytes_, MemTag::Workspace))) {}
-  Workspace(Workspace&& o) noexcept : bytes_(o.bytes_), p_(o.p_) { o.p_ = nullptr; }
-  Workspace& operator=(Workspace&& o) noexcept {
-    std::swap(bytes_, o.bytes_);
-    std::swap(p_, o.p_);
-    return *this;
-  }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-  ~Workspace() {
-    if (p_) Allocator::instance().deallocate(p_, bytes_, MemTag::Workspace);
-  }
-  T* data() const { return p_; }
-  bool empty() const { return p_ == nullptr; }
-
- private:
-  size_t bytes_ = 0;
-  T* p_ = nullptr;
-};
 
 // Contiguous copy of a strided operand (for layouts oneDNN does not take fast).
 // T is the element type (float, or uint16_t holding bf16/f16 bits: a bit copy).
