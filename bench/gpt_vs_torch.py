@@ -16,7 +16,7 @@ autocast(cpu, bfloat16)).
 
 PyTorch gets its best settings on this machine, in its own process only:
 OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, ATEN_CPU_CAPABILITY=avx512, and
-OMP_WAIT_POLICY=PASSIVE for fp32. The output says so.
+OMP_WAIT_POLICY=PASSIVE for fp32, and the multi-tensor (foreach) AdamW. The output says so.
 
 Usage: python3 bench/gpt_vs_torch.py [--brigade build/bin/brigade] [--configs gpt2,small]
                                      [--precisions fp32,bf16] [--steps 6] [--warmup 2]
@@ -76,7 +76,10 @@ def torch_worker(args):
     model = GPT2(c["vocab_size"], c["seq_len"], c["n_layer"], c["n_head"], c["n_embd"])
     model.init_weights(1337)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    # foreach: torch 1.13's multi-tensor AdamW (its fastest on the CPU; measured ~5% faster a step
+    # than the default single-tensor loop for GPT-2 124M here)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                            foreach=True)
     g = torch.Generator().manual_seed(1339)
     ids = torch.randint(0, c["vocab_size"], (c["batch_size"], c["seq_len"] + 1), generator=g)
     x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
@@ -150,7 +153,7 @@ def main():
         return torch_worker(args)
 
     print("PyTorch runs with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, ATEN_CPU_CAPABILITY=avx512, "
-          "OMP_WAIT_POLICY=PASSIVE for fp32; torch bf16 = autocast(cpu, bfloat16). "
+          "OMP_WAIT_POLICY=PASSIVE for fp32, AdamW(foreach=True); torch bf16 = autocast(cpu, bfloat16). "
           f"{args.threads} threads, {args.steps} timed steps after {args.warmup} warm-up, {args.rounds} rounds "
           "alternating the engines; medians.", flush=True)
     rows = []

@@ -446,7 +446,9 @@ struct CrossEntropyBackward : Node {
   const char* name() const override { return "CrossEntropyBackward"; }
   // forward: loss = mean_i (lse_i - logits[i, target_i]) over targets != ignore_index
   std::vector<Tensor> backward(const Tensor& g) override {
-    return {ops::cross_entropy_backward(g.item(), logits, targets, lse, ignore_index)};
+    // the saved logits are released here anyway: hand them over, so the gradient is written
+    // over them when nothing else holds them (no second (N, V) buffer)
+    return {ops::cross_entropy_backward_(g.item(), std::move(logits), targets, lse, ignore_index)};
   }
   void release() override { logits = targets = lse = Tensor(); }
 };

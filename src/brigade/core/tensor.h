@@ -95,6 +95,8 @@ class Tensor {
   int64_t offset() const { return impl_->offset; }
   bool is_contiguous() const;
   bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+  // No other handle or view shares this tensor's data: an op may overwrite it in place.
+  bool sole_owner() const { return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1; }
   std::string str() const;          // "f32(2, 3)"
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }

@@ -353,6 +353,9 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor sum_all(const Tensor& a) { return sum(a, {}, false); }
 
+int64_t attention_workspace_per_thread(int64_t T, int64_t HS) { return cpu::attention_workspace_per_thread(T, HS); }
+int64_t sum_squares_workspace(int64_t n) { return cpu::sum_squares_workspace(n); }
+
 double sum_squares(const Tensor& a) {
   check_float(a, "sum_squares", "a");
   if (is_half(a)) return sum_squares(cast(a, DType::F32));
@@ -865,6 +868,27 @@ Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& 
   BRIGADE_DISPATCH(cross_entropy_backward, N, V, gloss, lc.data<float>(), t.data(), sc.data<float>(), ignore_index,
                    g.data<float>());
   return g;
+}
+
+Tensor cross_entropy_backward_(double gloss, Tensor logits, const Tensor& targets, const Tensor& lse,
+                               int64_t ignore_index) {
+  const bool in_place = t_backend == Backend::Cpu && logits.defined() && logits.dim() == 2 &&
+                        logits.is_contiguous() && logits.sole_owner() && lse.dtype() == DType::F32 &&
+                        (logits.dtype() == DType::F32 || native16({&logits}));
+  if (!in_place) return cross_entropy_backward(gloss, logits, targets, lse, ignore_index);
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy_backward");
+  const int64_t N = logits.size(0), V = logits.size(1);
+  BRIGADE_CHECK(lse.shape() == Shape({N}), ShapeError, "cross_entropy_backward: lse must be ({}), got {}", N,
+                shape_str(lse.shape()));
+  const Tensor sc = lse.contiguous();
+  // each row is read before it is written (cpu kernels: per element, or widened per row)
+  if (logits.dtype() == DType::F32)
+    cpu::cross_entropy_backward(N, V, gloss, logits.data<float>(), t.data(), sc.data<float>(), ignore_index,
+                                logits.data<float>());
+  else
+    cpu::cross_entropy_backward16(N, V, gloss, strided(logits), t.data(), sc.data<float>(), ignore_index,
+                                  logits.dtype(), logits.raw_data());
+  return logits;
 }
 
 // ---------------------------------------------------------------- cast

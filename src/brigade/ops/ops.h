@@ -91,6 +91,11 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = fal
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
 Tensor sum_all(const Tensor& a);          // 0-d
 double sum_squares(const Tensor& a);      // sum of a^2 in double (for global-norm clipping)
+// Caching-allocator workspace (MemTag::Workspace) the cpu kernels take, for memory planning:
+// per OpenMP thread inside f32 attention / attention_backward (T keys, head size HS), and
+// sum_squares over n contiguous f32 elements (once).
+int64_t attention_workspace_per_thread(int64_t T, int64_t HS);
+int64_t sum_squares_workspace(int64_t n);
 
 // ---------------- matmul / linear (oneDNN in cpu, cached primitives)
 // a (..., M, K) @ b (..., K, N) -> (..., M, N); batch dims broadcast; trans_a/trans_b
@@ -142,6 +147,12 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64
 // glogits (N, V) = gloss * (softmax(logits) - onehot(target)) / count
 Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
                               int64_t ignore_index = -100);
+// The same gradient, written over `logits` when this call holds the only reference to them
+// (Tensor::sole_owner), they are contiguous and the cpu backend runs (f32 or a native 16-bit
+// dtype): no second (N, V) buffer, which for a 50k vocabulary is the step's largest. Otherwise
+// as cross_entropy_backward. The autograd rule passes its saved logits here.
+Tensor cross_entropy_backward_(double gloss, Tensor logits, const Tensor& targets, const Tensor& lse,
+                               int64_t ignore_index = -100);
 
 // ---------------- dropout (inverted): mask holds 0 or 1/(1-p), drawn from gen in
 // element order; y = x * mask. p = 0 returns x's values and an all-ones mask.

@@ -61,6 +61,8 @@ void AdamW::step(double lr) {
   const double bc2 = 1.0 - std::pow(o_.beta2, double(steps_));
   const float step_size = float(lr / bc1);
   const float bc2_sqrt = float(std::sqrt(bc2));
+  const float gs = float(grad_scale_);  // fused clipping (1 when off: an exact multiply)
+  grad_scale_ = 1.0;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor p = params_[i].second;
     Tensor g = p.grad();
@@ -73,7 +75,7 @@ void AdamW::step(double lr) {
     const int64_t n = p.numel();
 #pragma omp parallel for simd schedule(static) if (n > 16384)
     for (int64_t j = 0; j < n; ++j) {
-      const float gj = gp[j];
+      const float gj = gp[j] * gs;
       pp[j] *= decay;
       mp[j] = mp[j] * b1 + omb1 * gj;
       vp[j] = vp[j] * b2 + omb2 * gj * gj;
@@ -246,10 +248,14 @@ double grad_norm(const NamedTensors& params) {
   return std::sqrt(total);
 }
 
+double clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0.0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;  // torch's clip_coef
+}
+
 double clip_grad_norm(const NamedTensors& params, double max_norm) {
   const double norm = grad_norm(params);
   if (max_norm > 0.0 && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);  // torch: clip_coef = max_norm / (total_norm + 1e-6)
+    const double scale = clip_coefficient(norm, max_norm);
     for (auto& [n, p] : params) {
       Tensor g = p.grad();
       if (g.defined()) ops::mul_scalar_(g, scale);

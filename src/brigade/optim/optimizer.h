@@ -33,11 +33,19 @@ class Optimizer {
   void load_state(const std::map<std::string, Tensor>& tensors, int64_t steps);
   void set_steps(int64_t steps) { steps_ = steps; }  // after filling state_tensors() directly
   const NamedTensors& params() const { return params_; }
+  // Gradient clipping fused into the update: an optimizer that says fuses_grad_scale() reads
+  // every gradient times set_grad_scale()'s factor in its next step() (the gradients
+  // themselves are left as they are), bitwise as if they had been scaled in place first
+  // (ops::mul_scalar_: a float multiply), and saves that extra pass over them. The factor
+  // resets to 1 after the step. The others: the caller scales the gradients itself.
+  virtual bool fuses_grad_scale() const { return false; }
+  void set_grad_scale(double s) { grad_scale_ = s; }
 
  protected:
   explicit Optimizer(NamedTensors params) : params_(std::move(params)) {}
   NamedTensors params_;
   int64_t steps_ = 0;
+  double grad_scale_ = 1.0;
 };
 
 struct AdamWOptions {
@@ -51,6 +59,7 @@ class AdamW final : public Optimizer {
         const std::function<bool(const std::string&, const Tensor&)>& decay = &default_decay);
   void step(double lr) override;
   NamedTensors state_tensors() const override;
+  bool fuses_grad_scale() const override { return true; }
 
  private:
   AdamWOptions o_;
@@ -125,6 +134,8 @@ class SGD final : public Optimizer {
 // norm before clipping. Deterministic: sums per parameter in a fixed order.
 double clip_grad_norm(const NamedTensors& params, double max_norm);
 double grad_norm(const NamedTensors& params);
+// torch's clip_coef: max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else 1.
+double clip_coefficient(double norm, double max_norm);
 // Clamps every gradient element to [-clip_value, clip_value] (torch.nn.utils.clip_grad_value_);
 // clip_value <= 0 is off. Elementwise, so it gives the same result on whole parameters and on
 // ZeRO shard views. The trainer applies it after global-norm clipping (the reported norm is the

@@ -384,15 +384,22 @@ void DataParallel::finish_gradients() {
   if (o_.zero == 3) release_persistent();
 }
 
-double DataParallel::clip_grad_norm(double max_norm) {
-  if (o_.zero == 0) return optim::clip_grad_norm(params_, max_norm);  // full gradients on every rank
-  Tensor g = o_.zero == 1 ? view_of(flat_grads_, lo_, {S_}) : view_of(grad_shard_, 0, {S_});
+double DataParallel::grad_norm() {
+  if (o_.zero == 0) return optim::grad_norm(params_);  // full gradients on every rank
+  const Tensor g = o_.zero == 1 ? view_of(flat_grads_, lo_, {S_}) : view_of(grad_shard_, 0, {S_});
   double sq = ops::sum_squares(g);
   const auto t0 = Clock::now();
   pg_->allreduce(&sq, 1);
   direct_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-  const double norm = std::sqrt(sq);
-  if (max_norm > 0.0 && norm > max_norm) ops::mul_scalar_(g, max_norm / (norm + 1e-6));  // as torch's clip_grad_norm_
+  return std::sqrt(sq);
+}
+
+double DataParallel::clip_grad_norm(double max_norm) {
+  if (o_.zero == 0) return optim::clip_grad_norm(params_, max_norm);
+  const double norm = grad_norm();
+  if (max_norm > 0.0 && norm > max_norm)  // as torch's clip_grad_norm_
+    ops::mul_scalar_(o_.zero == 1 ? view_of(flat_grads_, lo_, {S_}) : view_of(grad_shard_, 0, {S_}),
+                     optim::clip_coefficient(norm, max_norm));
   return norm;
 }
 

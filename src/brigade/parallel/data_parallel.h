@@ -99,6 +99,7 @@ class DataParallel {
   void begin_micro_step(int64_t micro);
   void finish_gradients();
   double clip_grad_norm(double max_norm);  // global L2 norm over all ranks' gradients, before clipping
+  double grad_norm();                      // the same norm, gradients left as they are
   void after_optimizer_step();
 
   // What the optimizer updates, each with its gradient set: the model's parameters

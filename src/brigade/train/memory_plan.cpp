@@ -1,10 +1,13 @@
 // Memory prediction from the recipe alone; see memory_plan.h.
 #include "brigade/train/memory_plan.h"
 
+#include <omp.h>
+
 #include <algorithm>
 
 #include "brigade/core/error.h"
 #include "brigade/models/gpt/gpt.h"
+#include "brigade/ops/ops.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::train {
@@ -227,24 +230,43 @@ MemoryPrediction predict_memory(const Recipe& r, int rank) {
     const int64_t per_block = r.model.n_layer > 0 ? (acts.peak - head) / r.model.n_layer : 0;
     acts.formula = fmt::format(
         "peak of one micro-batch of B x T = {} x {} tokens (train.batch_size rows; accumulation does not "
-        "add): embeddings and head = {} (logits B x T x V = {}, alive twice at the cross-entropy backward, "
-        "with ln_f and the tied head's gradient) + {} block{} x {} each (what a block keeps for its backward, "
+        "add): embeddings and head = {} (logits B x T x V = {}, their gradient written over them by the "
+        "cross-entropy backward, with ln_f and the tied head's gradient) + {} block{} x {} each (what a block "
+        "keeps for its backward, "
         "and with recompute the re-run block's transients; recompute {}: blocks {})",
         B, T, mib(head), mib(logits), r.model.n_layer, r.model.n_layer == 1 ? "" : "s", mib(per_block),
         r.memory.recompute, out.recompute);
   }
 
-  // ---- workspace: the reduce-scatter output of one bucket (the communication runs one at a time)
-  if (zero >= 1) {
+  // ---- workspace: the attention kernels' per-thread tiles (during the forward and backward), the
+  // reduce-scatter output of one bucket (the communication runs one at a time; with the
+  // communication thread it overlaps the backward), and the global norm's partial sums (after it)
+  {
+    const int threads = r.run.threads > 0 ? int(r.run.threads) : omp_get_max_threads();
+    const int64_t attn = r.model.n_layer > 0 ? threads * ops::attention_workspace_per_thread(
+                                                             r.train.seq_len, r.model.n_embd / r.model.n_head)
+                                             : 0;
+    int64_t norm = 0;
+    if (zero == 0)
+      for (const auto& p : f.params) norm = std::max(norm, ops::sum_squares_workspace(p.numel));
+    else
+      norm = ops::sum_squares_workspace(f.S);
     int64_t worst = 0;
-    for (const auto& bk : f.buckets) {
-      const int64_t mine = std::max<int64_t>(0, std::min(bk.end, f.hi) - std::max(bk.begin, f.lo));
-      worst = std::max(worst, held(std::max<int64_t>(mine, 1)));
-    }
-    work.peak = worst;
-    work.formula = "largest reduce-scatter output: this rank's part of one bucket (4 B x overlap with its shard)";
-  } else {
-    work.formula = "none (ZeRO-0 allreduces the gradient buffer in place)";
+    if (zero >= 1)
+      for (const auto& bk : f.buckets) {
+        const int64_t mine = std::max<int64_t>(0, std::min(bk.end, f.hi) - std::max(bk.begin, f.lo));
+        worst = std::max(worst, held(std::max<int64_t>(mine, 1)));
+      }
+    // with the communication thread a reduce-scatter may or may not coincide with the tiles: a range
+    work.peak_low = std::max({worst, attn, norm});
+    work.peak = std::max({async ? worst + attn : std::max(worst, attn), norm});
+    work.formula = fmt::format(
+        "attention tiles {} threads x {}{}; the gradient norm's partial sums {}", threads,
+        mib(attn / std::max(threads, 1)),
+        zero >= 1 ? fmt::format("; largest reduce-scatter output {} (this rank's part of one bucket{})", mib(worst),
+                                async ? ", with the communication thread at times alongside the attention tiles" : "")
+                  : std::string(" (ZeRO-0 allreduces the gradient buffer in place)"),
+        mib(norm));
   }
 
   // ---- other: ZeRO-3 checkpoints are written by rank 0 from per-parameter copies

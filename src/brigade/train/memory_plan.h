@@ -20,7 +20,10 @@
 //   activations  the peak of one micro-batch's forward + backward, from the tensors each
 //                op saves per block under the block's recompute mode
 //                (models::estimate_activation_peak, shared with the "budget" planner)
-//   workspace    ZeRO >= 1: one reduce-scatter output (this rank's part of a bucket) at a time
+//   workspace    the attention kernels' per-thread tiles (run.threads x one thread's), and
+//                ZeRO >= 1: one reduce-scatter output (this rank's part of a bucket) at a time,
+//                which with overlap on may coincide with the tiles (the range [max, sum]);
+//                at least the gradient norm's partial sums
 //   other        ZeRO-3, rank 0: the per-parameter copies a checkpoint is written from
 // Total: the steady state plus the activation peak, plus what ZeRO holds transiently at that
 // moment (the head's backward): the embeddings+head unit (zero 3) and the first armed
@@ -39,7 +42,7 @@ namespace brigade::train {
 struct PredictedCategory {
   int64_t peak = 0;      // bytes, as the allocator accounts them (an upper bound where timing decides)
   int64_t peak_low = 0;  // the lower end where the peak depends on communication timing (ZeRO-2/3
-                         // gradient buckets with overlap on); equal to peak everywhere else
+                         // gradient buckets, ZeRO >= 1 workspace, with overlap on); equal to peak elsewhere
   int64_t live = 0;      // bytes held between steps (what memory.json's "live" reports at the end)
   std::string formula;   // the formula in words, with this recipe's numbers
 };

@@ -207,7 +207,15 @@ GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, 
   const bool pure_low = policy.level == amp::Level::O3;
   if (pure_low)
     for (auto& [name, p] : dp.optimizer_params()) round_to(p.grad(), policy.low);
-  out.grad_norm = clip ? clip(t.grad_clip) : dp.clip_grad_norm(t.grad_clip);
+  if (clip) {
+    out.grad_norm = clip(t.grad_clip);  // model parallel: its own reduction, gradients scaled in place
+  } else if (opt.fuses_grad_scale() && !(t.clip_value > 0)) {
+    // the optimizer reads the gradients scaled (AdamW): one pass over them fewer
+    out.grad_norm = dp.grad_norm();
+    opt.set_grad_scale(optim::clip_coefficient(out.grad_norm, t.grad_clip));
+  } else {
+    out.grad_norm = dp.clip_grad_norm(t.grad_clip);
+  }
   // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
   optim::clip_grad_value(dp.optimizer_params(), t.clip_value);
   opt.step(lr);

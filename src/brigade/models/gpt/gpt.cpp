@@ -216,10 +216,11 @@ int64_t estimate_activation_peak(const GPTConfig& c, int64_t B, int64_t T, const
     peak = std::max(peak, base + emb_keep + kept + u + b.fwd);
     kept += b.kept;
   }
-  // Head: ln_f (out, mean, rstd), logits, lse, then their gradient (the cross-entropy backward),
+  // Head: ln_f (out, mean, rstd), logits, lse; the cross-entropy backward writes the logits'
+  // gradient over the logits (ops::cross_entropy_backward_), so no second (N, V) buffer;
   // then the head matmul's input and (V, C) weight gradients (each passed through sum_to).
   const int64_t after_blocks = base + emb_keep + kept + u + u + 2 * s + logits + s;
-  peak = std::max(peak, after_blocks + logits);
+  peak = std::max(peak, after_blocks);
   peak = std::max(peak, after_blocks - s + std::max(2 * u, u + 2 * vc));
   // Blocks, last first: the tied embedding's head gradient (V, C) waits for the embedding's.
   for (size_t i = bb.size(); i-- > 0;) {

@@ -50,11 +50,14 @@ inline int64_t visible(bool causal, int64_t i0, int64_t r, int64_t j0, int64_t w
   return causal ? std::clamp<int64_t>(i0 + r + 1 - j0, 0, w) : w;
 }
 
+inline int64_t fwd_scratch_elems(int64_t HS) { return kQ * kK + kQ * HS + 2 * kQ; }
+inline int64_t bwd_scratch_elems(int64_t T) { return 2 * kQ * kK + T; }
+
 // Per-thread scratch of the forward: the score tile, the output accumulator, m and l.
 struct FwdScratch {
   Workspace<float> buf;
   float *s, *acc, *m, *l;
-  explicit FwdScratch(int64_t HS) : buf(kQ * kK + kQ * HS + 2 * kQ) {
+  explicit FwdScratch(int64_t HS) : buf(fwd_scratch_elems(HS)) {
     s = buf.data();
     acc = s + kQ * kK;
     m = acc + kQ * HS;
@@ -113,7 +116,7 @@ void forward_tile(int64_t T, int64_t HS, int64_t i0, int64_t nq, const float* q,
 struct BwdScratch {
   Workspace<float> buf;
   float *p, *dp, *D;
-  explicit BwdScratch(int64_t T) : buf(2 * kQ * kK + T) {
+  explicit BwdScratch(int64_t T) : buf(bwd_scratch_elems(T)) {
     p = buf.data();
     dp = p + kQ * kK;
     D = dp + kQ * kK;
@@ -158,6 +161,11 @@ void backward_head(int64_t T, int64_t HS, const float* q, const float* k, const 
   }
 }
 }  // namespace
+
+int64_t attention_workspace_per_thread(int64_t T, int64_t HS) {
+  return int64_t(std::max(Allocator::round_size(size_t(fwd_scratch_elems(HS)) * sizeof(float)),
+                          Allocator::round_size(size_t(bwd_scratch_elems(T)) * sizeof(float))));
+}
 
 void attention(int64_t BH, int64_t T, int64_t HS, const float* q, const float* k, const float* v, bool causal,
                double scale, float* out, float* lse) {

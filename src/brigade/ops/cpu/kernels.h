@@ -79,6 +79,12 @@ void attention(int64_t BH, int64_t T, int64_t HS, const float* q, const float* k
 void attention_backward(int64_t BH, int64_t T, int64_t HS, const float* gout, const float* q, const float* k,
                         const float* v, const float* out, const float* lse, bool causal, double scale, float* gq,
                         float* gk, float* gv);
+// Bytes of caching-allocator workspace (MemTag::Workspace) each OpenMP thread holds inside
+// the f32 attention kernels above: the larger of the forward's and the backward's tiles. For
+// memory planning (train/memory_plan.cpp).
+int64_t attention_workspace_per_thread(int64_t T, int64_t HS);
+// The same for sum_squares over n contiguous elements (its per-block partial sums).
+int64_t sum_squares_workspace(int64_t n);
 
 int64_t cross_entropy(int64_t N, int64_t V, const float* logits, const int64_t* targets, int64_t ignore_index,
                       float* loss, float* lse);
