@@ -6,8 +6,9 @@ Runs `brigade bench` (random ids, no data) on the issue's small GPT (6 layers, 3
 the step's peak activation bytes (the allocator's activation tag), tokens/s, and what
 one layer's T x T attention matrix would take if it were kept (B x heads x T^2 x 4 bytes).
 
-Brigade's attention keeps no T x T matrix: the forward saves the output and the row
-log-sum-exp, and the backward recomputes each row's probabilities. With B x T fixed, a
+Brigade's attention keeps no T x T matrix: it works on 64 x 128 tiles (GEMM-shaped, online
+softmax), the forward saves the output and the row log-sum-exp, and the backward recomputes
+each tile's probabilities. With B x T fixed, a
 kernel that stored the scores would hold B T^2 = 4096 T elements per head per layer,
 growing linearly with T; the measured peak stays flat instead (memory linear in T per
 sequence, constant per token).

@@ -5,7 +5,8 @@ Runs `brigade bench` (random ids, no data) on the issue's configs under `perf re
 (user and kernel samples of the brigade process only), then groups the samples by symbol
 into the step's parts and prints the share of each:
 
-  GEMM (oneDNN JIT code), attention (forward and backward kernels), cross-entropy
+  GEMM (oneDNN JIT code, attention's tile GEMMs included), attention (the softmax and tile
+  code around those GEMMs), OpenMP barrier waits, dtype conversions, cross-entropy
   (log-softmax and its backward over the vocabulary), LayerNorm, GELU, AdamW, copies and
   transposes (copy kernels, head transposes, strided gathers), element-wise (binary and
   unary kernels, reductions), memory (memset/memmove, page faults and the rest of the
@@ -39,7 +40,9 @@ CONFIGS = {
 # (part, pattern on "dso symbol"); the first match wins.
 PARTS = [
     ("GEMM (oneDNN)", r"^\[JIT\]|libdnnl|dnnl::|brgemm|gemm"),
-    ("attention", r"attention"),
+    ("attention (softmax and tile code; its GEMMs count as GEMM)", r"attention|forward_tile|backward_head"),
+    ("OpenMP barrier waits (libgomp: load imbalance, serial sections)", r"libgomp"),
+    ("dtype conversions (bf16 <-> f32)", r"bf16_to_f32|f32_to_bf16|f16_to_f32|f32_to_f16"),
     ("cross-entropy", r"cross_entropy|logsumexp|log_softmax"),
     ("LayerNorm", r"layer_norm"),
     ("GELU", r"gelu|erff|tanhf"),

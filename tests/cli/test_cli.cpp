@@ -544,8 +544,10 @@ TEST_F(Cli, BenchPrintsOneJsonLineWithSpeedAndMemory) {
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* key : {"\"tokens_per_s\":", "\"mfu\":", "\"gemm_peak_f32_gflops\":", "\"gemm_peak_bf16_gflops\":",
                           "\"peak_rss_bytes\":", "\"allocator_peak_bytes\":", "\"precision\":\"O1 bf16\"",
-                          "\"flops_per_token\":"})
+                          "\"flops_per_token\":", "\"timed_page_faults_per_step\":"})
     EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
+  // the steady-state step takes nothing from the OS: every buffer comes from the allocator's cache
+  EXPECT_NE(r.out.find("\"timed_os_allocs_per_step\":0.0"), std::string::npos) << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_FALSE(fs::exists(dir_ / "run")) << "bench writes nothing";
   expect_clean_error(brigade("bench tiny.toml --steps 0", dir_), "--steps must be >= 1");

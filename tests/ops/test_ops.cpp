@@ -1160,6 +1160,31 @@ TEST_P(ParallelBranches, CpuMatchesRefAtOneTwoAndThreeThreads) {
 INSTANTIATE_TEST_SUITE_P(Ops, ParallelBranches, ::testing::Range<size_t>(0, big_cases().size()),
                          [](const ::testing::TestParamInfo<size_t>& info) { return big_cases()[info.param].name; });
 
+TEST(Ops, CrossEntropyBackwardInPlaceWhenItHoldsTheLogitsAlone) {
+  // cross_entropy_backward_: the gradient written over the logits when the call holds the
+  // only reference, bitwise the out-of-place result; a shared tensor is left untouched.
+  const int64_t N = 5, V = 37;
+  std::vector<int64_t> tv{3, 36, -100, 0, 17};
+  const Tensor targets = Tensor::from_vector_i64(tv, {N});
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor base = randn({N, V}, 211).to(dt);
+    const ops::CrossEntropyOut ce = ops::cross_entropy(base, targets);
+    const Tensor want = ops::cross_entropy_backward(0.7, base, targets, ce.lse);
+    Tensor mine = base.clone();
+    const void* buffer = mine.raw_data();
+    const Tensor got = ops::cross_entropy_backward_(0.7, std::move(mine), targets, ce.lse);
+    EXPECT_EQ(got.raw_data(), buffer) << dtype_name(dt) << ": the sole owner's buffer is reused";
+    EXPECT_EQ(got.to(DType::F32).to_vector(), want.to(DType::F32).to_vector()) << dtype_name(dt);
+    // another handle shares the logits: a new buffer, the logits unchanged
+    Tensor shared = base.clone();
+    const Tensor keep = shared;
+    const Tensor got2 = ops::cross_entropy_backward_(0.7, shared, targets, ce.lse);
+    EXPECT_NE(got2.raw_data(), keep.raw_data()) << dtype_name(dt);
+    EXPECT_EQ(keep.to(DType::F32).to_vector(), base.to(DType::F32).to_vector()) << dtype_name(dt);
+    EXPECT_EQ(got2.to(DType::F32).to_vector(), want.to(DType::F32).to_vector()) << dtype_name(dt);
+  }
+}
+
 TEST(Ops, SumSquaresParallelBranchIsThreadIndependent) {
   // elementwise.cpp sum_squares: n = 33410 > 1 << 15, blocks of 4096 summed in double.
   const Tensor x = randn({130, 257}, 126);

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "brigade/core/error.h"
+#include "brigade/ops/ops.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/optim/schedule.h"
 
@@ -59,6 +60,29 @@ TEST(AdamW, StateRoundTripContinuesIdentically) {
   EXPECT_EQ(b.to_vector(), c.to_vector());
   state.erase("exp_avg.p");
   EXPECT_THROW(oc.load_state(state, 2), CheckpointError);
+}
+
+TEST(AdamW, FusedGradScaleIsBitwiseTheInPlaceScale) {
+  // Clipping fused into the update: step() with set_grad_scale(s) must give exactly what
+  // scaling the gradients in place (ops::mul_scalar_, a float multiply) and stepping gives,
+  // leave the gradients themselves unscaled, and reset to 1 after the step.
+  auto make = [] { return param({1, -2, 3, 0.5f}, {2, 2}, {0.3f, -1.7f, 2.9f, -0.01f}); };
+  Tensor a = make(), b = make();
+  optim::AdamW fused({{"p", a}}, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  optim::AdamW plain({{"p", b}}, optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+  ASSERT_TRUE(fused.fuses_grad_scale());
+  const double s = 1.0 / 3.4;
+  fused.set_grad_scale(s);
+  fused.step(0.01);
+  ops::mul_scalar_(b.grad(), s);
+  plain.step(0.01);
+  EXPECT_EQ(a.to_vector(), b.to_vector());
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<float>{0.3f, -1.7f, 2.9f, -0.01f})) << "gradients left unscaled";
+  // the factor was used once: the next step reads the gradients as they are
+  b.grad().copy_(a.grad());
+  fused.step(0.01);
+  plain.step(0.01);
+  EXPECT_EQ(a.to_vector(), b.to_vector());
 }
 
 TEST(SGD, MomentumMatchesTheRecurrence) {
