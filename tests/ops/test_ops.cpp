@@ -493,6 +493,9 @@ std::vector<OpCase> all_cases() {
       cs.push_back(matmul_case(in(ta ? Shape{2, 1, 4, 3} : Shape{2, 1, 3, 4}).T(),
                                in(tb ? Shape{3, 5, 4} : Shape{3, 4, 5}).T(), ta, tb));
     }
+  // long K (K >= 16 max(M, N)), both row-major: the cpu backend computes the transposed product
+  // and transposes it back (matmul.cpp); its gradients are long-K too in the other layouts
+  cs.push_back(matmul_case(in({3, 70}), in({70, 4}), false, false));
   cs.push_back(matmul_case(in({2, 3, 4}).Sliced(), in({4, 6}).Expand(0), false, false));
   cs.push_back(matmul_case(in({2, 3, 4}).Swap(0, 1), in({1, 4, 6}), false, false));
   cs.push_back(matmul_case(in({3, 4, 5}).Expand(0), in({3, 5, 2}).Swap(0, 2), false, false));
