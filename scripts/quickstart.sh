@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's first command: install dependencies, build, prepare the King James
-# Bible, train the default recipe (recipes/gpt-kjv.toml, ~8 minutes on 2 cores),
+# Bible, train the default recipe (recipes/gpt-kjv.toml, ~5 minutes on 2 cores),
 # then print the final val loss and a generated sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
