@@ -843,8 +843,12 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64
   return o;
 }
 
-Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                              int64_t ignore_index) {
+namespace {
+// The gradient into a new tensor, or, with in_place (the cpu backend, contiguous f32 or
+// native 16-bit logits), over the logits: each row is read before it is written (the cpu
+// kernels work per element, or on a row widened into a buffer).
+Tensor cross_entropy_backward_impl(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                   int64_t ignore_index, bool in_place) {
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy_backward");
   const int64_t N = logits.size(0), V = logits.size(1);
   check_float(lse, "cross_entropy_backward", "lse");
@@ -852,7 +856,7 @@ Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& 
                 shape_str(lse.shape()));
   if (native16({&logits}) && lse.dtype() == DType::F32) {
     const Tensor sc = lse.contiguous();
-    Tensor g = Tensor::empty({N, V}, logits.dtype());  // (N, V)
+    Tensor g = in_place ? logits : Tensor::empty({N, V}, logits.dtype());  // (N, V)
     cpu::cross_entropy_backward16(N, V, gloss, strided(logits), t.data(), sc.data<float>(), ignore_index,
                                   logits.dtype(), g.raw_data());
     return g;
@@ -864,10 +868,16 @@ Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& 
                        logits, lse))
     return *r;
   Tensor lc = logits.contiguous(), sc = lse.contiguous();
-  Tensor g = Tensor::empty({N, V});  // (N, V)
+  Tensor g = in_place ? logits : Tensor::empty({N, V});  // (N, V)
   BRIGADE_DISPATCH(cross_entropy_backward, N, V, gloss, lc.data<float>(), t.data(), sc.data<float>(), ignore_index,
                    g.data<float>());
   return g;
+}
+}  // namespace
+
+Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                              int64_t ignore_index) {
+  return cross_entropy_backward_impl(gloss, logits, targets, lse, ignore_index, false);
 }
 
 Tensor cross_entropy_backward_(double gloss, Tensor logits, const Tensor& targets, const Tensor& lse,
@@ -875,20 +885,7 @@ Tensor cross_entropy_backward_(double gloss, Tensor logits, const Tensor& target
   const bool in_place = t_backend == Backend::Cpu && logits.defined() && logits.dim() == 2 &&
                         logits.is_contiguous() && logits.sole_owner() && lse.dtype() == DType::F32 &&
                         (logits.dtype() == DType::F32 || native16({&logits}));
-  if (!in_place) return cross_entropy_backward(gloss, logits, targets, lse, ignore_index);
-  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, "cross_entropy_backward");
-  const int64_t N = logits.size(0), V = logits.size(1);
-  BRIGADE_CHECK(lse.shape() == Shape({N}), ShapeError, "cross_entropy_backward: lse must be ({}), got {}", N,
-                shape_str(lse.shape()));
-  const Tensor sc = lse.contiguous();
-  // each row is read before it is written (cpu kernels: per element, or widened per row)
-  if (logits.dtype() == DType::F32)
-    cpu::cross_entropy_backward(N, V, gloss, logits.data<float>(), t.data(), sc.data<float>(), ignore_index,
-                                logits.data<float>());
-  else
-    cpu::cross_entropy_backward16(N, V, gloss, strided(logits), t.data(), sc.data<float>(), ignore_index,
-                                  logits.dtype(), logits.raw_data());
-  return logits;
+  return cross_entropy_backward_impl(gloss, logits, targets, lse, ignore_index, in_place);
 }
 
 // ---------------------------------------------------------------- cast
