@@ -80,18 +80,36 @@ Tensor TransformerBlock::body(const Tensor& x) const {
   return F::add(h, mlp->forward(ln_2->forward(h)));       // (B, T, C)
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) const {
+Tensor Block::run(const std::vector<Tensor>& inputs, const std::function<Tensor(const std::vector<Tensor>&)>& body,
+                  Generator* rng) const {
   if (pre_forward_hook) pre_forward_hook();
   Tensor out;
   if (recompute == Recompute::None) {
-    out = body(x);
+    out = body(inputs);
   } else {
     F::CheckpointOptions o;
     o.keep = recompute == Recompute::Selective ? F::CheckpointKeep::GemmOutputs : F::CheckpointKeep::Inputs;
-    o.rng = gen_;
-    out = F::checkpoint([this](const std::vector<Tensor>& in) { return body(in[0]); }, {x}, o);  // (B, T, C)
+    o.rng = rng;
+    out = F::checkpoint(body, inputs, o);
   }
   return post_forward_hook ? post_forward_hook(out) : out;
+}
+
+std::vector<std::pair<std::string, Block*>> find_blocks(const Module& root) {
+  std::vector<std::pair<std::string, Block*>> out;
+  for (auto& [name, m] : root.named_modules()) {
+    auto* b = dynamic_cast<Block*>(m);
+    if (!b) continue;
+    bool inside = false;  // below a block already listed
+    for (auto& [outer, ob] : out)
+      if (name.rfind(outer + ".", 0) == 0) inside = true;
+    if (!inside) out.emplace_back(name, b);
+  }
+  return out;
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) const {
+  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);  // (B, T, C)
 }
 
 }  // namespace brigade::nn

@@ -117,26 +117,45 @@ class MLP : public Module {
   std::shared_ptr<Dropout> drop;
 };
 
-// Activation recompute of one transformer block (chosen by a plan from outside,
-// see models::plan_recompute and docs/memory.md):
+// Activation recompute of one block (chosen by a plan from outside, see
+// models::plan_recompute and docs/memory.md):
 //   None       the backward reads what the forward saved;
 //   Full       the block keeps only its input; the backward re-runs the whole block;
-//   Selective  the block keeps its input and its four GEMM outputs (qkv, attention
-//              projection, MLP up- and down-projection); the backward re-runs the
-//              cheap parts: both LayerNorms, the attention core, GELU, dropout, adds.
+//   Selective  the block keeps its input and the outputs of its GEMMs (linear, matmul);
+//              the backward re-runs the cheap parts: norms, the attention core,
+//              activations, dropout, adds.
 enum class Recompute : uint8_t { None, Full, Selective };
 
+// The repeated unit of a model (a transformer layer, a residual block) that plans reach
+// from outside without the model knowing: ZeRO-3 gathers a block's parameters around its
+// forward (pre_forward_hook / post_forward_hook) and activation recompute re-runs it in the
+// backward. A block's forward calls run(): the hooks, then the body directly or through
+// fn::checkpoint, the hooks outside the recomputed region. Blocks are found in a model by
+// find_blocks, so a model needs no code of its own for either plan.
+class Block : public Module {
+ public:
+  Recompute recompute = Recompute::None;
+
+ protected:
+  // body(inputs) under the block's hooks and recompute mode. `rng`: the generator the body's
+  // dropout draws from (replayed by a recompute); nullptr when it draws nothing. Tensors the
+  // body reads that need a gradient and are not parameters must be passed in `inputs`.
+  Tensor run(const std::vector<Tensor>& inputs, const std::function<Tensor(const std::vector<Tensor>&)>& body,
+             Generator* rng = nullptr) const;
+};
+
+// The outermost blocks below `root` (a block inside a block is not listed), by full name in
+// forward (registration) order.
+std::vector<std::pair<std::string, Block*>> find_blocks(const Module& root);
+
 // Pre-LN transformer block: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x)).
-class TransformerBlock : public Module {
+class TransformerBlock : public Block {
  public:
   TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen);
-  // Runs pre_forward_hook, the block (through fn::checkpoint unless recompute is
-  // None), then post_forward_hook: the hooks stay outside the recomputed region.
-  Tensor forward(const Tensor& x) const;
+  Tensor forward(const Tensor& x) const;  // through Block::run
   std::shared_ptr<LayerNorm> ln_1, ln_2;
   std::shared_ptr<CausalSelfAttention> attn;
   std::shared_ptr<MLP> mlp;
-  Recompute recompute = Recompute::None;
 
  private:
   Tensor body(const Tensor& x) const;

@@ -41,6 +41,19 @@ void Module::collect(const std::string& prefix, NamedTensors& out) const {
   for (auto& [n, m] : children_) m->collect(prefix + n + ".", out);
 }
 
+void Module::collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) const {
+  for (auto& [n, m] : children_) {
+    out.emplace_back(prefix + n, m.get());
+    m->collect_modules(prefix + n + ".", out);
+  }
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() const {
+  std::vector<std::pair<std::string, Module*>> out;
+  collect_modules("", out);
+  return out;
+}
+
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
   collect("", out);

@@ -30,6 +30,9 @@ class Module {
   bool is_training() const { return training_; }
   // Stores each parameter's full name in its tensor (for error messages).
   void name_parameters(const std::string& prefix = "");
+  // Every submodule below this one with its full name ("transformer.h.3"), depth-first in
+  // registration order, this module excluded.
+  std::vector<std::pair<std::string, Module*>> named_modules() const;
 
   // Forward hooks, for plans applied from outside (ZeRO-3 gathers a block's
   // parameters before its forward and releases them after). Run by layers that
@@ -57,6 +60,7 @@ class Module {
 
  private:
   void collect(const std::string& prefix, NamedTensors& out) const;
+  void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out) const;
   NamedTensors params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;

@@ -63,16 +63,7 @@ Tensor LlamaDecoderLayer::body(const Tensor& x) const {
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x) const {
-  if (pre_forward_hook) pre_forward_hook();
-  Tensor out;
-  if (recompute == nn::Recompute::None) {
-    out = body(x);
-  } else {
-    F::CheckpointOptions o;
-    o.keep = recompute == nn::Recompute::Selective ? F::CheckpointKeep::GemmOutputs : F::CheckpointKeep::Inputs;
-    out = F::checkpoint([this](const std::vector<Tensor>& in) { return body(in[0]); }, {x}, o);  // (B, T, C)
-  }
-  return post_forward_hook ? post_forward_hook(out) : out;
+  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); });  // (B, T, C); no dropout
 }
 
 LlamaModel::LlamaModel(const LLaMAConfig& c) {

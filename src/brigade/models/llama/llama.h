@@ -79,14 +79,13 @@ class LlamaMLP : public nn::Module {
 // Pre-RMSNorm decoder layer. Like nn::TransformerBlock it runs the plans' forward hooks
 // (ZeRO-3 gathers the layer around its forward) and, when `recompute` says so, its body
 // through fn::checkpoint (no dropout: nothing to replay).
-class LlamaDecoderLayer : public nn::Module {
+class LlamaDecoderLayer : public nn::Block {
  public:
   explicit LlamaDecoderLayer(const LLaMAConfig& c);
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C), through Block::run
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMLP> mlp;
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
-  nn::Recompute recompute = nn::Recompute::None;
 
  private:
   Tensor body(const Tensor& x) const;
