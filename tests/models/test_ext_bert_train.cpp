@@ -1,8 +1,8 @@
-// Masked-language-model pre-training of BERT from a recipe (train/mlm.h): a tiny BERT on the
+// Masked-language-model pre-training of BERT through the one trainer (MaskedLMTask, train/tasks.h): a tiny BERT on the
 // tiny structured corpus (support/test_support.h) learns far beyond the context-free baselines,
 // computed here from val.bin alone (the best constant answer's accuracy, the entropy of the
 // maskable val tokens); its checkpoint holds the BertForMaskedLM names and evaluates, through
-// evaluate_mlm_checkpoint and `brigade eval --ckpt`, to exactly the run's final numbers; runs are
+// evaluate_checkpoint and `brigade eval --ckpt`, to exactly the run's final numbers; runs are
 // deterministic; Ctrl-C checkpoints and exits 130; bad inputs end in clear errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -28,7 +28,9 @@
 #include "brigade/data/token_file.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
-#include "brigade/train/mlm.h"
+#include "brigade/train/registry.h"
+#include "brigade/train/tasks.h"
+#include "brigade/train/trainer.h"
 #include "support/test_support.h"
 
 namespace fs = std::filesystem;
@@ -108,21 +110,33 @@ class BertTrain : public ::testing::Test {
     po.vocab_size = kVocab;
     po.val_fraction = 0.1;
     data::prepare(po);
-    result_ = new train::MlmResult(train::run_mlm(recipe(root_ / "data", root_ / "run", 300), quiet()));
+    const train::Recipe r = recipe(root_ / "data", root_ / "run", 300);
+    task_ = train::make_task(r).release();
+    result_ = new train::TrainResult(train::train(r, quiet(), *task_));
   }
   static void TearDownTestSuite() {
     delete result_;
+    delete task_;
     result_ = nullptr;
+    task_ = nullptr;
     fs::remove_all(root_);
   }
+  static const train::MaskedLMTask& mlm() { return dynamic_cast<const train::MaskedLMTask&>(*task_); }
   static fs::path root_;
-  static train::MlmResult* result_;
+  static train::Task* task_;
+  static train::TrainResult* result_;
 };
 fs::path BertTrain::root_;
-train::MlmResult* BertTrain::result_ = nullptr;
+train::Task* BertTrain::task_ = nullptr;
+train::TrainResult* BertTrain::result_ = nullptr;
+
+// The final evaluation's masked tokens, hits and accuracy.
+int64_t masked(const train::TrainResult& r) { return r.eval_fields.at("masked_tokens").get<int64_t>(); }
+int64_t correct(const train::TrainResult& r) { return int64_t(r.eval.get("correct")); }
+double accuracy(const train::TrainResult& r) { return r.eval_fields.at("mlm_accuracy").get<double>(); }
 
 TEST_F(BertTrain, LearnsFarBeyondContextFreeBaselines) {
-  const train::MlmResult& res = *result_;
+  const train::TrainResult& res = *result_;
   ASSERT_FALSE(res.interrupted);
   EXPECT_EQ(res.steps, 300);
   // Independent baselines from val.bin: a predictor that ignores context can at best answer the
@@ -146,18 +160,18 @@ TEST_F(BertTrain, LearnsFarBeyondContextFreeBaselines) {
     entropy -= p * std::log(p);
   }
   const double best_constant = double(top) / double(n);
-  ASSERT_GT(res.final_eval.masked_tokens, 300);
-  EXPECT_GT(res.final_eval.accuracy, best_constant + 0.2)
-      << "masked accuracy " << res.final_eval.accuracy << " vs best constant answer " << best_constant;
-  EXPECT_LT(res.final_eval.loss, entropy - 0.6) << "val MLM loss vs unigram entropy " << entropy;
-  EXPECT_LT(res.final_eval.loss, std::log(double(kVocab + 1)) - 2.0);
+  ASSERT_GT(masked(res), 300);
+  EXPECT_GT(accuracy(res), best_constant + 0.2)
+      << "masked accuracy " << accuracy(res) << " vs best constant answer " << best_constant;
+  EXPECT_LT(res.val_loss, entropy - 0.6) << "val MLM loss vs unigram entropy " << entropy;
+  EXPECT_LT(res.val_loss, std::log(double(kVocab + 1)) - 2.0);
   // The run's own baselines agree with the independent ones' meaning: unigram loss >= entropy
   // up to smoothing and sampling, most-frequent accuracy near the share of the top token.
-  EXPECT_NEAR(res.unigram_accuracy, best_constant, 0.1);
-  EXPECT_GT(res.unigram_loss, entropy - 0.3);
-  EXPECT_DOUBLE_EQ(res.initial_loss, std::log(double(kVocab + 1)));
-  EXPECT_EQ(res.final_eval.correct,
-            int64_t(std::llround(res.final_eval.accuracy * double(res.final_eval.masked_tokens))));
+  EXPECT_NEAR(mlm().unigram_accuracy(), best_constant, 0.1);
+  EXPECT_GT(mlm().unigram_loss(), entropy - 0.3);
+  EXPECT_NE(res.final_line.find(fmt::format("uniform loss {:.4f}", std::log(double(kVocab + 1)))), std::string::npos)
+      << res.final_line;
+  EXPECT_EQ(correct(res), int64_t(std::llround(accuracy(res) * double(masked(res)))));
 }
 
 TEST_F(BertTrain, WritesMetricsPlotAndHuggingFaceCheckpoint) {
@@ -182,7 +196,7 @@ TEST_F(BertTrain, WritesMetricsPlotAndHuggingFaceCheckpoint) {
   }
   EXPECT_EQ(train_records, 30);                  // every 10 of 300 steps
   ASSERT_EQ(val_losses.size(), 3u);              // steps 100, 200, 300
-  EXPECT_EQ(val_losses.back(), result_->final_eval.loss);
+  EXPECT_EQ(val_losses.back(), result_->val_loss);
   EXPECT_LT(last_loss, first_loss - 1.0);
   EXPECT_TRUE(fs::exists(run / "loss.svg"));
   const fs::path ck = run / "checkpoint";
@@ -199,11 +213,11 @@ TEST_F(BertTrain, WritesMetricsPlotAndHuggingFaceCheckpoint) {
 }
 
 TEST_F(BertTrain, CheckpointEvaluationReproducesFinalNumbersExactly) {
-  const train::MlmEval ev = train::evaluate_mlm_checkpoint((root_ / "run" / "checkpoint").string(), 1);
-  EXPECT_EQ(ev.loss, result_->final_eval.loss);  // bitwise: same weights, batches, masks, threads
-  EXPECT_EQ(ev.correct, result_->final_eval.correct);
-  EXPECT_EQ(ev.masked_tokens, result_->final_eval.masked_tokens);
-  EXPECT_EQ(ev.accuracy, result_->final_eval.accuracy);
+  const train::EvalReport ev = train::evaluate_checkpoint((root_ / "run" / "checkpoint").string(), 1);
+  EXPECT_EQ(ev.fields.at("val_loss").get<double>(), result_->val_loss);  // bitwise: same weights, batches, masks, threads
+  EXPECT_EQ(int64_t(ev.metrics.get("correct")), correct(*result_));
+  EXPECT_EQ(ev.fields.at("masked_tokens").get<int64_t>(), masked(*result_));
+  EXPECT_EQ(ev.fields.at("mlm_accuracy").get<double>(), accuracy(*result_));
 }
 
 TEST_F(BertTrain, CliEvalPrintsTheSameNumbers) {
@@ -217,9 +231,9 @@ TEST_F(BertTrain, CliEvalPrintsTheSameNumbers) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   };
   ASSERT_EQ(run((root_ / "run" / "checkpoint").string()), 0) << test_support::slurp(err);
-  const train::MlmEval& f = result_->final_eval;
+  const train::TrainResult& f = *result_;
   const std::string expect = fmt::format("val MLM loss {:.6f} | masked accuracy {:.2f}% ({}/{} masked tokens)\n",
-                                         f.loss, 100.0 * f.accuracy, f.correct, f.masked_tokens);
+                                         f.val_loss, 100.0 * accuracy(f), correct(f), masked(f));
   EXPECT_EQ(test_support::slurp(out), expect);
   EXPECT_EQ(run((root_ / "no-such-dir").string()), 1);
   const std::string e = test_support::slurp(err);
@@ -258,23 +272,23 @@ TEST_F(BertTrain, InterruptCheckpointsAndExits130) {
 
 TEST_F(BertTrain, RunsAreDeterministicAndSeeded) {
   auto short_run = [&](uint64_t seed, const char* name) {
-    return train::run_mlm(recipe(root_ / "data", root_ / name, 6, seed), quiet());
+    return train::train(recipe(root_ / "data", root_ / name, 6, seed), quiet());
   };
-  const train::MlmResult a = short_run(11, "det-a"), b = short_run(11, "det-b"), c = short_run(12, "det-c");
+  const train::TrainResult a = short_run(11, "det-a"), b = short_run(11, "det-b"), c = short_run(12, "det-c");
   EXPECT_EQ(a.last_loss, b.last_loss);
-  EXPECT_EQ(a.final_eval.loss, b.final_eval.loss);
+  EXPECT_EQ(a.val_loss, b.val_loss);
   EXPECT_NE(a.last_loss, c.last_loss);
   // evaluation masks do not depend on the seed: same masked positions, different models
-  EXPECT_EQ(a.final_eval.masked_tokens, c.final_eval.masked_tokens);
-  EXPECT_NE(a.final_eval.loss, c.final_eval.loss);
+  EXPECT_EQ(masked(a), masked(c));
+  EXPECT_NE(a.val_loss, c.val_loss);
 }
 
 TEST_F(BertTrain, StopsAtStepAndCheckpoints) {
   train::TrainOptions o = quiet();
   o.stop_at = 4;
-  const train::MlmResult r = train::run_mlm(recipe(root_ / "data", root_ / "stop", 300), o);
+  const train::TrainResult r = train::train(recipe(root_ / "data", root_ / "stop", 300), o);
   EXPECT_EQ(r.steps, 4);
-  EXPECT_GT(r.final_eval.masked_tokens, 0);  // evaluated at the last step run
+  EXPECT_GT(masked(r), 0);  // evaluated at the last step run
   EXPECT_EQ(train::checkpoint_state((root_ / "stop" / "checkpoint").string()).step, 4);
 }
 
@@ -294,27 +308,22 @@ TEST_F(BertTrain, BadInputsGiveClearErrors) {
   // vocabulary of the recipe differs from the prepared data's
   train::Recipe r = recipe(root_ / "data", root_ / "bad", 5);
   r.model.vocab_size = 256;
-  std::string e = error_of<ConfigError>([&] { train::run_mlm(r, quiet()); });
+  std::string e = error_of<ConfigError>([&] { train::train(r, quiet()); });
   EXPECT_NE(e.find("vocab 128"), std::string::npos) << e;
   EXPECT_NE(e.find("model.vocab_size"), std::string::npos) << e;
-  // --resume is refused
+  // --resume without a checkpoint
   train::TrainOptions o = quiet();
   o.resume = true;
-  e = error_of<ConfigError>([&] { train::run_mlm(recipe(root_ / "data", root_ / "bad", 5), o); });
-  EXPECT_NE(e.find("--resume"), std::string::npos) << e;
-  // accumulation is refused with what to do
-  r = recipe(root_ / "data", root_ / "bad", 5);
-  r.train.accumulation = 2;
-  e = error_of<ConfigError>([&] { train::run_mlm(r, quiet()); });
-  EXPECT_NE(e.find("train.accumulation = 1"), std::string::npos) << e;
+  e = error_of<CheckpointError>([&] { train::train(recipe(root_ / "data", root_ / "bad-resume", 5), o); });
+  EXPECT_NE(e.find("--resume: no checkpoint"), std::string::npos) << e;
   // a missing checkpoint directory
-  e = error_of<CheckpointError>([&] { train::evaluate_mlm_checkpoint((root_ / "nope").string(), 1); });
+  e = error_of<CheckpointError>([&] { train::evaluate_checkpoint((root_ / "nope").string(), 1); });
   EXPECT_NE(e.find("no such checkpoint directory"), std::string::npos) << e;
   // a checkpoint whose tokenizer is not the one of its data.dir
   const fs::path copy = root_ / "ckpt-copy";
   fs::copy(root_ / "run" / "checkpoint", copy, fs::copy_options::recursive);
   std::ofstream(copy / "tokenizer.model", std::ios::trunc) << "another tokenizer";
-  e = error_of<CheckpointError>([&] { train::evaluate_mlm_checkpoint(copy.string(), 1); });
+  e = error_of<CheckpointError>([&] { train::evaluate_checkpoint(copy.string(), 1); });
   EXPECT_NE(e.find("differs from the checkpoint's tokenizer.model"), std::string::npos) << e;
   // a checkpoint missing a tensor is refused by name
   fs::remove_all(copy);
@@ -326,7 +335,7 @@ TEST_F(BertTrain, BadInputsGiveClearErrors) {
       if (name != "cls.predictions.bias") keep.emplace_back(name, st.get(name));
     ckpt::save_safetensors((copy / "model.safetensors").string(), keep);
   }
-  e = error_of<CheckpointError>([&] { train::evaluate_mlm_checkpoint(copy.string(), 1); });
+  e = error_of<CheckpointError>([&] { train::evaluate_checkpoint(copy.string(), 1); });
   EXPECT_NE(e.find("cls.predictions.bias"), std::string::npos) << e;
 }
 

@@ -1,8 +1,8 @@
-// CLIP contrastive training from a recipe (train/clip_train.h): the recipe -> CLIPConfig mapping
+// CLIP contrastive training through the one trainer (ContrastiveTask, train/tasks.h): the recipe -> CLIPConfig mapping
 // (text tower defaults, tokenizer vocabulary and context), a tiny CLIP trained for a few dozen
 // steps on real Fashion-MNIST image-caption pairs learns (loss falls, zero-shot accuracy on the
 // 10000 held-out test images well above the 10% of chance), writes metrics.jsonl, loss.svg and a
-// checkpoint under Hugging Face names, and evaluate_clip_checkpoint on that checkpoint reproduces
+// checkpoint under Hugging Face names, and evaluate_checkpoint on that checkpoint reproduces
 // the run's final zero-shot accuracy and test loss exactly; the same seed gives the same run;
 // bad inputs fail with one clear error. Tests that need the data skip when Debian's
 // Fashion-MNIST files are not installed.
@@ -20,7 +20,8 @@
 #include "brigade/core/error.h"
 #include "brigade/data/ext_captions.h"
 #include "brigade/train/checkpoint.h"
-#include "brigade/train/clip_train.h"
+#include "brigade/train/model_configs.h"
+#include "brigade/train/trainer.h"
 #include "brigade/train/config.h"
 
 namespace fs = std::filesystem;
@@ -153,26 +154,18 @@ TEST(ClipTrain, RefusesWhatItCannotRun) {
   TempDir tmp("refuse");
   train::TrainOptions resume = quiet();
   resume.resume = true;
-  EXPECT_NE(error_of<ConfigError>([&] { train::run_clip(tiny_recipe(tmp.path()), resume); }).find("--resume"),
+  EXPECT_NE(error_of<CheckpointError>([&] { train::train(tiny_recipe(tmp.path()), resume); }).find("--resume: no checkpoint"),
             std::string::npos);
-  train::TrainOptions dry = quiet();
-  dry.dry_run = true;
-  EXPECT_NE(error_of<ConfigError>([&] { train::run_clip(tiny_recipe(tmp.path()), dry); }).find("--dry-run"),
+  EXPECT_NE(error_of<ConfigError>([&] { tiny_recipe(tmp.path(), {"data.corpus=kjv"}); }).find("fashion-mnist"),
             std::string::npos);
-  train::Recipe vit = tiny_recipe(tmp.path());
-  vit.model.type = "vit";
-  EXPECT_NE(error_of<ConfigError>([&] { train::run_clip(vit, quiet()); }).find("is not \"clip\""), std::string::npos);
-  train::Recipe kjv = tiny_recipe(tmp.path());
-  kjv.data.corpus = "kjv";
-  EXPECT_NE(error_of<ConfigError>([&] { train::run_clip(kjv, quiet()); }).find("fashion-mnist"), std::string::npos);
   train::Recipe nodata = tiny_recipe(tmp.path());
   nodata.data.dir = (tmp.path() / "no-such-folder").string();
-  EXPECT_NE(error_of<DataError>([&] { train::run_clip(nodata, quiet()); }).find("no-such-folder"), std::string::npos);
-  // config validation: CLIP has no dropout, and only precision O0
+  EXPECT_NE(error_of<DataError>([&] { train::train(nodata, quiet()); }).find("no-such-folder"), std::string::npos);
+  // config validation: CLIP has no dropout
   EXPECT_NE(error_of<ConfigError>([&] { tiny_recipe(tmp.path(), {"model.dropout=0.1"}); }).find("dropout"),
             std::string::npos);
   // a missing checkpoint: one line that says what to pass
-  const std::string m = error_of<CheckpointError>([&] { train::evaluate_clip_checkpoint((tmp.path() / "none").string()); });
+  const std::string m = error_of<CheckpointError>([&] { train::evaluate_checkpoint((tmp.path() / "none").string()); });
   EXPECT_NE(m.find("no such checkpoint directory"), std::string::npos);
   EXPECT_EQ(m.find('\n'), std::string::npos);
 }
@@ -182,18 +175,16 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
   TempDir tmp("learn");
   const fs::path out = tmp.path() / "run";
   const train::Recipe r = tiny_recipe(out);
-  const train::ClipResult res = train::run_clip(r, quiet());
+  const train::TrainResult res = train::train(r, quiet());
   EXPECT_FALSE(res.interrupted);
   EXPECT_EQ(res.steps, 40);
-  EXPECT_GT(res.num_parameters, 0);
   // zero-shot over the 10 class prompts on all 10000 held-out test images: well above chance (10%)
-  EXPECT_EQ(res.test_total, 10000);
-  EXPECT_GE(res.zero_shot_accuracy, 0.35) << "zero-shot accuracy " << res.zero_shot_accuracy;
-  EXPECT_EQ(double(res.test_correct) / 10000.0, res.zero_shot_accuracy);
-  EXPECT_TRUE(std::isfinite(res.test_loss));
-  // logit_scale stays within CLIP's clamp [0, ln 100]
-  EXPECT_GE(res.logit_scale, 0.0);
-  EXPECT_LE(res.logit_scale, std::log(100.0) + 1e-6);
+  const int64_t total = res.eval_fields.at("test_images").get<int64_t>(), test_correct = int64_t(res.eval.get("correct"));
+  const double zero_shot = res.eval_fields.at("zero_shot_accuracy").get<double>();
+  EXPECT_EQ(total, 10000);
+  EXPECT_GE(zero_shot, 0.35) << "zero-shot accuracy " << zero_shot;
+  EXPECT_EQ(double(test_correct) / 10000.0, zero_shot);
+  EXPECT_TRUE(std::isfinite(res.val_loss));
 
   // metrics: the training loss falls (mean of the first two logged vs the last two); evaluations
   // at steps 20 (a 128-image prefix) and 40 (all 10000)
@@ -208,14 +199,20 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
     if (j.contains("zero_shot_accuracy")) evals.push_back(j);
   }
   ASSERT_EQ(losses.size(), 8u);
+  // logit_scale stays within CLIP's clamp [0, ln 100]
+  for (const auto& j : m)
+    if (j.contains("logit_scale")) {
+      EXPECT_GE(j["logit_scale"].get<double>(), 0.0);
+      EXPECT_LE(j["logit_scale"].get<double>(), std::log(100.0) + 1e-6);
+    }
   EXPECT_LT((losses[6] + losses[7]) / 2, (losses[0] + losses[1]) / 2 - 0.1);
   ASSERT_EQ(evals.size(), 2u);
   EXPECT_EQ(evals[0]["step"], 20);
   EXPECT_EQ(evals[0]["test_images"], 128);
   EXPECT_EQ(evals[1]["step"], 40);
   EXPECT_EQ(evals[1]["test_images"], 10000);
-  EXPECT_EQ(evals[1]["zero_shot_accuracy"].get<double>(), res.zero_shot_accuracy);
-  EXPECT_EQ(evals[1]["val_loss"].get<double>(), res.test_loss);
+  EXPECT_EQ(evals[1]["zero_shot_accuracy"].get<double>(), zero_shot);
+  EXPECT_EQ(evals[1]["val_loss"].get<double>(), res.val_loss);
   EXPECT_TRUE(fs::exists(out / "loss.svg"));
 
   // checkpoint: Hugging Face CLIPModel names; recipe, state, optimizer
@@ -237,11 +234,11 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
   EXPECT_EQ(train::checkpoint_state(ck.string()).step, 40);
 
   // brigade eval's path reproduces the final numbers exactly
-  const train::ClipEvalResult ev = train::evaluate_clip_checkpoint(ck.string(), 1);
-  EXPECT_EQ(ev.total, 10000);
-  EXPECT_EQ(ev.correct, res.test_correct);
-  EXPECT_EQ(ev.accuracy, res.zero_shot_accuracy);
-  EXPECT_EQ(ev.loss, res.test_loss);
+  const train::EvalReport ev = train::evaluate_checkpoint(ck.string(), 1);
+  EXPECT_EQ(ev.fields.at("test_images").get<int64_t>(), 10000);
+  EXPECT_EQ(int64_t(ev.metrics.get("correct")), test_correct);
+  EXPECT_EQ(ev.fields.at("zero_shot_accuracy").get<double>(), zero_shot);
+  EXPECT_EQ(ev.fields.at("val_loss").get<double>(), res.val_loss);
 
   // strict loading: a missing tensor and a wrong shape are clear errors naming the tensor
   const fs::path bad = tmp.path() / "bad";
@@ -253,12 +250,12 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
       if (n != "text_projection.weight") kept.emplace_back(n, st.get(n));
   }
   ckpt::save_safetensors((bad / "model.safetensors").string(), kept);
-  const std::string missing = error_of<CheckpointError>([&] { train::evaluate_clip_checkpoint(bad.string(), 1); });
+  const std::string missing = error_of<CheckpointError>([&] { train::evaluate_checkpoint(bad.string(), 1); });
   EXPECT_NE(missing.find("text_projection.weight"), std::string::npos) << missing;
   EXPECT_NE(missing.find("missing"), std::string::npos) << missing;
   kept.emplace_back("text_projection.weight", Tensor::zeros({8, 32}));
   ckpt::save_safetensors((bad / "model.safetensors").string(), kept);
-  const std::string shape = error_of<CheckpointError>([&] { train::evaluate_clip_checkpoint(bad.string(), 1); });
+  const std::string shape = error_of<CheckpointError>([&] { train::evaluate_checkpoint(bad.string(), 1); });
   EXPECT_NE(shape.find("text_projection.weight"), std::string::npos) << shape;
   EXPECT_NE(shape.find("shape"), std::string::npos) << shape;
 }
@@ -267,12 +264,12 @@ TEST(ClipTrain, SameSeedSameRun) {
   if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed at " << kData << " (apt install dataset-fashion-mnist)";
   TempDir tmp("seed");
   const std::vector<std::string> o{"train.steps=6", "train.eval_every=0", "train.log_every=1", "data.augment=true"};
-  const train::ClipResult a = train::run_clip(tiny_recipe(tmp.path() / "a", o), quiet());
-  const train::ClipResult b = train::run_clip(tiny_recipe(tmp.path() / "b", o), quiet());
+  const train::TrainResult a = train::train(tiny_recipe(tmp.path() / "a", o), quiet());
+  const train::TrainResult b = train::train(tiny_recipe(tmp.path() / "b", o), quiet());
   EXPECT_EQ(a.last_loss, b.last_loss);
-  EXPECT_EQ(a.test_correct, b.test_correct);
-  EXPECT_EQ(a.test_loss, b.test_loss);
-  const train::ClipResult c = train::run_clip(tiny_recipe(tmp.path() / "c", {"train.steps=6", "train.eval_every=0",
+  EXPECT_EQ(a.eval.get("correct"), b.eval.get("correct"));
+  EXPECT_EQ(a.val_loss, b.val_loss);
+  const train::TrainResult c = train::train(tiny_recipe(tmp.path() / "c", {"train.steps=6", "train.eval_every=0",
                                                                                "train.log_every=1", "data.augment=true",
                                                                                "run.seed=6"}),
                                               quiet());

@@ -31,6 +31,7 @@
 #include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/parallel/data_parallel.h"
+#include "brigade/train/executor.h"
 #include "brigade/train/trainer.h"
 #include "brigade/train/config.h"
 

@@ -29,6 +29,7 @@
 #include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/parallel/data_parallel.h"
+#include "brigade/train/executor.h"
 #include "brigade/train/trainer.h"
 
 using namespace brigade;

@@ -31,6 +31,7 @@
 #include "brigade/train/config.h"
 #include "brigade/ops/ops.h"
 #include "brigade/train/memory_plan.h"
+#include "brigade/train/model_configs.h"
 #include "brigade/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -107,7 +108,7 @@ class MemoryPlan : public ::testing::Test {
     TrainOptions o;
     o.quiet = true;
     o.sample = false;
-    return run_training(r, o);
+    return brigade::train::train(r, o);
   }
 
   fs::path dir_;

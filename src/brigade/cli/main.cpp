@@ -15,12 +15,11 @@
 #include "brigade/train/ablate.h"
 #include "brigade/train/bench.h"
 #include "brigade/train/checkpoint.h"
-#include "brigade/train/classify.h"
-#include "brigade/train/clip_train.h"
 #include "brigade/train/config.h"
 #include "brigade/train/generate.h"
 #include "brigade/train/memory_plan.h"
-#include "brigade/train/mlm.h"
+#include "brigade/train/registry.h"
+#include "brigade/train/tasks.h"
 #include "brigade/train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -30,45 +29,53 @@ namespace {
 
 int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& sets) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
+  BRIGADE_CHECK(train::model_entry(r.model.type).data == train::DataKind::Text, ConfigError,
+                "{}: model.type = \"{}\" trains on data.corpus = \"{}\", which needs no preparation (`brigade "
+                "prepare` builds the tokenizer and token files of the text models: {})",
+                recipe_path, r.model.type, r.data.corpus, [] {
+                  std::string s;
+                  for (const auto& e : train::model_registry())
+                    if (e.data == train::DataKind::Text) s += fmt::format("{}{}", s.empty() ? "" : ", ", e.type);
+                  return s;
+                }());
   data::prepare(train::prepare_options(r),
                 [](const data::PrepareProgress& p) { fmt::print(stderr, "prepare: {}\n", p.message); });
   return 0;
 }
 
-int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o) {
+int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o,
+              bool dry_run) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
-  if (r.model.type == "bert") return train::train_bert_cli(r, o);  // masked-LM (train/mlm.h)
-  if (r.model.type == "clip") return train::train_clip_cli(r, o);  // contrastive (train/clip_train.h)
-  if (train::is_vision_model(r.model.type)) {  // image classifiers (train/classify.h)
-    const train::ClassifyResult res = train::run_classification(r, o);
-    fmt::print("final test accuracy: {:.2f}% ({}/{}) | test loss {:.4f} | {} steps in {:.0f}s | checkpoint {}\n",
-               100.0 * res.test_accuracy, res.test_correct, res.test_total, res.test_loss, res.steps, res.seconds,
-               res.checkpoint_dir);
-    return res.interrupted ? 130 : 0;
-  }
-  if (o.dry_run) {  // the plan's memory per category, from the recipe alone (memory_plan.h)
-    if (dist::Env::world_rank() == 0) fmt::print("{}", train::dry_run_report(r));
+  if (dry_run) {  // the plan's memory per category, without training or reading data (memory_plan.h)
+    const std::string report = train::dry_run_report(r);
+    if (dist::Env::world_rank() == 0) fmt::print("{}", report);
     return 0;
   }
-  train::TrainResult res = train::run_training(r, o);
+  const train::TrainResult res = train::train(r, o);
   if (res.interrupted) return 130;  // the conventional exit status after SIGINT
   if (dist::Env::world_rank() != 0) return 0;  // rank 0 reports for the job
-  fmt::print("final val loss: {:.4f}\n", res.val_loss);
+  fmt::print("{}\n", res.evaluated ? res.final_line : std::string("no evaluation was run"));
   if (res.early_stopped)
     fmt::print("early stop at step {}: best val loss {:.4f} at step {} (kept in {})\n", res.steps, res.best_val_loss,
                res.best_step, res.best_dir);
+  fmt::print("{} steps in {:.0f}s ({:.0f} {} median) | checkpoint {}\n", res.steps, res.seconds, res.items_per_s,
+             train::item_rate_unit(res.item), res.checkpoint_dir);
   if (!res.sample.empty()) fmt::print("sample:\n{}\n", res.sample);
   return 0;
 }
 
 int cmd_generate(const std::string& ckpt, const std::string& prompt, const train::SampleOptions& so, int threads) {
   if (threads > 0) omp_set_num_threads(threads);
-  BRIGADE_CHECK(fs::is_directory(ckpt), CheckpointError,
+  BRIGADE_CHECK(fs::is_directory(ckpt) || fs::is_directory(ckpt + ".old"), CheckpointError,
                 "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
                 "runs/gpt-kjv/checkpoint)",
                 ckpt);
   train::Recipe r = train::checkpoint_recipe(ckpt);
-  const std::unique_ptr<models::CausalLM> model = train::make_model(r.model);
+  BRIGADE_CHECK(train::model_entry(r.model.type).caps.sample, ConfigError,
+                "--ckpt {}: a model.type = \"{}\" checkpoint does not generate text; `brigade generate` samples from "
+                "{}; evaluate this one with `brigade eval --ckpt {}`",
+                ckpt, r.model.type, train::model_types_with(&train::Capabilities::sample), ckpt);
+  const std::unique_ptr<models::CausalLM> model = train::make_causal_lm(r.model);
   train::load_model_weights((fs::path(ckpt) / "model.safetensors").string(), *model);
   model->train(false);
   data::Tokenizer tok = data::Tokenizer::load((fs::path(ckpt) / "tokenizer.model").string());
@@ -77,14 +84,8 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
 }
 
 int cmd_eval(const std::string& ckpt, int threads) {
-  if (fs::is_directory(ckpt)) {
-    const std::string type = train::checkpoint_recipe(ckpt).model.type;
-    if (type == "bert") return train::eval_bert_cli(ckpt, threads);
-    if (type == "clip") return train::eval_clip_cli(ckpt, threads);
-  }
-  const train::EvalResult ev = train::evaluate_checkpoint(ckpt, threads);
-  fmt::print("test accuracy: {:.2f}% ({}/{}) | test loss {:.4f}\n", 100.0 * ev.accuracy, ev.correct, ev.total,
-             ev.loss);
+  const train::EvalReport ev = train::evaluate_checkpoint(ckpt, threads);
+  fmt::print("{}\n", ev.line);
   return 0;
 }
 
@@ -118,12 +119,12 @@ int main(int argc, char** argv) {
 namespace {
 
 int run(int argc, char** argv) {
-  CLI::App app{"Brigade: train language models on the CPU, with every optimization measured"};
+  CLI::App app{"Brigade: train language and vision models on the CPU, with every optimization measured"};
   app.require_subcommand(1);
   std::string recipe, ckpt, prompt;
   std::vector<std::string> sets;
   train::TrainOptions topts;
-  bool no_sample = false;
+  bool no_sample = false, dry_run = false;
   train::SampleOptions so;
   int threads = 0;
 
@@ -138,7 +139,7 @@ int run(int argc, char** argv) {
   tr->add_option("--stop-at", topts.stop_at, "Stop and checkpoint at this step (the schedule still spans train.steps)");
   tr->add_flag("--quiet", topts.quiet, "No progress output");
   tr->add_flag("--no-sample", no_sample, "Skip the text sample at the end");
-  tr->add_flag("--dry-run", topts.dry_run,
+  tr->add_flag("--dry-run", dry_run,
                "Print the predicted memory per category (params, grads, optimizer, activations, workspace) and "
                "exit without training");
 
@@ -151,9 +152,9 @@ int run(int argc, char** argv) {
   gen->add_option("--seed", so.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
 
-  auto* ev = app.add_subcommand("eval", "Evaluate a checkpoint: an image classifier's Fashion-MNIST test accuracy "
-                                        "and loss, clip's zero-shot test accuracy, bert's masked-LM val loss and "
-                                        "accuracy");
+  auto* ev = app.add_subcommand("eval", "Evaluate a checkpoint as its run's final evaluation: a language model's val "
+                                        "loss, bert's masked-LM loss and accuracy, an image classifier's Fashion-MNIST "
+                                        "test accuracy, clip's zero-shot accuracy");
   ev->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/vit-fashion/checkpoint)")->required();
   ev->add_option("--threads", threads, "OpenMP threads (0 = the recipe's run.threads)");
 
@@ -197,7 +198,7 @@ int run(int argc, char** argv) {
     if (prep->parsed()) return finish(cmd_prepare(recipe, sets), "");
     if (tr->parsed()) {
       topts.sample = !no_sample;
-      return finish(cmd_train(recipe, sets, topts), "");
+      return finish(cmd_train(recipe, sets, topts, dry_run), "");
     }
     if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
     if (ev->parsed()) return finish(cmd_eval(ckpt, threads), "");

@@ -18,6 +18,8 @@
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/parallel/data_parallel.h"
+#include "brigade/train/executor.h"
+#include "brigade/train/registry.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::train {
@@ -26,39 +28,33 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
   BRIGADE_CHECK(o.steps >= 1 && o.warmup >= 0, ConfigError, "bench: --steps must be >= 1 and --warmup >= 0, got {} and {}",
                 o.steps, o.warmup);
   BRIGADE_CHECK(r.parallel.dp == 1, ConfigError,
-                "bench: runs one process; parallel.dp = {} is for `brigade train` under mpirun", r.parallel.dp);
+                "bench: runs one process; parallel.dp = {} is for `brigade train` under mpirun (bench/dp_bench.py "
+                "times it)",
+                r.parallel.dp);
   BRIGADE_CHECK(r.parallel.tp == 1 && r.parallel.pp == 1, ConfigError,
                 "bench: runs one process; parallel.tp = {} and parallel.pp = {} are for `brigade train` under mpirun "
                 "(bench/mp_bench.py times them)",
                 r.parallel.tp, r.parallel.pp);
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
-  const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation;
-  const std::unique_ptr<models::CausalLM> model_owner = build_model(r);
-  models::CausalLM& model = *model_owner;
+  const int64_t A = r.train.accumulation;
+  const std::unique_ptr<Task> task = make_task(r);  // the recipe's model, as `brigade train` builds it
+  apply_recompute(r, *task);
   parallel::DataParallelOptions dpo;
   dpo.accumulation = A;
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
-  parallel::DataParallel dp(model_units(model), world, dpo);
+  parallel::DataParallel dp(model_units(task->model()), world, dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   const amp::Policy policy = precision_policy(r.precision);
   amp::LossScaler scaler(loss_scaler_options(r.precision));
   if (policy.level == amp::Level::O3) round_state_to_low(dp, *opt, policy.low);
-
-  // random ids (and targets: the next id), fixed by the seed
-  Tensor ids = Tensor::empty({B, T + 1}, DType::I64);  // (B, T + 1)
-  {
-    Generator g(r.run.seed + 2);
-    int64_t* p = ids.data<int64_t>();
-    for (int64_t i = 0; i < ids.numel(); ++i)
-      p[i] = std::min<int64_t>(int64_t(g.uniform_double() * double(r.model.vocab_size)), r.model.vocab_size - 1);
-  }
-  const Tensor x = ids.narrow(1, 0, T).contiguous(), y = ids.narrow(1, 1, T).contiguous();  // (B, T)
+  const Batch batch = task->synthetic_batch(r.run.seed + 2);  // the micro-batch's shape, random content
+  const Shard shard{0, 1, world.get()};
 
   BenchResult res;
-  res.parameters = model.num_parameters();
+  res.parameters = task->model().num_parameters();
   res.gemm_peak_f32 = measure_gemm_peak_gflops(DType::F32);
   res.gemm_peak_bf16 = measure_gemm_peak_gflops(DType::BF16);
-  model.train(true);
+  task->model().train(true);
   struct rusage ru0 {};
   int64_t os_allocs0 = 0;
   for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
@@ -72,19 +68,26 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
     }
     const auto t0 = std::chrono::steady_clock::now();
     dp.begin_step();
+    std::vector<Batch> micro(size_t(A), batch);
+    if (task->needs_whole_step()) {
+      amp::AutocastScope autocast(policy);
+      task->begin_step(micro, shard);
+    }
     double loss_sum = 0;
+    Metrics extras;
     for (int64_t m = 0; m < A; ++m) {
       dp.begin_micro_step(m);
-      Tensor loss;
+      Loss l;
       {
         amp::AutocastScope autocast(policy);
-        loss = model.loss(x, y);
+        l = task->loss(micro[size_t(m)], m, extras);
       }
-      autograd::backward(scaler.enabled() ? fn::mul_scalar(loss, scaler.scale()) : loss);
-      loss_sum += loss.item();
+      autograd::backward(scaler.enabled() ? fn::mul_scalar(l.loss, scaler.scale()) : l.loss);
+      loss_sum += l.value ? *l.value : l.loss.item();
     }
     dp.finish_gradients();
-    apply_gradients(dp, *opt, scaler, policy, r.train, r.optim.lr, *world);  // the trainer's step
+    apply_gradients(dp, *opt, scaler, policy, r.train, r.optim.lr, *world, {},
+                    [&](const nn::NamedTensors& master) { task->after_update(master); });  // the trainer's step
     res.last_loss = loss_sum / double(A);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (step >= o.warmup) res.step_seconds.push_back(dt);
@@ -100,9 +103,10 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
   std::vector<double> s = res.step_seconds;
   std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
   res.median_step_s = s[s.size() / 2];
-  res.tokens_per_s = double(B * T * A) / res.median_step_s;
-  res.flops_per_token = model.flops_per_token(T);
-  res.achieved_gflops = res.tokens_per_s * res.flops_per_token / 1e9;
+  res.item = task->item_kind();
+  res.items_per_s = double(batch.rows * task->items_per_row() * A) / res.median_step_s;
+  res.flops_per_item = task->flops_per_item();
+  res.achieved_gflops = res.items_per_s * res.flops_per_item / 1e9;
   const bool low_gemm = policy.level != amp::Level::O0 && policy.low == DType::BF16;
   res.mfu = res.achieved_gflops / (low_gemm ? res.gemm_peak_bf16 : res.gemm_peak_f32);
   struct rusage ru {};
@@ -115,7 +119,9 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
 std::string bench_json(const Recipe& r, const BenchResult& b) {
   nlohmann::json peaks;
   for (int i = 0; i < kNumMemTags; ++i) peaks[std::string(mem_tag_name(MemTag(i)))] = b.memory.peak[size_t(i)];
-  return nlohmann::json{{"engine", "brigade"},
+  nlohmann::json j{{"engine", "brigade"},
+                        {"model", r.model.type},
+                        {"item", item_name(b.item)},
                         {"n_layer", r.model.n_layer},
                         {"n_embd", r.model.n_embd},
                         {"n_head", r.model.n_head},
@@ -128,8 +134,9 @@ std::string bench_json(const Recipe& r, const BenchResult& b) {
                         {"steps", b.step_seconds.size()},
                         {"step_seconds", b.step_seconds},
                         {"median_step_s", b.median_step_s},
-                        {"tokens_per_s", b.tokens_per_s},
-                        {"flops_per_token", b.flops_per_token},
+                        {"items_per_s", b.items_per_s},
+                        {item_rate_key(b.item), b.items_per_s},
+                        {"flops_per_item", b.flops_per_item},
                         {"achieved_gflops", b.achieved_gflops},
                         {"gemm_peak_f32_gflops", b.gemm_peak_f32},
                         {"gemm_peak_bf16_gflops", b.gemm_peak_bf16},
@@ -139,8 +146,9 @@ std::string bench_json(const Recipe& r, const BenchResult& b) {
                         {"timed_os_allocs_per_step", b.timed_os_allocs_per_step},
                         {"allocator_peak_bytes", peaks},
                         {"allocator_peak_total", b.memory.peak_total},
-                        {"last_loss", b.last_loss}}
-      .dump();
+                        {"last_loss", b.last_loss}};
+  if (b.item == ItemKind::Token) j["flops_per_token"] = b.flops_per_item;
+  return j.dump();
 }
 
 }  // namespace brigade::train

@@ -1,10 +1,12 @@
-// `brigade bench RECIPE [--set ...] [--steps N] [--warmup W]`: training-step speed of a
-// recipe's model, optimizer, precision and recompute plan on random token ids (no
-// data, no evaluation, no checkpoint), for end-to-end comparisons such as
-// bench/gpt_vs_torch.py. One process, one rank. Prints one JSON object: median
-// step time and tokens/s, FLOPs per token (6N + 12 L T C), the GEMM ceilings measured
-// in this process (f32 and bf16, 1024^3 oneDNN matmul), MFU against the ceiling of the
-// dtype the GEMMs run in, peak RSS and the allocator's peaks by category.
+// `brigade bench RECIPE [--set ...] [--steps N] [--warmup W]`: training-step speed of any
+// recipe's model (its registry task), optimizer, precision and recompute plan on a synthetic
+// batch of the micro-batch's shape (Task::synthetic_batch: random ids, images or pairs; no data,
+// no evaluation, no checkpoint), for end-to-end comparisons such as bench/gpt_vs_torch.py. One
+// process, one rank. Prints one JSON object naming the model type it measured: median step time,
+// items/s (tokens, images or pairs; also under "tokens_per_s" / "images_per_s" / "pairs_per_s"),
+// FLOPs per item (the task's count), the GEMM ceilings measured in this process (f32 and bf16,
+// 1024^3 oneDNN matmul), MFU against the ceiling of the dtype the GEMMs run in, peak RSS and the
+// allocator's peaks by category.
 // Not a test: speed targets live in benchmarks, never in timed tests.
 #pragma once
 #include <cstdint>
@@ -13,6 +15,7 @@
 
 #include "brigade/core/allocator.h"
 #include "brigade/train/config.h"
+#include "brigade/train/task.h"
 
 namespace brigade::train {
 
@@ -23,8 +26,9 @@ struct BenchOptions {
 
 struct BenchResult {
   std::vector<double> step_seconds;  // each timed step
-  double median_step_s = 0, tokens_per_s = 0;
-  double flops_per_token = 0, achieved_gflops = 0;
+  double median_step_s = 0, items_per_s = 0;
+  ItemKind item = ItemKind::Token;
+  double flops_per_item = 0, achieved_gflops = 0;
   double gemm_peak_f32 = 0, gemm_peak_bf16 = 0;  // GFLOP/s, this process
   double mfu = 0;                                // against the peak of the GEMM dtype of the precision level
   int64_t parameters = 0;

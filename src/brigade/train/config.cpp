@@ -5,6 +5,7 @@
 // is one line there plus the struct field (and docs/recipes.md).
 // Not the trainer: this file knows nothing about models or data beyond the values.
 #include "brigade/train/config.h"
+#include "brigade/train/registry.h"
 
 #include <algorithm>
 #include <cmath>
@@ -111,6 +112,7 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(parallel, virtual_stages, Int),
       BRIGADE_FIELD(parallel, stage_layers, String),
       BRIGADE_FIELD(parallel, max_in_flight, Int),
+      BRIGADE_FIELD(parallel, sync_batchnorm, Bool),
       BRIGADE_FIELD(memory, recompute, String),
       BRIGADE_FIELD(memory, every_k, Int),
       BRIGADE_FIELD(memory, budget_mb, Float),
@@ -415,174 +417,8 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (r.run.seed > uint64_t(std::numeric_limits<int64_t>::max()))
     fail(fmt::format("run.seed = {} does not fit a TOML integer; use a seed below 2^63", r.run.seed));
 
-  const bool vision = r.model.type == "vit" || r.model.type == "resnet18" || r.model.type == "resnet50" ||
-                      r.model.type == "swin" || r.model.type == "clip";
-  const bool text_model = r.model.type == "gpt" || r.model.type == "llama" || r.model.type == "bert";
-  if (!text_model && !vision)
-    fail(fmt::format("model.type = \"{}\" is not a known model; use \"gpt\", \"llama\" or \"bert\" (language models), "
-                     "\"vit\", \"resnet18\", \"resnet50\", \"swin\" (image classifiers) or \"clip\" (image-caption){}",
-                     r.model.type,
-                     suggest(r.model.type, {"gpt", "llama", "bert", "vit", "resnet18", "resnet50", "swin", "clip"})));
-  const bool images = r.data.corpus == "fashion-mnist";
-  if (vision && !images)
-    fail(fmt::format("model.type = \"{}\" is an image model but data.corpus = \"{}\" is text; set data.corpus = "
-                     "\"fashion-mnist\" (and data.dir to its folder, e.g. \"/usr/share/datasets/fashion-mnist\")",
-                     r.model.type, r.data.corpus));
-  if (images && !vision)
-    fail(fmt::format("data.corpus = \"fashion-mnist\" is image data, but model.type = \"{}\" is a language model; "
-                     "use model.type = \"vit\", \"resnet18\", \"resnet50\", \"swin\" or \"clip\"",
-                     r.model.type));
-  if (r.data.augment && !images)
-    fail(fmt::format("data.augment = true applies to image data (data.corpus = \"fashion-mnist\"), not \"{}\"; "
-                     "remove it",
-                     r.data.corpus));
-  const ModelConfig md{};
-  if (r.model.type != "swin" && (r.model.depths != md.depths || r.model.window_size != md.window_size ||
-                                 r.model.mlp_ratio != md.mlp_ratio))
-    fail(fmt::format("model.depths, window_size and mlp_ratio apply to model.type = \"swin\", not \"{}\"; remove them",
-                     r.model.type));
-  if (r.model.type != "clip" && (r.model.text_layers != 0 || r.model.text_heads != 0 || r.model.text_width != 0 ||
-                                 r.model.projection_dim != 0))
-    fail(fmt::format("model.text_layers, text_heads, text_width and projection_dim apply to model.type = \"clip\", "
-                     "not \"{}\"; remove them",
-                     r.model.type));
-  if (r.model.type != "bert" && r.data.mlm_probability != DataConfig{}.mlm_probability)
-    fail(fmt::format("data.mlm_probability applies to model.type = \"bert\" (masked-LM), not \"{}\"; remove it",
-                     r.model.type));
-  if (vision) {
-    const std::string& mt = r.model.type;
-    const bool patches = mt == "vit" || mt == "swin" || mt == "clip";
-    if (r.model.image_size != 28)
-      fail(fmt::format("model.image_size = {}: Fashion-MNIST images are 28x28; set model.image_size = 28",
-                       r.model.image_size));
-    if (r.model.in_channels != 1)
-      fail(fmt::format("model.in_channels = {}: Fashion-MNIST images are grey (one channel); set model.in_channels = 1",
-                       r.model.in_channels));
-    if (r.model.num_classes != 10)
-      fail(fmt::format("model.num_classes = {}: Fashion-MNIST has 10 classes; set model.num_classes = 10",
-                       r.model.num_classes));
-    if (patches) {
-      if (r.model.patch_size < 1 || r.model.image_size % r.model.patch_size != 0)
-        fail(fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
-                         "patches); use e.g. 2, 4, 7 or 14",
-                         r.model.patch_size, r.model.image_size));
-      if (r.model.intermediate_size < 0)
-        fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 4 n_embd)", r.model.intermediate_size));
-      if (r.model.width != md.width)
-        fail(fmt::format("model.width = {} applies to the ResNets, not \"{}\"; remove it", r.model.width, mt));
-    } else {
-      if (r.model.width < 1 || r.model.width > 4096)
-        fail(fmt::format("model.width = {} must be in [1, 4096]: the ResNet's stem and stage-1 channels (torchvision "
-                         "64; 16 or 32 train faster)",
-                         r.model.width));
-      if (r.model.dropout != 0)
-        fail(fmt::format("model.dropout = {}: the ResNet has no dropout; set model.dropout = 0", r.model.dropout));
-    }
-    if (mt != "vit" && r.precision.level != "O0")
-      fail(fmt::format("precision.level = \"{}\": model.type = \"{}\" trains in fp32 only (\"O0\") for now",
-                       r.precision.level, mt));
-    if (mt == "swin") {
-      if (r.model.dropout != 0)
-        fail(fmt::format("model.dropout = {}: the swin model has no dropout; set model.dropout = 0", r.model.dropout));
-      if (!(r.model.mlp_ratio > 0 && r.model.mlp_ratio <= 64))
-        fail(fmt::format("model.mlp_ratio = {} must be in (0, 64]; Swin uses 4", r.model.mlp_ratio));
-      if (r.model.window_size < 1)
-        fail(fmt::format("model.window_size = {} must be >= 1; Swin uses 7", r.model.window_size));
-      std::vector<int64_t> d;
-      try {
-        d = swin_depths(r.model);
-      } catch (const ConfigError& e) {
-        fail(e.what());
-      }
-      if (d.empty()) fail("model.depths is empty; give the blocks per stage, e.g. \"2,2\"");
-      const int64_t grid = r.model.image_size / std::max<int64_t>(1, r.model.patch_size);
-      for (size_t i = 0; i < d.size(); ++i) {
-        const int64_t res = grid >> i;
-        if (d[i] < 1)
-          fail(fmt::format("model.depths = \"{}\": stage {} has {} blocks; every stage needs at least 1",
-                           r.model.depths, i, d[i]));
-        if (res < 1 || (i + 1 < d.size() && res % 2 != 0))
-          fail(fmt::format("model.depths = \"{}\": stage {} would work on a {}x{} grid, which patch merging cannot "
-                           "halve; use fewer stages or a smaller model.patch_size",
-                           r.model.depths, i, res, res));
-        if (res > r.model.window_size && res % r.model.window_size != 0)
-          fail(fmt::format("model.window_size = {} does not divide stage {}'s {}x{} grid (image_size / patch_size / "
-                           "2^stage); choose a window that divides it",
-                           r.model.window_size, i, res, res));
-      }
-    }
-    if (mt == "clip") {
-      if (r.model.text_layers < 0 || r.model.text_heads < 0 || r.model.text_width < 0 || r.model.projection_dim < 0)
-        fail("model.text_layers, text_heads, text_width and projection_dim must be >= 0 (0 = the image tower's "
-             "n_layer, n_head, n_embd)");
-      const int64_t tw = r.model.text_width > 0 ? r.model.text_width : r.model.n_embd;
-      const int64_t th = r.model.text_heads > 0 ? r.model.text_heads : r.model.n_head;
-      if (tw % th != 0)
-        fail(fmt::format("model.text_width = {} is not divisible by model.text_heads = {}", tw, th));
-      if (r.model.dropout != 0)
-        fail(fmt::format("model.dropout = {}: CLIP has no dropout; set model.dropout = 0", r.model.dropout));
-    }
-    if (r.parallel.tp > 1 || r.parallel.pp > 1 || r.parallel.zero > 0)
-      fail(fmt::format("parallel.tp = {}, parallel.pp = {}, parallel.zero = {}: the image models train on one "
-                       "process (parallel.dp = 1, no ZeRO, tp = pp = 1) for now",
-                       r.parallel.tp, r.parallel.pp, r.parallel.zero));
-    if (r.train.accumulation != 1 || r.train.accumulation_mode != "static")
-      fail(fmt::format("train.accumulation = {} (mode \"{}\"): the image models take one batch per step; set "
-                       "train.accumulation = 1 and raise train.batch_size instead",
-                       r.train.accumulation, r.train.accumulation_mode));
-    if (r.memory.recompute != "none")
-      fail(fmt::format("memory.recompute = \"{}\" applies to the language models' transformer blocks; use \"none\" "
-                       "with model.type = \"{}\"",
-                       r.memory.recompute, mt));
-    if (r.train.early_stop)
-      fail(fmt::format("train.early_stop = true is not supported for model.type = \"{}\" yet; remove it", mt));
-  } else if (r.model.width != md.width || r.model.patch_size != md.patch_size || r.model.image_size != md.image_size ||
-             r.model.num_classes != md.num_classes || r.model.in_channels != md.in_channels) {
-    fail(fmt::format("model.image_size, patch_size, num_classes, in_channels and width apply to the image "
-                     "models (model.type = \"vit\", \"resnet18\", \"resnet50\", \"swin\", \"clip\"), not \"{}\"; "
-                     "remove them",
-                     r.model.type));
-  }
-  if (r.model.type == "bert") {
-    if (!(r.data.mlm_probability > 0 && r.data.mlm_probability < 1))
-      fail(fmt::format("data.mlm_probability = {} must be in (0, 1); BERT uses 0.15", r.data.mlm_probability));
-    if (r.model.intermediate_size < 0)
-      fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 4 n_embd)", r.model.intermediate_size));
-    if (r.parallel.tp > 1 || r.parallel.pp > 1 || r.parallel.dp > 1 || r.parallel.zero > 0)
-      fail(fmt::format("parallel.dp = {}, tp = {}, pp = {}, zero = {}: model.type = \"bert\" trains on one process "
-                       "for now; set them to 1, 1, 1 and 0",
-                       r.parallel.dp, r.parallel.tp, r.parallel.pp, r.parallel.zero));
-    if (r.memory.recompute != "none")
-      fail(fmt::format("memory.recompute = \"{}\" is built for gpt and llama; use \"none\" with model.type = \"bert\"",
-                       r.memory.recompute));
-    if (r.precision.level != "O0")
-      fail(fmt::format("precision.level = \"{}\": model.type = \"bert\" trains in fp32 only (\"O0\") for now",
-                       r.precision.level));
-    if (r.train.early_stop)
-      fail("train.early_stop = true is not supported for model.type = \"bert\" yet; remove it");
-  }
-  if (r.model.type == "llama") {
-    const int64_t kv = r.model.n_kv_head == 0 ? r.model.n_head : r.model.n_kv_head;
-    if (kv < 1 || r.model.n_head % kv != 0)
-      fail(fmt::format("model.n_kv_head = {} must divide model.n_head = {} (grouped-query attention shares each "
-                       "key/value head among n_head / n_kv_head query heads); 0 means n_head",
-                       r.model.n_kv_head, r.model.n_head));
-    if (r.model.intermediate_size < 0)
-      fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 8 n_embd / 3 rounded up to a multiple of 64)",
-                       r.model.intermediate_size));
-    if (!(r.model.rope_theta > 0))
-      fail(fmt::format("model.rope_theta = {} must be > 0; LLaMA uses 10000", r.model.rope_theta));
-    if (r.model.dropout != 0)
-      fail(fmt::format("model.dropout = {}: the llama model has no dropout; set model.dropout = 0",
-                       r.model.dropout));
-    if (r.parallel.tp > 1 || r.parallel.pp > 1)
-      fail(fmt::format("parallel.tp = {} and parallel.pp = {}: tensor and pipeline parallelism are built for "
-                       "model.type = \"gpt\"; train llama with parallel.dp (and ZeRO)",
-                       r.parallel.tp, r.parallel.pp));
-    if (r.memory.recompute == "budget")
-      fail("memory.recompute = \"budget\" needs the activation estimate, which exists for model.type = \"gpt\" "
-           "only; use \"full\", \"selective\" or \"every_k\" for llama");
-  }
+  // the model's own keys, data kind, checks and capabilities: its row of the registry
+  validate_model(r, fail);
   constexpr int64_t kMinVocab = 16;
   if (r.model.vocab_size < kMinVocab || r.model.vocab_size > (int64_t(1) << 31) - 1)
     fail(fmt::format("model.vocab_size = {} is out of range; use a value between {} and 2^31-1 (4096 suits the KJV)",
@@ -900,6 +736,30 @@ std::vector<int64_t> parse_count_list(const std::string& key, const std::string&
 
 std::vector<int64_t> swin_depths(const ModelConfig& m) {
   return m.depths.empty() ? std::vector<int64_t>{2, 2} : parse_count_list("model.depths", m.depths);
+}
+
+}  // namespace brigade::train
+
+namespace brigade::train {
+
+std::string did_you_mean(const std::string& wrong, const std::vector<std::string>& candidates) {
+  return suggest(wrong, candidates);
+}
+
+std::map<std::string, std::string> recipe_values(const Recipe& r) {
+  std::map<std::string, std::string> out;
+  std::string section;
+  std::istringstream in(recipe_to_toml(r));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos) out[section + "." + line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return out;
 }
 
 }  // namespace brigade::train

@@ -5,6 +5,7 @@
 // the struct initialisers, and docs/recipes.md lists every key.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,8 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string type = "gpt";          // "gpt" (GPT-2) | "llama" (RMSNorm, RoPE, SwiGLU, GQA, untied head) |
-                                     // "bert" (masked-LM encoder on the text corpus) |
-                                     // image classifiers (train/classify.h): "vit" | "resnet18" | "resnet50" |
-                                     // "swin" | "clip" (contrastive image-caption, zero-shot eval)
+  std::string type = "gpt";          // a row of the model registry (train/registry.h): "gpt" | "llama" | "bert" |
+                                     // "vit" | "resnet18" | "resnet50" | "swin" | "clip"
   int64_t vocab_size = 4096;
   int64_t block_size = 128;          // max sequence length (n_positions)
   int64_t n_layer = 4;
@@ -125,6 +124,10 @@ struct ParallelConfig {
   int64_t virtual_stages = 1;        // interleaved: chunks per pipeline rank (dynamic: the most it may try)
   std::string stage_layers = "";     // blocks per stage, e.g. "3,4,5" ("" = cut by estimated cost)
   int64_t max_in_flight = 0;         // dynamic: the most micro-batches' activations a rank may hold (0 = no limit)
+  // BatchNorm under data parallelism: false = each rank normalises with its own rows' statistics
+  // (torch DDP's default; rank 0's running statistics are kept), true = statistics over the whole
+  // data-parallel group (torch.nn.SyncBatchNorm): dp ranks of B rows then equal one process of dp x B.
+  bool sync_batchnorm = false;
   bool operator==(const ParallelConfig&) const = default;
 };
 
@@ -201,5 +204,10 @@ std::vector<int64_t> parse_count_list(const std::string& key, const std::string&
 
 // model.depths for swin: the parsed list ("" = {2, 2}).
 std::vector<int64_t> swin_depths(const ModelConfig& m);
+
+// " (did you mean 'x'?)" for the candidate closest to `wrong`, or "" when none is close.
+std::string did_you_mean(const std::string& wrong, const std::vector<std::string>& candidates);
+// "section.key" -> value as recipe_to_toml writes it, for every key (comparing two recipes).
+std::map<std::string, std::string> recipe_values(const Recipe& r);
 
 }  // namespace brigade::train

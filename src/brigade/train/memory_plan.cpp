@@ -8,6 +8,11 @@
 #include "brigade/core/error.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/ops/ops.h"
+#include "brigade/autograd/engine.h"
+#include "brigade/dist/process_group.h"
+#include "brigade/train/executor.h"
+#include "brigade/train/model_configs.h"
+#include "brigade/train/registry.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::train {
@@ -114,14 +119,116 @@ std::vector<PlannedUnit> planned_gpt_units(const ModelConfig& m) {
   return units;
 }
 
-MemoryPrediction predict_memory(const Recipe& r, int rank) {
+MemoryInputs measured_inputs(const Recipe& r) {
+  MemoryInputs in;
+  in.measured = true;
+  const std::unique_ptr<Task> task = make_task(r);
+  const std::vector<nn::Recompute> modes = apply_recompute(r, *task);
+  for (nn::Recompute m : modes) in.recompute += models::recompute_name(m)[0];
+  for (const parallel::ParamUnit& u : model_units(task->model())) {
+    PlannedUnit pu{u.name, {}};
+    for (auto& [name, p] : u.params) pu.params.emplace_back(name, p.numel());
+    in.units.push_back(std::move(pu));
+  }
+  // One training micro-step and one evaluation batch of synthetic data, on the allocator's
+  // activation and workspace accounting (the rest is the parameter layout, above).
+  const amp::Policy policy = precision_policy(r.precision);
+  Allocator& a = Allocator::instance();
+  const int64_t act0 = a.stats().live[size_t(MemTag::Activations)];
+  const int64_t work0 = a.stats().live[size_t(MemTag::Workspace)];
+  Batch b = task->synthetic_batch(r.run.seed + 2);
+  const int64_t batch_bytes = a.stats().live[size_t(MemTag::Activations)] - act0;
+  a.reset_peak();
+  task->model().train(true);
+  {
+    Metrics extras;
+    std::vector<Batch> micro{b};
+    const std::shared_ptr<dist::ProcessGroup> one = dist::ProcessGroup::world();
+    if (task->needs_whole_step()) task->begin_step(micro, Shard{0, 1, one.get()});
+    Loss l;
+    {
+      amp::AutocastScope autocast(policy);
+      l = task->loss(b, 0, extras);
+    }
+    autograd::backward(l.loss);
+  }
+  const int64_t train_act = a.stats().peak[size_t(MemTag::Activations)] - act0;
+  const int64_t train_work = a.stats().peak[size_t(MemTag::Workspace)] - work0;
+  for (auto& [name, p] : task->model().named_parameters()) p.set_grad(Tensor());
+  int64_t eval_act = 0, eval_work = 0;
+  {
+    autograd::NoGradGuard ng;
+    task->model().train(false);
+    Batch e = task->synthetic_batch(r.run.seed + 3, task->eval_rows());
+    a.reset_peak();
+    const int64_t e0 = a.stats().live[size_t(MemTag::Activations)];
+    Metrics m;
+    amp::AutocastScope autocast(policy);
+    task->prepare_eval();
+    task->score(e, m);
+    eval_act = a.stats().peak[size_t(MemTag::Activations)] - e0 + (e0 - act0);
+    eval_work = a.stats().peak[size_t(MemTag::Workspace)] - work0;
+  }
+  in.act_peak = std::max(train_act, eval_act);
+  in.act_live = batch_bytes;
+  in.act_formula = fmt::format(
+      "measured: one micro-batch of {} rows through forward and backward peaks at {} (its batch {} included; "
+      "recompute {}: blocks {}); an evaluation batch of {} rows at {}",
+      r.train.batch_size, mib(train_act), mib(batch_bytes), r.memory.recompute, in.recompute, task->eval_rows(),
+      mib(eval_act));
+  in.work_compute = std::max(train_work, eval_work);
+  in.work_formula = fmt::format("kernel scratch measured on the dry step: {}", mib(in.work_compute));
+  return in;
+}
+
+MemoryInputs memory_inputs(const Recipe& r) {
+  MemoryInputs in;
+  if (!model_entry(r.model.type).caps.memory_formula) return measured_inputs(r);
+  in.units = planned_gpt_units(r.model);
+  const int64_t B = r.train.batch_size, T = r.train.seq_len;
+  const models::GPTConfig cfg = gpt_config(r.model);
+  const models::RecomputePolicy policy{r.memory.recompute, r.memory.every_k,
+                                       int64_t(r.memory.budget_mb * double(1 << 20))};
+  const std::vector<nn::Recompute> modes = models::plan_recompute(cfg, B, T, policy);
+  for (nn::Recompute m : modes) in.recompute += models::recompute_name(m)[0];
+  in.act_peak = models::estimate_activation_peak(cfg, B, T, modes);
+  in.act_live = 2 * held(B * T, 8);  // the batch's ids and targets, kept by the loop
+  {
+    models::GPTConfig no_blocks = cfg;
+    no_blocks.n_layer = 0;
+    const int64_t head = models::estimate_activation_peak(no_blocks, B, T, {});
+    const int64_t logits = held(B * T * r.model.vocab_size);
+    const int64_t per_block = r.model.n_layer > 0 ? (in.act_peak - head) / r.model.n_layer : 0;
+    in.act_formula = fmt::format(
+        "peak of one micro-batch of B x T = {} x {} tokens (train.batch_size rows; accumulation does not "
+        "add): embeddings and head = {} (logits B x T x V = {}, their gradient written over them by the "
+        "cross-entropy backward, with ln_f and the tied head's gradient) + {} block{} x {} each (what a block "
+        "keeps for its backward, "
+        "and with recompute the re-run block's transients; recompute {}: blocks {})",
+        B, T, mib(head), mib(logits), r.model.n_layer, r.model.n_layer == 1 ? "" : "s", mib(per_block),
+        r.memory.recompute, in.recompute);
+  }
+  // the attention kernels' per-thread tiles, during the forward and backward
+  const int threads = r.run.threads > 0 ? int(r.run.threads) : omp_get_max_threads();
+  in.work_compute = r.model.n_layer > 0 ? threads * ops::attention_workspace_per_thread(r.train.seq_len,
+                                                                                        r.model.n_embd / r.model.n_head)
+                                        : 0;
+  in.work_formula = fmt::format("attention tiles {} threads x {}", threads, mib(in.work_compute / std::max(threads, 1)));
+  in.measured = false;
+  return in;
+}
+
+MemoryPrediction predict_memory(const Recipe& r, int rank) { return predict_memory(r, rank, memory_inputs(r)); }
+
+MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& in) {
   const int P = int(r.parallel.dp), zero = int(r.parallel.zero);
   BRIGADE_CHECK(rank >= 0 && rank < P, ValueError, "predict_memory: rank {} is outside parallel.dp = {}", rank, P);
   MemoryPrediction out;
   out.rank = rank;
   out.dp = P;
   out.zero = zero;
-  const std::vector<PlannedUnit> units = planned_gpt_units(r.model);
+  out.measured = in.measured;
+  const std::vector<PlannedUnit>& units = in.units;
   const int64_t bucket_bytes = int64_t(r.parallel.bucket_mb * double(1 << 20));
   const FlatPlan f = flat_plan(units, P, rank, zero, bucket_bytes);
   const int64_t padded = f.S * P;
@@ -146,10 +253,15 @@ MemoryPrediction predict_memory(const Recipe& r, int rank) {
     params.live = params.peak = held(padded);
     params.formula = fmt::format("flat fp32 buffer: 4 B x ({})", layout_words);
   } else {
+    // the two largest consecutive block units (computing + prefetched; equal blocks for the transformers)
     const size_t blocks = units.size() - 1;
-    const int64_t block = blocks > 0 ? unit_bytes(1) : 0;
+    int64_t pair = 0, block = 0;
+    for (size_t u = 1; u < units.size(); ++u) {
+      block = std::max(block, unit_bytes(u));
+      pair = std::max(pair, unit_bytes(u) + (u + 1 < units.size() ? unit_bytes(u + 1) : 0));
+    }
     params.live = held(f.S);
-    params.peak = params.live + unit_bytes(0) + int64_t(std::min<size_t>(blocks, 2)) * block;
+    params.peak = params.live + unit_bytes(0) + pair;
     params.formula = fmt::format(
         "shard 4 B x S ({}; {}) + gathered during the step: embeddings+head unit {} + {} block units "
         "(computing + prefetched) x {}",
@@ -214,38 +326,16 @@ MemoryPrediction predict_memory(const Recipe& r, int rank) {
       states, mib(per_state));
 
   // ---- activations: one micro-batch (train.batch_size rows) through the recompute plan
-  const int64_t B = r.train.batch_size, T = r.train.seq_len;
-  const models::GPTConfig cfg = gpt_config(r.model);
-  const models::RecomputePolicy policy{r.memory.recompute, r.memory.every_k,
-                                       int64_t(r.memory.budget_mb * double(1 << 20))};
-  const std::vector<nn::Recompute> modes = models::plan_recompute(cfg, B, T, policy);
-  for (nn::Recompute m : modes) out.recompute += models::recompute_name(m)[0];
-  acts.peak = models::estimate_activation_peak(cfg, B, T, modes);
-  acts.live = 2 * held(B * T, 8);  // the batch's ids and targets, kept by the loop
-  {
-    models::GPTConfig no_blocks = cfg;
-    no_blocks.n_layer = 0;
-    const int64_t head = models::estimate_activation_peak(no_blocks, B, T, {});
-    const int64_t logits = held(B * T * r.model.vocab_size);
-    const int64_t per_block = r.model.n_layer > 0 ? (acts.peak - head) / r.model.n_layer : 0;
-    acts.formula = fmt::format(
-        "peak of one micro-batch of B x T = {} x {} tokens (train.batch_size rows; accumulation does not "
-        "add): embeddings and head = {} (logits B x T x V = {}, their gradient written over them by the "
-        "cross-entropy backward, with ln_f and the tied head's gradient) + {} block{} x {} each (what a block "
-        "keeps for its backward, "
-        "and with recompute the re-run block's transients; recompute {}: blocks {})",
-        B, T, mib(head), mib(logits), r.model.n_layer, r.model.n_layer == 1 ? "" : "s", mib(per_block),
-        r.memory.recompute, out.recompute);
-  }
+  out.recompute = in.recompute;
+  acts.peak = in.act_peak;
+  acts.live = in.act_live;
+  acts.formula = in.act_formula;
 
   // ---- workspace: the attention kernels' per-thread tiles (during the forward and backward), the
   // reduce-scatter output of one bucket (the communication runs one at a time; with the
   // communication thread it overlaps the backward), and the global norm's partial sums (after it)
   {
-    const int threads = r.run.threads > 0 ? int(r.run.threads) : omp_get_max_threads();
-    const int64_t attn = r.model.n_layer > 0 ? threads * ops::attention_workspace_per_thread(
-                                                             r.train.seq_len, r.model.n_embd / r.model.n_head)
-                                             : 0;
+    const int64_t attn = in.work_compute;
     int64_t norm = 0;
     if (zero == 0)
       for (const auto& p : f.params) norm = std::max(norm, ops::sum_squares_workspace(p.numel));
@@ -261,8 +351,7 @@ MemoryPrediction predict_memory(const Recipe& r, int rank) {
     work.peak_low = std::max({worst, attn, norm});
     work.peak = std::max({async ? worst + attn : std::max(worst, attn), norm});
     work.formula = fmt::format(
-        "attention tiles {} threads x {}{}; the gradient norm's partial sums {}", threads,
-        mib(attn / std::max(threads, 1)),
+        "{}{}; the gradient norm's partial sums {}", in.work_formula,
         zero >= 1 ? fmt::format("; largest reduce-scatter output {} (this rank's part of one bucket{})", mib(worst),
                                 async ? ", with the communication thread at times alongside the attention tiles" : "")
                   : std::string(" (ZeRO-0 allreduces the gradient buffer in place)"),
@@ -290,12 +379,9 @@ MemoryPrediction predict_memory(const Recipe& r, int rank) {
 }
 
 std::string dry_run_report(const Recipe& r) {
-  BRIGADE_CHECK(r.model.type == "gpt", ConfigError,
-                "--dry-run predicts memory for model.type = \"gpt\"; \"{}\" has no estimate yet (train it and read "
-                "the measured peaks in memory.json)",
-                r.model.type);
+  const MemoryInputs in = memory_inputs(r);
   std::vector<MemoryPrediction> ranks;
-  for (int p = 0; p < int(r.parallel.dp); ++p) ranks.push_back(predict_memory(r, p));
+  for (int p = 0; p < int(r.parallel.dp); ++p) ranks.push_back(predict_memory(r, p, in));
   bool differ = false;
   for (const MemoryPrediction& m : ranks) {
     for (int i = 0; i < kNumMemTags; ++i) {
@@ -309,10 +395,17 @@ std::string dry_run_report(const Recipe& r) {
   const int64_t B = r.train.batch_size, T = r.train.seq_len, A = r.train.accumulation, P = r.parallel.dp;
   std::string s = fmt::format(
       "dry run: {} (nothing trained, no data read)\n"
-      "model: GPT {} layers, {} dims, {} heads, vocab {}, block {} | micro-batch {} x {} tokens, accumulation {}, "
-      "dp {} (global batch {} rows) | optimizer {} | ZeRO-{} | recompute {} (blocks {})\n\n",
-      r.path.empty() ? "default recipe" : r.path, r.model.n_layer, r.model.n_embd, r.model.n_head, r.model.vocab_size,
-      r.model.block_size, B, T, A, P, B * A * P, r.optim.name, r.parallel.zero, r.memory.recompute, p0.recompute);
+      "model: {} ({}) {} layers, {} dims, {} heads | micro-batch {} rows{}, accumulation {}, dp {} (global batch {} "
+      "rows) | optimizer {} | ZeRO-{} | recompute {} (blocks {})\n"
+      "prediction: {}\n\n",
+      r.path.empty() ? "default recipe" : r.path, r.model.type, model_entry(r.model.type).summary, r.model.n_layer,
+      r.model.n_embd, r.model.n_head, B,
+      model_entry(r.model.type).data == DataKind::Text ? fmt::format(" x {} tokens", T) : std::string(), A, P,
+      B * A * P, r.optim.name, r.parallel.zero, r.memory.recompute, p0.recompute,
+      in.measured ? "params, grads, optimizer and other from the flat layout of the model's parameters; activations "
+                    "and workspace measured on one dry step of a synthetic micro-batch (and one evaluation batch) on "
+                    "the caching allocator, with this process's kernels"
+                  : "every category from formulas (docs/memory.md)");
   if (r.parallel.tp > 1 || r.parallel.pp > 1)
     s += fmt::format("note: this prediction models data parallelism only; parallel.tp = {} and parallel.pp = {} are "
                      "not in it (a tp/pp run measures every rank's peaks into memory.json; docs/model-parallel.md)\n\n",
@@ -340,7 +433,7 @@ std::string dry_run_report(const Recipe& r) {
        {MemTag::Params, MemTag::Grads, MemTag::Optimizer, MemTag::Activations, MemTag::Workspace, MemTag::Other})
     s += fmt::format("  {:<12} {}\n", mem_tag_name(t), p0[t].formula);
   s += fmt::format("  {:<12} {}\n", "total", p0.total_formula);
-  if (r.precision.level != "O0")
+  if (r.precision.level != "O0" && !in.measured)
     s += fmt::format("\nnote: the prediction is for fp32 (precision.level = \"O0\"). At {} the measured params add the "
                      "{} working copies of the weights that the GEMMs read (alive from the forward to the backward), "
                      "and activations shrink where ops run in {}; the model of both is not built yet "

@@ -53,13 +53,10 @@ struct MemoryPrediction {
   int64_t total_peak = 0;
   std::string total_formula;
   std::string recompute;  // per-block modes, e.g. "nnnn" (n = none, s = selective, f = full)
+  bool measured = false;  // activations and workspace from a measured dry step (MemoryInputs)
 
   const PredictedCategory& operator[](MemTag t) const { return tags[size_t(t)]; }
 };
-
-// Predicted memory of `rank` (0 <= rank < parallel.dp) for the recipe. ConfigError for a
-// recipe training would also refuse (e.g. a recompute budget below the least possible).
-MemoryPrediction predict_memory(const Recipe& r, int rank = 0);
 
 // One transformer block's or the embeddings+head unit's parameters (numel each, in the
 // model's parameter order). The flat layout of parallel::DataParallel is built from these.
@@ -70,6 +67,31 @@ struct PlannedUnit {
 // GPT's parameter units as train's model_units() builds them: "embeddings+head" (wte, wpe,
 // ln_f), then transformer.h.0 .. h.{L-1}.
 std::vector<PlannedUnit> planned_gpt_units(const ModelConfig& m);
+
+// What a prediction is made from: the parameter units (their flat layout gives params, grads,
+// optimizer and other), and the activation and kernel-workspace peaks of one micro-batch.
+// Models with formulas (the registry's memory_formula: GPT) get the activation estimate of
+// models::estimate_activation_peak; the others a measured dry step: their task is built, one
+// synthetic micro-batch runs forward and backward (and one evaluation batch forward) on the
+// caching allocator, and the activation / workspace peaks are read off it (exact for this
+// process's kernels, at the recipe's precision; nothing trained, no data read).
+struct MemoryInputs {
+  std::vector<PlannedUnit> units;
+  int64_t act_peak = 0, act_live = 0;
+  std::string act_formula;
+  int64_t work_compute = 0;  // kernel scratch (attention tiles, ...), before ZeRO's buffers
+  std::string work_formula;
+  std::string recompute;     // per-block modes, "n" / "s" / "f"
+  bool measured = false;
+};
+MemoryInputs memory_inputs(const Recipe& r);
+
+// Predicted memory of `rank` (0 <= rank < parallel.dp) for the recipe. ConfigError for a
+// recipe training would also refuse (e.g. a recompute budget below the least possible).
+MemoryPrediction predict_memory(const Recipe& r, int rank = 0);
+MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& in);
+
+
 
 // The `--dry-run` report: a table of predicted peak (and live) bytes per category, one
 // column per rank when ranks differ, and the formula of each category.

@@ -14,6 +14,10 @@
 #include "brigade/ops/ops.h"
 #include "brigade/parallel/tensor_parallel.h"
 #include "brigade/train/trainer.h"
+#include "brigade/train/executor.h"
+#include "brigade/train/registry.h"
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace brigade::train {
 
@@ -71,9 +75,9 @@ double time_median(int reps, const std::function<void()>& fn) {
 
 }  // namespace
 
-ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, std::shared_ptr<dist::ProcessGroup> world,
-                             const std::function<void(const std::string&)>& say)
-    : r_(r), model_(model), world_(std::move(world)), full_cfg_(model.config()) {
+ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, const Stages& stages,
+                             std::shared_ptr<dist::ProcessGroup> world, const std::function<void(const std::string&)>& say)
+    : r_(r), model_(model), world_(std::move(world)), full_cfg_(model.config()), stages_(stages) {
   const int dp = int(r.parallel.dp), tp = int(r.parallel.tp), pp = int(r.parallel.pp);
   mesh_ = std::make_unique<dist::DeviceMesh>(world_, dp, tp, pp);
   dp_group_ = mesh_->group_ptr(dist::DeviceMesh::DP);
@@ -206,36 +210,39 @@ std::vector<parallel::ParamUnit> ModelParallel::units() const {
   return {u};
 }
 
-std::vector<parallel::PipeChunk> ModelParallel::chunks(const Tensor& ids, const Tensor& targets,
-                                                       const amp::Policy& policy) {
+std::vector<parallel::PipeChunk> ModelParallel::chunks(const Batch& b, const amp::Policy& policy, Metrics* train,
+                                                       Metrics* eval) {
   const parallel::PipePlan& plan = exec_->plan();
   const int p = plan.p, S = plan.stages(), me = pp_group_->rank();
-  const int64_t Bm = ids.size(0) / plan.m;
+  const int64_t Bm = b.rows / plan.m;
   std::vector<parallel::PipeChunk> out;
   for (int c = 0; c < plan.v; ++c) {
     const int s = c * p + me;
     const int64_t lo = bounds_[size_t(s)], hi = bounds_[size_t(s) + 1];
-    out.push_back({[this, s, S, lo, hi, Bm, ids, targets, policy](int mb, const Tensor& in) {
+    out.push_back({[this, s, S, lo, hi, Bm, b, policy, train, eval](int mb, const Tensor& in) {
       amp::AutocastScope autocast(policy);
-      Tensor x = s == 0 ? model_.embed(ids.narrow(0, mb * Bm, Bm)) : in;  // (Bm, T, C)
-      x = model_.run_blocks(x, lo, hi);
-      return s == S - 1 ? model_.head_loss(x, targets.narrow(0, mb * Bm, Bm)) : x;
+      const Batch part = b.narrow(mb * Bm, Bm);
+      Tensor x = s == 0 ? stages_.embed(part) : in;  // (Bm, T, C)
+      x = stages_.blocks(x, lo, hi, part);
+      if (s != S - 1) return x;
+      if (eval) {  // the forward only: score, and hand the executor a zero loss
+        stages_.score(x, part, *eval);
+        return Tensor::zeros({}, DType::F32);
+      }
+      return stages_.head(x, part, *train);
     }});
   }
   return out;
 }
 
-double ModelParallel::train_batch(const Tensor& ids, const Tensor& targets, double loss_scale,
-                                  const amp::Policy& policy) {
+double ModelParallel::train_batch(const Batch& b, double loss_scale, const amp::Policy& policy, Metrics& train) {
   const int m = exec_->plan().m;
-  last_step_ = exec_->run(chunks(ids, targets, policy), loss_scale / double(m), /*train=*/true);
+  last_step_ = exec_->run(chunks(b, policy, &train, nullptr), loss_scale / double(m), /*train=*/true);
   return reports_loss_ ? last_step_.loss_sum / double(m) : 0.0;
 }
 
-double ModelParallel::eval_batch(const Tensor& ids, const Tensor& targets, const amp::Policy& policy) {
-  const int m = exec_->plan().m;
-  const parallel::PipeStepResult res = exec_->run(chunks(ids, targets, policy), 1.0, /*train=*/false);
-  return reports_loss_ ? res.loss_sum / double(m) : 0.0;
+void ModelParallel::eval_batch(const Batch& b, const amp::Policy& policy, Metrics& eval) {
+  (void)exec_->run(chunks(b, policy, nullptr, &eval), 1.0, /*train=*/false);
 }
 
 void ModelParallel::sync_tied_gradients() {
@@ -421,6 +428,91 @@ void read_mp_optimizer(const std::string& dir, const ModelParallel& mp, optim::O
                 path.string(), saved, want);
   for (auto& [name, t] : opt.state_tensors()) in.get_into(name, t);
   opt.set_steps(steps);
+}
+
+// ---------------------------------------------------------------- the step executor
+
+namespace {
+
+class ModelParallelExecutor : public StepExecutor {
+ public:
+  ModelParallelExecutor(const Recipe& r, Task& task, models::GPT& gpt, const Stages& stages,
+                        std::shared_ptr<dist::ProcessGroup> world, const std::function<void(const std::string&)>& say)
+      : r_(r), mp_(r, gpt, stages, std::move(world), say) {
+    (void)task;
+  }
+  std::vector<parallel::ParamUnit> units() override { return mp_.units(); }
+  std::shared_ptr<dist::ProcessGroup> dp_group() override { return mp_.dp_group(); }
+  Shard shard() override {
+    return {mp_.mesh().coord(dist::DeviceMesh::DP), mp_.mesh().size(dist::DeviceMesh::DP), mp_.dp_group().get()};
+  }
+  bool communicate_in_backward() const override { return false; }
+  double train_micro(Task&, const Batch& b, int64_t, double factor, double weight, const amp::Policy& policy,
+                     Metrics& train_metrics, const std::function<void()>& after_forward) override {
+    Metrics mine;
+    const double v = mp_.train_batch(b, factor, policy, mine);
+    if (after_forward) after_forward();
+    if (mp_.reports_loss()) train_metrics.merge(mine);
+    return weight != 1.0 ? v * weight : v;
+  }
+  void finish_backward() override { mp_.sync_tied_gradients(); }
+  std::function<double(double)> clip(parallel::DataParallel& dp, dist::ProcessGroup& ctrl) override {
+    return [this, &dp, &ctrl](double max_norm) { return mp_.clip_grad_norm(dp, max_norm, ctrl); };
+  }
+  Task::Scorer scorer(Task&, const amp::Policy& policy) override {
+    return [this, policy](const Batch& b, Metrics& m) { mp_.eval_batch(b, policy, m); };
+  }
+  bool reports() const override { return mp_.reports_loss(); }
+  bool holds_shards() const override { return true; }
+  nn::NamedTensors gather_full() override { return mp_.gather_full(); }
+  std::string describe() const override { return mp_.describe(); }
+  void write_optimizer(const std::string& tmp, const optim::Optimizer& opt) const override {
+    write_mp_optimizer(tmp, mp_, opt);
+  }
+  void read_optimizer(const std::string& dir, optim::Optimizer& opt, int64_t steps) const override {
+    read_mp_optimizer(dir, mp_, opt, steps);
+  }
+  void report(const std::string& out_dir, const std::string& run_name,
+              const std::function<void(const std::string&)>& say) override {
+    if (r_.parallel.pp <= 1) return;
+    const ModelParallel::PipeReport rep = mp_.report();  // collective: the last step's measured timeline
+    if (mp_.mesh().world().rank() != 0) return;
+    const fs::path dir(out_dir);
+    nlohmann::json pj{{"schedule", std::string(parallel::pipe_schedule_name(mp_.plan().kind))},
+                      {"pp", mp_.plan().p},
+                      {"virtual_stages", mp_.plan().v},
+                      {"microbatches", mp_.plan().m},
+                      {"stage_bounds", mp_.stage_bounds()},
+                      {"measured_bubble", rep.measured_bubble},
+                      {"predicted_bubble", rep.predicted_bubble},
+                      {"peak_in_flight", rep.peak_in_flight}};
+    std::ofstream(dir / "pipeline.json") << pj.dump(2) << '\n';
+    parallel::write_pipe_timeline_svg((dir / "pipeline.svg").string(), rep.events, mp_.plan().p,
+                                      fmt::format("{}: {} schedule, measured (last step, pp rank rows)", run_name,
+                                                  parallel::pipe_schedule_name(mp_.plan().kind)));
+    std::string peaks;
+    for (int v : rep.peak_in_flight) peaks += fmt::format("{}{}", peaks.empty() ? "" : " ", v);
+    say(fmt::format("pipeline: bubble measured {:.1f}% | predicted from the measured stage times {:.1f}% | "
+                    "micro-batches in flight per pp rank {} | timeline {}",
+                    100.0 * rep.measured_bubble, 100.0 * rep.predicted_bubble, peaks, (dir / "pipeline.svg").string()));
+  }
+
+ private:
+  Recipe r_;
+  ModelParallel mp_;
+};
+
+}  // namespace
+
+std::unique_ptr<StepExecutor> make_model_parallel_executor(const Recipe& r, Task& task,
+                                                           std::shared_ptr<dist::ProcessGroup> world,
+                                                           const std::function<void(const std::string&)>& say) {
+  auto* gpt = dynamic_cast<models::GPT*>(&task.model());
+  const Stages* stages = task.stages();
+  BRIGADE_CHECK(gpt != nullptr && stages != nullptr, ConfigError,
+                "{}: parallel.tp and parallel.pp are built for {}; model.type = \"{}\" is not: use parallel.dp",
+                r.path, model_types_with(&Capabilities::pipeline_parallel), r.model.type);
+  return std::make_unique<ModelParallelExecutor>(r, task, *gpt, *stages, std::move(world), say);
 }
 
 }  // namespace brigade::train

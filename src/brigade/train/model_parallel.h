@@ -37,6 +37,7 @@
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/parallel/pipeline.h"
 #include "brigade/train/config.h"
+#include "brigade/train/task.h"
 
 namespace brigade::train {
 
@@ -44,7 +45,7 @@ class ModelParallel {
  public:
   // Collective over `world`. `model` is the whole GPT as build_model made it (weights
   // loaded, when resuming); it is sharded and trimmed in place. `say` prints on rank 0.
-  ModelParallel(const Recipe& r, models::GPT& model, std::shared_ptr<dist::ProcessGroup> world,
+  ModelParallel(const Recipe& r, models::GPT& model, const Stages& stages, std::shared_ptr<dist::ProcessGroup> world,
                 const std::function<void(const std::string&)>& say);
 
   const dist::DeviceMesh& mesh() const { return *mesh_; }
@@ -54,11 +55,13 @@ class ModelParallel {
   // The micro-batch loss reaches the trainer from one rank per dp replica (last stage, tp rank 0).
   bool reports_loss() const { return reports_loss_; }
 
-  // Forward and backward of one batch (B rows, T) through the pipeline, the loss of each
-  // micro-batch scaled by loss_scale / microbatches before its backward. Returns the
-  // batch's mean loss on the reporting rank, 0 elsewhere.
-  double train_batch(const Tensor& ids, const Tensor& targets, double loss_scale, const amp::Policy& policy);
-  double eval_batch(const Tensor& ids, const Tensor& targets, const amp::Policy& policy);  // same, forward only
+  // Forward and backward of one batch (B rows) through the pipeline, the loss of each
+  // micro-batch scaled by loss_scale / microbatches before its backward; the last stage adds
+  // the task's training extras to `train`. Returns the batch's mean loss on the reporting rank,
+  // 0 elsewhere.
+  double train_batch(const Batch& b, double loss_scale, const amp::Policy& policy, Metrics& train);
+  // The forward only, the last stage scoring each micro-batch into `eval` (the task's metrics).
+  void eval_batch(const Batch& b, const amp::Policy& policy, Metrics& eval);
   // Sums the tied embedding's gradient between the first and the last stage (pp > 1).
   void sync_tied_gradients();
   // Global L2 norm of the gradients over the whole mesh (before clipping), clipping this
@@ -95,7 +98,10 @@ class ModelParallel {
   parallel::PipeStepResult last_step_;
   std::string choice_table_;
 
-  std::vector<parallel::PipeChunk> chunks(const Tensor& ids, const Tensor& targets, const amp::Policy& policy);
+  // One chunk per local stage: the task's embed / blocks / head (or score, when `eval`) on
+  // micro-batch mb of b.
+  std::vector<parallel::PipeChunk> chunks(const Batch& b, const amp::Policy& policy, Metrics* train, Metrics* eval);
+  const Stages& stages_;
   int owner_pp(const std::string& name) const;  // the pp rank that holds a parameter (the first for wte)
 };
 

@@ -1,12 +1,17 @@
-// The training loop behind `brigade train`: builds the model and optimizer from
-// a recipe, draws batches, steps, evaluates, logs (progress line + metrics.jsonl),
-// checkpoints, resumes exactly, and finally samples text. Ctrl-C (or SIGTERM)
-// finishes the current step, checkpoints and returns with interrupted = true. Under mpirun the
-// same loop runs on every rank with data parallelism and ZeRO (parallel.*; docs/distributed.md):
-// rank 0 alone prints and writes logs; the stop decision and the logged loss are agreed by all.
-// With train.early_stop the run also stops once val loss has not improved for train.patience
-// evaluations, keeping the best model in <out_dir>/best (early_stop.h). Every run ends by
-// drawing <out_dir>/loss.svg (train and val loss against step) from its metrics.jsonl.
+// The one training loop, for every model (task.h says what a model family contributes).
+//
+// It owns the step: micro-steps of every accumulation policy (static, ramp, noise_scale),
+// autocast, loss scaling with every rank skipping an overflowing step together, clipping by
+// norm and value, the optimizer and its schedule; data parallelism with ZeRO 0-3 (one rank:
+// the same code, collectives are no-ops); model parallelism through the step executor
+// (executor.h: tensor and pipeline parallelism are one object, not branches here); activation
+// recompute on the model's blocks; BatchNorm statistics across ranks; evaluation every
+// train.eval_every steps and at the end; the progress line, metrics.jsonl, memory.json and
+// loss.svg; checkpoints every train.checkpoint_every steps and at the end (bitwise resume, and
+// resume at another dp size); early stopping (the best model in <out_dir>/best); Ctrl-C
+// (SIGINT/SIGTERM: the current step finishes, a checkpoint is written, the run returns
+// interrupted; no evaluation); and memory accounting. Rank 0 alone prints and writes logs; the
+// stop decision and the logged loss are agreed by all ranks.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -18,97 +23,105 @@
 #include "brigade/amp/loss_scaler.h"
 #include "brigade/amp/policy.h"
 #include "brigade/core/allocator.h"
-#include "brigade/data/prepare.h"
-#include "brigade/models/gpt/gpt.h"
-#include "brigade/models/llama/llama.h"
+#include "brigade/nn/layers.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/optim/schedule.h"
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/train/config.h"
+#include "brigade/train/task.h"
 
 namespace brigade::train {
 
 struct TrainOptions {
   bool resume = false;      // continue from <out_dir>/checkpoint
   int64_t stop_at = -1;     // stop (and checkpoint) once this step is reached; the schedule still
-                            // plans for train.steps. -1 = run to train.steps
+                            // plans for train.steps. -1 = run to train.steps; 0 or below is an error
   bool quiet = false;       // no progress line
-  bool sample = true;       // generate a text sample at the end
-  bool dry_run = false;     // `--dry-run`: print the predicted memory per category (memory_plan.h) and
-                            // exit without training, reading data or creating run.out_dir (the CLI's job)
+  bool sample = true;       // generate a text sample at the end (tasks that sample)
 };
 
 struct TrainResult {
-  bool interrupted = false;     // stopped by SIGINT/SIGTERM (checkpoint saved)
+  bool interrupted = false;     // stopped by SIGINT/SIGTERM (checkpoint saved, no evaluation)
   int64_t steps = 0;            // steps completed in total (resume included)
   double last_loss = 0.0;
-  double val_loss = -1.0;       // last evaluation (-1 if none)
-  double tokens_per_s = 0.0;    // median over this run's steps
-  double mfu = 0.0;             // tokens/s * flops/token / measured GEMM peak
+  // The last evaluation of this run (evaluated = false: none yet): its sums, its metrics.jsonl
+  // fields (val_loss, accuracy, ...) and the task's lines for it.
+  bool evaluated = false;
+  Metrics eval;
+  nlohmann::json eval_fields;
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
+  std::string eval_line, final_line;
+  ItemKind item = ItemKind::Token;
+  double items_per_s = 0.0;        // median over this run's steps
+  double mfu = 0.0;                // items/s * flops/item / measured GEMM peak
   double gemm_peak_gflops = 0.0;   // summed over ranks, in the GEMM dtype of the precision level
   int64_t skipped_steps = 0;       // optimizer steps skipped on gradient overflow (loss scaling)
   double loss_scale = 1.0;         // at the end (1 without loss scaling)
   double comm_wait_share = 0.0;    // median step: time rank 0 waited on communication / step time
+  double seconds = 0.0;            // wall time of the loop (evaluations included)
   MemStats memory;
   std::string sample;
   std::string checkpoint_dir;
   bool early_stopped = false;   // train.early_stop ended the run (checkpoint saved at that step)
   int64_t best_step = 0;        // train.early_stop: step of the best val loss (0 = none)
-  double best_val_loss = -1.0;
+  double best_val_loss = std::numeric_limits<double>::quiet_NaN();
   std::string best_dir;         // <out_dir>/best: the model at best_step ("" without early_stop)
 };
 
-TrainResult run_training(const Recipe& recipe, const TrainOptions& opts);
+// Trains the recipe's model (its registry row builds the task). Collective under mpirun.
+TrainResult train(const Recipe& recipe, const TrainOptions& opts);
+// Trains a task the caller built (a model outside the zoo: examples/); the recipe supplies
+// everything else. The task must have been made for this recipe.
+TrainResult train(const Recipe& recipe, const TrainOptions& opts, Task& task);
 
-// The model section of a recipe as the GPT / LLaMA model's own config.
-models::GPTConfig gpt_config(const ModelConfig& m);
-models::LLaMAConfig llama_config(const ModelConfig& m);
-// The model.type's model, uninitialised (zero weights): for loading a checkpoint.
-std::unique_ptr<models::CausalLM> make_model(const ModelConfig& m);
-// How data parallelism groups a model's parameters (ZeRO-3 gather units, flat-layout order):
-// one unit for everything outside the blocks (embeddings, final norm, head; gathered for
-// the whole step), then one unit per block of CausalLM::blocks().
-std::vector<parallel::ParamUnit> model_units(models::CausalLM& m);
-// What `brigade prepare` builds for a recipe (corpus, data dir, vocab, val split).
-data::PrepareOptions prepare_options(const Recipe& r);
+// `brigade eval --ckpt DIR`: the checkpoint's recipe and weights, evaluated as the run's final
+// evaluation (the whole test set; val windows for the text tasks) on one process. `threads` > 0
+// sets the OpenMP threads (else run.threads). CheckpointError for a missing or mismatched folder.
+struct EvalReport {
+  Metrics metrics;
+  nlohmann::json fields;
+  std::string line;  // the task's eval_line
+  std::string model_type;
+};
+EvalReport evaluate_checkpoint(const std::string& ckpt_dir, int threads = 0);
 
-// Measured fp32 GEMM throughput (GFLOP/s) on the current thread count: the MFU ceiling.
 // The recipe's optimizer over the data-parallel plan's optimizer parameters (whole
 // parameters, or this rank's ZeRO shards; LAMB then reduces its norms over dp's group).
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
                                                 const parallel::DataParallel& dp);
 
-// The recipe's model (model.type): built from [model], initialised from run.seed (GPT:
-// torch-identically), the
-// dropout stream seeded with run.seed + 1, and the [memory] recompute plan applied for
-// micro-batches of train.batch_size x train.seq_len.
-std::unique_ptr<models::CausalLM> build_model(const Recipe& r);
+// Per-block recompute modes of the recipe's [memory] policy for a model with `blocks` blocks
+// (models::plan_recompute's rules; "budget" needs the GPT activation estimate).
+std::vector<nn::Recompute> recompute_plan(const Recipe& r, size_t blocks);
+// Sets them on the task's model (nn::find_blocks); returns them.
+std::vector<nn::Recompute> apply_recompute(const Recipe& r, Task& task);
 
 // One optimizer step once the step's gradients are complete (after dp.finish_gradients()):
 // loss-scaler unscaling with the Inf/NaN verdict max-reduced over `ctrl` (every rank skips
 // an overflowing step together, leaving weights and optimizer state untouched); otherwise,
 // at O3 the gradients rounded to the low dtype, clipping by global norm then by value
-// (t.grad_clip, t.clip_value), opt.step(lr) and dp.after_optimizer_step() (at O3 after
-// rounding the weights and optimizer state). Collective over dp's group and `ctrl`. `clip`,
-// when given, replaces dp.clip_grad_norm: it returns the global norm and clips (model
-// parallelism's norm over the whole mesh).
+// (t.grad_clip, t.clip_value), opt.step(lr), `after_update` on the optimizer's parameters (a
+// task's hook, before they are shared), and dp.after_optimizer_step() (at O3 after rounding
+// the weights and optimizer state). Collective over dp's group and `ctrl`. `clip`, when given,
+// replaces dp.clip_grad_norm: it returns the global norm and clips (model parallelism's norm
+// over the whole mesh).
 struct GradientStep {
   bool skipped = false;
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping; NaN when skipped
 };
 GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,
                              const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl,
-                             const std::function<double(double)>& clip = {});
+                             const std::function<double(double)>& clip = {},
+                             const std::function<void(const nn::NamedTensors&)>& after_update = {});
 // O3: rounds this rank's optimizer parameters and optimizer state to `low` (no fp32 master
 // copy), then dp.after_optimizer_step() so every rank's full weights follow.
 void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType low);
 
-// Helpers every training loop shares (run_training, run_classification, run_clip, run_mlm):
-// "1h02m" / "3m05s" / "42s" ("?" for a negative or non-finite time), for progress lines;
+// "1h02m" / "3m05s" / "42s" ("?" for a negative or non-finite time), for progress lines.
 std::string fmt_duration(double seconds);
-// the recipe's [schedule] over train.steps from optim.lr;
+// The recipe's [schedule] over train.steps from optim.lr.
 optim::Schedule make_schedule(const Recipe& r);
-// and Ctrl-C / SIGTERM: while a StopSignalGuard lives, the first signal only sets
+// Ctrl-C / SIGTERM: while a StopSignalGuard lives, the first signal only sets
 // stop_requested() (the loop finishes its step, checkpoints and stops); a second one kills as
 // usual (SA_RESETHAND). The destructor restores the previous handlers.
 class StopSignalGuard {
@@ -123,14 +136,6 @@ class StopSignalGuard {
   std::unique_ptr<Saved> saved_;
 };
 bool stop_requested();
-// <svg_path> drawn from the run's metrics.jsonl; a failure is a warning through `say`, not an
-// error (the run's checkpoint and metrics are already written).
-void write_run_plot(const std::string& metrics_path, const std::string& svg_path, const std::string& title,
-                    const std::function<void(const std::string&)>& say);
-// For `brigade eval --ckpt DIR`: the recipe saved in the checkpoint folder (CheckpointError
-// naming the folder and `example`, a typical path, when it does not exist), with the OpenMP
-// threads set to `threads` when > 0, else to the recipe's run.threads when > 0.
-Recipe eval_checkpoint_recipe(const std::string& ckpt_dir, const std::string& example, int threads);
 
 // --resume keeps metrics.jsonl consistent: drops the records past `step` (and early-stop
 // records, and a torn last line). A missing file is left alone.
@@ -143,5 +148,9 @@ amp::LossScalerOptions loss_scaler_options(const PrecisionConfig& p);
 
 // GEMM ceiling of this process in dtype dt: best of 12 runs of a 1024^3 matmul (GFLOP/s).
 double measure_gemm_peak_gflops(DType dt = DType::F32);
+
+// Loads `path` (safetensors) into `state` strictly: every tensor by name and shape, nothing
+// extra. CheckpointError naming the file and the tensor otherwise.
+void load_state(const std::string& path, const nn::NamedTensors& state);
 
 }  // namespace brigade::train

@@ -1,0 +1,488 @@
+// The model registry; see registry.h. Each model type has, below, its config mapping, its
+// recipe checks and its task factory, then one row in model_registry().
+#include "brigade/train/registry.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "brigade/core/error.h"
+#include "brigade/core/rng.h"
+#include "brigade/train/model_configs.h"
+#include "brigade/train/tasks.h"
+
+namespace brigade::train {
+
+// ---------------------------------------------------------------- config mappings
+
+models::GPTConfig gpt_config(const ModelConfig& m) {
+  models::GPTConfig c;
+  c.vocab_size = m.vocab_size;
+  c.block_size = m.block_size;
+  c.n_layer = m.n_layer;
+  c.n_head = m.n_head;
+  c.n_embd = m.n_embd;
+  c.dropout = m.dropout;
+  c.layer_norm_eps = m.layer_norm_eps;
+  c.init_std = m.init_std;
+  return c;
+}
+
+models::LLaMAConfig llama_config(const ModelConfig& m) {
+  models::LLaMAConfig c;
+  c.vocab_size = m.vocab_size;
+  c.hidden_size = m.n_embd;
+  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : (8 * m.n_embd / 3 + 63) / 64 * 64;
+  c.n_layer = m.n_layer;
+  c.n_head = m.n_head;
+  c.n_kv_head = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  c.max_position = m.block_size;
+  c.rms_norm_eps = m.layer_norm_eps;
+  c.rope_theta = m.rope_theta;
+  c.init_std = m.init_std;
+  return c;
+}
+
+models::BERTConfig bert_config(const ModelConfig& m) {
+  models::BERTConfig c;
+  c.vocab_size = m.vocab_size + 1;  // + [MASK]
+  c.max_position_embeddings = m.block_size;
+  c.hidden_size = m.n_embd;
+  c.num_hidden_layers = m.n_layer;
+  c.num_attention_heads = m.n_head;
+  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : 4 * m.n_embd;
+  c.layer_norm_eps = m.layer_norm_eps;
+  c.hidden_dropout = m.dropout;
+  c.initializer_range = m.init_std;
+  return c;
+}
+
+models::ViTConfig vit_config(const ModelConfig& m) {
+  models::ViTConfig c;
+  c.image_size = m.image_size;
+  c.patch_size = m.patch_size;
+  c.num_channels = m.in_channels;
+  c.hidden_size = m.n_embd;
+  c.num_hidden_layers = m.n_layer;
+  c.num_attention_heads = m.n_head;
+  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : 4 * m.n_embd;
+  c.num_labels = m.num_classes;
+  c.layer_norm_eps = m.layer_norm_eps;
+  c.hidden_dropout = m.dropout;
+  c.initializer_range = m.init_std;
+  return c;
+}
+
+models::SwinConfig swin_config(const ModelConfig& m) {
+  models::SwinConfig c;
+  c.image_size = m.image_size;
+  c.patch_size = m.patch_size;
+  c.num_channels = m.in_channels;
+  c.embed_dim = m.n_embd;
+  c.depths = swin_depths(m);
+  c.num_heads.clear();
+  for (size_t i = 0; i < c.depths.size(); ++i) c.num_heads.push_back(m.n_head << i);
+  c.window_size = m.window_size;
+  c.mlp_ratio = m.mlp_ratio;
+  c.num_labels = m.num_classes;
+  c.layer_norm_eps = m.layer_norm_eps;
+  c.initializer_range = m.init_std;
+  return c;
+}
+
+models::ResNetConfig resnet_config(const ModelConfig& m) {
+  models::ResNetConfig rc = m.type == "resnet50" ? models::resnet50_config(m.num_classes, m.in_channels, true)
+                                                 : models::resnet18_config(m.num_classes, m.in_channels, true);
+  rc.width = m.width;
+  return rc;
+}
+
+models::CLIPConfig clip_config(const ModelConfig& m, const data::CaptionTokenizer& tok) {
+  models::CLIPConfig c;
+  c.vision.image_size = m.image_size;
+  c.vision.patch_size = m.patch_size;
+  c.vision.num_channels = m.in_channels;
+  c.vision.hidden_size = m.n_embd;
+  c.vision.num_hidden_layers = m.n_layer;
+  c.vision.num_attention_heads = m.n_head;
+  c.vision.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : 4 * m.n_embd;
+  c.vision.layer_norm_eps = m.layer_norm_eps;
+  c.text.vocab_size = tok.vocab_size();
+  c.text.max_position_embeddings = tok.max_length();
+  c.text.hidden_size = m.text_width > 0 ? m.text_width : m.n_embd;
+  c.text.num_hidden_layers = m.text_layers > 0 ? m.text_layers : m.n_layer;
+  c.text.num_attention_heads = m.text_heads > 0 ? m.text_heads : m.n_head;
+  c.text.intermediate_size = 4 * c.text.hidden_size;
+  c.text.layer_norm_eps = m.layer_norm_eps;
+  c.projection_dim = m.projection_dim > 0 ? m.projection_dim : m.n_embd;
+  c.hidden_act = "quick_gelu";
+  c.initializer_range = m.init_std;
+  c.validate();
+  return c;
+}
+
+std::unique_ptr<models::CausalLM> make_causal_lm(const ModelConfig& m) {
+  if (m.type == "llama") return std::make_unique<models::LLaMA>(llama_config(m));
+  BRIGADE_CHECK(m.type == "gpt", ConfigError, "model.type = \"{}\" is not a causal language model (gpt, llama)",
+                m.type);
+  return std::make_unique<models::GPT>(gpt_config(m));
+}
+
+namespace {
+
+// ---------------------------------------------------------------- recipe checks
+
+void check_image_data(const Recipe& r, const Fail& fail) {
+  if (r.model.image_size != 28)
+    fail(fmt::format("model.image_size = {}: Fashion-MNIST images are 28x28; set model.image_size = 28",
+                     r.model.image_size));
+  if (r.model.in_channels != 1)
+    fail(fmt::format("model.in_channels = {}: Fashion-MNIST images are grey (one channel); set model.in_channels = 1",
+                     r.model.in_channels));
+  if (r.model.num_classes != 10)
+    fail(fmt::format("model.num_classes = {}: Fashion-MNIST has 10 classes; set model.num_classes = 10",
+                     r.model.num_classes));
+}
+
+void check_patches(const Recipe& r, const Fail& fail) {
+  if (r.model.patch_size < 1 || r.model.image_size % r.model.patch_size != 0)
+    fail(fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
+                     "patches); use e.g. 2, 4, 7 or 14",
+                     r.model.patch_size, r.model.image_size));
+  if (r.model.intermediate_size < 0)
+    fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 4 n_embd)", r.model.intermediate_size));
+}
+
+void validate_gpt(const Recipe&, const Fail&) {}
+
+void validate_llama(const Recipe& r, const Fail& fail) {
+  const int64_t kv = r.model.n_kv_head == 0 ? r.model.n_head : r.model.n_kv_head;
+  if (kv < 1 || r.model.n_head % kv != 0)
+    fail(fmt::format("model.n_kv_head = {} must divide model.n_head = {} (grouped-query attention shares each "
+                     "key/value head among n_head / n_kv_head query heads); 0 means n_head",
+                     r.model.n_kv_head, r.model.n_head));
+  if (r.model.intermediate_size < 0)
+    fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 8 n_embd / 3 rounded up to a multiple of 64)",
+                     r.model.intermediate_size));
+  if (!(r.model.rope_theta > 0))
+    fail(fmt::format("model.rope_theta = {} must be > 0; LLaMA uses 10000", r.model.rope_theta));
+}
+
+void validate_bert(const Recipe& r, const Fail& fail) {
+  if (!(r.data.mlm_probability > 0 && r.data.mlm_probability < 1))
+    fail(fmt::format("data.mlm_probability = {} must be in (0, 1); BERT uses 0.15", r.data.mlm_probability));
+  if (r.model.intermediate_size < 0)
+    fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 4 n_embd)", r.model.intermediate_size));
+}
+
+void validate_vit(const Recipe& r, const Fail& fail) {
+  check_image_data(r, fail);
+  check_patches(r, fail);
+}
+
+void validate_resnet(const Recipe& r, const Fail& fail) {
+  check_image_data(r, fail);
+  if (r.model.width < 1 || r.model.width > 4096)
+    fail(fmt::format("model.width = {} must be in [1, 4096]: the ResNet's stem and stage-1 channels (torchvision "
+                     "64; 16 or 32 train faster)",
+                     r.model.width));
+}
+
+void validate_swin(const Recipe& r, const Fail& fail) {
+  check_image_data(r, fail);
+  if (r.model.patch_size < 1 || r.model.image_size % r.model.patch_size != 0)
+    fail(fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
+                     "patches); use e.g. 2, 4, 7 or 14",
+                     r.model.patch_size, r.model.image_size));
+  if (!(r.model.mlp_ratio > 0 && r.model.mlp_ratio <= 64))
+    fail(fmt::format("model.mlp_ratio = {} must be in (0, 64]; Swin uses 4", r.model.mlp_ratio));
+  if (r.model.window_size < 1) fail(fmt::format("model.window_size = {} must be >= 1; Swin uses 7", r.model.window_size));
+  std::vector<int64_t> d;
+  try {
+    d = swin_depths(r.model);
+  } catch (const ConfigError& e) {
+    fail(e.what());
+  }
+  if (d.empty()) fail("model.depths is empty; give the blocks per stage, e.g. \"2,2\"");
+  const int64_t grid = r.model.image_size / std::max<int64_t>(1, r.model.patch_size);
+  for (size_t i = 0; i < d.size(); ++i) {
+    const int64_t res = grid >> i;
+    if (d[i] < 1)
+      fail(fmt::format("model.depths = \"{}\": stage {} has {} blocks; every stage needs at least 1", r.model.depths,
+                       i, d[i]));
+    if (res < 1 || (i + 1 < d.size() && res % 2 != 0))
+      fail(fmt::format("model.depths = \"{}\": stage {} would work on a {}x{} grid, which patch merging cannot "
+                       "halve; use fewer stages or a smaller model.patch_size",
+                       r.model.depths, i, res, res));
+    if (res > r.model.window_size && res % r.model.window_size != 0)
+      fail(fmt::format("model.window_size = {} does not divide stage {}'s {}x{} grid (image_size / patch_size / "
+                       "2^stage); choose a window that divides it",
+                       r.model.window_size, i, res, res));
+  }
+}
+
+void validate_clip(const Recipe& r, const Fail& fail) {
+  check_image_data(r, fail);
+  check_patches(r, fail);
+  if (r.model.text_layers < 0 || r.model.text_heads < 0 || r.model.text_width < 0 || r.model.projection_dim < 0)
+    fail("model.text_layers, text_heads, text_width and projection_dim must be >= 0 (0 = the image tower's "
+         "n_layer, n_head, n_embd)");
+  const int64_t tw = r.model.text_width > 0 ? r.model.text_width : r.model.n_embd;
+  const int64_t th = r.model.text_heads > 0 ? r.model.text_heads : r.model.n_head;
+  if (th < 1 || tw % th != 0) fail(fmt::format("model.text_width = {} is not divisible by model.text_heads = {}", tw, th));
+}
+
+// ---------------------------------------------------------------- task factories
+
+std::unique_ptr<Task> make_lm_task(const Recipe& r) {
+  std::unique_ptr<models::CausalLM> model = make_causal_lm(r.model);
+  {
+    Generator init(r.run.seed);
+    if (auto* gpt = dynamic_cast<models::GPT*>(model.get())) gpt->init_weights(init);
+    if (auto* llama = dynamic_cast<models::LLaMA*>(model.get())) llama->init_weights(init);
+  }
+  model->dropout_generator().manual_seed(r.run.seed + 1);
+  return std::make_unique<CausalLMTask>(r, std::move(model));
+}
+
+std::unique_ptr<Task> make_bert_task(const Recipe& r) {
+  auto model = std::make_unique<models::BERT>(bert_config(r.model));
+  Generator init(r.run.seed);
+  model->init_weights(init);
+  model->dropout_generator().manual_seed(r.run.seed + 1);
+  return std::make_unique<MaskedLMTask>(r, std::move(model));
+}
+
+std::unique_ptr<Task> make_vit_task(const Recipe& r) {
+  auto vit = std::make_shared<models::ViT>(vit_config(r.model));
+  Generator init(r.run.seed);
+  vit->init_weights(init);
+  vit->dropout_generator().manual_seed(r.run.seed + 1);
+  ImageClassifier c;
+  c.module = vit;
+  c.forward = [m = vit.get()](const Tensor& x) { return m->forward(x); };
+  c.flops_per_image = vit->flops_per_image();
+  c.dropout = &vit->dropout_generator();
+  c.description = fmt::format("ViT {} layers, {} dims, {} heads, patch {}", r.model.n_layer, r.model.n_embd,
+                              r.model.n_head, r.model.patch_size);
+  return std::make_unique<ImageClassificationTask>(r, std::move(c));
+}
+
+// ResNet FLOPs of one training step per image: 3 x the forward's 2 FLOPs per multiply-add of
+// every convolution and the classifier (BatchNorm, ReLU, pooling and the residual adds left out).
+double resnet_flops_per_image(const models::ResNetConfig& c, int64_t side) {
+  double macs = 0.0;
+  auto conv = [&](int64_t in, int64_t out, int64_t k, int64_t stride) {
+    side = (side + stride - 1) / stride;  // "same" padding
+    macs += double(in) * double(out) * double(k * k) * double(side * side);
+  };
+  int64_t ch = c.width;
+  if (c.small_input) {
+    conv(c.in_channels, ch, 3, 1);
+  } else {
+    conv(c.in_channels, ch, 7, 2);
+    side = (side + 1) / 2;  // 3x3 stride-2 max-pool
+  }
+  const int64_t expansion = c.bottleneck ? 4 : 1;
+  for (size_t stage = 0; stage < c.layers.size(); ++stage) {
+    const int64_t planes = c.width << stage;
+    for (int64_t b = 0; b < c.layers[stage]; ++b) {
+      const int64_t stride = stage > 0 && b == 0 ? 2 : 1;
+      if (c.bottleneck) {
+        conv(ch, planes, 1, 1);
+        conv(planes, planes, 3, stride);
+        conv(planes, planes * expansion, 1, 1);
+      } else {
+        conv(ch, planes, 3, stride);
+        conv(planes, planes, 3, 1);
+      }
+      if (stride != 1 || ch != planes * expansion)  // downsample: 1x1 conv with the block's stride
+        macs += double(ch) * double(planes * expansion) * double(side * side);
+      ch = planes * expansion;
+    }
+  }
+  macs += double(ch) * double(c.num_classes);
+  return 3.0 * 2.0 * macs;
+}
+
+std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
+  auto resnet = std::make_shared<models::ResNet>(resnet_config(r.model));
+  Generator init(r.run.seed);
+  resnet->init_weights(init);
+  ImageClassifier c;
+  c.module = resnet;
+  c.forward = [m = resnet.get()](const Tensor& x) { return m->forward(x); };
+  c.flops_per_image = resnet_flops_per_image(resnet->config(), r.model.image_size);
+  c.buffers = resnet->named_buffers();
+  c.description = fmt::format("ResNet-{} layout, width {}", r.model.type == "resnet50" ? 50 : 18, r.model.width);
+  return std::make_unique<ImageClassificationTask>(r, std::move(c));
+}
+
+std::unique_ptr<Task> make_swin_task(const Recipe& r) {
+  auto swin = std::make_shared<models::Swin>(swin_config(r.model));
+  Generator init(r.run.seed);
+  swin->init_weights(init);
+  ImageClassifier c;
+  c.module = swin;
+  c.forward = [m = swin.get()](const Tensor& x) { return m->forward(x); };
+  c.flops_per_image = swin->flops_per_image();
+  c.description = fmt::format("Swin, embed {}, depths {}, window {}, patch {}", r.model.n_embd,
+                              r.model.depths.empty() ? "2,2" : r.model.depths, r.model.window_size,
+                              r.model.patch_size);
+  return std::make_unique<ImageClassificationTask>(r, std::move(c));
+}
+
+std::unique_ptr<Task> make_clip_task(const Recipe& r) {
+  const data::CaptionTokenizer tok;
+  auto clip = std::make_unique<models::CLIP>(clip_config(r.model, tok));
+  Generator init(r.run.seed);
+  clip->init_weights(init);
+  return std::make_unique<ContrastiveTask>(r, std::move(clip));
+}
+
+// The optional model keys: each row lists those it reads; the others must keep their defaults.
+const std::vector<std::string_view>& optional_keys() {
+  static const std::vector<std::string_view> k{
+      "model.n_kv_head",  "model.intermediate_size", "model.rope_theta",  "model.image_size", "model.patch_size",
+      "model.num_classes", "model.in_channels",      "model.width",       "model.depths",     "model.window_size",
+      "model.mlp_ratio",  "model.text_layers",       "model.text_heads",  "model.text_width", "model.projection_dim",
+      "data.mlm_probability", "data.augment"};
+  return k;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- the rows
+
+const std::vector<ModelEntry>& model_registry() {
+  static const std::vector<std::string_view> kImage{"model.image_size", "model.num_classes", "model.in_channels",
+                                                    "data.augment"};
+  auto with = [](std::vector<std::string_view> a, std::initializer_list<std::string_view> b) {
+    a.insert(a.end(), b);
+    return a;
+  };
+  static const std::vector<ModelEntry> rows{
+      {"gpt", "GPT-2 causal language model", DataKind::Text, {},
+       {.tensor_parallel = true, .pipeline_parallel = true, .recompute_budget = true, .memory_formula = true,
+        .dropout = true, .sample = true},
+       validate_gpt, make_lm_task},
+      {"llama", "LLaMA causal language model (RMSNorm, RoPE, SwiGLU, grouped-query attention)", DataKind::Text,
+       {"model.n_kv_head", "model.intermediate_size", "model.rope_theta"},
+       {.sample = true},
+       validate_llama, make_lm_task},
+      {"bert", "BERT masked language model", DataKind::Text, {"model.intermediate_size", "data.mlm_probability"},
+       {.dropout = true},
+       validate_bert, make_bert_task},
+      {"vit", "ViT image classifier", DataKind::FashionMnist,
+       with(kImage, {"model.patch_size", "model.intermediate_size"}),
+       {.dropout = true},
+       validate_vit, make_vit_task},
+      {"resnet18", "ResNet-18 image classifier", DataKind::FashionMnist, with(kImage, {"model.width"}),
+       {.batch_norm = true},
+       validate_resnet, make_resnet_task},
+      {"resnet50", "ResNet-50 image classifier", DataKind::FashionMnist, with(kImage, {"model.width"}),
+       {.batch_norm = true},
+       validate_resnet, make_resnet_task},
+      {"swin", "Swin Transformer image classifier", DataKind::FashionMnist,
+       with(kImage, {"model.patch_size", "model.depths", "model.window_size", "model.mlp_ratio"}),
+       {},
+       validate_swin, make_swin_task},
+      {"clip", "CLIP contrastive image-text model", DataKind::FashionMnist,
+       with(kImage, {"model.patch_size", "model.intermediate_size", "model.text_layers", "model.text_heads",
+                     "model.text_width", "model.projection_dim"}),
+       {},
+       validate_clip, make_clip_task},
+  };
+  return rows;
+}
+
+std::string model_types() {
+  std::string s;
+  for (const ModelEntry& e : model_registry()) s += fmt::format("{}{}", s.empty() ? "" : ", ", e.type);
+  return s;
+}
+
+std::string model_types_with(bool Capabilities::*cap) {
+  std::string s;
+  for (const ModelEntry& e : model_registry())
+    if (e.caps.*cap) s += fmt::format("{}{}", s.empty() ? "" : ", ", e.type);
+  return s.empty() ? "none yet" : s;
+}
+
+const ModelEntry& model_entry(const std::string& type) {
+  std::vector<std::string> names;
+  for (const ModelEntry& e : model_registry()) {
+    if (e.type == type) return e;
+    names.emplace_back(e.type);
+  }
+  throw ConfigError(
+      fmt::format("model.type = \"{}\" is not a known model; use one of {}{}", type, model_types(), did_you_mean(type, names)));
+}
+
+void check_supported(const Recipe& r, const Fail& fail) {
+  const ModelEntry& e = model_entry(r.model.type);
+  const std::string& t = r.model.type;
+  if (r.parallel.tp > 1 && !e.caps.tensor_parallel)
+    fail(fmt::format("parallel.tp = {}: model.type = \"{}\" has no tensor-parallel plan; tensor parallelism is built "
+                     "for {}; use parallel.dp (and ZeRO) for \"{}\"",
+                     r.parallel.tp, t, model_types_with(&Capabilities::tensor_parallel), t));
+  if (r.parallel.pp > 1 && !e.caps.pipeline_parallel)
+    fail(fmt::format("parallel.pp = {}: model.type = \"{}\" is not cut into pipeline stages; pipeline parallelism is "
+                     "built for {}; use parallel.dp (and ZeRO) for \"{}\"",
+                     r.parallel.pp, t, model_types_with(&Capabilities::pipeline_parallel), t));
+  if (r.memory.recompute == "budget" && !e.caps.recompute_budget)
+    fail(fmt::format("memory.recompute = \"budget\" needs an activation estimate, which exists for {}; use \"full\", "
+                     "\"selective\" or \"every_k\" for model.type = \"{}\"",
+                     model_types_with(&Capabilities::recompute_budget), t));
+  if (r.model.dropout != 0 && !e.caps.dropout)
+    fail(fmt::format("model.dropout = {}: the {} model has no dropout; set model.dropout = 0 (models with dropout: {})",
+                     r.model.dropout, t, model_types_with(&Capabilities::dropout)));
+  if (r.parallel.sync_batchnorm && !e.caps.batch_norm)
+    fail(fmt::format("parallel.sync_batchnorm = true: model.type = \"{}\" has no BatchNorm (models with BatchNorm: "
+                     "{}); remove it",
+                     t, model_types_with(&Capabilities::batch_norm)));
+}
+
+void validate_model(const Recipe& r, const Fail& fail) {
+  const ModelEntry* e = nullptr;
+  try {
+    e = &model_entry(r.model.type);
+  } catch (const ConfigError& err) {
+    fail(err.what());
+    return;
+  }
+  // data of the right kind
+  const bool images = r.data.corpus == "fashion-mnist";
+  if (e->data == DataKind::FashionMnist && !images)
+    fail(fmt::format("model.type = \"{}\" is an image model but data.corpus = \"{}\" is text; set data.corpus = "
+                     "\"fashion-mnist\" (and data.dir to its folder, e.g. \"/usr/share/datasets/fashion-mnist\")",
+                     r.model.type, r.data.corpus));
+  if (e->data == DataKind::Text && images)
+    fail(fmt::format("data.corpus = \"fashion-mnist\" is image data, but model.type = \"{}\" trains on text; use an "
+                     "image model ({})",
+                     r.model.type, [] {
+                       std::string s;
+                       for (const ModelEntry& m : model_registry())
+                         if (m.data == DataKind::FashionMnist) s += fmt::format("{}{}", s.empty() ? "" : ", ", m.type);
+                       return s;
+                     }()));
+  // keys this model does not read keep their defaults
+  const Recipe defaults;
+  const std::map<std::string, std::string> now = recipe_values(r), def = recipe_values(defaults);
+  for (std::string_view key : optional_keys()) {
+    if (std::find(e->keys.begin(), e->keys.end(), key) != e->keys.end()) continue;
+    const std::string k(key);
+    if (now.at(k) == def.at(k)) continue;
+    std::string users;
+    for (const ModelEntry& m : model_registry())
+      if (std::find(m.keys.begin(), m.keys.end(), key) != m.keys.end())
+        users += fmt::format("{}\"{}\"", users.empty() ? "" : ", ", m.type);
+    fail(fmt::format("{} = {} applies to model.type = {}, not \"{}\"; remove it", k, now.at(k), users, r.model.type));
+  }
+  check_supported(r, fail);
+  e->validate(r, fail);
+}
+
+std::unique_ptr<Task> make_task(const Recipe& r) { return model_entry(r.model.type).make_task(r); }
+
+}  // namespace brigade::train

@@ -1,0 +1,266 @@
+// Contrastive image-caption training (CLIP) with zero-shot evaluation; see tasks.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "brigade/amp/policy.h"
+#include "brigade/autograd/engine.h"
+#include "brigade/autograd/ext_clip.h"
+#include "brigade/autograd/functions.h"
+#include "brigade/core/error.h"
+#include "brigade/train/tasks.h"
+
+namespace brigade::train {
+
+namespace {
+
+// Test images per evaluation chunk (and per group of test pairs for the contrastive loss);
+// independent of train.batch_size so `brigade eval` reproduces the run's final numbers exactly.
+constexpr int64_t kEvalChunk = 500;
+// CLIP clamps logit_scale to ln(100): logits are at most 100 x cosine similarity.
+const double kMaxLogitScale = std::log(100.0);
+
+// Caption seeds: training step s and test chunk c draw from separate streams of run.seed
+// (make_caption_pairs mixes the seed through splitmix64).
+uint64_t train_caption_seed(uint64_t seed, int64_t step) {
+  return seed * 0x9E3779B97F4A7C15ull + 0xC1A9ull * 1000003ull + uint64_t(step);
+}
+uint64_t test_caption_seed(uint64_t seed, int64_t chunk) {
+  return seed * 0x9E3779B97F4A7C15ull + 0x7E57ull * 1000003ull + uint64_t(chunk) + (uint64_t(1) << 40);
+}
+uint64_t augment_seed(uint64_t seed, int64_t step) { return seed * 1000003ull + uint64_t(step) + 7; }
+
+}  // namespace
+
+ContrastiveTask::ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model)
+    : r_(r), model_(std::move(model)) {}
+
+std::string ContrastiveTask::describe() {
+  const models::CLIPConfig& c = model_->config();
+  return fmt::format("CLIP, image tower {} layers x {}, patch {}; text tower {} layers x {}, context {}, vocab {}; "
+                     "projection {}; {} parameters",
+                     c.vision.num_hidden_layers, c.vision.hidden_size, c.vision.patch_size, c.text.num_hidden_layers,
+                     c.text.hidden_size, tok_.max_length(), tok_.vocab_size(), c.projection_dim,
+                     model_->num_parameters());
+}
+
+void ContrastiveTask::open_data(dist::ProcessGroup&, const std::function<void(const std::string&)>&) {
+  const std::string dir = fashion_mnist_dir(r_);
+  train_set_.emplace(dir, data::FashionMnist::Split::Train);
+  test_set_.emplace(dir, data::FashionMnist::Split::Test);
+  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+  BRIGADE_CHECK(G >= 2 && G <= train_set_->size(), ConfigError,
+                "recipe {}: a contrastive global batch (train.batch_size x accumulation x dp = {}) needs 2 to {} (the "
+                "training images) pairs",
+                r_.path, G, train_set_->size());
+}
+
+std::string ContrastiveTask::data_summary() {
+  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+  return fmt::format("Fashion-MNIST image-caption pairs, {} train / {} test images, {:.2f} epochs of {} pairs{}",
+                     train_set_->size(), test_set_->size(), double(r_.train.steps * G) / double(train_set_->size()),
+                     G, r_.data.augment ? ", augmented" : "");
+}
+
+Batch ContrastiveTask::batch(int64_t step, int64_t micro, int64_t micro_steps, const Shard& s) {
+  const int64_t B = r_.train.batch_size, G = B * micro_steps * s.world, ctx = tok_.max_length();
+  if (cached_step_ != step || cached_global_ != G) {
+    const data::ShuffledBatchSampler sampler(train_set_->size(), G, r_.run.seed, /*drop_last=*/true);
+    const int64_t per_epoch = sampler.batches_per_epoch();
+    Generator aug(augment_seed(r_.run.seed, step));
+    const data::FashionMnist::Batch fb =
+        train_set_->batch(sampler.batch(step / per_epoch, step % per_epoch), r_.data.augment ? &aug : nullptr);
+    const data::CaptionPairs pairs =
+        data::make_caption_pairs(tok_, fb.labels.to_vector_i64(), train_caption_seed(r_.run.seed, step), ctx);
+    cached_ = Batch();
+    cached_.t["images"] = fb.images;              // (G, 1, 28, 28)
+    cached_.t["ids"] = pairs.tokens.ids;          // (G, ctx)
+    cached_.t["lengths"] = pairs.tokens.lengths;  // (G)
+    cached_.rows = cached_.count = G;
+    cached_step_ = step, cached_global_ = G;
+  }
+  return G == B ? cached_ : cached_.narrow((micro * s.world + s.rank) * B, B);
+}
+
+void ContrastiveTask::begin_step(std::vector<Batch>& micro, const Shard& s) {
+  const int64_t A = int64_t(micro.size()), D = s.world;
+  split_ = A * D;
+  cached_grads_ = split_ > 1;
+  if (!cached_grads_) return;
+  // GradCache: the global batch's embeddings without a graph, gathered from every rank ...
+  const int64_t B = r_.train.batch_size, E = model_->config().projection_dim, G = B * A * D;
+  std::vector<float> mine(size_t(A * 2 * B * E));
+  {
+    autograd::NoGradGuard ng;
+    for (int64_t m = 0; m < A; ++m) {
+      const Tensor img = model_->encode_image(micro[size_t(m)].at("images")).to(DType::F32).contiguous();  // (B, E)
+      const Tensor txt =
+          model_->encode_text(micro[size_t(m)].at("ids"), micro[size_t(m)].at("lengths")).to(DType::F32).contiguous();
+      std::memcpy(mine.data() + size_t(m * 2 * B * E), img.data<float>(), size_t(B * E) * sizeof(float));
+      std::memcpy(mine.data() + size_t((m * 2 + 1) * B * E), txt.data<float>(), size_t(B * E) * sizeof(float));
+    }
+  }
+  std::vector<float> all(size_t(D) * mine.size());
+  if (D > 1)
+    s.group->allgather(mine.data(), all.data(), std::vector<int64_t>(size_t(D), int64_t(mine.size())));
+  else
+    all = mine;
+  // ... in the global batch's row order (micro-step m of replica r holds rows [(m D + r) B, +B)),
+  Tensor img_all = Tensor::empty({G, E}, DType::F32), txt_all = Tensor::empty({G, E}, DType::F32);  // (G, E)
+  for (int64_t r = 0; r < D; ++r)
+    for (int64_t m = 0; m < A; ++m) {
+      const float* src = all.data() + size_t(r) * mine.size() + size_t(m * 2 * B * E);
+      const int64_t row = (m * D + r) * B;
+      std::memcpy(img_all.data<float>() + row * E, src, size_t(B * E) * sizeof(float));
+      std::memcpy(txt_all.data<float>() + row * E, src + B * E, size_t(B * E) * sizeof(float));
+    }
+  // ... the global loss and its gradient with respect to every embedding and the logit scale (fp32).
+  amp::AutocastScope fp32(amp::Policy{});
+  img_all.set_requires_grad(true);
+  txt_all.set_requires_grad(true);
+  Tensor scale = Tensor::full({}, model_->logit_scale.item(), DType::F32);  // 0-d, a leaf copy
+  scale.set_requires_grad(true);
+  const Tensor logits =
+      fn::mul(fn::reshape(fn::exp(scale), {1, 1}), fn::matmul(img_all, txt_all, false, true));  // (G, G)
+  const Tensor loss = model_->contrastive_loss_from_logits(logits);
+  autograd::backward(loss);
+  global_loss_ = loss.item();
+  scale_grad_ = scale.grad().item();
+  img_grad_.clear();
+  txt_grad_.clear();
+  for (int64_t m = 0; m < A; ++m) {
+    const int64_t row = (m * D + s.rank) * B;
+    img_grad_.push_back(img_all.grad().narrow(0, row, B).contiguous());  // (B, E)
+    txt_grad_.push_back(txt_all.grad().narrow(0, row, B).contiguous());  // (B, E)
+  }
+}
+
+Loss ContrastiveTask::loss(const Batch& b, int64_t micro, Metrics&) {
+  if (!cached_grads_) return {model_->contrastive_loss(b.at("images"), b.at("ids"), b.at("lengths")), {}};  // 0-d
+  // A surrogate whose gradient is this micro-batch's share of the global loss's: the trainer
+  // averages micro-steps and ranks (1 / (A D)), hence the factor A D on the embedding terms; the
+  // logit scale's gradient is the same on every micro-step and rank.
+  const Tensor img = model_->encode_image(b.at("images"));                // (B, E)
+  const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E)
+  const Tensor dots = fn::add(fn::sum_all(fn::mul(img, img_grad_[size_t(micro)])),
+                              fn::sum_all(fn::mul(txt, txt_grad_[size_t(micro)])));  // ()
+  const Tensor surrogate =
+      fn::add(fn::mul_scalar(dots, double(split_)), fn::mul_scalar(model_->logit_scale, scale_grad_));
+  return {surrogate, global_loss_};
+}
+
+void ContrastiveTask::after_update(const nn::NamedTensors& master) {
+  for (auto [name, p] : master) {
+    if (name != "logit_scale" || p.numel() == 0) continue;
+    const double s = p.item();
+    if (s > kMaxLogitScale)
+      p.fill_(kMaxLogitScale);
+    else if (s < 0.0)
+      p.fill_(0.0);
+  }
+}
+
+nlohmann::json ContrastiveTask::train_fields(const Metrics&, int64_t step) const {
+  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+  const int64_t per_epoch = std::max<int64_t>(1, (train_set_ ? train_set_->size() : 60000) / G);
+  return {{"epoch", (step - 1) / per_epoch}, {"logit_scale", model_->logit_scale.item()}};
+}
+
+std::string ContrastiveTask::train_progress(const Metrics& m, int64_t step) const {
+  return fmt::format(" | epoch {}", train_fields(m, step)["epoch"].get<int64_t>());
+}
+
+Metrics ContrastiveTask::evaluate(bool final, const Shard& s, const Scorer& score) {
+  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+  const int64_t n = std::min(final ? test_set_->size() : r_.train.eval_batches * G, test_set_->size());
+  const int64_t ctx = tok_.max_length();
+  prepare_eval();
+  Metrics m;
+  int64_t chunk = 0;
+  for (int64_t lo = 0; lo < n; lo += kEvalChunk, ++chunk) {
+    if (chunk % s.world != s.rank) continue;  // chunks dealt round-robin over the replicas
+    const int64_t hi = std::min(n, lo + kEvalChunk);
+    std::vector<int64_t> idx(size_t(hi - lo));
+    for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
+    const data::FashionMnist::Batch fb = test_set_->batch(idx);
+    const data::CaptionPairs pairs = data::make_caption_pairs(tok_, fb.labels.to_vector_i64(),
+                                                              test_caption_seed(r_.run.seed, lo / kEvalChunk), ctx);
+    Batch b;
+    b.t["images"] = fb.images;
+    b.t["labels"] = fb.labels;
+    b.t["ids"] = pairs.tokens.ids;
+    b.t["lengths"] = pairs.tokens.lengths;
+    b.rows = b.count = hi - lo;
+    score(b, m);
+  }
+  return m;
+}
+
+void ContrastiveTask::score(const Batch& b, Metrics& m) {
+  const Tensor img = model_->encode_image(b.at("images"));  // (m, E)
+  // zero-shot: argmax of the cosine similarities, ties to the lowest class id
+  const std::vector<float> sim = fn::matmul(img, class_embeds_, false, true).to_vector();  // (m, K)
+  const std::vector<int64_t> labels = b.at("labels").to_vector_i64();
+  const int64_t K = class_embeds_.size(0);
+  int64_t correct = 0;
+  for (int64_t i = 0; i < b.rows; ++i) {
+    int64_t pred = 0;
+    for (int64_t k = 1; k < K; ++k)
+      if (sim[size_t(i * K + k)] > sim[size_t(i * K + pred)]) pred = k;
+    correct += pred == labels[size_t(i)] ? 1 : 0;
+  }
+  // the contrastive loss of this chunk's (image, caption) pairs
+  const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (m, E)
+  m.add("loss_sum", model_->contrastive_loss_from_logits(model_->logits_from_embeds(img, txt)).item() * double(b.rows));
+  m.add("correct", double(correct));
+  m.add("images", double(b.rows));
+}
+
+nlohmann::json ContrastiveTask::eval_fields(const Metrics& m) const {
+  const double n = m.get("images");
+  return {{"val_loss", n > 0 ? m.get("loss_sum") / n : 0.0},
+          {"zero_shot_accuracy", n > 0 ? m.get("correct") / n : 0.0},
+          {"test_images", int64_t(n)}};
+}
+
+std::string ContrastiveTask::eval_line(const Metrics& m) const {
+  const double n = m.get("images");
+  return fmt::format("zero-shot accuracy {:.2f}% ({}/{} test images) | test-pair contrastive loss {:.4f} | logit scale "
+                     "{:.3f}",
+                     n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
+                     n > 0 ? m.get("loss_sum") / n : 0.0, model_->logit_scale.item());
+}
+
+std::string ContrastiveTask::final_line(const Metrics& m) const {
+  const double n = m.get("images");
+  return fmt::format("final zero-shot test accuracy: {:.2f}% ({}/{}) | test-pair contrastive loss {:.4f}",
+                     n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
+                     n > 0 ? m.get("loss_sum") / n : 0.0);
+}
+
+int64_t ContrastiveTask::eval_rows() const { return kEvalChunk; }
+
+void ContrastiveTask::prepare_eval() {
+  const data::TokenBatch prompts = tok_.batch(data::zero_shot_prompts(tok_.class_names()), tok_.max_length());
+  class_embeds_ = model_->encode_text(prompts.ids, prompts.lengths);  // (K, E)
+}
+
+Batch ContrastiveTask::synthetic_batch(uint64_t seed, int64_t rows) {
+  const int64_t B = rows > 0 ? rows : r_.train.batch_size, ctx = tok_.max_length();
+  Tensor images = Tensor::empty({B, 1, 28, 28}, DType::F32);  // (B, 1, 28, 28)
+  Generator g(seed);
+  float* p = images.data<float>();
+  for (int64_t i = 0; i < images.numel(); ++i) p[i] = float(g.uniform_double() * 2.0 - 1.0);
+  std::vector<int64_t> labels(static_cast<size_t>(B), 0);
+  for (auto& y : labels) y = std::min<int64_t>(int64_t(g.uniform_double() * 10.0), 9);
+  const data::CaptionPairs pairs = data::make_caption_pairs(tok_, labels, seed, ctx);
+  Batch b;
+  b.t["images"] = images;
+  b.t["labels"] = Tensor::from_vector_i64(labels, {B});  // (B): for score()
+  b.t["ids"] = pairs.tokens.ids;
+  b.t["lengths"] = pairs.tokens.lengths;
+  b.rows = b.count = B;
+  return b;
+}
+
+}  // namespace brigade::train

@@ -1,0 +1,253 @@
+// Masked language modelling (BERT); see tasks.h.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "brigade/autograd/functions.h"
+#include "brigade/core/error.h"
+#include "brigade/data/ext_mlm.h"
+#include "brigade/data/prepare.h"
+#include "brigade/train/tasks.h"
+
+namespace brigade::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Seeds of the masking generators: training step s uses splitmix64(splitmix64(seed ^ kTrainMask)
+// + s); evaluation batch i uses splitmix64(kEvalMask + i) whatever the run's seed.
+constexpr uint64_t kTrainMask = 0x6d6c6d2d74726e01ull;  // "mlm-trn"
+constexpr uint64_t kEvalMask = 0x6d6c6d2d65766101ull;   // "mlm-eva"
+
+const std::vector<int64_t>& special_ids() {
+  static const std::vector<int64_t> ids{data::Tokenizer::kUnkId, data::Tokenizer::kBosId, data::Tokenizer::kEosId};
+  return ids;
+}
+
+int64_t mask_id(const Recipe& r) { return r.model.vocab_size; }  // one past the tokenizer's pieces
+
+// A split of the recipe's data.dir, with its vocabulary and length checked.
+data::TokenDataset open_split(const Recipe& r, const char* file) {
+  data::TokenDataset ds((fs::path(r.data.dir) / file).string());
+  BRIGADE_CHECK(ds.vocab_size() == r.model.vocab_size, ConfigError,
+                "recipe {}: token file {} has vocab {} but model.vocab_size is {}; set model.vocab_size = {} or point "
+                "data.dir at data prepared for {} (`brigade prepare`)",
+                r.path, ds.path(), ds.vocab_size(), r.model.vocab_size, ds.vocab_size(), r.model.vocab_size);
+  BRIGADE_CHECK(ds.size() >= r.train.seq_len + 1, DataError,
+                "recipe {}: {} holds {} tokens, fewer than train.seq_len + 1 = {}; lower train.seq_len or raise "
+                "data.val_fraction and run `brigade prepare` again",
+                r.path, ds.path(), ds.size(), r.train.seq_len + 1);
+  return ds;
+}
+
+int64_t count_labelled(const Tensor& labels) {
+  int64_t n = 0;
+  const Tensor c = labels.contiguous();
+  const int64_t* y = c.data<int64_t>();
+  for (int64_t i = 0; i < c.numel(); ++i) n += y[i] != -100 ? 1 : 0;
+  return n;
+}
+
+// The eval batch count and its rows (the recipe's global batch).
+int64_t eval_batches(const Recipe& r) { return std::max<int64_t>(1, r.train.eval_batches); }
+int64_t global_rows(const Recipe& r) { return r.train.batch_size * r.train.accumulation * r.parallel.dp; }
+
+}  // namespace
+
+MaskedLMTask::MaskedLMTask(const Recipe& r, std::unique_ptr<models::BERT> model) : r_(r), model_(std::move(model)) {}
+
+std::string MaskedLMTask::describe() {
+  return fmt::format("BERT {} layers, {} dims, {} heads, vocab {} + [MASK] = id {}, {:.2f}M parameters",
+                     r_.model.n_layer, r_.model.n_embd, r_.model.n_head, r_.model.vocab_size, mask_id(r_),
+                     double(model_->num_parameters()) / 1e6);
+}
+
+Batch MaskedLMTask::masked_rows(const Tensor& ids, uint64_t mask_seed, int64_t lo, int64_t n) const {
+  Generator g(mask_seed);
+  const data::MlmBatch mb =
+      data::mask_tokens(ids, r_.model.vocab_size + 1, mask_id(r_), special_ids(), r_.data.mlm_probability, g);
+  Batch b;
+  b.t["ids"] = mb.inputs.narrow(0, lo, n);     // (n, T)
+  b.t["labels"] = mb.labels.narrow(0, lo, n);  // (n, T), -100 where not masked
+  b.rows = n;
+  b.count = count_labelled(b.t["labels"]);
+  return b;
+}
+
+void MaskedLMTask::open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) {
+  const fs::path data_dir(r_.data.dir);
+  if (ctrl.rank() == 0 && !fs::exists(data_dir / data::kMetaFile))
+    data::prepare(prepare_options(r_), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
+  ctrl.barrier();
+  train_.emplace(open_split(r_, data::kTrainFile));
+  val_.emplace(open_split(r_, data::kValFile));
+
+  // Unigram baselines of train.bin on the evaluation's masked positions: add-one smoothed
+  // probabilities over the maskable ids, and the accuracy of always answering the most frequent one.
+  const int64_t V = r_.model.vocab_size;
+  std::vector<int64_t> count(size_t(V), 0);
+  for (int64_t i = 0; i < train_->size(); ++i) ++count[size_t((*train_)[i])];
+  for (int64_t id : special_ids()) count[size_t(id)] = 0;
+  int64_t total = 0, top = 3;
+  for (int64_t id = 0; id < V; ++id) {
+    total += count[size_t(id)];
+    if (count[size_t(id)] > count[size_t(top)]) top = id;
+  }
+  const int64_t n = eval_batches(r_), G = global_rows(r_);
+  const data::BatchSampler val(*val_, G, r_.train.seq_len, r_.run.seed);
+  double nll = 0.0;
+  int64_t hits = 0, masked = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor x, y;
+    val.get_eval_batch(i, n, x, y);  // (G, T)
+    const Batch b = masked_rows(x, data::splitmix64(kEvalMask + uint64_t(i)), 0, G);
+    for (int64_t l : b.at("labels").to_vector_i64()) {
+      if (l == -100) continue;
+      ++masked;
+      hits += l == top ? 1 : 0;
+      const int64_t c = l < V ? count[size_t(l)] : 0;
+      nll -= std::log(double(c + 1) / double(total + V));
+    }
+  }
+  unigram_loss_ = masked ? nll / double(masked) : 0.0;
+  unigram_accuracy_ = masked ? double(hits) / double(masked) : 0.0;
+}
+
+std::string MaskedLMTask::data_summary() {
+  return fmt::format(
+      "{} train / {} val tokens, {:.0f}% masked | baselines on the val masked positions: uniform loss ln({}) = {:.4f}, "
+      "unigram loss {:.4f}, most-frequent-token accuracy {:.2f}%",
+      train_->size(), val_->size(), 100.0 * r_.data.mlm_probability, model_->config().vocab_size,
+      std::log(double(model_->config().vocab_size)), unigram_loss_, 100.0 * unigram_accuracy_);
+}
+
+std::string MaskedLMTask::tokenizer_path() const {
+  return (fs::path(r_.data.dir) / data::kTokenizerFile).string();
+}
+
+Batch MaskedLMTask::batch(int64_t step, int64_t micro, int64_t micro_steps, const Shard& s) {
+  const int64_t B = r_.train.batch_size, T = r_.train.seq_len, G = B * micro_steps * s.world;
+  if (cached_step_ != step || cached_global_ != G) {
+    // The whole global batch, masked in one pass: every rank draws the same masks.
+    const data::BatchSampler sampler(*train_, G, T, r_.run.seed);
+    Tensor x, y;  // (G, T)
+    sampler.get_batch(step, x, y);
+    cached_ = masked_rows(x, data::splitmix64(data::splitmix64(r_.run.seed ^ kTrainMask) + uint64_t(step)), 0, G);
+    BRIGADE_CHECK(cached_.count > 0, DataError,
+                  "step {}: no position of the batch was chosen for masking; raise train.batch_size, train.seq_len "
+                  "or data.mlm_probability",
+                  step);
+    cached_step_ = step, cached_global_ = G;
+  }
+  const int64_t lo = (micro * s.world + s.rank) * B;
+  Batch b;
+  b.t["ids"] = cached_.at("ids").narrow(0, lo, B);
+  b.t["labels"] = cached_.at("labels").narrow(0, lo, B);
+  b.rows = B;
+  b.count = count_labelled(b.t["labels"]);
+  return b;
+}
+
+Loss MaskedLMTask::loss(const Batch& b, int64_t, Metrics& m) {
+  const int64_t V = model_->config().vocab_size;
+  const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V), (M)
+  const int64_t M = ml.labels.numel();
+  if (M == 0)  // this micro-batch holds no masked token: no contribution (the trainer weights it by 0)
+    return {fn::mul_scalar(fn::sum_all(ml.logits), 0.0)};
+  Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);  // 0-d
+  const Tensor lg = ml.logits.detach().contiguous();
+  const float* p = lg.data<float>();
+  const int64_t* y = ml.labels.data<int64_t>();
+  int64_t correct = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    const float* row = p + i * V;
+    correct += int64_t(std::max_element(row, row + V) - row) == y[i] ? 1 : 0;
+  }
+  m.add("train_correct", double(correct));
+  m.add("train_masked", double(M));
+  return {loss};
+}
+
+nlohmann::json MaskedLMTask::train_fields(const Metrics& m, int64_t) const {
+  return {{"train_accuracy", m.get("train_correct") / std::max(1.0, m.get("train_masked"))}};
+}
+
+std::string MaskedLMTask::train_progress(const Metrics& m, int64_t) const {
+  return fmt::format(" | masked acc {:5.2f}%", 100.0 * m.get("train_correct") / std::max(1.0, m.get("train_masked")));
+}
+
+Metrics MaskedLMTask::evaluate(bool, const Shard& s, const Scorer& score) {
+  // Every rank masks each eval batch whole (fixed generators: the same positions at every
+  // evaluation of any run with the same data and shapes) and scores its rows of it.
+  const int64_t n = eval_batches(r_), G = global_rows(r_), B = r_.train.batch_size;
+  const data::BatchSampler val(*val_, G, r_.train.seq_len, r_.run.seed);
+  Metrics m;
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor x, y;
+    val.get_eval_batch(i, n, x, y);  // (G, T)
+    for (int64_t k = 0; k * s.world * B < G; ++k) {
+      const int64_t lo = (k * s.world + s.rank) * B;
+      if (lo >= G) break;
+      score(masked_rows(x, data::splitmix64(kEvalMask + uint64_t(i)), lo, std::min(B, G - lo)), m);
+    }
+  }
+  return m;
+}
+
+void MaskedLMTask::score(const Batch& b, Metrics& m) {
+  if (b.count == 0) return;
+  Metrics unused;
+  const int64_t V = model_->config().vocab_size;
+  const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V)
+  const Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);
+  const Tensor lg = ml.logits.contiguous();
+  const float* p = lg.data<float>();
+  const int64_t* y = ml.labels.data<int64_t>();
+  int64_t correct = 0;
+  for (int64_t i = 0; i < b.count; ++i) {
+    const float* row = p + i * V;
+    correct += int64_t(std::max_element(row, row + V) - row) == y[i] ? 1 : 0;
+  }
+  m.add("loss_sum", loss.item() * double(b.count));
+  m.add("correct", double(correct));
+  m.add("masked", double(b.count));
+}
+
+nlohmann::json MaskedLMTask::eval_fields(const Metrics& m) const {
+  BRIGADE_CHECK(m.get("masked") > 0, DataError,
+                "evaluation chose no position to mask ({} batches of {} x {} tokens); raise train.eval_batches or "
+                "data.mlm_probability",
+                eval_batches(r_), global_rows(r_), r_.train.seq_len);
+  return {{"val_loss", m.get("loss_sum") / m.get("masked")},
+          {"mlm_accuracy", m.get("correct") / m.get("masked")},
+          {"masked_tokens", int64_t(m.get("masked"))}};
+}
+
+std::string MaskedLMTask::eval_line(const Metrics& m) const {
+  return fmt::format("val MLM loss {:.6f} | masked accuracy {:.2f}% ({}/{} masked tokens)",
+                     m.get("loss_sum") / m.get("masked"), 100.0 * m.get("correct") / m.get("masked"),
+                     int64_t(m.get("correct")), int64_t(m.get("masked")));
+}
+
+std::string MaskedLMTask::final_line(const Metrics& m) const {
+  return fmt::format("final {}\nbaselines: uniform loss {:.4f} | unigram loss {:.4f} | most-frequent-token accuracy "
+                     "{:.2f}%",
+                     eval_line(m), std::log(double(model_->config().vocab_size)), unigram_loss_,
+                     100.0 * unigram_accuracy_);
+}
+
+const Stages* MaskedLMTask::stages() { return nullptr; }
+
+int64_t MaskedLMTask::eval_rows() const { return r_.train.batch_size; }
+
+Batch MaskedLMTask::synthetic_batch(uint64_t seed, int64_t rows) {
+  const int64_t B = rows > 0 ? rows : r_.train.batch_size, T = r_.train.seq_len, V = r_.model.vocab_size;
+  Tensor ids = Tensor::empty({B, T}, DType::I64);  // (B, T)
+  Generator g(seed);
+  int64_t* p = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) p[i] = 3 + std::min<int64_t>(int64_t(g.uniform_double() * double(V - 3)), V - 4);
+  return masked_rows(ids, seed + 1, 0, B);
+}
+
+}  // namespace brigade::train
