@@ -59,7 +59,7 @@ Tensor BERTEmbeddings::forward(const Tensor& ids, const Tensor& token_type_ids) 
   return dropout->forward(LayerNorm->forward(x));                   // (B, T, D)
 }
 
-BERTLayer::BERTLayer(const BERTConfig& c, Generator* gen) {
+BERTLayer::BERTLayer(const BERTConfig& c, Generator* gen) : gen_(gen) {
   const int64_t D = c.hidden_size, M = c.intermediate_size;
   attention = register_module("attention", std::make_shared<nn::Submodules>());
   self_attention = attention->add("self", std::make_shared<nn::EncoderSelfAttention>(D, c.num_attention_heads));
@@ -74,11 +74,17 @@ BERTLayer::BERTLayer(const BERTConfig& c, Generator* gen) {
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.hidden_dropout, gen));
 }
 
-Tensor BERTLayer::forward(const Tensor& x0, const Tensor& attention_mask) const {
+Tensor BERTLayer::body(const Tensor& x0, const Tensor& attention_mask) const {
   const Tensor a = self_attention->forward(x0, attention_mask);                                   // (B, T, D)
   const Tensor x = attention_ln->forward(F::add(x0, dropout->forward(attention_dense->forward(a))));  // (B, T, D)
   const Tensor h = F::gelu_erf(intermediate_dense->forward(x));                                   // (B, T, M)
   return output_ln->forward(F::add(x, dropout->forward(output_dense->forward(h))));               // (B, T, D)
+}
+
+Tensor BERTLayer::forward(const Tensor& x, const Tensor& attention_mask) const {
+  // The mask is captured (a constant: no gradient), x goes through the inputs.
+  return run({x}, [this, attention_mask](const std::vector<Tensor>& in) { return body(in[0], attention_mask); },
+             gen_);  // (B, T, D)
 }
 
 BERTModel::BERTModel(const BERTConfig& c, Generator* gen) {

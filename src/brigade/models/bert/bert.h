@@ -43,16 +43,23 @@ class BERTEmbeddings : public nn::Module {
   std::shared_ptr<nn::Dropout> dropout;
 };
 
-// One post-LN encoder layer.
-class BERTLayer : public nn::Module {
+// One post-LN encoder layer, an nn::Block: plans (ZeRO-3, activation recompute) reach it from
+// outside. The attention mask is a constant of the body (it needs no gradient); the body's
+// dropout draws from the model's generator, which a recompute replays.
+class BERTLayer : public nn::Block {
  public:
   BERTLayer(const BERTConfig& c, Generator* gen);
-  Tensor forward(const Tensor& x, const Tensor& attention_mask) const;  // (B, T, D) -> (B, T, D)
+  // (B, T, D) -> (B, T, D), through Block::run; attention_mask (B, T) of 0 / 1 or undefined.
+  Tensor forward(const Tensor& x, const Tensor& attention_mask) const;
   std::shared_ptr<nn::Submodules> attention, attention_output, intermediate, output;
   std::shared_ptr<nn::EncoderSelfAttention> self_attention;  // attention.self
   std::shared_ptr<nn::Linear> attention_dense, intermediate_dense, output_dense;
   std::shared_ptr<nn::LayerNorm> attention_ln, output_ln;  // attention.output.LayerNorm, output.LayerNorm
   std::shared_ptr<nn::Dropout> dropout;
+
+ private:
+  Tensor body(const Tensor& x, const Tensor& attention_mask) const;
+  Generator* gen_;  // the dropout generator (its state is replayed by a recompute)
 };
 
 class BERTModel : public nn::Module {

@@ -96,9 +96,13 @@ CLIPEncoderLayer::CLIPEncoderLayer(int64_t D, int64_t n_head, int64_t M, double 
   layer_norm2 = register_module("layer_norm2", std::make_shared<nn::LayerNorm>(D, eps));
 }
 
-Tensor CLIPEncoderLayer::forward(const Tensor& x0, bool causal) const {
+Tensor CLIPEncoderLayer::body(const Tensor& x0, bool causal) const {
   const Tensor x = F::add(x0, self_attn->forward(layer_norm1->forward(x0), causal));  // (B, T, D)
   return F::add(x, mlp->forward(layer_norm2->forward(x)));                           // (B, T, D)
+}
+
+Tensor CLIPEncoderLayer::forward(const Tensor& x, bool causal) const {
+  return run({x}, [this, causal](const std::vector<Tensor>& in) { return body(in[0], causal); });  // (B, T, D)
 }
 
 // ---------------------------------------------------------------- text tower
@@ -266,7 +270,13 @@ Tensor CLIP::logits_from_embeds(const Tensor& img, const Tensor& txt) const {
 }
 
 Tensor CLIP::logits(const Tensor& images, const Tensor& ids, const Tensor& lengths) const {
-  return logits_from_embeds(encode_image(images), encode_text(ids, lengths));
+  // Text tower first, then vision, as they are registered: the forward then runs the blocks in
+  // nn::find_blocks order, the order ZeRO-3 prefetches units in. (Sequenced here: as two
+  // arguments of one call their order would be the compiler's choice; the numbers do not depend
+  // on it, the towers share nothing.)
+  const Tensor txt = encode_text(ids, lengths);  // (M, E)
+  const Tensor img = encode_image(images);       // (N, E)
+  return logits_from_embeds(img, txt);
 }
 
 Tensor CLIP::contrastive_loss_from_logits(const Tensor& logits_per_image) const {

@@ -83,14 +83,19 @@ class CLIPMLP : public nn::Module {
   bool quick_gelu;
 };
 
-class CLIPEncoderLayer : public nn::Module {
+// One pre-LN encoder layer of either tower, an nn::Block: plans (ZeRO-3, activation recompute)
+// reach it from outside. No dropout: nothing to replay.
+class CLIPEncoderLayer : public nn::Block {
  public:
   CLIPEncoderLayer(int64_t D, int64_t n_head, int64_t M, double eps, bool quick_gelu);
-  Tensor forward(const Tensor& x, bool causal) const;  // (B, T, D) -> (B, T, D)
+  Tensor forward(const Tensor& x, bool causal) const;  // (B, T, D) -> (B, T, D), through Block::run
   std::shared_ptr<CLIPAttention> self_attn;
   std::shared_ptr<nn::LayerNorm> layer_norm1;
   std::shared_ptr<CLIPMLP> mlp;
   std::shared_ptr<nn::LayerNorm> layer_norm2;
+
+ private:
+  Tensor body(const Tensor& x, bool causal) const;
 };
 
 class CLIPTextTransformer : public nn::Module {

@@ -91,7 +91,7 @@ SwinLayer::SwinLayer(const SwinConfig& c, int64_t D, int64_t n_head, int64_t r, 
   if (shift > 0) attn_mask = ops::swin_shift_mask(r, r, ws, shift);  // (nW, N, N)
 }
 
-Tensor SwinLayer::forward(const Tensor& x0) const {
+Tensor SwinLayer::body(const Tensor& x0) const {
   const int64_t B = x0.size(0), L = x0.size(1), D = x0.size(2), r = resolution;
   BRIGADE_CHECK(L == r * r, ShapeError, "SwinLayer.forward: x must be (B, {}, D) for a {}x{} grid, got {}", r * r, r,
                 r, shape_str(x0.shape()));
@@ -104,6 +104,10 @@ Tensor SwinLayer::forward(const Tensor& x0) const {
   const Tensor x = F::add(x0, F::reshape(back, {B, L, D}));                        // (B, L, D)
   const Tensor m = F::gelu_erf(intermediate_dense->forward(layernorm_after->forward(x)));  // (B, L, M)
   return F::add(x, output_dense->forward(m));                                      // (B, L, D)
+}
+
+Tensor SwinLayer::forward(const Tensor& x) const {
+  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); });  // (B, L, D); no dropout
 }
 
 // ------------------------------------------------------------------ patch merging

@@ -68,17 +68,24 @@ class SwinSelfAttention : public nn::Module {
   void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
-// One Swin block (HF's SwinLayer) at a fixed resolution, window and shift.
-class SwinLayer : public nn::Module {
+// One Swin block (HF's SwinLayer) at a fixed resolution, window and shift. An nn::Block: plans
+// (ZeRO-3, activation recompute) reach it from outside; a stage's patch merging stays outside
+// any block. The body reads two constants built at construction (no gradient, fine to capture
+// in a recompute): the shifted-window mask below and the attention's relative_position_index.
+// No dropout: nothing to replay.
+class SwinLayer : public nn::Block {
  public:
   SwinLayer(const SwinConfig& c, int64_t dim, int64_t n_head, int64_t resolution, int64_t window, int64_t shift);
-  Tensor forward(const Tensor& x) const;  // (B, r*r, D) -> (B, r*r, D)
+  Tensor forward(const Tensor& x) const;  // (B, r*r, D) -> (B, r*r, D), through Block::run
   std::shared_ptr<nn::LayerNorm> layernorm_before, layernorm_after;
   std::shared_ptr<nn::Submodules> attention, attention_output, intermediate, output;
   std::shared_ptr<SwinSelfAttention> self_attention;  // attention.self
   std::shared_ptr<nn::Linear> attention_dense, intermediate_dense, output_dense;
   int64_t resolution, window, shift;
   Tensor attn_mask;  // (nW, N, N) of 0 / -100 when shift > 0, else undefined
+
+ private:
+  Tensor body(const Tensor& x) const;
 };
 
 // HF's SwinPatchMerging: (B, r*r, C) -> (B, (r/2)^2, 2C).

@@ -56,7 +56,7 @@ Tensor ViTEmbeddings::forward(const Tensor& images) const {
   return dropout->forward(F::add(x, position_embeddings));      // (N, S, D)
 }
 
-ViTLayer::ViTLayer(const ViTConfig& c, Generator* gen) {
+ViTLayer::ViTLayer(const ViTConfig& c, Generator* gen) : gen_(gen) {
   const int64_t D = c.hidden_size, M = c.intermediate_size;
   attention = register_module("attention", std::make_shared<nn::Submodules>());
   self_attention = attention->add("attention", std::make_shared<nn::EncoderSelfAttention>(D, c.num_attention_heads));
@@ -71,11 +71,15 @@ ViTLayer::ViTLayer(const ViTConfig& c, Generator* gen) {
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.hidden_dropout, gen));
 }
 
-Tensor ViTLayer::forward(const Tensor& x0) const {
+Tensor ViTLayer::body(const Tensor& x0) const {
   const Tensor a = self_attention->forward(layernorm_before->forward(x0));        // (N, S, D)
   const Tensor x = F::add(x0, dropout->forward(attention_dense->forward(a)));    // (N, S, D)
   const Tensor h = F::gelu_erf(intermediate_dense->forward(layernorm_after->forward(x)));  // (N, S, M)
   return F::add(x, dropout->forward(output_dense->forward(h)));                  // (N, S, D)
+}
+
+Tensor ViTLayer::forward(const Tensor& x) const {
+  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);  // (N, S, D)
 }
 
 ViTModel::ViTModel(const ViTConfig& c, Generator* gen) {

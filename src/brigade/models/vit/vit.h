@@ -49,16 +49,22 @@ class ViTEmbeddings : public nn::Module {
 };
 
 // One pre-LN encoder layer: attention.attention (q, k, v), attention.output.dense,
-// intermediate.dense, output.dense, layernorm_before, layernorm_after.
-class ViTLayer : public nn::Module {
+// intermediate.dense, output.dense, layernorm_before, layernorm_after. An nn::Block: plans
+// (ZeRO-3, activation recompute) reach it from outside; its dropout draws from the model's
+// generator, which a recompute replays.
+class ViTLayer : public nn::Block {
  public:
   ViTLayer(const ViTConfig& c, Generator* gen);
-  Tensor forward(const Tensor& x) const;  // (N, S, D) -> (N, S, D), S = 1 + P
+  Tensor forward(const Tensor& x) const;  // (N, S, D) -> (N, S, D), S = 1 + P; through Block::run
   std::shared_ptr<nn::Submodules> attention, attention_output, intermediate, output;
   std::shared_ptr<nn::EncoderSelfAttention> self_attention;  // attention.attention
   std::shared_ptr<nn::Linear> attention_dense, intermediate_dense, output_dense;
   std::shared_ptr<nn::LayerNorm> layernorm_before, layernorm_after;
   std::shared_ptr<nn::Dropout> dropout;
+
+ private:
+  Tensor body(const Tensor& x) const;
+  Generator* gen_;  // the dropout generator (its state is replayed by a recompute)
 };
 
 class ViTModel : public nn::Module {
