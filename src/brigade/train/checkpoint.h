@@ -72,7 +72,8 @@ std::map<std::string, Tensor> read_optimizer_flat(const std::string& dir, const 
                                                   int64_t lo, int64_t hi);
 bool checkpoint_is_sharded(const std::string& dir);
 bool checkpoint_exists(const std::string& dir);  // repairs an interrupted swap first
-// If <dir> is missing but <dir>.old holds a checkpoint, moves it back.
+// If <dir> is missing but <dir>.old holds a checkpoint, moves it back and removes that
+// save's <dir>.tmp, silently (open_checkpoint() is the same repair, said aloud).
 void recover_checkpoint(const std::string& dir);
 // What every reader of a checkpoint directory (generate, eval, resume) calls first:
 // repairs a save interrupted between its two renames (<dir> missing, <dir>.old holding
