@@ -25,10 +25,20 @@ GPT-2 step 2.5-3x faster here. The output says so.
 Usage: python3 bench/gpt_vs_torch.py [--brigade build/bin/brigade] [--configs gpt2,small]
                                      [--precisions fp32,bf16] [--steps 6] [--warmup 2]
                                      [--rounds 3] [--threads 2] [--markdown]
+                                     [--install-deps | --skip-deps-check] [--gemm-check-only]
 Torch runs with Debian's /usr/bin/python3 (python3-torch). Its fp32 GEMMs go through the
-system libblas.so.3: install OpenBLAS (`apt-get install libopenblas0-pthread`), or Debian's
-reference BLAS serves them at a few GFLOP/s; the script warns when torch's fp32 GEMM peak
-looks like that.
+system libblas.so.3, which on a fresh machine is Debian's reference BLAS (~8 GFLOP/s) unless
+libopenblas0-pthread is installed. So before anything is timed the script
+  1. runs scripts/install-bench-deps.sh --check (with --install-deps: the installer itself;
+     --skip-deps-check: neither), which needs python3-torch, python3-numpy and
+     libopenblas0-pthread, and stops when one is missing;
+  2. measures both engines' fp32 GEMM peak in this run (1024^3 matmul, best of 12: torch.matmul
+     in the peer's own process and settings, and a one-step `brigade bench`), prints the peer's
+     settings (torch version, threads, the BLAS library it loaded, its environment), and refuses
+     to go on (exit 3, saying why and what to install) when PyTorch's peak is under 70% of
+     Brigade's: a ratio against a crippled peer says nothing. --gemm-check-only stops after this.
+The same rule is applied again to the fp32 peaks measured during the timed rounds: a config and
+precision whose peer peak fell under 70% of Brigade's prints "refused" instead of a ratio.
 """
 import argparse
 import json
@@ -44,6 +54,8 @@ CONFIGS = {
 }
 TORCH_PY = "/usr/bin/python3"
 TORCH_MALLOC = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"
+DEPS_SCRIPT = os.path.join(ROOT, "scripts", "install-bench-deps.sh")
+MIN_PEER_PEAK = 0.70  # the peer's fp32 GEMM peak must reach this share of Brigade's for a ratio
 
 
 def flops_per_token(c):
@@ -53,6 +65,48 @@ def flops_per_token(c):
 
 
 # ------------------------------------------------------------------ the torch worker
+
+def torch_gemm_peak(torch, dtype, n=1024, reps=12):
+    """GFLOP/s of an n^3 torch.matmul, best of `reps` (as Brigade's measure_gemm_peak_gflops)."""
+    import time
+    a = torch.full((n, n), 0.5, dtype=dtype)
+    b = torch.full((n, n), 0.25, dtype=dtype)
+    best = 1e30
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
+
+
+def loaded_blas_libraries():
+    """The BLAS/LAPACK shared objects mapped into this process (which libblas.so.3 torch got)."""
+    libs = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1] if len(line.split()) >= 6 else ""
+                name = os.path.basename(path)
+                if "blas" in name or "lapack" in name:
+                    libs.add(os.path.realpath(path))
+    except OSError:
+        pass
+    return sorted(libs)
+
+
+def torch_probe(args):
+    """The peer's fp32 GEMM peak and the settings it runs under, as one JSON line."""
+    import torch
+    torch.set_num_threads(args.threads)
+    peak32 = torch_gemm_peak(torch, torch.float32)
+    print(json.dumps({
+        "gemm_peak_f32_gflops": peak32, "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "blas": loaded_blas_libraries(),
+        "env": {k: os.environ.get(k, "") for k in ("ATEN_CPU_CAPABILITY", "OMP_WAIT_POLICY", "GLIBC_TUNABLES",
+                                                    "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                                                    "LD_LIBRARY_PATH", "LD_PRELOAD")},
+    }))
+
 
 def torch_worker(args):
     import resource
@@ -67,17 +121,7 @@ def torch_worker(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
 
-    def gemm_peak(dtype):
-        a = torch.full((1024, 1024), 0.5, dtype=dtype)
-        b = torch.full((1024, 1024), 0.25, dtype=dtype)
-        best = 1e30
-        for _ in range(12):
-            t0 = time.perf_counter()
-            torch.mm(a, b)
-            best = min(best, time.perf_counter() - t0)
-        return 2 * 1024 ** 3 / best / 1e9
-
-    peak32, peak16 = gemm_peak(torch.float32), gemm_peak(torch.bfloat16)
+    peak32, peak16 = torch_gemm_peak(torch, torch.float32), torch_gemm_peak(torch, torch.bfloat16)
     model = GPT2(c["vocab_size"], c["seq_len"], c["n_layer"], c["n_head"], c["n_embd"])
     model.init_weights(1337)
     model.train()
@@ -110,7 +154,7 @@ def torch_worker(args):
         "gemm_peak_bf16_gflops": peak16, "mfu": achieved / (peak16 if bf16 else peak32),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "last_loss": float(loss), "torch": torch.__version__,
-        "capability": os.environ.get("ATEN_CPU_CAPABILITY", ""),
+        "capability": os.environ.get("ATEN_CPU_CAPABILITY", ""), "blas": loaded_blas_libraries(),
     }))
 
 
@@ -127,7 +171,7 @@ def run_brigade(args, c, level):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_torch(args, c, precision):
+def torch_env(precision):
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OPENBLAS_L2_SIZE", None)
@@ -138,10 +182,64 @@ def run_torch(args, c, precision):
     env["GLIBC_TUNABLES"] = TORCH_MALLOC
     if precision == "fp32":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+    return env
+
+
+def run_torch(args, c, precision):
     cmd = [TORCH_PY, os.path.abspath(__file__), "--torch-worker", "--config-json", json.dumps(c), "--precision",
            precision, "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=torch_env(precision)).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def brigade_gemm_peak(args):
+    """Brigade's fp32 GEMM peak: a one-step `brigade bench` of a tiny model (it measures the peak first)."""
+    sets = ["model.n_layer=1", "model.n_embd=64", "model.n_head=2", "model.vocab_size=256", "model.block_size=16",
+            "train.seq_len=16", "train.batch_size=1", f"run.threads={args.threads}"]
+    cmd = [args.brigade, "bench", os.path.join(ROOT, "recipes/gpt-kjv.toml"), "--steps", "1", "--warmup", "0"] + \
+        sum([["--set", x] for x in sets], [])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["gemm_peak_f32_gflops"]
+
+
+def peer_too_slow(torch_peak, brigade_peak):
+    return torch_peak < MIN_PEER_PEAK * brigade_peak
+
+
+def refusal(torch_peak, brigade_peak, blas):
+    return (f"refusing to print a Brigade/PyTorch ratio: PyTorch's fp32 GEMM peak is {torch_peak:.1f} GFLOP/s, "
+            f"{100 * torch_peak / brigade_peak:.0f}% of Brigade's {brigade_peak:.1f} GFLOP/s measured in this run "
+            f"(the bar is {100 * MIN_PEER_PEAK:.0f}%). Its BLAS is {', '.join(blas) or 'unknown'}; Debian's "
+            "python3-torch does fp32 GEMMs through libblas.so.3, which without OpenBLAS is the reference BLAS. "
+            "Run `bash scripts/install-bench-deps.sh` (installs libopenblas0-pthread) and check that "
+            "`update-alternatives --display libblas.so.3-x86_64-linux-gnu` points at openblas.")
+
+
+def preflight(args):
+    """Deps check, both fp32 GEMM peaks and the peer's settings; exits when the peer is crippled."""
+    if not args.skip_deps_check:
+        if not os.path.exists(DEPS_SCRIPT):
+            sys.exit(f"error: {DEPS_SCRIPT} is missing; run from a Brigade checkout")
+        dep_cmd = ["bash", DEPS_SCRIPT] + ([] if args.install_deps else ["--check"])
+        dep = subprocess.run(dep_cmd, capture_output=True, text=True)
+        for line in (dep.stdout + dep.stderr).strip().splitlines():
+            print(line, flush=True)
+        if dep.returncode != 0:
+            sys.exit("error: the PyTorch peer's packages are missing (above); run `bash scripts/install-bench-deps.sh` "
+                     "or pass --install-deps")
+    cmd = [TORCH_PY, os.path.abspath(__file__), "--torch-probe", "--threads", str(args.threads)]
+    probe = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True,
+                                      env=torch_env("fp32")).stdout.strip().splitlines()[-1])
+    brigade_peak = brigade_gemm_peak(args)
+    env = ", ".join(f"{k}={v}" if v else f"{k} unset" for k, v in probe["env"].items())
+    print(f"PyTorch peer: torch {probe['torch']}, {probe['threads']} threads, BLAS {', '.join(probe['blas']) or '?'}; "
+          f"{env}", flush=True)
+    print(f"fp32 GEMM peak (1024^3, best of 12): PyTorch {probe['gemm_peak_f32_gflops']:.1f} GFLOP/s, "
+          f"Brigade {brigade_peak:.1f} GFLOP/s ({100 * probe['gemm_peak_f32_gflops'] / brigade_peak:.0f}%)",
+          flush=True)
+    if peer_too_slow(probe["gemm_peak_f32_gflops"], brigade_peak):
+        print(refusal(probe["gemm_peak_f32_gflops"], brigade_peak, probe["blas"]), flush=True)
+        sys.exit(3)
 
 
 def main():
@@ -154,12 +252,25 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--install-deps", action="store_true",
+                    help="run scripts/install-bench-deps.sh (apt-get, root) instead of only checking")
+    ap.add_argument("--skip-deps-check", action="store_true",
+                    help="do not run scripts/install-bench-deps.sh (the GEMM peak comparison still runs)")
+    ap.add_argument("--gemm-check-only", action="store_true",
+                    help="stop after the deps check and the fp32 GEMM peak comparison")
     ap.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--torch-probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--config-json", help=argparse.SUPPRESS)
     ap.add_argument("--precision", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.torch_worker:
         return torch_worker(args)
+    if args.torch_probe:
+        return torch_probe(args)
+
+    preflight(args)
+    if args.gemm_check_only:
+        return 0
 
     print("PyTorch runs with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset, ATEN_CPU_CAPABILITY=avx512, "
           f"OMP_WAIT_POLICY=PASSIVE for fp32, GLIBC_TUNABLES={TORCH_MALLOC} (malloc keeps freed memory: "
@@ -179,14 +290,19 @@ def main():
                     results[e].append(res)
                     print(f"  {name} {precision} round {r + 1}: {e:<11} {res['tokens_per_s']:8.1f} tok/s", flush=True)
             torch_tps = statistics.median(x["tokens_per_s"] for x in results["torch"])
-            if precision == "fp32" and statistics.median(x["gemm_peak_f32_gflops"] for x in results["torch"]) < 50:
-                print("warning: PyTorch's fp32 GEMM peak is under 50 GFLOP/s: libblas.so.3 is probably Debian's "
-                      "reference BLAS; install libopenblas0-pthread for PyTorch's real fp32 speed", flush=True)
+            refused = False
+            # The rule of preflight(), on the fp32 peaks measured in these rounds (every worker measures
+            # it; a bf16 run of the peer still has its fp32 work go through the same BLAS).
+            tp = statistics.median(x["gemm_peak_f32_gflops"] for x in results["torch"])
+            bp = statistics.median(x["gemm_peak_f32_gflops"] for e, _ in engines if e != "torch" for x in results[e])
+            if peer_too_slow(tp, bp):
+                refused = True
+                print(f"  {name} {precision}: " + refusal(tp, bp, results["torch"][0].get("blas", [])), flush=True)
             for e, _ in engines:
                 rs = results[e]
                 tps = statistics.median(x["tokens_per_s"] for x in rs)
                 rows.append(dict(config=name, precision=precision, engine=e, tokens_per_s=tps,
-                                 ratio=tps / torch_tps,
+                                 ratio=None if refused else tps / torch_tps,
                                  gflops=statistics.median(x["achieved_gflops"] for x in rs),
                                  mfu=statistics.median(x["mfu"] for x in rs),
                                  peak32=statistics.median(x["gemm_peak_f32_gflops"] for x in rs),
@@ -198,7 +314,8 @@ def main():
     print(hdr)
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['config']} | {r['precision']} | {r['engine']} | {r['tokens_per_s']:.1f} | {r['ratio']:.2f}x | "
+        ratio = "refused" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        print(f"| {r['config']} | {r['precision']} | {r['engine']} | {r['tokens_per_s']:.1f} | {ratio} | "
               f"{r['gflops']:.0f} | {100 * r['mfu']:.1f}% | {r['peak32']:.0f} / {r['peak16']:.0f} | {r['rss']:.0f} |")
 
 

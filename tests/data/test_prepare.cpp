@@ -1,5 +1,8 @@
 // prepare(): a text file and a folder end to end, the train/val split, meta.json,
-// idempotency (skip when unchanged; rebuild on changed corpus/options/missing files), KJV speed.
+// idempotency (skip when unchanged; rebuild on changed corpus/options/missing files), KJV speed;
+// ensure_prepared()/check_prepared(): a prepared folder is rebuilt when the recipe asks for another
+// corpus, an edited one or other options (saying why), left untouched when nothing changed, and a
+// foreign or unreadable folder is a DataError.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -148,6 +151,265 @@ TEST(Prepare, BadInputs) {
   EXPECT_FALSE(std::filesystem::exists(d.file("out/meta.json")));
   o.val_fraction = 1.0;
   EXPECT_THROW(prepare(o), ValueError);
+}
+
+// ---- ensure_prepared
+
+struct Events {
+  std::vector<PrepareProgress> all;
+  PrepareProgressFn fn() {
+    return [this](const PrepareProgress& p) { all.push_back(p); };
+  }
+  std::string stage(const std::string& name) const {  // the messages of one stage, joined
+    std::string out;
+    for (const auto& e : all)
+      if (e.stage == name) out += e.message + "\n";
+    return out;
+  }
+};
+
+PrepareOptions small_options(const TempDir& d, const std::string& corpus) {
+  PrepareOptions o;
+  o.corpus = d.file(corpus);
+  o.out_dir = d.file("prepared");
+  o.vocab_size = 200;
+  o.val_fraction = 0.1;
+  return o;
+}
+
+std::string decoded_tokens(const TempDir& d) {  // train ++ val, decoded with the folder's tokenizer
+  Tokenizer tok = Tokenizer::load(d.file("prepared/tokenizer.model"));
+  auto t = all_tokens(TokenDataset(d.file("prepared/train.bin")));
+  auto v = all_tokens(TokenDataset(d.file("prepared/val.bin")));
+  t.insert(t.end(), v.begin(), v.end());
+  return tok.decode(std::vector<int>(t.begin(), t.end()));
+}
+
+TEST(EnsurePrepared, PreparesAMissingFolderAndSaysSo) {
+  TempDir d;
+  testing::write_text(d.file("a.txt"), testing::make_corpus(1200, 1));
+  PrepareOptions o = small_options(d, "a.txt");
+  Events ev;
+  PrepareResult r = ensure_prepared(o, ev.fn());
+  EXPECT_FALSE(r.skipped);
+  EXPECT_NE(ev.stage("stale").find("not prepared yet: preparing it from " + o.corpus), std::string::npos)
+      << ev.stage("stale");
+  EXPECT_TRUE(decoded_tokens(d) == testing::make_corpus(1200, 1)) << "the token files do not hold that corpus";
+  EXPECT_EQ(check_prepared(o).state, PreparedStatus::State::kUpToDate);
+}
+
+TEST(EnsurePrepared, AnotherCorpusIsPreparedAgainAndTheProgressSaysWhy) {
+  TempDir d;
+  testing::write_text(d.file("a.txt"), testing::make_corpus(1200, 1));
+  testing::write_text(d.file("b.txt"), testing::make_corpus(1300, 5));
+  PrepareOptions a = small_options(d, "a.txt"), b = small_options(d, "b.txt");
+  prepare(a);
+  const std::string train_a = testing::read_bytes(d.file("prepared/train.bin"));
+
+  // What `brigade train RECIPE --set data.corpus=b.txt` does with data.dir already prepared from a.txt.
+  Events ev;
+  PrepareResult r = ensure_prepared(b, ev.fn());
+  EXPECT_FALSE(r.skipped);
+  const std::string why = ev.stage("stale");
+  EXPECT_NE(why.find(a.out_dir + " was prepared from " + a.corpus + ", the recipe asks for " + b.corpus +
+                     ": preparing again"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(r.reason.find(b.corpus), std::string::npos);
+  EXPECT_TRUE(testing::read_bytes(d.file("prepared/train.bin")) != train_a) << "train.bin still holds corpus A";
+  EXPECT_TRUE(decoded_tokens(d) == testing::make_corpus(1300, 5)) << "the token files do not hold that corpus";
+  std::ifstream in(d.file("prepared/meta.json"));
+  EXPECT_EQ(nlohmann::json::parse(in)["corpus"], b.corpus);
+}
+
+TEST(EnsurePrepared, TheSameCorpusTouchesNothing) {
+  TempDir d;
+  testing::write_text(d.file("a.txt"), testing::make_corpus(1200, 1));
+  PrepareOptions o = small_options(d, "a.txt");
+  PrepareResult first = prepare(o);
+  namespace fs = std::filesystem;
+  const std::vector<std::string> files = {"prepared/train.bin", "prepared/val.bin", "prepared/tokenizer.model",
+                                          "prepared/meta.json"};
+  std::vector<fs::file_time_type> times;
+  for (const auto& f : files) times.push_back(fs::last_write_time(d.file(f)));
+  const std::string meta = testing::read_bytes(d.file("prepared/meta.json"));
+
+  Events ev;
+  PrepareResult r = ensure_prepared(o, ev.fn());
+  EXPECT_TRUE(r.skipped);
+  EXPECT_TRUE(r.reason.empty());
+  EXPECT_EQ(ev.stage("stale"), "");
+  EXPECT_NE(ev.stage("skip").find("is up to date"), std::string::npos);
+  EXPECT_EQ(r.train_tokens, first.train_tokens);
+  EXPECT_EQ(r.val_tokens, first.val_tokens);
+  EXPECT_EQ(r.vocab_size, 200);
+  for (size_t i = 0; i < files.size(); ++i) EXPECT_EQ(fs::last_write_time(d.file(files[i])), times[i]) << files[i];
+  EXPECT_TRUE(testing::read_bytes(d.file("prepared/meta.json")) == meta) << "meta.json was rewritten";
+
+  // Another spelling of the same file is the same corpus.
+  PrepareOptions dotted = o;
+  dotted.corpus = (d.path() / "." / "a.txt").string();
+  EXPECT_TRUE(ensure_prepared(dotted).skipped);
+}
+
+TEST(EnsurePrepared, AnEditedCorpusFileIsDetected) {
+  TempDir d;
+  std::string text = testing::make_corpus(1200, 1);
+  testing::write_text(d.file("a.txt"), text);
+  PrepareOptions o = small_options(d, "a.txt");
+  prepare(o);
+  const std::string train_before = testing::read_bytes(d.file("prepared/train.bin"));
+  // Same size, other text: only the modification time (and ctime) tell.
+  const size_t at = text.find("the");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 3, "day");
+  testing::write_text(d.file("a.txt"), text);
+  ASSERT_EQ(std::filesystem::file_size(d.file("a.txt")), testing::make_corpus(1200, 1).size());
+
+  Events ev;
+  PrepareResult r = ensure_prepared(o, ev.fn());
+  EXPECT_FALSE(r.skipped);
+  const std::string why = ev.stage("stale");
+  EXPECT_NE(why.find(std::filesystem::path(o.corpus).lexically_normal().string() + " changed since " + o.out_dir +
+                     " was prepared"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("preparing again"), std::string::npos) << why;
+  EXPECT_TRUE(testing::read_bytes(d.file("prepared/train.bin")) != train_before)
+      << "train.bin still holds the old text";
+  EXPECT_TRUE(decoded_tokens(d) == text) << "the token files do not hold that corpus";
+  EXPECT_TRUE(ensure_prepared(o).skipped);
+}
+
+TEST(EnsurePrepared, ATouchedButUnchangedFileKeepsTheTokenFiles) {
+  TempDir d;
+  testing::write_text(d.file("a.txt"), testing::make_corpus(1200, 1));
+  PrepareOptions o = small_options(d, "a.txt");
+  prepare(o);
+  namespace fs = std::filesystem;
+  const auto train_time = fs::last_write_time(d.file("prepared/train.bin"));
+  fs::last_write_time(d.file("a.txt"), fs::last_write_time(d.file("a.txt")) + std::chrono::seconds(5));
+
+  Events ev;
+  PrepareResult r = ensure_prepared(o, ev.fn());
+  EXPECT_NE(ev.stage("stale").find("changed since"), std::string::npos);
+  EXPECT_TRUE(r.skipped);  // prepare() found the same text
+  EXPECT_NE(ev.stage("skip").find("unchanged"), std::string::npos) << ev.stage("skip");
+  EXPECT_EQ(fs::last_write_time(d.file("prepared/train.bin")), train_time);
+  Events again;
+  EXPECT_TRUE(ensure_prepared(o, again.fn()).skipped);  // meta.json now records the new time
+  EXPECT_EQ(again.stage("stale"), "");
+}
+
+TEST(EnsurePrepared, OptionsAndFolderContentsAreCompared) {
+  TempDir d;
+  testing::write_text(d.file("texts/a.txt"), testing::make_corpus(900, 2));
+  testing::write_text(d.file("texts/b.txt"), testing::make_corpus(900, 3));
+  PrepareOptions o = small_options(d, "texts");
+  prepare(o);
+
+  PrepareOptions v = o;
+  v.vocab_size = 230;
+  PreparedStatus st = check_prepared(v);
+  EXPECT_EQ(st.state, PreparedStatus::State::kStale);
+  EXPECT_NE(st.reason.find("vocab_size 200, the recipe asks for 230"), std::string::npos) << st.reason;
+  PrepareOptions f = o;
+  f.val_fraction = 0.2;
+  st = check_prepared(f);
+  EXPECT_EQ(st.state, PreparedStatus::State::kStale);
+  EXPECT_NE(st.reason.find("val_fraction 0.1, the recipe asks for 0.2"), std::string::npos) << st.reason;
+
+  testing::write_text(d.file("texts/c.txt"), testing::make_corpus(900, 4));  // a file added to the folder
+  st = check_prepared(o);
+  EXPECT_EQ(st.state, PreparedStatus::State::kStale);
+  EXPECT_NE(st.reason.find("1 file(s) added"), std::string::npos) << st.reason;
+  EXPECT_NE(st.reason.find("c.txt"), std::string::npos) << st.reason;
+  EXPECT_FALSE(ensure_prepared(o).skipped);
+  EXPECT_TRUE(decoded_tokens(d) ==
+              testing::make_corpus(900, 2) + testing::make_corpus(900, 3) + testing::make_corpus(900, 4))
+      << "the token files do not hold that corpus";
+  std::filesystem::remove(d.file("texts/a.txt"));
+  st = check_prepared(o);
+  EXPECT_NE(st.reason.find("1 file(s) removed"), std::string::npos) << st.reason;
+
+  prepare(o);
+  EXPECT_EQ(check_prepared(o).state, PreparedStatus::State::kUpToDate);
+  std::filesystem::remove(d.file("prepared/val.bin"));  // damaged output
+  st = check_prepared(o);
+  EXPECT_EQ(st.state, PreparedStatus::State::kStale);
+  EXPECT_NE(st.reason.find("val.bin is missing"), std::string::npos) << st.reason;
+}
+
+TEST(EnsurePrepared, AnOldMetaWithoutTheNewFieldsIsPreparedAgain) {
+  TempDir d;
+  testing::write_text(d.file("a.txt"), testing::make_corpus(1200, 1));
+  PrepareOptions o = small_options(d, "a.txt");
+  prepare(o);
+  nlohmann::json m;
+  {
+    std::ifstream in(d.file("prepared/meta.json"));
+    m = nlohmann::json::parse(in);
+  }
+  m["format"] = 1;  // what format-1 prepare wrote: no corpus_source, no tokenizer_train
+  m.erase("corpus_source");
+  m.erase("tokenizer_train");
+  testing::write_text(d.file("prepared/meta.json"), m.dump(2));
+  Events ev;
+  PrepareResult r = ensure_prepared(o, ev.fn());
+  EXPECT_FALSE(r.skipped);
+  EXPECT_NE(ev.stage("stale").find("older Brigade (meta.json format 1, now 2)"), std::string::npos)
+      << ev.stage("stale");
+  std::ifstream in(d.file("prepared/meta.json"));
+  nlohmann::json now = nlohmann::json::parse(in);
+  EXPECT_EQ(now["format"], kPrepareFormat);
+  EXPECT_TRUE(now.contains("corpus_source"));
+  EXPECT_TRUE(ensure_prepared(o).skipped);
+}
+
+TEST(EnsurePrepared, AForeignOrUnreadableFolderIsADataError) {
+  TempDir d;
+  testing::write_text(d.file("a.txt"), testing::make_corpus(1200, 1));
+  PrepareOptions o = small_options(d, "a.txt");
+  testing::write_text(d.file("prepared/notes.txt"), "mine\n");
+  try {
+    ensure_prepared(o);
+    ADD_FAILURE() << "a folder of someone else's files was prepared into";
+  } catch (const DataError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(o.out_dir), std::string::npos) << msg;
+    EXPECT_NE(msg.find("notes.txt"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("no meta.json"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_EQ(testing::read_bytes(d.file("prepared/notes.txt")), "mine\n");
+  std::filesystem::remove(d.file("prepared/notes.txt"));
+
+  // Only the files of an interrupted prepare (no meta.json yet): prepared again.
+  testing::write_text(d.file("prepared/train.bin"), "partial");
+  Events ev;
+  EXPECT_FALSE(ensure_prepared(o, ev.fn()).skipped);
+  EXPECT_NE(ev.stage("stale").find("unfinished prepare"), std::string::npos) << ev.stage("stale");
+
+  testing::write_text(d.file("prepared/meta.json"), "{not json");
+  try {
+    ensure_prepared(o);
+    ADD_FAILURE() << "a corrupted meta.json was accepted";
+  } catch (const DataError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(d.file("prepared/meta.json")), std::string::npos) << msg;
+    EXPECT_NE(msg.find("brigade prepare"), std::string::npos) << msg;
+  }
+}
+
+TEST(EnsurePrepared, ACorpusThatIsGoneKeepsThePreparedData) {
+  TempDir d;
+  testing::write_text(d.file("a.txt"), testing::make_corpus(1200, 1));
+  PrepareOptions o = small_options(d, "a.txt");
+  prepare(o);
+  std::filesystem::remove(d.file("a.txt"));
+  Events ev;
+  EXPECT_TRUE(ensure_prepared(o, ev.fn()).skipped);
+  EXPECT_NE(ev.stage("warning").find("cannot be read any more"), std::string::npos) << ev.stage("warning");
 }
 
 TEST(Prepare, WholeKjvIsFast) {

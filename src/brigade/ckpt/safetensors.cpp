@@ -147,6 +147,11 @@ size_t safetensors_dtype_size(std::string_view name) {
 
 // ---------------------------------------------------------------- writing
 
+uint64_t safetensors_file_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  const Layout L = make_layout(tensors, metadata);
+  return 8 + L.header.size() + L.data_bytes;
+}
+
 std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
   Layout L = make_layout(tensors, metadata);
   std::string out = le_u64(L.header.size()) + L.header;

@@ -40,6 +40,10 @@ size_t safetensors_dtype_size(std::string_view name);
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// The size in bytes of the file save_safetensors would write (8 + header + data), without
+// writing it; a checkpoint save uses it to say how much space it needed.
+uint64_t safetensors_file_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
+
 // The whole file as bytes, as save_safetensors would write it (for tests and in-memory use).
 std::string serialize_safetensors(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
 

@@ -19,6 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kBiblePath = "/usr/bin/bible";
+constexpr const char* kBibleData = "/usr/lib/bible.data";  // bible-kjv-text: what /usr/bin/bible reads
 
 // "Ge1:1 ", "1Cor13:4 ", "SSol2:1 ": [digit]? letters digits ':' digits ' '.
 size_t verse_prefix_len(std::string_view line) {
@@ -75,7 +76,41 @@ bool is_hidden(const fs::path& root, const fs::path& p) {
   return false;
 }
 
+// Every regular, non-hidden file under `root`, recursively, sorted by path.
+std::vector<fs::path> list_folder(const fs::path& root, const std::string& spec) {
+  std::vector<fs::path> paths;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file() && !is_hidden(root, it->path())) paths.push_back(it->path());
+  }
+  BRIGADE_CHECK(!ec, DataError, "corpus folder '{}' cannot be listed ({}); check its permissions", spec,
+                ec.message());
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
 }  // namespace
+
+std::vector<std::string> corpus_source_files(const std::string& spec) {
+  BRIGADE_CHECK(!spec.empty(), DataError, "data.corpus is empty; set it to \"kjv\", a text file or a folder");
+  std::vector<std::string> out;
+  std::error_code ec;
+  if (spec == "kjv") {
+    if (fs::is_regular_file(kBibleData, ec)) out.push_back(kBibleData);
+    return out;
+  }
+  const fs::path root = fs::absolute(fs::path(spec), ec);
+  auto st = fs::status(root, ec);
+  BRIGADE_CHECK(!ec && fs::exists(st), DataError,
+                "corpus '{}' does not exist; set data.corpus to \"kjv\", a text file or a folder", spec);
+  if (fs::is_directory(st)) {
+    for (const fs::path& p : list_folder(root, spec)) out.push_back(p.lexically_normal().string());
+  } else {
+    out.push_back(root.lexically_normal().string());
+  }
+  return out;
+}
 
 bool is_valid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -151,14 +186,7 @@ Corpus read_corpus(const std::string& spec, const WarningFn& warn) {
     BRIGADE_CHECK(!ec && fs::exists(st), DataError,
                   "corpus '{}' does not exist; set data.corpus to \"kjv\", a text file or a folder", spec);
     if (fs::is_directory(st)) {
-      std::vector<fs::path> paths;
-      for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
-           !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-        if (it->is_regular_file() && !is_hidden(root, it->path())) paths.push_back(it->path());
-      }
-      BRIGADE_CHECK(!ec, DataError, "corpus folder '{}' cannot be listed ({}); check its permissions", spec,
-                    ec.message());
-      std::sort(paths.begin(), paths.end());
+      const std::vector<fs::path> paths = list_folder(root, spec);
       for (const auto& p : paths) {
         std::string bytes = read_file_bytes(p);
         if (bytes.find('\0') != std::string::npos || !is_valid_utf8(bytes)) {

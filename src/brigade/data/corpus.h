@@ -29,6 +29,13 @@ using WarningFn = std::function<void(const std::string&)>;
 // read or is empty (no non-whitespace text).
 Corpus read_corpus(const std::string& spec, const WarningFn& warn = {});
 
+// The files whose contents make up the corpus `spec`, as absolute paths: for "kjv"
+// bible-kjv's data file (/usr/lib/bible.data) when it exists (else none); for a file
+// the file; for a folder every regular, non-hidden file under it, sorted by path (the
+// files read_corpus() reads or skips). Used to fingerprint a prepared folder's source
+// (prepare.h). Throws DataError when `spec` is empty, missing or cannot be listed.
+std::vector<std::string> corpus_source_files(const std::string& spec);
+
 // The KJV as text, one verse per line, references ("Ge1:1 ") stripped. Runs
 // /usr/bin/bible; DataError says how to install it when it is missing.
 std::string read_kjv();

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -28,15 +29,75 @@ static void fsync_dir(const fs::path& p) {
   }
 }
 
-void recover_checkpoint(const std::string& dir) {
-  const fs::path final_dir(dir), old = dir + ".old";
+namespace {
+
+std::string strip_slash(std::string d) {
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return d;
+}
+
+// The repair behind recover_checkpoint() and open_checkpoint(): when <dir> is missing
+// and <dir>.old holds a checkpoint (a save died between its two renames), moves it back
+// and removes that save's <dir>.tmp. Returns one line saying what it did ("" = nothing).
+std::string repair_interrupted_save(const std::string& dir) {
+  const fs::path final_dir(dir), old = dir + ".old", tmp = dir + ".tmp";
   std::error_code ec;
-  if (!fs::exists(final_dir) && fs::exists(old / "state.json")) {
-    fs::rename(old, final_dir, ec);
-    BRIGADE_CHECK(!ec, IoError, "could not restore the previous checkpoint {} to {}: {}; rename it by hand",
-                  old.string(), dir, ec.message());
-    fsync_dir(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+  if (fs::exists(final_dir, ec) || !fs::exists(old / "state.json", ec)) return "";
+  fs::rename(old, final_dir, ec);
+  if (ec) {
+    if (fs::exists(final_dir / "state.json")) return "";  // another process restored it first
+    throw IoError(fmt::format("could not restore the previous checkpoint {} to {}: {}; rename it by hand",
+                              old.string(), dir, ec.message()));
   }
+  std::string tmp_note;
+  if (fs::exists(tmp, ec)) {
+    fs::remove_all(tmp, ec);
+    tmp_note = ec ? fmt::format(" (could not remove the unfinished {}: {}; remove it by hand)", tmp.string(),
+                                ec.message())
+                  : fmt::format(" and removed the unfinished {}", tmp.string());
+  }
+  fsync_dir(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
+  return fmt::format("{}: a save was interrupted; restored the previous checkpoint from {}{}", dir, old.string(),
+                     tmp_note);
+}
+
+}  // namespace
+
+void recover_checkpoint(const std::string& dir) { repair_interrupted_save(strip_slash(dir)); }
+
+std::string open_checkpoint(const std::string& dir_in, const std::function<void(const std::string&)>& say) {
+  BRIGADE_CHECK(!dir_in.empty(), CheckpointError,
+                "no checkpoint directory given; pass the folder `brigade train` writes, e.g. runs/gpt-kjv/checkpoint");
+  const std::string dir = strip_slash(dir_in);
+  const std::string repaired = repair_interrupted_save(dir);
+  if (!repaired.empty()) {
+    if (say)
+      say(repaired);
+    else
+      fmt::print(stderr, "{}\n", repaired);
+  }
+  const fs::path d(dir);
+  std::error_code ec;
+  if (!fs::is_directory(d, ec)) {
+    BRIGADE_CHECK(!fs::exists(d, ec), CheckpointError,
+                  "{} is a file, not a checkpoint directory; pass the folder written by `brigade train`, e.g. "
+                  "runs/<name>/checkpoint",
+                  dir);
+    const std::string unfinished =
+        fs::exists(dir + ".tmp", ec)
+            ? fmt::format(" ({}.tmp is an unfinished save; no checkpoint was completed there)", dir)
+            : "";
+    throw CheckpointError(fmt::format("{}: no such checkpoint directory{}; pass the folder written by `brigade "
+                                      "train` (<run.out_dir>/checkpoint, e.g. runs/gpt-kjv/checkpoint)",
+                                      dir, unfinished));
+  }
+  if (!fs::exists(d / "recipe.toml", ec)) {
+    const bool parent = fs::exists(d / "checkpoint" / "recipe.toml", ec) || fs::exists(d / "checkpoint.old", ec);
+    throw CheckpointError(fmt::format("{} is not a Brigade checkpoint (no recipe.toml); {}pass the directory "
+                                      "written by `brigade train`, e.g. runs/<name>/checkpoint",
+                                      dir, parent ? fmt::format("did you mean {}/checkpoint? ", dir) : ""));
+  }
+  return dir;
 }
 
 static std::string read_text(const fs::path& p) {
@@ -44,6 +105,96 @@ static std::string read_text(const fs::path& p) {
   BRIGADE_CHECK(f.good(), CheckpointError, "checkpoint file {} is missing or unreadable", p.string());
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
+
+// ---- failed saves: remove <dir>.tmp and say what the save needed and what was free
+
+namespace {
+
+std::string fmt_bytes(uint64_t b) {
+  if (b < 1024) return fmt::format("{} bytes", b);
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  return fmt::format("{} bytes ({:.1f} {})", b, v, units[u]);
+}
+
+// BRIGADE_CKPT_FAIL_AFTER_BYTES (checkpoint.h); -1 when unset.
+int64_t fail_after_bytes() {
+  const char* e = std::getenv("BRIGADE_CKPT_FAIL_AFTER_BYTES");
+  if (!e || !*e) return -1;
+  char* end = nullptr;
+  const long long v = std::strtoll(e, &end, 10);
+  BRIGADE_CHECK(end && *end == '\0' && v >= 0, ValueError,
+                "BRIGADE_CKPT_FAIL_AFTER_BYTES={} is not a byte count; set it to an integer >= 0 or unset it", e);
+  return v;
+}
+
+uint64_t folder_bytes(const fs::path& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  return total;
+}
+
+// The test hook: after `file` landed in `tmp`, fail as a full disk would once the folder
+// holds more than the limit (cutting `file` so the folder holds exactly the limit).
+void fault_after_write(const fs::path& tmp, const fs::path& file) {
+  const int64_t limit = fail_after_bytes();
+  if (limit < 0) return;
+  const uint64_t total = folder_bytes(tmp);
+  if (total <= uint64_t(limit)) return;
+  const uint64_t size = fs::file_size(file), over = total - uint64_t(limit);
+  fs::resize_file(file, size > over ? size - over : 0);
+  throw IoError(fmt::format("could not write {}: No space left on device (simulated by "
+                            "BRIGADE_CKPT_FAIL_AFTER_BYTES={})",
+                            file.string(), limit));
+}
+
+// Runs `write` (files into the save's folder `tmp` = "<dir>.tmp", `needed` bytes in all).
+// On any failure the partial folder is removed; an I/O failure is rethrown as one
+// IoError that adds the bytes needed, the bytes free, and that <dir> is untouched.
+template <class F>
+void guarded_write(const std::string& tmp, uint64_t needed, F&& write) {
+  auto cleanup = [&]() {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    return ec ? fmt::format("could not remove the partial {} ({}); remove it by hand", tmp, ec.message())
+              : fmt::format("removed the partial {}", tmp);
+  };
+  auto explain = [&](const std::string& what) {
+    const std::string removed = cleanup();
+    const std::string dir =
+        tmp.size() > 4 && tmp.compare(tmp.size() - 4, 4, ".tmp") == 0 ? tmp.substr(0, tmp.size() - 4) : tmp;
+    const fs::path parent = fs::path(tmp).parent_path().empty() ? fs::path(".") : fs::path(tmp).parent_path();
+    std::error_code ec;
+    const fs::space_info sp = fs::space(parent, ec);
+    const std::string free_s = ec ? fmt::format("an unknown amount ({})", ec.message()) : fmt_bytes(sp.available);
+    const std::string prev = fs::exists(fs::path(dir) / "state.json", ec)
+                                 ? fmt::format("the previous checkpoint in {} is intact", dir)
+                                 : fmt::format("{} holds no previous checkpoint", dir);
+    return fmt::format("saving checkpoint {} failed: {}; the save needs {} and {} is free on {}; {}; {}; free "
+                       "disk space there or point run.out_dir at another disk",
+                       dir, what, fmt_bytes(needed), free_s, parent.string(), removed, prev);
+  };
+  try {
+    write();
+  } catch (const IoError& e) {
+    throw IoError(explain(e.what()));
+  } catch (const fs::filesystem_error& e) {
+    throw IoError(explain(e.what()));
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+}
+
+}  // namespace
 
 std::string begin_checkpoint(const std::string& dir) {
   const fs::path tmp = dir + ".tmp";
@@ -62,9 +213,8 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
   nlohmann::json cfg{{"type", mc.type},       {"vocab_size", mc.vocab_size}, {"block_size", mc.block_size},
                      {"n_layer", mc.n_layer}, {"n_head", mc.n_head},         {"n_embd", mc.n_embd},
                      {"layer_norm_eps", mc.layer_norm_eps}};
-  std::map<std::string, std::string> meta{{"format", "pt"}, {"brigade.config", cfg.dump()}};
-  ckpt::save_safetensors((tmp / "model.safetensors").string(), params, meta);
-  if (opt) ckpt::save_safetensors((tmp / "optimizer.safetensors").string(), opt->state_tensors(), {});
+  const std::map<std::string, std::string> meta{{"format", "pt"}, {"brigade.config", cfg.dump()}};
+  const nn::NamedTensors opt_state = opt ? opt->state_tensors() : nn::NamedTensors{};
   nlohmann::json js{{"version", kStateVersion},        {"step", state.step},
                     {"tokens_seen", state.tokens_seen}, {"rng_state", state.rng_state},
                     {"last_val_loss", state.last_val_loss}, {"accumulation", state.accumulation_state},
@@ -73,14 +223,35 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
     js["early_stop"] = {{"best_step", state.early_stop.best_step},
                         {"best_val_loss", state.early_stop.best_val_loss},
                         {"evals_since_best", state.early_stop.evals_since_best}};
-  data::write_file_atomic((tmp / "state.json").string(), js.dump(2) + "\n");
-  data::write_file_atomic((tmp / "recipe.toml").string(), recipe_to_toml(recipe));
+  const std::string state_text = js.dump(2) + "\n", recipe_text = recipe_to_toml(recipe);
+  std::string tokenizer_bytes;
   if (!tokenizer_path.empty()) {
     std::ifstream in(tokenizer_path, std::ios::binary);
     BRIGADE_CHECK(in.good(), IoError, "could not read tokenizer {} to store it in the checkpoint", tokenizer_path);
-    data::write_file_atomic((tmp / "tokenizer.model").string(),
-                            std::string(std::istreambuf_iterator<char>(in), {}));
+    tokenizer_bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
+  // Everything this call writes, for the error of a save that runs out of disk.
+  const uint64_t needed = ckpt::safetensors_file_bytes(params, meta) +
+                          (opt ? ckpt::safetensors_file_bytes(opt_state, {}) : 0) + state_text.size() +
+                          recipe_text.size() + tokenizer_bytes.size();
+  guarded_write(tmp_dir, needed, [&] {
+    const fs::path model_file = tmp / "model.safetensors";
+    ckpt::save_safetensors(model_file.string(), params, meta);
+    fault_after_write(tmp, model_file);
+    if (opt) {
+      const fs::path f = tmp / "optimizer.safetensors";
+      ckpt::save_safetensors(f.string(), opt_state, {});
+      fault_after_write(tmp, f);
+    }
+    data::write_file_atomic((tmp / "state.json").string(), state_text);
+    fault_after_write(tmp, tmp / "state.json");
+    data::write_file_atomic((tmp / "recipe.toml").string(), recipe_text);
+    fault_after_write(tmp, tmp / "recipe.toml");
+    if (!tokenizer_path.empty()) {
+      data::write_file_atomic((tmp / "tokenizer.model").string(), tokenizer_bytes);
+      fault_after_write(tmp, tmp / "tokenizer.model");
+    }
+  });
 }
 
 void commit_checkpoint(const std::string& dir) {
@@ -115,8 +286,12 @@ static constexpr const char* kIndexFile = "optimizer.index.json";
 void write_optimizer_shard(const std::string& tmp, int rank, int dp, int64_t lo, int64_t hi,
                            const std::map<std::string, Tensor>& flat_state) {
   nn::NamedTensors named(flat_state.begin(), flat_state.end());
-  ckpt::save_safetensors((fs::path(tmp) / shard_file(rank, dp)).string(), named,
-                         {{"lo", std::to_string(lo)}, {"hi", std::to_string(hi)}});
+  const std::map<std::string, std::string> meta{{"lo", std::to_string(lo)}, {"hi", std::to_string(hi)}};
+  const fs::path file = fs::path(tmp) / shard_file(rank, dp);
+  guarded_write(tmp, ckpt::safetensors_file_bytes(named, meta), [&] {
+    ckpt::save_safetensors(file.string(), named, meta);
+    fault_after_write(tmp, file);
+  });
 }
 
 void write_optimizer_index(const std::string& tmp, int dp, int64_t numel, const std::vector<FlatLayoutEntry>& layout,
@@ -133,7 +308,12 @@ void write_optimizer_index(const std::string& tmp, int dp, int64_t numel, const 
     j["shards"].push_back({{"file", shard_file(r, dp)},
                            {"lo", shard_ranges[size_t(r)].first},
                            {"hi", shard_ranges[size_t(r)].second}});
-  data::write_file_atomic((fs::path(tmp) / kIndexFile).string(), j.dump(1) + "\n");
+  const std::string text = j.dump(1) + "\n";
+  const fs::path file = fs::path(tmp) / kIndexFile;
+  guarded_write(tmp, text.size(), [&] {
+    data::write_file_atomic(file.string(), text);
+    fault_after_write(tmp, file);
+  });
 }
 
 bool checkpoint_is_sharded(const std::string& dir) { return fs::exists(fs::path(dir) / kIndexFile); }
@@ -209,17 +389,12 @@ bool checkpoint_exists(const std::string& dir) {
 }
 
 Recipe checkpoint_recipe(const std::string& dir) {
-  recover_checkpoint(dir);
-  const fs::path p = fs::path(dir) / "recipe.toml";
-  BRIGADE_CHECK(fs::exists(p), CheckpointError,
-                "{} is not a Brigade checkpoint (no recipe.toml); pass the directory written by `brigade train`, "
-                "e.g. runs/<name>/checkpoint",
-                dir);
+  const fs::path p = fs::path(open_checkpoint(dir)) / "recipe.toml";
   return parse_recipe(read_text(p), p.string());
 }
 
 TrainState checkpoint_state(const std::string& dir) {
-  const fs::path p = fs::path(dir) / "state.json";
+  const fs::path p = fs::path(open_checkpoint(dir)) / "state.json";
   nlohmann::json js;
   try {
     js = nlohmann::json::parse(read_text(p));

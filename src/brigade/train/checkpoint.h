@@ -5,11 +5,18 @@
 //   recipe.toml            the full recipe (every key) the run used
 //   tokenizer.model        the SentencePiece model the data was encoded with
 // Written into "<dir>.tmp" (every file fsynced), then swapped in by two renames
-// (<dir> -> <dir>.old, <dir>.tmp -> <dir>); a crash between them leaves <dir>.old,
-// which recover_checkpoint() moves back. So a crash never leaves a half-written
-// or missing checkpoint. Errors name the directory and the file.
+// (<dir> -> <dir>.old, <dir>.tmp -> <dir>); a crash between them leaves <dir>.old
+// (and the new <dir>.tmp), which recover_checkpoint() and open_checkpoint() move back.
+// So a crash never leaves a half-written or missing checkpoint. A save that fails
+// while writing <dir>.tmp (a full disk) removes it and says how many bytes the save
+// needed and how many were free; the previous <dir> is untouched. Errors name the
+// directory and the file.
+// Test hook: BRIGADE_CKPT_FAIL_AFTER_BYTES=N makes a save fail as a full disk would
+// once the files it has written into <dir>.tmp hold more than N bytes (the file that
+// crosses N is cut at N).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -65,9 +72,19 @@ std::map<std::string, Tensor> read_optimizer_flat(const std::string& dir, const 
                                                   int64_t lo, int64_t hi);
 bool checkpoint_is_sharded(const std::string& dir);
 bool checkpoint_exists(const std::string& dir);  // repairs an interrupted swap first
-// If <dir> is missing but <dir>.old holds a checkpoint, moves it back.
+// If <dir> is missing but <dir>.old holds a checkpoint, moves it back and removes that
+// save's <dir>.tmp, silently (open_checkpoint() is the same repair, said aloud).
 void recover_checkpoint(const std::string& dir);
-// Recipe stored in the checkpoint (the run's own, defaults filled in).
+// What every reader of a checkpoint directory (generate, eval, resume) calls first:
+// repairs a save interrupted between its two renames (<dir> missing, <dir>.old holding
+// a checkpoint: moves <dir>.old back and removes the unfinished <dir>.tmp), telling
+// the user in one line through `say` (empty: stderr), and returns the directory
+// (trailing '/' removed). Throws CheckpointError naming the folder and what to pass
+// when there is no checkpoint there (no folder, nothing to restore; or no recipe.toml).
+// A <dir>.tmp beside an existing <dir> is left alone (it may be a save in progress).
+std::string open_checkpoint(const std::string& dir, const std::function<void(const std::string&)>& say = {});
+// Recipe stored in the checkpoint (the run's own, defaults filled in). Both go through
+// open_checkpoint() (reporting a repair on stderr).
 Recipe checkpoint_recipe(const std::string& dir);
 TrainState checkpoint_state(const std::string& dir);
 // Strict: every parameter must be present with its shape; extra tensors are an

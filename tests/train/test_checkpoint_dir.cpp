@@ -1,0 +1,286 @@
+// Checkpoint directories (train/checkpoint.h) when a save goes wrong:
+// - a save killed between its two renames (checkpoint -> checkpoint.old, then the
+//   unfinished checkpoint.tmp never moved in) is repaired by open_checkpoint(), which
+//   every reader (generate, eval, resume) calls first, and by checkpoint_recipe() /
+//   checkpoint_state(); the restored weights are the saved ones, bit for bit;
+// - a save that fails partway through writing checkpoint.tmp (a full disk, simulated
+//   with BRIGADE_CKPT_FAIL_AFTER_BYTES) removes checkpoint.tmp, says how many bytes the
+//   save needed and how many are free, and leaves the previous checkpoint loadable.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "brigade/autograd/engine.h"
+#include "brigade/core/error.h"
+#include "brigade/models/gpt/gpt.h"
+#include "brigade/optim/optimizer.h"
+#include "brigade/train/checkpoint.h"
+
+using namespace brigade;
+using namespace brigade::train;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A scratch folder per test, removed when the test ends.
+class CheckpointDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = fs::temp_directory_path() /
+            (std::string("brigade_ckpt_") + info->test_suite_name() + "_" + info->name() + "_" +
+             std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_ / "run");
+    ckpt_ = (root_ / "run" / "checkpoint").string();
+    ::unsetenv("BRIGADE_CKPT_FAIL_AFTER_BYTES");
+  }
+  void TearDown() override {
+    ::unsetenv("BRIGADE_CKPT_FAIL_AFTER_BYTES");
+    fs::remove_all(root_);
+  }
+  fs::path root_;
+  std::string ckpt_;
+};
+
+// A tiny GPT (odd sizes), its recipe, and an AdamW that has taken `steps` steps.
+struct Tiny {
+  models::GPTConfig c;
+  Recipe recipe;
+  std::unique_ptr<models::GPT> model;
+  std::unique_ptr<optim::AdamW> opt;
+  Tensor ids, targets;
+
+  Tiny() {
+    c.vocab_size = 53;
+    c.block_size = 16;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 24;
+    recipe.model.vocab_size = c.vocab_size;
+    recipe.model.block_size = c.block_size;
+    recipe.model.n_layer = c.n_layer;
+    recipe.model.n_head = c.n_head;
+    recipe.model.n_embd = c.n_embd;
+    recipe.train.seq_len = c.block_size;
+    model = std::make_unique<models::GPT>(c);
+    Generator g(7);
+    model->init_weights(g);
+    opt = std::make_unique<optim::AdamW>(model->named_parameters(), optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
+    std::vector<int64_t> idv, tgv;
+    for (int i = 0; i < 2 * 12; ++i) {
+      idv.push_back((i * 37 + 11) % c.vocab_size);
+      tgv.push_back((i * 53 + 5) % c.vocab_size);
+    }
+    ids = Tensor::from_vector_i64(idv, {2, 12});      // (B, T)
+    targets = Tensor::from_vector_i64(tgv, {2, 12});  // (B, T)
+  }
+  void step() {
+    opt->zero_grad();
+    autograd::backward(model->loss(ids, targets));
+    opt->step(1e-2);
+  }
+  void save(const std::string& dir, int64_t step_no) {
+    TrainState st;
+    st.step = step_no;
+    save_checkpoint(dir, *model, opt.get(), st, recipe, "");
+  }
+  std::vector<std::vector<float>> weights() const {
+    std::vector<std::vector<float>> out;
+    for (auto& [name, p] : model->named_parameters()) out.push_back(p.to_vector());
+    return out;
+  }
+  // A fresh model of the same shape with the weights of `dir`.
+  std::vector<std::vector<float>> loaded(const std::string& dir) const {
+    models::GPT m(c);
+    load_model_weights((fs::path(dir) / "model.safetensors").string(), m);
+    std::vector<std::vector<float>> out;
+    for (auto& [name, p] : m.named_parameters()) out.push_back(p.to_vector());
+    return out;
+  }
+};
+
+// What `kill -9` between the two renames of commit_checkpoint() leaves.
+void interrupt_between_renames(const std::string& dir) {
+  fs::rename(dir, dir + ".old");
+  fs::create_directories(dir + ".tmp");
+  std::ofstream(dir + ".tmp/model.safetensors", std::ios::binary) << "partial";
+}
+
+uint64_t folder_bytes(const fs::path& dir) {
+  uint64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) total += e.file_size();
+  return total;
+}
+
+// ---- item 2: readers recover an interrupted save
+
+TEST_F(CheckpointDir, OpenCheckpointRestoresAnInterruptedSaveWithTheSameWeights) {
+  Tiny t;
+  t.step();
+  t.save(ckpt_, 1);
+  const auto saved = t.weights();
+  interrupt_between_renames(ckpt_);
+  ASSERT_FALSE(fs::exists(ckpt_));
+
+  std::vector<std::string> said;
+  const std::string dir = open_checkpoint(ckpt_, [&](const std::string& s) { said.push_back(s); });
+  EXPECT_EQ(dir, ckpt_);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find(ckpt_ + ".old"), std::string::npos) << said[0];
+  EXPECT_NE(said[0].find("removed the unfinished " + ckpt_ + ".tmp"), std::string::npos) << said[0];
+  EXPECT_EQ(said[0].find('\n'), std::string::npos);
+  EXPECT_TRUE(fs::is_directory(ckpt_));
+  EXPECT_FALSE(fs::exists(ckpt_ + ".old"));
+  EXPECT_FALSE(fs::exists(ckpt_ + ".tmp"));
+  EXPECT_EQ(t.loaded(dir), saved);  // bit for bit
+  EXPECT_EQ(checkpoint_state(dir).step, 1);
+  EXPECT_EQ(checkpoint_recipe(dir).model, t.recipe.model);
+
+  // Opening a healthy checkpoint says nothing and changes nothing.
+  said.clear();
+  EXPECT_EQ(open_checkpoint(ckpt_ + "/", [&](const std::string& s) { said.push_back(s); }), ckpt_);
+  EXPECT_TRUE(said.empty());
+}
+
+TEST_F(CheckpointDir, CheckpointRecipeAndStateRecoverOnTheirOwn) {
+  Tiny t;
+  t.save(ckpt_, 3);
+  const auto saved = t.weights();
+  interrupt_between_renames(ckpt_);
+  EXPECT_EQ(checkpoint_recipe(ckpt_ + "/").model, t.recipe.model);  // a trailing '/' is the same folder
+  EXPECT_FALSE(fs::exists(ckpt_ + ".tmp"));
+  EXPECT_EQ(t.loaded(ckpt_), saved);
+
+  interrupt_between_renames(ckpt_);
+  EXPECT_EQ(checkpoint_state(ckpt_).step, 3);
+  EXPECT_FALSE(fs::exists(ckpt_ + ".old"));
+  EXPECT_TRUE(checkpoint_exists(ckpt_));
+}
+
+TEST_F(CheckpointDir, ATmpBesideACheckpointIsLeftAlone) {
+  Tiny t;
+  t.save(ckpt_, 1);
+  fs::create_directories(ckpt_ + ".tmp");  // a save in progress, as far as a reader can tell
+  std::vector<std::string> said;
+  open_checkpoint(ckpt_, [&](const std::string& s) { said.push_back(s); });
+  EXPECT_TRUE(said.empty());
+  EXPECT_TRUE(fs::exists(ckpt_ + ".tmp"));
+}
+
+TEST_F(CheckpointDir, NoCheckpointIsACheckpointErrorNamingTheFolder) {
+  auto error_of = [](const std::string& dir) -> std::string {
+    try {
+      open_checkpoint(dir, [](const std::string&) {});
+    } catch (const CheckpointError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  std::string msg = error_of(ckpt_);
+  EXPECT_NE(msg.find(ckpt_ + ": no such checkpoint directory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pass the folder written by `brigade train`"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+
+  fs::create_directories(ckpt_ + ".tmp");  // a first save that never finished
+  msg = error_of(ckpt_);
+  EXPECT_NE(msg.find(".tmp is an unfinished save"), std::string::npos) << msg;
+  fs::remove_all(ckpt_ + ".tmp");
+
+  Tiny t;
+  t.save(ckpt_, 1);
+  msg = error_of((root_ / "run").string());  // the run folder instead of its checkpoint
+  EXPECT_NE(msg.find("not a Brigade checkpoint (no recipe.toml)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean " + (root_ / "run").string() + "/checkpoint?"), std::string::npos) << msg;
+  EXPECT_THROW(checkpoint_recipe((root_ / "nowhere").string()), CheckpointError);
+  EXPECT_THROW(checkpoint_state((root_ / "nowhere").string()), CheckpointError);
+}
+
+// ---- item 3: a save that fails on a full disk removes its partial folder
+
+// The numbers a failed save's message gives: bytes needed and bytes free.
+std::pair<uint64_t, uint64_t> needed_and_free(const std::string& msg) {
+  std::smatch m;
+  const std::regex re(R"(the save needs (\d+) bytes.* and (\d+) bytes.* is free on )");
+  if (!std::regex_search(msg, m, re)) return {0, 0};
+  return {std::stoull(m[1]), std::stoull(m[2])};
+}
+
+TEST_F(CheckpointDir, AFailedSaveRemovesItsTmpAndSaysWhatItNeededAndWhatWasFree) {
+  Tiny t;
+  t.step();
+  t.save(ckpt_, 1);
+  const auto first = t.weights();
+  const uint64_t model_bytes = fs::file_size(ckpt_ + "/model.safetensors");
+  t.step();  // new weights: the failed save must not leave them anywhere
+
+  // Fails halfway through model.safetensors, then inside optimizer.safetensors.
+  for (uint64_t limit : {model_bytes / 2, model_bytes + 100}) {
+    SCOPED_TRACE(limit);
+    ::setenv("BRIGADE_CKPT_FAIL_AFTER_BYTES", std::to_string(limit).c_str(), 1);
+    std::string msg;
+    try {
+      t.save(ckpt_, 2);
+      ADD_FAILURE() << "the injected full disk did not fail the save";
+    } catch (const IoError& e) {
+      msg = e.what();
+    }
+    EXPECT_FALSE(fs::exists(ckpt_ + ".tmp")) << "the partial save was left behind";
+    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("removed the partial " + ckpt_ + ".tmp"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the previous checkpoint in " + ckpt_ + " is intact"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    const auto [needed, free] = needed_and_free(msg);
+    const fs::space_info sp = fs::space(root_);
+    EXPECT_GT(free, 0u) << msg;
+    EXPECT_LE(free, sp.capacity) << msg;
+    // The previous checkpoint still loads, with its own weights and step.
+    EXPECT_EQ(t.loaded(ckpt_), first);
+    EXPECT_EQ(checkpoint_state(ckpt_).step, 1);
+
+    // "Needs" is exactly what the same save writes once there is room.
+    ::unsetenv("BRIGADE_CKPT_FAIL_AFTER_BYTES");
+    const std::string other = (root_ / "room" / "checkpoint").string();
+    t.save(other, 2);
+    EXPECT_EQ(needed, folder_bytes(other)) << msg;
+    fs::remove_all(root_ / "room");
+  }
+}
+
+TEST_F(CheckpointDir, AFailedFirstSaveSaysThereIsNoPreviousCheckpoint) {
+  Tiny t;
+  ::setenv("BRIGADE_CKPT_FAIL_AFTER_BYTES", "0", 1);
+  try {
+    t.save(ckpt_, 1);
+    ADD_FAILURE() << "the injected full disk did not fail the save";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(ckpt_ + " holds no previous checkpoint"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(ckpt_ + ".tmp"));
+  EXPECT_FALSE(fs::exists(ckpt_));
+
+  ::setenv("BRIGADE_CKPT_FAIL_AFTER_BYTES", "lots", 1);
+  EXPECT_THROW(t.save(ckpt_, 1), ValueError);
+  EXPECT_FALSE(fs::exists(ckpt_ + ".tmp"));
+}
+
+TEST_F(CheckpointDir, AFailedShardWriteRemovesTheTmpToo) {
+  const std::string tmp = begin_checkpoint(ckpt_);
+  std::map<std::string, Tensor> flat{{"exp_avg", Tensor::full({1000}, 0.5)}};  // (1000)
+  ::setenv("BRIGADE_CKPT_FAIL_AFTER_BYTES", "100", 1);
+  try {
+    write_optimizer_shard(tmp, 0, 2, 0, 1000, flat);
+    ADD_FAILURE() << "the injected full disk did not fail the shard";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("removed the partial " + tmp), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(tmp));
+}
+
+}  // namespace
