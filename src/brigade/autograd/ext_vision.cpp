@@ -114,14 +114,19 @@ Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stri
     n->padding = padding;
     n->has_bias = bias.defined();
   }
-  return record(ops::conv2d(x, w, bias, stride, padding), n, inputs);
+  // a GEMM: a selective recompute keeps its output (fn::gemm_output)
+  return record(gemm_output([&] { return ops::conv2d(x, w, bias, stride, padding); }), n, inputs);
 }
 
 Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps) {
   const DType dt = policy_dtype(amp::Op::LayerNorm, {&x0, &w0, &b0});
   const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
-  ops::BatchNormOut r = ops::batch_norm2d(x, w, b, running_mean, running_var,
+  // A recompute (fn::checkpoint re-running the block in the backward) normalises with the
+  // batch statistics again but must not move the running statistics a second time.
+  // (Eval reads them; training only writes them.)
+  const bool drop = training && autograd::recomputing();
+  ops::BatchNormOut r = ops::batch_norm2d(x, w, b, drop ? Tensor() : running_mean, drop ? Tensor() : running_var,
                                           training, momentum, eps);
   auto n = std::make_shared<BatchNorm2dBackward>();
   if (needs_grad({x, w, b})) {

@@ -16,7 +16,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
 // x (N, C, H, W) -> (N, C, H, W). Training: batch statistics, and running_mean /
 // running_var (f32 (C), may be undefined) updated in place with `momentum` (torch's rule);
 // the backward differentiates through the batch statistics. Eval: the running statistics
-// (required), an affine map. The running statistics are state, never differentiated.
+// (required), an affine map. The running statistics are state, never differentiated, and
+// are left alone while autograd::recomputing() (a checkpointed block re-run in the
+// backward): they move once per real forward. conv2d is a GEMM for selective recompute:
+// its output is kept (CheckpointKeep::GemmOutputs).
 Tensor batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps);
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)

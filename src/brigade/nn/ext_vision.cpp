@@ -1,6 +1,7 @@
 // Vision layers; see ext_vision.h. Derivative rules live in autograd/ext_vision.cpp.
 #include "brigade/nn/ext_vision.h"
 
+#include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
 
 namespace brigade::nn {
@@ -30,7 +31,8 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum)
 
 Tensor BatchNorm2d::forward(const Tensor& x) const {
   const bool training = is_training();
-  if (training) num_batches_tracked.data<int64_t>()[0] += 1;
+  // once per real forward: not again when a checkpointed block re-runs it in the backward
+  if (training && !autograd::recomputing()) num_batches_tracked.data<int64_t>()[0] += 1;
   return fn::batch_norm2d(x, weight, bias, running_mean, running_var, training, momentum, eps);
 }
 

@@ -31,7 +31,9 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
   // Training mode (is_training()): batch statistics, buffers updated and
-  // num_batches_tracked incremented; eval: running statistics.
+  // num_batches_tracked incremented; eval: running statistics. Under activation recompute
+  // (a checkpointed block re-run in the backward, autograd::recomputing()) the buffers are
+  // not touched: they move exactly once per real forward.
   Tensor forward(const Tensor& x) const;  // (N, C, H, W) -> (N, C, H, W)
   // running_mean (C) f32, running_var (C) f32, num_batches_tracked 0-d i64 (torch's names).
   NamedTensors named_buffers(const std::string& prefix = "") const;
