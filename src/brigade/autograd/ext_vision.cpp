@@ -102,7 +102,7 @@ struct ReluBackward : Node {
 }  // namespace
 
 Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stride, int64_t padding) {
-  const DType dt = policy_dtype(amp::Op::Linear, {&x0, &w0});
+  const DType dt = policy_dtype(amp::Op::Conv, {&x0, &w0});
   const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), bias = as_dtype(b0, dt);
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
@@ -120,7 +120,7 @@ Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stri
 
 Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps) {
-  const DType dt = policy_dtype(amp::Op::LayerNorm, {&x0, &w0, &b0});
+  const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
   const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
   // A recompute (fn::checkpoint re-running the block in the backward) normalises with the
   // batch statistics again but must not move the running statistics a second time.
@@ -140,7 +140,7 @@ Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const 
 }
 
 Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding) {
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
+  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Pool, {&x0}));
   ops::MaxPoolOut r = ops::max_pool2d(x, kernel, stride, padding);
   auto n = std::make_shared<MaxPool2dBackward>();
   if (needs_grad({x})) {
@@ -151,7 +151,7 @@ Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padd
 }
 
 Tensor avg_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding) {
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
+  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Pool, {&x0}));
   auto n = std::make_shared<AvgPool2dBackward>();
   n->x_shape = x.shape();
   n->kernel = kernel;

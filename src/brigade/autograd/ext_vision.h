@@ -2,10 +2,12 @@
 // batch_norm2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d (output size 1) and relu.
 // Each runs its raw op and records one Node whose backward is the op's backward, as the
 // rules in functions.cpp do. Precision: the active policy (amp/policy.h) decides the
-// compute dtype with the table rows of the nearest existing op kind: conv2d as Linear (a
-// GEMM), batch_norm2d as LayerNorm (precision-sensitive: f32 under O1/O2), pooling and relu
-// as Elementwise; outside any AutocastScope (O0) they run in their inputs' dtype.
-// Gradients come back in each input's own dtype (recorded casts, fn::cast).
+// compute dtype: conv2d is amp::Op::Conv (a GEMM: low from O1, like linear), batch_norm2d
+// amp::Op::BatchNorm (precision-sensitive: f32 under O1/O2, low at O3, like LayerNorm),
+// max_pool2d / avg_pool2d amp::Op::Pool (elementwise rules), relu amp::Op::Elementwise,
+// adaptive_avg_pool2d (a mean over the plane) amp::Op::Reduction; outside any AutocastScope
+// (O0) they run in their inputs' dtype. Gradients come back in each input's own dtype
+// (recorded casts, fn::cast), so fp32 parameters get fp32 gradients.
 #pragma once
 #include "brigade/core/tensor.h"
 

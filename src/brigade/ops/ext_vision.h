@@ -16,13 +16,20 @@
 //   batch_norm2d: y x's, mean and rstd always f32; running stats are f32 and updated in
 //   place. batch_norm2d_backward: gx x's, gw gb w's.
 //   max_pool2d: y x's, idx i64. avg_pool2d, relu: x's. Their backwards: gy's dtype.
-// There is no native 16-bit path: every 16-bit call takes the widened path (which is what
-// the native path would have to equal bitwise anyway).
+// Native 16-bit path: on the cpu backend, conv2d and conv2d_backward with x, w (and gy) all
+// bf16 run oneDNN's bf16 convolution primitives (AVX512-BF16 / AMX; f32 accumulation, like
+// the bf16 GEMMs of ops.h): y and gx are rounded once to bf16 by oneDNN, gw and gb computed in
+// f32 and rounded once; a bias is used in f32. This agrees with the widened definition within
+// one bf16 rounding but is not bitwise it (oneDNN's accumulation order differs from its f32
+// kernel's). Where oneDNN has no such kernel (conv2d_native_bf16() false), and for f16 and
+// mixed dtypes, conv2d widens. Every other op here widens (that is what a native path would
+// have to equal bitwise anyway); the ref backend always widens.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "brigade/core/tensor.h"
 
@@ -35,6 +42,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
 struct Conv2dGrads { Tensor gx, gw, gb; };  // each undefined when not asked for
 Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, int64_t stride, int64_t padding,
                             bool need_gx = true, bool need_gw = true, bool need_gb = true);
+// Whether bf16 convolutions on the cpu backend take oneDNN's bf16 primitives (probed once),
+// and, for tests, "<oneDNN implementation> <f32|bf16>" of the latest cpu conv2d forward.
+bool conv2d_native_bf16();
+std::string last_conv2d_impl();
 
 // ---------------- batch norm over (N, H, W) per channel (torch.nn.functional.batch_norm)
 // x (N, C, H, W), w b (C) (b may be undefined: no shift). Training: normalises with the
