@@ -4,7 +4,11 @@
 //    primitives (not the widened f32 path, not oneDNN's reference kernel) on ResNet-sized
 //    geometries, within one bf16 rounding (plus f32 accumulation noise) of the f32 ref on the
 //    same values, with the contract's output dtypes, bitwise reproducible; f16 and mixed
-//    dtypes widen.
+//    dtypes widen;
+//  - the pieces of synchronised batch norm (batch_norm2d_sums, batch_norm2d_grad_sums,
+//    batch_norm2d_backward_input): cpu equals ref (double sums: to 1e-12), with the local
+//    sums and count they are batch_norm2d's training statistics and backward, 16-bit inputs
+//    are widened exactly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -108,6 +112,62 @@ TEST(VisionOps16, F16AndMixedConvolutionsWiden) {
   const Tensor ym = ops::conv2d(x.to(DType::BF16), w, Tensor(), 1, 1);  // bf16 x f32: widened, f32 out
   EXPECT_EQ(ym.dtype(), DType::F32);
   EXPECT_NE(ops::last_conv2d_impl().find("f32"), std::string::npos) << ops::last_conv2d_impl();
+}
+
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(a[i] - b[i]));
+    den = std::max(den, std::fabs(b[i]));
+  }
+  return den > 0 ? num / den : num;
+}
+
+TEST(VisionOps, SyncBatchNormPiecesAreBatchNormWithLocalSums) {
+  const int64_t N = 3, C = 5, H = 7, W = 9;  // HW = 63: the 8-lane loop and its tail
+  const Tensor x = randn({N, C, H, W}, 31), gy = randn({N, C, H, W}, 32), w = randn({C}, 33), b = randn({C}, 34);
+  const double M = double(N * H * W);
+  ops::ChannelSums s[2], gs[2];
+  Tensor gx[2];
+  ops::BatchNormOut bn[2];
+  ops::BatchNormGrads bg[2];
+  int k = 0;
+  for (auto be : {ops::Backend::Ref, ops::Backend::Cpu}) {
+    ops::BackendScope scope(be);
+    s[k] = ops::batch_norm2d_sums(x);
+    bn[k] = ops::batch_norm2d(x, w, b, Tensor(), Tensor(), true, 0.1, 1e-5);
+    // both backends read the ref statistics, so the sums see the same inputs
+    gs[k] = ops::batch_norm2d_grad_sums(gy, x, bn[0].mean, bn[0].rstd);
+    gx[k] = ops::batch_norm2d_backward_input(gy, x, w, bn[0].mean, bn[0].rstd, gs[0], M);
+    bg[k] = ops::batch_norm2d_backward(gy, x, w, bn[0].mean, bn[0].rstd, true);
+    ++k;
+  }
+  EXPECT_LT(max_rel(s[1].s1, s[0].s1), 1e-12);
+  EXPECT_LT(max_rel(s[1].s2, s[0].s2), 1e-12);
+  EXPECT_LT(max_rel(gs[1].s1, gs[0].s1), 1e-12);
+  EXPECT_LT(max_rel(gs[1].s2, gs[0].s2), 1e-12);
+  EXPECT_LT(rel_err(gx[1], gx[0]), 1e-6);
+  for (int j = 0; j < 2; ++j) {
+    // local sums: the statistics and the backward of batch_norm2d in training
+    std::vector<float> mean = bn[j].mean.to_vector();
+    for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(s[j].s1[size_t(c)] / M, mean[size_t(c)], 1e-6);
+    EXPECT_LT(rel_err(gx[j], bg[j].gx), 1e-5);
+    std::vector<float> gw = bg[j].gw.to_vector(), gb = bg[j].gb.to_vector();
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_NEAR(gs[j].s2[size_t(c)], gw[size_t(c)], 1e-4 * (1 + std::fabs(gw[size_t(c)])));
+      EXPECT_NEAR(gs[j].s1[size_t(c)], gb[size_t(c)], 1e-4 * (1 + std::fabs(gb[size_t(c)])));
+    }
+  }
+  // 16-bit inputs are widened exactly; gx comes back in x's dtype
+  const Tensor xb = x.to(DType::BF16), gyb = gy.to(DType::BF16);
+  const ops::ChannelSums sb = ops::batch_norm2d_sums(xb), sw = ops::batch_norm2d_sums(xb.to(DType::F32));
+  EXPECT_EQ(sb.s1, sw.s1);
+  EXPECT_EQ(sb.s2, sw.s2);
+  const Tensor gxb = ops::batch_norm2d_backward_input(gyb, xb, w, bn[0].mean, bn[0].rstd, gs[0], M);
+  EXPECT_EQ(gxb.dtype(), DType::BF16);
+  EXPECT_TRUE(bitwise_equal(
+      gxb, ops::batch_norm2d_backward_input(gyb.to(DType::F32), xb.to(DType::F32), w, bn[0].mean, bn[0].rstd, gs[0], M)
+               .to(DType::BF16)));
 }
 
 }  // namespace

@@ -540,6 +540,158 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
   return r;
 }
 
+// ---------------------------------------------------------------- synchronised batch norm pieces
+
+namespace {
+
+// Double sums of a row in 8 lanes (fixed order: lane l takes i = l mod 8, then the lanes in
+// order, then the tail), so the cpu loop vectorises and stays reproducible.
+inline void row_sums_d(const float* x, int64_t n, double& s1, double& s2) {
+  double a[8] = {0}, b[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+#pragma omp simd
+    for (int l = 0; l < 8; ++l) {
+      const double v = double(x[i + l]);
+      a[l] += v;
+      b[l] += v * v;
+    }
+  double p = 0, q = 0;
+  for (int l = 0; l < 8; ++l) p += a[l], q += b[l];
+  for (; i < n; ++i) p += double(x[i]), q += double(x[i]) * double(x[i]);
+  s1 += p, s2 += q;
+}
+// sum gy and sum gy (x - m) of a row, in double lanes as above.
+inline void row_grad_sums_d(const float* gy, const float* x, int64_t n, double m, double& s1, double& s2) {
+  double a[8] = {0}, b[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+#pragma omp simd
+    for (int l = 0; l < 8; ++l) {
+      const double g = double(gy[i + l]);
+      a[l] += g;
+      b[l] += g * (double(x[i + l]) - m);
+    }
+  double p = 0, q = 0;
+  for (int l = 0; l < 8; ++l) p += a[l], q += b[l];
+  for (; i < n; ++i) p += double(gy[i]), q += double(gy[i]) * (double(x[i]) - m);
+  s1 += p, s2 += q;
+}
+
+void check_bn_stats(const Tensor& x, const Tensor& mean, const Tensor& rstd, const char* op) {
+  check_nchw(x, op, "x");
+  check_vec(mean, x.size(1), op, "mean");
+  check_vec(rstd, x.size(1), op, "rstd");
+}
+
+}  // namespace
+
+ChannelSums batch_norm2d_sums(const Tensor& x0) {
+  check_nchw(x0, "batch_norm2d_sums", "x");
+  const Tensor x = f32_of(x0).contiguous();
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  ChannelSums r{std::vector<double>(static_cast<size_t>(C)), std::vector<double>(static_cast<size_t>(C))};
+  const float* xp = x.data<float>();
+  double *s1 = r.s1.data(), *s2 = r.s2.data();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      double a = 0, b = 0;
+      for (int64_t n = 0; n < N; ++n) row_sums_d(xp + (n * C + c) * HW, HW, a, b);
+      s1[c] = a, s2[c] = b;
+    }
+  } else {
+    vr::batch_norm2d_sums<float>(N, C, HW, 0, C, xp, s1, s2);
+  }
+  return r;
+}
+
+ChannelSums batch_norm2d_grad_sums(const Tensor& gy0, const Tensor& x0, const Tensor& mean0, const Tensor& rstd0) {
+  const char* op = "batch_norm2d_grad_sums";
+  check_bn_stats(x0, mean0, rstd0, op);
+  check_nchw(gy0, op, "gy");
+  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op,
+                shape_str(gy0.shape()), shape_str(x0.shape()));
+  const Tensor gy = f32_of(gy0).contiguous(), x = f32_of(x0).contiguous(), mean = f32_of(mean0).contiguous(),
+               rstd = f32_of(rstd0).contiguous();
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  ChannelSums r{std::vector<double>(static_cast<size_t>(C)), std::vector<double>(static_cast<size_t>(C))};
+  const float *gp = gy.data<float>(), *xp = x.data<float>(), *mp = mean.data<float>(), *sp = rstd.data<float>();
+  double *s1 = r.s1.data(), *s2 = r.s2.data();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      double a = 0, b = 0;  // sum gy, sum gy (x - m)
+      for (int64_t n = 0; n < N; ++n) row_grad_sums_d(gp + (n * C + c) * HW, xp + (n * C + c) * HW, HW, mp[c], a, b);
+      s1[c] = a, s2[c] = b * double(sp[c]);
+    }
+  } else {
+    vr::batch_norm2d_grad_sums<float, float>(N, C, HW, 0, C, gp, xp, mp, sp, s1, s2);
+  }
+  return r;
+}
+
+Tensor batch_norm2d_backward_input(const Tensor& gy0, const Tensor& x0, const Tensor& w0, const Tensor& mean0,
+                                   const Tensor& rstd0, const ChannelSums& sums, double M) {
+  const char* op = "batch_norm2d_backward_input";
+  check_bn_stats(x0, mean0, rstd0, op);
+  check_nchw(gy0, op, "gy");
+  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op,
+                shape_str(gy0.shape()), shape_str(x0.shape()));
+  const int64_t N = x0.size(0), C = x0.size(1), HW = x0.size(2) * x0.size(3);
+  check_vec(w0, C, op, "w");
+  BRIGADE_CHECK(int64_t(sums.s1.size()) == C && int64_t(sums.s2.size()) == C, ShapeError,
+                "{}: the gradient sums must hold C = {} values each, got {} and {}", op, C, sums.s1.size(),
+                sums.s2.size());
+  BRIGADE_CHECK(M > 0, ValueError, "{}: the count M = {} must be positive", op, M);
+  const Tensor gy = f32_of(gy0).contiguous(), x = f32_of(x0).contiguous(), w = f32_of(w0).contiguous(),
+               mean = f32_of(mean0).contiguous(), rstd = f32_of(rstd0).contiguous();
+  Tensor gx = Tensor::empty(x.shape());  // (N, C, H, W)
+  const float *gp = gy.data<float>(), *xp = x.data<float>(), *wp = w.data<float>(), *mp = mean.data<float>(),
+              *sp = rstd.data<float>();
+  float* gxp = gx.data<float>();
+  const double *s1 = sums.s1.data(), *s2 = sums.s2.data();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      // gx = w r (gy - s1/M - xhat s2/M) = k1 gy + k2 (x - m) + k3
+      const double r = double(sp[c]), wc = double(wp[c]);
+      const float m = mp[c];
+      const float k1 = float(wc * r), k2 = float(-wc * r * r * s2[c] / M), k3 = float(-wc * r * s1[c] / M);
+      for (int64_t n = 0; n < N; ++n) {
+        const float* g = gp + (n * C + c) * HW;
+        const float* xr = xp + (n * C + c) * HW;
+        float* o = gxp + (n * C + c) * HW;
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) o[i] = k1 * g[i] + k2 * (xr[i] - m) + k3;
+      }
+    }
+  } else {
+    vr::batch_norm2d_backward_input<float, float>(N, C, HW, 0, C, gp, xp, wp, mp, sp, s1, s2, M, gxp);
+  }
+  return round_to(gx, x0.dtype());
+}
+
+void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& running_var,
+                                 const std::vector<double>& mean, const std::vector<double>& var_unbiased,
+                                 double momentum) {
+  const char* op = "batch_norm2d_update_running";
+  const int64_t C = int64_t(mean.size());
+  BRIGADE_CHECK(int64_t(var_unbiased.size()) == C, ShapeError, "{}: {} means but {} variances", op, C,
+                var_unbiased.size());
+  for (const Tensor* r : {&running_mean, &running_var}) {
+    check_vec(*r, C, op, r == &running_mean ? "running_mean" : "running_var");
+    BRIGADE_CHECK(r->dtype() == DType::F32 && r->is_contiguous(), ValueError,
+                  "{}: running statistics must be contiguous f32 tensors, got {}", op, r->str());
+  }
+  BRIGADE_CHECK(momentum >= 0 && momentum <= 1, ValueError, "{}: momentum {} must be in [0, 1]", op, momentum);
+  float *rmp = running_mean.data<float>(), *rvp = running_var.data<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean[size_t(c)]);
+    rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * var_unbiased[size_t(c)]);
+  }
+}
+
 // ---------------------------------------------------------------- pooling
 
 MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
