@@ -55,8 +55,9 @@ double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(AmpPolicy, TableFollowsTheDefinitionOfEachLevel) {
   for (size_t i = 0; i < size_t(Op::kCount); ++i) {
     const Op op = Op(i);
-    const bool gemm = op == Op::Linear || op == Op::Matmul || op == Op::Attention;
-    const bool sensitive = op == Op::LayerNorm || op == Op::Softmax || op == Op::CrossEntropy || op == Op::Reduction;
+    const bool gemm = op == Op::Linear || op == Op::Matmul || op == Op::Attention || op == Op::Conv;
+    const bool sensitive = op == Op::LayerNorm || op == Op::BatchNorm || op == Op::Softmax ||
+                           op == Op::CrossEntropy || op == Op::Reduction;
     SCOPED_TRACE(std::string(amp::op_name(op)));
     if (op == Op::Dropout) {  // a mask multiply: runs in whatever it is given, at every level
       for (int l = 0; l < 4; ++l) EXPECT_EQ(amp::rule(op, Level(l)), Rule::Keep);
@@ -68,6 +69,9 @@ TEST(AmpPolicy, TableFollowsTheDefinitionOfEachLevel) {
     EXPECT_EQ(amp::rule(op, Level::O3), Rule::Low);                         // O3: all low
   }
   EXPECT_NE(amp::policy_table_markdown().find("| layer_norm | keep | f32 | f32 | low |"), std::string::npos);
+  EXPECT_NE(amp::policy_table_markdown().find("| conv | keep | low | low | low |"), std::string::npos);
+  EXPECT_NE(amp::policy_table_markdown().find("| batch_norm | keep | f32 | f32 | low |"), std::string::npos);
+  EXPECT_NE(amp::policy_table_markdown().find("| pool | keep | f32 | low | low |"), std::string::npos);
 }
 
 TEST(AmpPolicy, NamesAndScopes) {

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
+
 #include "brigade/core/error.h"
 
 namespace brigade::amp {
@@ -16,10 +18,13 @@ constexpr Rule kTable[size_t(Op::kCount)][4] = {
     /* linear        */ {K, L, L, L},
     /* matmul        */ {K, L, L, L},
     /* attention     */ {K, L, L, L},
+    /* conv          */ {K, L, L, L},
     /* embedding     */ {K, F, L, L},
     /* gelu          */ {K, F, L, L},
     /* elementwise   */ {K, F, L, L},
+    /* pool          */ {K, F, L, L},
     /* layer_norm    */ {K, F, F, L},
+    /* batch_norm    */ {K, F, F, L},
     /* softmax       */ {K, F, F, L},
     /* cross_entropy */ {K, F, F, L},
     /* reduction     */ {K, F, F, L},
@@ -46,8 +51,10 @@ Level level_from_name(std::string_view s) {
 }
 
 std::string_view op_name(Op op) {
-  constexpr std::string_view names[] = {"linear",    "matmul",  "attention",     "embedding", "gelu",   "elementwise",
-                                        "layer_norm", "softmax", "cross_entropy", "reduction", "dropout"};
+  constexpr std::string_view names[] = {"linear",     "matmul",     "attention", "conv",          "embedding",
+                                        "gelu",       "elementwise", "pool",      "layer_norm",    "batch_norm",
+                                        "softmax",    "cross_entropy", "reduction", "dropout"};
+  static_assert(std::size(names) == size_t(Op::kCount), "one name per op kind");
   return names[size_t(op)];
 }
 

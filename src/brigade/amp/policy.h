@@ -18,7 +18,7 @@ namespace brigade::amp {
 
 enum class Level : uint8_t {
   O0,  // everything as given (fp32 model: fp32 everywhere)
-  O1,  // autocast: an allow-list (linear, matmul, attention) in low precision, everything else fp32
+  O1,  // autocast: an allow-list (linear, matmul, attention, conv) in low precision, everything else fp32
   O2,  // the model in low precision except precision-sensitive ops (norms, softmax, loss, reductions);
        // fp32 master weights, gradients accumulated in fp32
   O3,  // pure low precision: every op, and no fp32 master weights (unstable; for comparison)
@@ -26,9 +26,10 @@ enum class Level : uint8_t {
 
 // The kinds of op the table distinguishes (each fn:: function maps to one).
 enum class Op : uint8_t {
-  Linear, Matmul, Attention,            // GEMM-shaped: the allow-list
-  Embedding, Gelu, Elementwise,         // add/sub/mul and scalar ops
-  LayerNorm, Softmax, CrossEntropy, Reduction,  // precision-sensitive
+  Linear, Matmul, Attention, Conv,      // GEMM-shaped: the allow-list (conv: conv2d)
+  Embedding, Gelu, Elementwise,         // add/sub/mul, relu and scalar ops
+  Pool,                                 // max_pool2d, avg_pool2d (elementwise rules)
+  LayerNorm, BatchNorm, Softmax, CrossEntropy, Reduction,  // precision-sensitive
   Dropout,
   kCount
 };

@@ -3,7 +3,9 @@
 // releases it after running.
 #include "brigade/autograd/ext_vision.h"
 
+#include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
@@ -64,6 +66,36 @@ struct BatchNorm2dBackward : Node {
   void release() override { x = w = mean = rstd = Tensor(); }
 };
 
+struct SyncBatchNorm2dBackward : Node {
+  Tensor x, w, mean, rstd;
+  std::shared_ptr<const BatchNormSync> sync;
+  double M = 0;  // the global count per channel
+  bool has_bias = false;
+  const char* name() const override { return "SyncBatchNorm2dBackward"; }
+  // forward: y = (x - mean) * rstd * w + b   (mean, rstd: statistics of the global batch)
+  std::vector<Tensor> backward(const Tensor& g) override {
+    ops::ChannelSums s = ops::batch_norm2d_grad_sums(g, x, mean, rstd);
+    const int64_t C = int64_t(s.s1.size());
+    // the local parts: gw = sum gy xhat, gb = sum gy over this rank's rows
+    std::vector<float> gwv(s.s2.begin(), s.s2.end()), gbv(s.s1.begin(), s.s1.end());
+    Tensor gw = Tensor::from_vector(gwv, {C}).to(w.dtype());  // (C)
+    Tensor gb = Tensor::from_vector(gbv, {C}).to(w.dtype());  // (C)
+    // every rank sums the gradient sums, whether or not it needs gx (collectives match)
+    std::vector<double> buf(static_cast<size_t>(2 * C));
+    std::copy(s.s1.begin(), s.s1.end(), buf.begin());
+    std::copy(s.s2.begin(), s.s2.end(), buf.begin() + C);
+    sync->allreduce_sum(buf.data(), 2 * C);
+    std::copy(buf.begin(), buf.begin() + C, s.s1.begin());
+    std::copy(buf.begin() + C, buf.end(), s.s2.begin());
+    Tensor gx = wants(*this, 0) ? ops::batch_norm2d_backward_input(g, x, w, mean, rstd, s, M) : Tensor();
+    return {gx, gw, has_bias ? gb : Tensor()};
+  }
+  void release() override {
+    x = w = mean = rstd = Tensor();
+    sync.reset();
+  }
+};
+
 struct MaxPool2dBackward : Node {
   Tensor idx;
   Shape x_shape;
@@ -102,7 +134,7 @@ struct ReluBackward : Node {
 }  // namespace
 
 Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stride, int64_t padding) {
-  const DType dt = policy_dtype(amp::Op::Linear, {&x0, &w0});
+  const DType dt = policy_dtype(amp::Op::Conv, {&x0, &w0});
   const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), bias = as_dtype(b0, dt);
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
@@ -114,14 +146,19 @@ Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stri
     n->padding = padding;
     n->has_bias = bias.defined();
   }
-  return record(ops::conv2d(x, w, bias, stride, padding), n, inputs);
+  // a GEMM: a selective recompute keeps its output (fn::gemm_output)
+  return record(gemm_output([&] { return ops::conv2d(x, w, bias, stride, padding); }), n, inputs);
 }
 
 Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps) {
-  const DType dt = policy_dtype(amp::Op::LayerNorm, {&x0, &w0, &b0});
+  const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
   const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
-  ops::BatchNormOut r = ops::batch_norm2d(x, w, b, running_mean, running_var,
+  // A recompute (fn::checkpoint re-running the block in the backward) normalises with the
+  // batch statistics again but must not move the running statistics a second time.
+  // (Eval reads them; training only writes them.)
+  const bool drop = training && autograd::recomputing();
+  ops::BatchNormOut r = ops::batch_norm2d(x, w, b, drop ? Tensor() : running_mean, drop ? Tensor() : running_var,
                                           training, momentum, eps);
   auto n = std::make_shared<BatchNorm2dBackward>();
   if (needs_grad({x, w, b})) {
@@ -134,8 +171,56 @@ Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const 
   return record(r.y, n, {x, w, b});
 }
 
+Tensor sync_batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
+                         const Tensor& running_var, double momentum, double eps,
+                         const std::shared_ptr<const BatchNormSync>& sync) {
+  BRIGADE_CHECK(sync != nullptr, ValueError, "sync_batch_norm2d: no reducer given (use batch_norm2d without one)");
+  BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError, "sync_batch_norm2d: x must be 4-D (N, C, H, W), got {}",
+                x0.defined() ? x0.str() : "undefined");
+  const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
+  const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
+  const int64_t C = x.size(1);
+  // forward: [count, sum x (C), sum x^2 (C)] of this rank, summed over the group
+  const ops::ChannelSums s = ops::batch_norm2d_sums(x);
+  std::vector<double> buf(static_cast<size_t>(2 * C + 1));
+  buf[0] = double(x.size(0) * x.size(2) * x.size(3));
+  std::copy(s.s1.begin(), s.s1.end(), buf.begin() + 1);
+  std::copy(s.s2.begin(), s.s2.end(), buf.begin() + 1 + C);
+  sync->allreduce_sum(buf.data(), 2 * C + 1);
+  const double M = buf[0];
+  BRIGADE_CHECK(M > 1, ValueError,
+                "sync_batch_norm2d: the group's batch has {} value(s) per channel; a variance needs more than one", M);
+  const size_t Cs = static_cast<size_t>(C);
+  std::vector<double> mean(Cs), var(Cs), var_unbiased(Cs);
+  std::vector<float> mean_f(Cs), var_f(Cs);
+  for (size_t c = 0; c < Cs; ++c) {
+    mean[c] = buf[1 + c] / M;
+    var[c] = std::max(buf[1 + Cs + c] / M - mean[c] * mean[c], 0.0);  // biased; >= 0 against rounding
+    var_unbiased[c] = var[c] * M / (M - 1);
+    mean_f[c] = float(mean[c]);
+    var_f[c] = float(var[c]);
+  }
+  // normalise with the global statistics: batch_norm2d's eval form, whose "running" statistics
+  // are the global mean and biased variance (its own running statistics are not touched)
+  ops::BatchNormOut r = ops::batch_norm2d(x, w, b, Tensor::from_vector(mean_f, {C}), Tensor::from_vector(var_f, {C}),
+                                          /*training=*/false, 0.0, eps);
+  if (running_mean.defined() && !autograd::recomputing())
+    ops::batch_norm2d_update_running(running_mean, running_var, mean, var_unbiased, momentum);
+  auto n = std::make_shared<SyncBatchNorm2dBackward>();
+  if (needs_grad({x, w, b})) {
+    n->x = x;
+    n->w = w;
+    n->mean = r.mean;
+    n->rstd = r.rstd;
+    n->sync = sync;
+    n->M = M;
+    n->has_bias = b.defined();
+  }
+  return record(r.y, n, {x, w, b});
+}
+
 Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding) {
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
+  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Pool, {&x0}));
   ops::MaxPoolOut r = ops::max_pool2d(x, kernel, stride, padding);
   auto n = std::make_shared<MaxPool2dBackward>();
   if (needs_grad({x})) {
@@ -146,7 +231,7 @@ Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padd
 }
 
 Tensor avg_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding) {
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
+  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Pool, {&x0}));
   auto n = std::make_shared<AvgPool2dBackward>();
   n->x_shape = x.shape();
   n->kernel = kernel;

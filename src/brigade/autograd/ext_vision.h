@@ -1,12 +1,18 @@
 // Differentiable vision functions (the fn:: side of ops/ext_vision.h): conv2d,
-// batch_norm2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d (output size 1) and relu.
+// batch_norm2d, sync_batch_norm2d (statistics over a process group, through a reducer
+// interface), max_pool2d, avg_pool2d, adaptive_avg_pool2d (output size 1) and relu.
 // Each runs its raw op and records one Node whose backward is the op's backward, as the
 // rules in functions.cpp do. Precision: the active policy (amp/policy.h) decides the
-// compute dtype with the table rows of the nearest existing op kind: conv2d as Linear (a
-// GEMM), batch_norm2d as LayerNorm (precision-sensitive: f32 under O1/O2), pooling and relu
-// as Elementwise; outside any AutocastScope (O0) they run in their inputs' dtype.
-// Gradients come back in each input's own dtype (recorded casts, fn::cast).
+// compute dtype: conv2d is amp::Op::Conv (a GEMM: low from O1, like linear), batch_norm2d
+// amp::Op::BatchNorm (precision-sensitive: f32 under O1/O2, low at O3, like LayerNorm),
+// max_pool2d / avg_pool2d amp::Op::Pool (elementwise rules), relu amp::Op::Elementwise,
+// adaptive_avg_pool2d (a mean over the plane) amp::Op::Reduction; outside any AutocastScope
+// (O0) they run in their inputs' dtype. Gradients come back in each input's own dtype
+// (recorded casts, fn::cast), so fp32 parameters get fp32 gradients.
 #pragma once
+#include <cstdint>
+#include <memory>
+
 #include "brigade/core/tensor.h"
 
 namespace brigade::fn {
@@ -16,9 +22,51 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
 // x (N, C, H, W) -> (N, C, H, W). Training: batch statistics, and running_mean /
 // running_var (f32 (C), may be undefined) updated in place with `momentum` (torch's rule);
 // the backward differentiates through the batch statistics. Eval: the running statistics
-// (required), an affine map. The running statistics are state, never differentiated.
+// (required), an affine map. The running statistics are state, never differentiated, and
+// are left alone while autograd::recomputing() (a checkpointed block re-run in the
+// backward): they move once per real forward. conv2d is a GEMM for selective recompute:
+// its output is kept (CheckpointKeep::GemmOutputs).
 Tensor batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps);
+
+// Synchronised batch norm (torch.nn.SyncBatchNorm): the batch statistics of a training
+// batch_norm2d taken over every rank of a group (data parallelism: each rank holds some rows
+// of one global batch), not over this rank's rows. autograd knows no process groups: the
+// reducer is an interface a plan implements (parallel/sync_batch_norm.h wraps a
+// dist::ProcessGroup); a group of one is the identity.
+class BatchNormSync {
+ public:
+  virtual ~BatchNormSync() = default;
+  // Sums `data` (n doubles) over the group's ranks, in place. Every rank calls it the same
+  // number of times in the same order with the same n (once in each forward, once in each
+  // backward of every synchronised batch norm; a recompute's forward calls it again, on every
+  // rank alike).
+  virtual void allreduce_sum(double* data, int64_t n) const = 0;
+};
+
+// Training batch norm with statistics over the group:
+//   forward: per channel, this rank's count, sum x and sum x^2 (double) are summed over the
+//     group (one allreduce of 2C + 1 doubles); mean = S1 / M and the biased variance
+//     S2 / M - mean^2 over the global count M normalise x, y = (x - mean) rstd w + b;
+//     running_mean / running_var (f32 (C), may be undefined) move with the global mean and
+//     the unbiased global variance var M / (M - 1), as torch's SyncBatchNorm (not while
+//     autograd::recomputing()).
+//   backward: this rank's sum gy and sum gy xhat (double) are summed over the group (one
+//     allreduce of 2C doubles) and gx = w rstd (gy - SG / M - xhat SGX / M): the gradient of
+//     the SUM over ranks of every rank's loss with respect to this rank's rows, i.e. of one
+//     batch norm over the global batch whose upstream gradient is every rank's gy.
+//   Gradient convention for w and b: each rank gets its LOCAL part (sum gy xhat, sum gy
+//     over its own rows); the full gradient is their sum over ranks. Data parallelism's
+//     gradient reduction completes them with every other parameter: summed over ranks they
+//     are the global-batch gradient; averaged (DDP's mean, with the per-rank losses being
+//     means over equal local batches) they are the gradient of the global mean loss, exactly
+//     like the conv weights upstream, whose gradients also come from this gx. (torch's
+//     SyncBatchNorm does the same: local weight/bias gradients, DDP averages.)
+// Precision: amp::Op::BatchNorm, like batch_norm2d; the sums are double whatever the dtype.
+Tensor sync_batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
+                         const Tensor& running_var, double momentum, double eps,
+                         const std::shared_ptr<const BatchNormSync>& sync);
+
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)
 // torch.nn.AdaptiveAvgPool2d(1): the mean over (H, W); (N, C, H, W) -> (N, C, 1, 1).

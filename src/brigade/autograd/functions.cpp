@@ -43,9 +43,9 @@ struct RegionScope {
   RegionScope& operator=(const RegionScope&) = delete;
 };
 
-// The output of a GEMM, `compute()` unless a region keeps GEMM outputs.
+// The output of a GEMM, `compute()` unless a region keeps GEMM outputs (fn::gemm_output).
 template <typename F>
-Tensor gemm_output(F&& compute) {
+Tensor kept_gemm_output(F&& compute) {
   Region* r = g_regions.empty() ? nullptr : g_regions.back();
   if (!r || r->keep != CheckpointKeep::GemmOutputs) return compute();
   if (r->replay) {
@@ -137,6 +137,8 @@ struct ScaleBackward : Node {
 }  // namespace
 
 Tensor cast(const Tensor& x, DType dt) { return as_dtype(x, dt); }
+
+Tensor gemm_output(const std::function<Tensor()>& compute) { return kept_gemm_output(compute); }
 
 Tensor add(const Tensor& a0, const Tensor& b0) {
   const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
@@ -467,7 +469,7 @@ Tensor matmul(const Tensor& a0, const Tensor& b0, bool trans_a, bool trans_b) {
     n->param_a = a0.is_leaf() && a0.requires_grad();
     n->param_b = b0.is_leaf() && b0.requires_grad();
   }
-  return record(gemm_output([&] { return ops::matmul(a, b, trans_a, trans_b); }), n, {a, b});
+  return record(kept_gemm_output([&] { return ops::matmul(a, b, trans_a, trans_b); }), n, {a, b});
 }
 
 Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& b0, WeightLayout layout) {
@@ -483,7 +485,7 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& b0, WeightLayout
     n->has_bias = bias.defined();
     n->param_w = w0.is_leaf() && w0.requires_grad();
   }
-  return record(gemm_output([&] { return ops::linear(x, w, bias, layout); }), n, inputs);
+  return record(kept_gemm_output([&] { return ops::linear(x, w, bias, layout); }), n, inputs);
 }
 
 Tensor embedding(const Tensor& w0, const Tensor& ids) {

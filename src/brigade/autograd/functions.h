@@ -67,9 +67,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // What a checkpointed region keeps from its forward pass besides its inputs.
 enum class CheckpointKeep : uint8_t {
   Inputs,       // nothing else: the backward re-runs the whole region ("full" recompute)
-  GemmOutputs,  // also the outputs of linear() and matmul() inside the region: the recompute
-                // takes them instead of running the GEMMs again, and re-runs everything else
-                // (norms, attention, activations, dropout, adds) ("selective" recompute)
+  GemmOutputs,  // also the outputs of linear(), matmul() and conv2d() inside the region: the
+                // recompute takes them instead of running the GEMMs again, and re-runs everything
+                // else (norms, attention, activations, dropout, adds) ("selective" recompute)
 };
 
 struct CheckpointOptions {
@@ -98,5 +98,12 @@ using CheckpointFn = std::function<Tensor(const std::vector<Tensor>&)>;
 // region (nested checkpoints), fn simply runs: the outermost region decides.
 // autograd::recomputing() is true while the backward re-runs fn.
 Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options = {});
+
+// For GEMM-shaped differentiable functions defined outside functions.cpp (conv2d in
+// ext_vision.cpp): the op's output, compute() unless the innermost checkpointed region keeps
+// GEMM outputs (CheckpointKeep::GemmOutputs), in which case its forward stores the result and
+// its recompute hands the stored tensor back instead of calling compute(). linear() and
+// matmul() go through the same function.
+Tensor gemm_output(const std::function<Tensor()>& compute);
 
 }  // namespace brigade::fn

@@ -1,6 +1,7 @@
 // Vision layers; see ext_vision.h. Derivative rules live in autograd/ext_vision.cpp.
 #include "brigade/nn/ext_vision.h"
 
+#include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
 
 namespace brigade::nn {
@@ -30,8 +31,23 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum)
 
 Tensor BatchNorm2d::forward(const Tensor& x) const {
   const bool training = is_training();
-  if (training) num_batches_tracked.data<int64_t>()[0] += 1;
+  // once per real forward: not again when a checkpointed block re-runs it in the backward
+  if (training && !autograd::recomputing()) num_batches_tracked.data<int64_t>()[0] += 1;
+  if (training && sync) return fn::sync_batch_norm2d(x, weight, bias, running_mean, running_var, momentum, eps, sync);
   return fn::batch_norm2d(x, weight, bias, running_mean, running_var, training, momentum, eps);
+}
+
+int64_t set_batch_norm_sync(Module& root, const std::shared_ptr<const fn::BatchNormSync>& sync) {
+  int64_t n = 0;
+  auto set = [&](Module* m) {
+    if (auto* bn = dynamic_cast<BatchNorm2d*>(m)) {
+      bn->sync = sync;
+      ++n;
+    }
+  };
+  set(&root);
+  for (auto& [name, m] : root.named_modules()) set(m);
+  return n;
 }
 
 NamedTensors BatchNorm2d::named_buffers(const std::string& prefix) const {

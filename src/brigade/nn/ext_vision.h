@@ -31,7 +31,11 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t channels, double eps = 1e-5, double momentum = 0.1);
   // Training mode (is_training()): batch statistics, buffers updated and
-  // num_batches_tracked incremented; eval: running statistics.
+  // num_batches_tracked incremented; eval: running statistics. Under activation recompute
+  // (a checkpointed block re-run in the backward, autograd::recomputing()) the buffers are
+  // not touched: they move exactly once per real forward.
+  // With `sync` set, training mode takes its batch statistics over the reducer's whole group
+  // (fn::sync_batch_norm2d: torch.nn.SyncBatchNorm); eval mode is unchanged.
   Tensor forward(const Tensor& x) const;  // (N, C, H, W) -> (N, C, H, W)
   // running_mean (C) f32, running_var (C) f32, num_batches_tracked 0-d i64 (torch's names).
   NamedTensors named_buffers(const std::string& prefix = "") const;
@@ -39,10 +43,17 @@ class BatchNorm2d : public Module {
   double eps, momentum;
   Tensor weight, bias;
   Tensor running_mean, running_var, num_batches_tracked;
+  // Set by a plan (data parallelism's synchronised batch norm, parallel/sync_batch_norm.h);
+  // null: this rank's rows only, the single-device layer.
+  std::shared_ptr<const fn::BatchNormSync> sync;
 
  protected:
   void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
+
+// Sets `sync` on every BatchNorm2d at or below `root` (null: back to per-rank statistics);
+// returns how many layers it set. For plans: nn knows the reducer only as an interface.
+int64_t set_batch_norm_sync(Module& root, const std::shared_ptr<const fn::BatchNormSync>& sync);
 
 class MaxPool2d : public Module {
  public:

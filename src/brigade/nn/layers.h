@@ -121,7 +121,7 @@ class MLP : public Module {
 // models::plan_recompute and docs/memory.md):
 //   None       the backward reads what the forward saved;
 //   Full       the block keeps only its input; the backward re-runs the whole block;
-//   Selective  the block keeps its input and the outputs of its GEMMs (linear, matmul);
+//   Selective  the block keeps its input and the outputs of its GEMMs (linear, matmul, conv2d);
 //              the backward re-runs the cheap parts: norms, the attention core,
 //              activations, dropout, adds.
 enum class Recompute : uint8_t { None, Full, Selective };

@@ -1,8 +1,9 @@
 // Vision ops: front-end checks, the widened 16-bit path, and the cpu backend (see
 // ext_vision.h). Convolutions run oneDNN's convolution_forward / _backward_data /
 // _backward_weights primitives on plain NCHW / OIHW memory (no layout reorders), created
-// once per (shape, stride, padding, bias) and cached under a mutex; the ref backend runs the
-// scalar oracle in ext_vision.h. Batch norm runs one channel per OpenMP iteration, pooling
+// once per (shape, stride, padding, bias, element type) and cached under a mutex; bf16
+// convolutions run oneDNN's bf16 primitives where it has a non-reference kernel (f32
+// accumulation); the ref backend runs the scalar oracle in ext_vision.h. Batch norm runs one channel per OpenMP iteration, pooling
 // one (H, W) plane per iteration, both with the oracle's own per-element code (double
 // accumulators, fixed order), so cpu and ref agree closely and the cpu results do not
 // depend on the thread count.
@@ -76,28 +77,37 @@ std::unordered_map<std::string, ConvPrims>& conv_cache() {
   return c;
 }
 
+// Memory descriptors of one geometry. `t` is the element type of the activations and weights
+// (src, wei, dst and their diffs): f32, or bf16 for the native 16-bit path. The bias, its
+// gradient and the weight gradient (gwei) are always f32: the 16-bit path rounds gw / gb once
+// afterwards (ops::cast), as the contract says.
 struct ConvMds {
-  memory::desc src, wei, bias, dst;
+  memory::desc src, wei, bias, dst, gwei;
   memory::dims strides, pad;
 };
-ConvMds conv_mds(const vr::ConvGeom& g) {
+ConvMds conv_mds(const vr::ConvGeom& g, memory::data_type t = memory::data_type::f32) {
   ConvMds m;
-  m.src = memory::desc({g.N, g.C, g.H, g.W}, memory::data_type::f32, memory::format_tag::nchw);
-  m.wei = memory::desc({g.O, g.C, g.KH, g.KW}, memory::data_type::f32, memory::format_tag::oihw);
+  m.src = memory::desc({g.N, g.C, g.H, g.W}, t, memory::format_tag::nchw);
+  m.wei = memory::desc({g.O, g.C, g.KH, g.KW}, t, memory::format_tag::oihw);
   m.bias = memory::desc({g.O}, memory::data_type::f32, memory::format_tag::x);
-  m.dst = memory::desc({g.N, g.O, g.OH, g.OW}, memory::data_type::f32, memory::format_tag::nchw);
+  m.dst = memory::desc({g.N, g.O, g.OH, g.OW}, t, memory::format_tag::nchw);
+  m.gwei = memory::desc({g.O, g.C, g.KH, g.KW}, memory::data_type::f32, memory::format_tag::oihw);
   m.strides = {g.stride, g.stride};
   m.pad = {g.pad, g.pad};
   return m;
 }
 
-// The cached primitives of one geometry (with bias in the forward and weight backward when
-// `bias`); the backward primitives are created on first use. Caller holds g_conv_mu.
-ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, bool want_bwd_w) {
-  const std::string key = fmt::format("{},{},{},{},{},{},{},{},{},{}", g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.stride,
-                                      g.pad, bias ? 1 : 0);
+std::string g_last_conv_impl;  // guarded by g_conv_mu
+
+// The cached primitives of one geometry and element type (with bias in the forward and weight
+// backward when `bias`); the backward primitives are created on first use. Caller holds
+// g_conv_mu.
+ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, bool want_bwd_w,
+                             memory::data_type t = memory::data_type::f32) {
+  const std::string key = fmt::format("{},{},{},{},{},{},{},{},{},{},{}", g.N, g.C, g.H, g.W, g.O, g.KH, g.KW,
+                                      g.stride, g.pad, bias ? 1 : 0, int(t));
   auto it = conv_cache().find(key);
-  const ConvMds m = conv_mds(g);
+  const ConvMds m = conv_mds(g, t);
   if (it == conv_cache().end()) {
     ConvPrims p;
     auto d = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
@@ -118,9 +128,9 @@ ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, 
     p.have_bwd_d = true;
   }
   if (want_bwd_w && !p.have_bwd_w) {
-    auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.wei,
+    auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei,
                                                              m.bias, m.dst, m.strides, m.pad, m.pad)
-                  : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.wei,
+                  : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei,
                                                              m.dst, m.strides, m.pad, m.pad);
     p.bwd_w =
         dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(d, engine(), p.fwd_pd));
@@ -129,15 +139,19 @@ ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, 
   return p;
 }
 
-memory mem(const memory::desc& d, const float* p) { return memory(d, engine(), const_cast<float*>(p)); }
+memory mem(const memory::desc& d, const void* p) { return memory(d, engine(), const_cast<void*>(p)); }
 
-void cpu_conv2d(const vr::ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
+// x, w, y hold elements of type t (f32 or bf16); b is f32 or null.
+void cpu_conv2d(const vr::ConvGeom& g, const void* x, const void* w, const float* b, void* y,
+                memory::data_type t = memory::data_type::f32) {
   dnnl::convolution_forward prim;
   {
     std::lock_guard<std::mutex> lock(g_conv_mu);
-    prim = conv_prims_locked(g, b != nullptr, false, false).fwd;
+    ConvPrims& p = conv_prims_locked(g, b != nullptr, false, false, t);
+    prim = p.fwd;
+    g_last_conv_impl = fmt::format("{} {}", p.fwd_pd.impl_info_str(), t == memory::data_type::bf16 ? "bf16" : "f32");
   }
-  const ConvMds m = conv_mds(g);
+  const ConvMds m = conv_mds(g, t);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_WEIGHTS, mem(m.wei, w)},
                                        {DNNL_ARG_DST, mem(m.dst, y)}};
   if (b) args.emplace(DNNL_ARG_BIAS, mem(m.bias, b));
@@ -146,8 +160,9 @@ void cpu_conv2d(const vr::ConvGeom& g, const float* x, const float* w, const flo
   s.wait();
 }
 
-void cpu_conv2d_backward(const vr::ConvGeom& g, const float* gy, const float* x, const float* w, float* gx,
-                         float* gw, float* gb) {
+// gy, x, w, gx hold elements of type t (f32 or bf16); gw and gb are f32 (either may be null).
+void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, const void* w, void* gx, float* gw,
+                         float* gb, memory::data_type t = memory::data_type::f32) {
   // The weight primitive computes gw and gb together; a gb without gw goes to scratch.
   std::vector<float> gw_scratch;
   if (gb && !gw) {
@@ -158,22 +173,54 @@ void cpu_conv2d_backward(const vr::ConvGeom& g, const float* gy, const float* x,
   dnnl::convolution_backward_weights bw;
   {
     std::lock_guard<std::mutex> lock(g_conv_mu);
-    ConvPrims& p = conv_prims_locked(g, gb != nullptr, gx != nullptr, gw != nullptr);
+    ConvPrims& p = conv_prims_locked(g, gb != nullptr, gx != nullptr, gw != nullptr, t);
     if (gx) bd = p.bwd_d;
     if (gw) bw = p.bwd_w;
   }
-  const ConvMds m = conv_mds(g);
+  const ConvMds m = conv_mds(g, t);
   dnnl::stream s(engine());
   if (gx)
     bd.execute(s, {{DNNL_ARG_DIFF_DST, mem(m.dst, gy)}, {DNNL_ARG_WEIGHTS, mem(m.wei, w)},
                    {DNNL_ARG_DIFF_SRC, mem(m.src, gx)}});
   if (gw) {
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
-                                         {DNNL_ARG_DIFF_WEIGHTS, mem(m.wei, gw)}};
+                                         {DNNL_ARG_DIFF_WEIGHTS, mem(m.gwei, gw)}};
     if (gb) args.emplace(DNNL_ARG_DIFF_BIAS, mem(m.bias, gb));
     bw.execute(s, args);
   }
   s.wait();
+}
+
+// oneDNN has a non-reference bf16 convolution (forward, backward data and weights) on this
+// CPU: probed once on a small 3x3 geometry (AVX512-BF16 or AMX machines have one; elsewhere
+// oneDNN would only offer its slow reference kernel, and the widened f32 path is used).
+bool bf16_conv_available() {
+  static std::once_flag once;
+  static bool avail = false;
+  std::call_once(once, [] {
+    try {
+      const vr::ConvGeom g{2, 8, 8, 8, 8, 3, 3, 1, 1, 8, 8};
+      const ConvMds m = conv_mds(g, memory::data_type::bf16);
+      dnnl::convolution_forward::primitive_desc f(
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                          m.src, m.wei, m.dst, m.strides, m.pad, m.pad),
+          engine());
+      dnnl::convolution_backward_data::primitive_desc d(
+          dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst, m.strides,
+                                                m.pad, m.pad),
+          engine(), f);
+      dnnl::convolution_backward_weights::primitive_desc w(
+          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei, m.dst,
+                                                   m.strides, m.pad, m.pad),
+          engine(), f);
+      avail = true;
+      for (const char* impl : {f.impl_info_str(), d.impl_info_str(), w.impl_info_str()})
+        avail = avail && std::string(impl).find("ref") == std::string::npos;
+    } catch (const dnnl::error&) {
+      avail = false;
+    }
+  });
+  return avail;
 }
 
 vr::ConvGeom conv_geom(const Tensor& x, const Tensor& w, int64_t stride, int64_t padding, const char* op) {
@@ -213,9 +260,23 @@ int64_t conv_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, const 
 
 // ---------------------------------------------------------------- conv2d
 
+bool conv2d_native_bf16() { return bf16_conv_available(); }
+
+std::string last_conv2d_impl() {
+  std::lock_guard<std::mutex> lock(g_conv_mu);
+  return g_last_conv_impl;
+}
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding) {
   const vr::ConvGeom g = conv_geom(x, w, stride, padding, "conv2d");
   if (bias.defined()) check_vec(bias, g.O, "conv2d", "bias");
+  if (on_cpu() && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 && bf16_conv_available()) {
+    // native: oneDNN's bf16 convolution, f32 accumulation, the output rounded once to bf16
+    const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(f32_of(bias));
+    Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, DType::BF16);  // (N, O, OH, OW)
+    cpu_conv2d(g, xc.raw_data(), wc.raw_data(), fptr(bc), y.raw_data(), memory::data_type::bf16);
+    return y;
+  }
   if (is_half(x) || is_half(w) || is_half(bias)) {
     const DType ot = x.dtype() == w.dtype() ? x.dtype() : DType::F32;
     return round_to(conv2d(f32_of(x), f32_of(w), f32_of(bias), stride, padding), ot);
@@ -236,6 +297,23 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
   BRIGADE_CHECK(gy.shape() == Shape({g.N, g.O, g.OH, g.OW}), ShapeError,
                 "conv2d_backward: gy must be the output's shape {}, got {}", shape_str({g.N, g.O, g.OH, g.OW}),
                 shape_str(gy.shape()));
+  if (on_cpu() && gy.dtype() == DType::BF16 && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 &&
+      bf16_conv_available()) {
+    // native: bf16 operands, f32 accumulation; gx written in bf16 by oneDNN, gw and gb
+    // computed in f32 and rounded once to bf16
+    const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous();
+    Conv2dGrads r;
+    Tensor gw32, gb32;
+    if (need_gx) r.gx = Tensor::empty(x.shape(), DType::BF16);  // (N, C, H, W)
+    if (need_gw) gw32 = Tensor::empty(w.shape());               // (O, C, KH, KW) f32
+    if (need_gb) gb32 = Tensor::empty({g.O});                   // (O) f32
+    if (!need_gx && !need_gw && !need_gb) return r;
+    cpu_conv2d_backward(g, gyc.raw_data(), xc.raw_data(), wc.raw_data(), need_gx ? r.gx.raw_data() : nullptr,
+                        fptr_mut(gw32), fptr_mut(gb32), memory::data_type::bf16);
+    r.gw = round_to(gw32, DType::BF16);
+    r.gb = round_to(gb32, DType::BF16);
+    return r;
+  }
   if (is_half(gy) || is_half(x) || is_half(w)) {
     Conv2dGrads r = conv2d_backward(f32_of(gy), f32_of(x), f32_of(w), stride, padding, need_gx, need_gw, need_gb);
     r.gx = round_to(r.gx, x.dtype());
@@ -460,6 +538,158 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
     vr::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
   }
   return r;
+}
+
+// ---------------------------------------------------------------- synchronised batch norm pieces
+
+namespace {
+
+// Double sums of a row in 8 lanes (fixed order: lane l takes i = l mod 8, then the lanes in
+// order, then the tail), so the cpu loop vectorises and stays reproducible.
+inline void row_sums_d(const float* x, int64_t n, double& s1, double& s2) {
+  double a[8] = {0}, b[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+#pragma omp simd
+    for (int l = 0; l < 8; ++l) {
+      const double v = double(x[i + l]);
+      a[l] += v;
+      b[l] += v * v;
+    }
+  double p = 0, q = 0;
+  for (int l = 0; l < 8; ++l) p += a[l], q += b[l];
+  for (; i < n; ++i) p += double(x[i]), q += double(x[i]) * double(x[i]);
+  s1 += p, s2 += q;
+}
+// sum gy and sum gy (x - m) of a row, in double lanes as above.
+inline void row_grad_sums_d(const float* gy, const float* x, int64_t n, double m, double& s1, double& s2) {
+  double a[8] = {0}, b[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+#pragma omp simd
+    for (int l = 0; l < 8; ++l) {
+      const double g = double(gy[i + l]);
+      a[l] += g;
+      b[l] += g * (double(x[i + l]) - m);
+    }
+  double p = 0, q = 0;
+  for (int l = 0; l < 8; ++l) p += a[l], q += b[l];
+  for (; i < n; ++i) p += double(gy[i]), q += double(gy[i]) * (double(x[i]) - m);
+  s1 += p, s2 += q;
+}
+
+void check_bn_stats(const Tensor& x, const Tensor& mean, const Tensor& rstd, const char* op) {
+  check_nchw(x, op, "x");
+  check_vec(mean, x.size(1), op, "mean");
+  check_vec(rstd, x.size(1), op, "rstd");
+}
+
+}  // namespace
+
+ChannelSums batch_norm2d_sums(const Tensor& x0) {
+  check_nchw(x0, "batch_norm2d_sums", "x");
+  const Tensor x = f32_of(x0).contiguous();
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  ChannelSums r{std::vector<double>(static_cast<size_t>(C)), std::vector<double>(static_cast<size_t>(C))};
+  const float* xp = x.data<float>();
+  double *s1 = r.s1.data(), *s2 = r.s2.data();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      double a = 0, b = 0;
+      for (int64_t n = 0; n < N; ++n) row_sums_d(xp + (n * C + c) * HW, HW, a, b);
+      s1[c] = a, s2[c] = b;
+    }
+  } else {
+    vr::batch_norm2d_sums<float>(N, C, HW, 0, C, xp, s1, s2);
+  }
+  return r;
+}
+
+ChannelSums batch_norm2d_grad_sums(const Tensor& gy0, const Tensor& x0, const Tensor& mean0, const Tensor& rstd0) {
+  const char* op = "batch_norm2d_grad_sums";
+  check_bn_stats(x0, mean0, rstd0, op);
+  check_nchw(gy0, op, "gy");
+  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op,
+                shape_str(gy0.shape()), shape_str(x0.shape()));
+  const Tensor gy = f32_of(gy0).contiguous(), x = f32_of(x0).contiguous(), mean = f32_of(mean0).contiguous(),
+               rstd = f32_of(rstd0).contiguous();
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  ChannelSums r{std::vector<double>(static_cast<size_t>(C)), std::vector<double>(static_cast<size_t>(C))};
+  const float *gp = gy.data<float>(), *xp = x.data<float>(), *mp = mean.data<float>(), *sp = rstd.data<float>();
+  double *s1 = r.s1.data(), *s2 = r.s2.data();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      double a = 0, b = 0;  // sum gy, sum gy (x - m)
+      for (int64_t n = 0; n < N; ++n) row_grad_sums_d(gp + (n * C + c) * HW, xp + (n * C + c) * HW, HW, mp[c], a, b);
+      s1[c] = a, s2[c] = b * double(sp[c]);
+    }
+  } else {
+    vr::batch_norm2d_grad_sums<float, float>(N, C, HW, 0, C, gp, xp, mp, sp, s1, s2);
+  }
+  return r;
+}
+
+Tensor batch_norm2d_backward_input(const Tensor& gy0, const Tensor& x0, const Tensor& w0, const Tensor& mean0,
+                                   const Tensor& rstd0, const ChannelSums& sums, double M) {
+  const char* op = "batch_norm2d_backward_input";
+  check_bn_stats(x0, mean0, rstd0, op);
+  check_nchw(gy0, op, "gy");
+  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op,
+                shape_str(gy0.shape()), shape_str(x0.shape()));
+  const int64_t N = x0.size(0), C = x0.size(1), HW = x0.size(2) * x0.size(3);
+  check_vec(w0, C, op, "w");
+  BRIGADE_CHECK(int64_t(sums.s1.size()) == C && int64_t(sums.s2.size()) == C, ShapeError,
+                "{}: the gradient sums must hold C = {} values each, got {} and {}", op, C, sums.s1.size(),
+                sums.s2.size());
+  BRIGADE_CHECK(M > 0, ValueError, "{}: the count M = {} must be positive", op, M);
+  const Tensor gy = f32_of(gy0).contiguous(), x = f32_of(x0).contiguous(), w = f32_of(w0).contiguous(),
+               mean = f32_of(mean0).contiguous(), rstd = f32_of(rstd0).contiguous();
+  Tensor gx = Tensor::empty(x.shape());  // (N, C, H, W)
+  const float *gp = gy.data<float>(), *xp = x.data<float>(), *wp = w.data<float>(), *mp = mean.data<float>(),
+              *sp = rstd.data<float>();
+  float* gxp = gx.data<float>();
+  const double *s1 = sums.s1.data(), *s2 = sums.s2.data();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
+    for (int64_t c = 0; c < C; ++c) {
+      // gx = w r (gy - s1/M - xhat s2/M) = k1 gy + k2 (x - m) + k3
+      const double r = double(sp[c]), wc = double(wp[c]);
+      const float m = mp[c];
+      const float k1 = float(wc * r), k2 = float(-wc * r * r * s2[c] / M), k3 = float(-wc * r * s1[c] / M);
+      for (int64_t n = 0; n < N; ++n) {
+        const float* g = gp + (n * C + c) * HW;
+        const float* xr = xp + (n * C + c) * HW;
+        float* o = gxp + (n * C + c) * HW;
+#pragma omp simd
+        for (int64_t i = 0; i < HW; ++i) o[i] = k1 * g[i] + k2 * (xr[i] - m) + k3;
+      }
+    }
+  } else {
+    vr::batch_norm2d_backward_input<float, float>(N, C, HW, 0, C, gp, xp, wp, mp, sp, s1, s2, M, gxp);
+  }
+  return round_to(gx, x0.dtype());
+}
+
+void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& running_var,
+                                 const std::vector<double>& mean, const std::vector<double>& var_unbiased,
+                                 double momentum) {
+  const char* op = "batch_norm2d_update_running";
+  const int64_t C = int64_t(mean.size());
+  BRIGADE_CHECK(int64_t(var_unbiased.size()) == C, ShapeError, "{}: {} means but {} variances", op, C,
+                var_unbiased.size());
+  for (const Tensor* r : {&running_mean, &running_var}) {
+    check_vec(*r, C, op, r == &running_mean ? "running_mean" : "running_var");
+    BRIGADE_CHECK(r->dtype() == DType::F32 && r->is_contiguous(), ValueError,
+                  "{}: running statistics must be contiguous f32 tensors, got {}", op, r->str());
+  }
+  BRIGADE_CHECK(momentum >= 0 && momentum <= 1, ValueError, "{}: momentum {} must be in [0, 1]", op, momentum);
+  float *rmp = running_mean.data<float>(), *rvp = running_var.data<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    rmp[c] = float((1 - momentum) * double(rmp[c]) + momentum * mean[size_t(c)]);
+    rvp[c] = float((1 - momentum) * double(rvp[c]) + momentum * var_unbiased[size_t(c)]);
+  }
 }
 
 // ---------------------------------------------------------------- pooling

@@ -16,13 +16,21 @@
 //   batch_norm2d: y x's, mean and rstd always f32; running stats are f32 and updated in
 //   place. batch_norm2d_backward: gx x's, gw gb w's.
 //   max_pool2d: y x's, idx i64. avg_pool2d, relu: x's. Their backwards: gy's dtype.
-// There is no native 16-bit path: every 16-bit call takes the widened path (which is what
-// the native path would have to equal bitwise anyway).
+// Native 16-bit path: on the cpu backend, conv2d and conv2d_backward with x, w (and gy) all
+// bf16 run oneDNN's bf16 convolution primitives (AVX512-BF16 / AMX; f32 accumulation, like
+// the bf16 GEMMs of ops.h): y and gx are rounded once to bf16 by oneDNN, gw and gb computed in
+// f32 and rounded once; a bias is used in f32. This agrees with the widened definition within
+// one bf16 rounding but is not bitwise it (oneDNN's accumulation order differs from its f32
+// kernel's). Where oneDNN has no such kernel (conv2d_native_bf16() false), and for f16 and
+// mixed dtypes, conv2d widens. Every other op here widens (that is what a native path would
+// have to equal bitwise anyway); the ref backend always widens.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "brigade/core/tensor.h"
 
@@ -35,6 +43,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
 struct Conv2dGrads { Tensor gx, gw, gb; };  // each undefined when not asked for
 Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, int64_t stride, int64_t padding,
                             bool need_gx = true, bool need_gw = true, bool need_gb = true);
+// Whether bf16 convolutions on the cpu backend take oneDNN's bf16 primitives (probed once),
+// and, for tests, "<oneDNN implementation> <f32|bf16>" of the latest cpu conv2d forward.
+bool conv2d_native_bf16();
+std::string last_conv2d_impl();
 
 // ---------------- batch norm over (N, H, W) per channel (torch.nn.functional.batch_norm)
 // x (N, C, H, W), w b (C) (b may be undefined: no shift). Training: normalises with the
@@ -51,6 +63,33 @@ BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, con
 struct BatchNormGrads { Tensor gx, gw, gb; };
 BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                      const Tensor& rstd, bool training);
+
+// ---------------- the pieces of synchronised batch norm (statistics over a process group)
+// fn::sync_batch_norm2d computes per-channel sums locally, sums them over the group (a
+// BatchNormSync reducer), normalises with batch_norm2d in eval form (the global mean and
+// biased variance given as the "running" statistics) and updates the running statistics
+// with the global unbiased variance; its backward sums the gradient sums over the group the
+// same way. Every sum accumulates in double, in a fixed order per channel (reproducible for
+// any thread count); 16-bit inputs are widened exactly.
+struct ChannelSums {
+  std::vector<double> s1, s2;  // (C) each
+};
+// x (N, C, H, W): s1[c] = sum x, s2[c] = sum x^2 over (N, H, W).
+ChannelSums batch_norm2d_sums(const Tensor& x);
+// gy, x (N, C, H, W), mean, rstd (C): s1[c] = sum gy, s2[c] = sum gy xhat with xhat = (x - mean) rstd.
+// (The local gw is s2 and gb is s1.)
+ChannelSums batch_norm2d_grad_sums(const Tensor& gy, const Tensor& x, const Tensor& mean, const Tensor& rstd);
+// The input gradient of a training batch norm whose statistics came from M values per channel
+// (the whole group's batch) and whose gradient sums are `sums` (batch_norm2d_grad_sums summed
+// over the group): gx = w rstd (gy - s1 / M - xhat s2 / M), in x's dtype. With this rank's own
+// sums and M = N H W it is batch_norm2d_backward's gx.
+Tensor batch_norm2d_backward_input(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                   const Tensor& rstd, const ChannelSums& sums, double M);
+// running = (1 - momentum) running + momentum stat, per channel (torch's rule), for f32 (C)
+// running_mean / running_var given the batch mean and the unbiased batch variance.
+void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& running_var,
+                                 const std::vector<double>& mean, const std::vector<double>& var_unbiased,
+                                 double momentum);
 
 // ---------------- pooling (ceil_mode false, dilation 1; padding <= kernel / 2 as torch)
 // max_pool2d: y (N, C, OH, OW), idx (N, C, OH, OW) i64 = h * W + w of the first maximum
@@ -217,6 +256,55 @@ void batch_norm2d_backward(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t
         const int64_t k = (n * C + c) * HW + i;
         const double xh = (double(x[k]) - m) * r;
         gx[k] = training ? T(wc * r * (double(gy[k]) - sg / M - xh * sgx / M)) : T(double(gy[k]) * wc * r);
+      }
+  }
+}
+
+// Channels [c0, c1) of the synchronised batch norm's sums (see ops::batch_norm2d_sums and
+// batch_norm2d_grad_sums), in double, n then hw order.
+template <typename T>
+void batch_norm2d_sums(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* x, double* s1,
+                       double* s2) {
+  for (int64_t c = c0; c < c1; ++c) {
+    double a = 0, b = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) {
+        const double v = double(x[(n * C + c) * HW + i]);
+        a += v;
+        b += v * v;
+      }
+    s1[c] = a;
+    s2[c] = b;
+  }
+}
+template <typename T, typename S>
+void batch_norm2d_grad_sums(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* gy, const T* x,
+                            const S* mean, const S* rstd, double* s1, double* s2) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const double m = double(mean[c]), r = double(rstd[c]);
+    double a = 0, b = 0;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) {
+        const int64_t k = (n * C + c) * HW + i;
+        a += double(gy[k]);
+        b += double(gy[k]) * (double(x[k]) - m) * r;
+      }
+    s1[c] = a;
+    s2[c] = b;
+  }
+}
+// gx = w r (gy - s1 / M - xhat s2 / M)
+template <typename T, typename S>
+void batch_norm2d_backward_input(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* gy, const T* x,
+                                 const T* w, const S* mean, const S* rstd, const double* s1, const double* s2,
+                                 double M, T* gx) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const double m = double(mean[c]), r = double(rstd[c]), wc = double(w[c]);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < HW; ++i) {
+        const int64_t k = (n * C + c) * HW + i;
+        const double xh = (double(x[k]) - m) * r;
+        gx[k] = T(wc * r * (double(gy[k]) - s1[c] / M - xh * s2[c] / M));
       }
   }
 }

@@ -32,6 +32,10 @@ Downsample::Downsample(int64_t in, int64_t out, int64_t stride, double eps, doub
 }
 Tensor Downsample::forward(const Tensor& x) const { return bn->forward(conv->forward(x)); }
 
+Tensor ResBlock::forward(const Tensor& x) const {
+  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); });  // no dropout: nothing to replay
+}
+
 BasicBlock::BasicBlock(int64_t in, int64_t planes, int64_t stride, const ResNetConfig& c) {
   conv1 = register_module("conv1", std::make_shared<nn::Conv2d>(in, planes, 3, stride, 1));
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes, c.bn_eps, c.bn_momentum));
@@ -41,7 +45,7 @@ BasicBlock::BasicBlock(int64_t in, int64_t planes, int64_t stride, const ResNetC
     downsample = register_module("downsample",
                                  std::make_shared<Downsample>(in, planes * kExpansion, stride, c.bn_eps, c.bn_momentum));
 }
-Tensor BasicBlock::forward(const Tensor& x) const {
+Tensor BasicBlock::body(const Tensor& x) const {
   Tensor out = F::relu(bn1->forward(conv1->forward(x)));      // (N, planes, H', W')
   out = bn2->forward(conv2->forward(out));                    // (N, planes, H', W')
   const Tensor identity = downsample ? downsample->forward(x) : x;
@@ -59,7 +63,7 @@ Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride, const ResNetC
     downsample = register_module("downsample",
                                  std::make_shared<Downsample>(in, planes * kExpansion, stride, c.bn_eps, c.bn_momentum));
 }
-Tensor Bottleneck::forward(const Tensor& x) const {
+Tensor Bottleneck::body(const Tensor& x) const {
   Tensor out = F::relu(bn1->forward(conv1->forward(x)));      // (N, planes, H, W)
   out = F::relu(bn2->forward(conv2->forward(out)));           // (N, planes, H', W')
   out = bn3->forward(conv3->forward(out));                    // (N, 4 planes, H', W')

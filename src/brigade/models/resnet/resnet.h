@@ -13,6 +13,10 @@
 // (torch first runs every layer's own reset and then overwrites the convs), which the
 // parity test does not need since it loads fixture weights.
 // Training vs eval: Module::train(bool) reaches every BatchNorm2d.
+// Plans from outside: the residual blocks (layer{k}.{j}) are nn::Blocks, so nn::find_blocks
+// lists them ("layer1.0" ... "layer4.1" for ResNet-18) and a plan sets their `recompute` or
+// forward hooks without this file knowing. BatchNorm under recompute updates its running
+// statistics once per real forward (see nn::BatchNorm2d).
 #pragma once
 #include <memory>
 #include <string>
@@ -37,10 +41,15 @@ struct ResNetConfig {
 ResNetConfig resnet18_config(int64_t num_classes = 10, int64_t in_channels = 1, bool small_input = true);
 ResNetConfig resnet50_config(int64_t num_classes = 10, int64_t in_channels = 1, bool small_input = true);
 
-// A residual block: BasicBlock or Bottleneck.
-class ResBlock : public nn::Module {
+// A residual block: BasicBlock or Bottleneck. An nn::Block: forward runs the plans' hooks and
+// the body directly or through fn::checkpoint (Block::run); the body draws no random numbers.
+class ResBlock : public nn::Block {
  public:
-  virtual Tensor forward(const Tensor& x) const = 0;  // (N, in, H, W) -> (N, out, H / s, W / s)
+  // (N, in, H, W) -> (N, out, H / s, W / s), through Block::run
+  Tensor forward(const Tensor& x) const;
+
+ protected:
+  virtual Tensor body(const Tensor& x) const = 0;
 };
 
 // downsample.0 (1x1 conv with the block's stride) and downsample.1 (BatchNorm2d).
@@ -56,20 +65,24 @@ class BasicBlock : public ResBlock {
  public:
   static constexpr int64_t kExpansion = 1;
   BasicBlock(int64_t in, int64_t planes, int64_t stride, const ResNetConfig& c);
-  Tensor forward(const Tensor& x) const override;
   std::shared_ptr<nn::Conv2d> conv1, conv2;
   std::shared_ptr<nn::BatchNorm2d> bn1, bn2;
   std::shared_ptr<Downsample> downsample;  // null when the shapes already match
+
+ protected:
+  Tensor body(const Tensor& x) const override;
 };
 
 class Bottleneck : public ResBlock {
  public:
   static constexpr int64_t kExpansion = 4;
   Bottleneck(int64_t in, int64_t planes, int64_t stride, const ResNetConfig& c);
-  Tensor forward(const Tensor& x) const override;
   std::shared_ptr<nn::Conv2d> conv1, conv2, conv3;
   std::shared_ptr<nn::BatchNorm2d> bn1, bn2, bn3;
   std::shared_ptr<Downsample> downsample;
+
+ protected:
+  Tensor body(const Tensor& x) const override;
 };
 
 class ResNet : public nn::Module {
