@@ -305,12 +305,14 @@ std::string error_of(F&& f) {
 }
 
 TEST_F(BertTrain, BadInputsGiveClearErrors) {
-  // vocabulary of the recipe differs from the prepared data's
-  train::Recipe r = recipe(root_ / "data", root_ / "bad", 5);
+  // a recipe whose vocabulary differs from the prepared data's: the data is prepared again for it
+  // (data::ensure_prepared), never trained on with the wrong vocabulary
+  fs::copy(root_ / "data", root_ / "data-256", fs::copy_options::recursive);
+  train::Recipe r = recipe(root_ / "data-256", root_ / "bad", 5);
   r.model.vocab_size = 256;
-  std::string e = error_of<ConfigError>([&] { train::train(r, quiet()); });
-  EXPECT_NE(e.find("vocab 128"), std::string::npos) << e;
-  EXPECT_NE(e.find("model.vocab_size"), std::string::npos) << e;
+  EXPECT_EQ(train::train(r, quiet()).steps, 5);
+  EXPECT_EQ(data::TokenDataset((root_ / "data-256" / data::kTrainFile).string()).vocab_size(), 256);
+  std::string e;
   // --resume without a checkpoint
   train::TrainOptions o = quiet();
   o.resume = true;

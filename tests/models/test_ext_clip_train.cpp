@@ -193,7 +193,7 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
   std::vector<nlohmann::json> evals;
   for (const auto& j : m) {
     if (j.contains("loss")) {
-      EXPECT_TRUE(j.contains("lr") && j.contains("images_per_s") && j.contains("logit_scale")) << j.dump();
+      EXPECT_TRUE(j.contains("lr") && j.contains("pairs_per_s") && j.contains("logit_scale")) << j.dump();
       losses.push_back(j["loss"]);
     }
     if (j.contains("zero_shot_accuracy")) evals.push_back(j);

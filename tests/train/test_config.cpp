@@ -209,8 +209,8 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
   // 86 + model.{depths,window_size,mlp_ratio} (swin), model.{text_layers,text_heads,text_width,projection_dim}
-  // (clip), data.mlm_probability (bert)
-  EXPECT_EQ(recipe_keys().size(), 94u);
+  // (clip), data.mlm_probability (bert), parallel.sync_batchnorm
+  EXPECT_EQ(recipe_keys().size(), 95u);
 }
 
 namespace {
@@ -244,7 +244,9 @@ TEST(Recipe, VisionKeysAreValidated) {
   // a vision model with a text corpus, and image data with a language model
   EXPECT_NE(parse_error(base, {"model.type=vit"}).find("data.corpus = \"fashion-mnist\""), std::string::npos)
       << parse_error(base, {"model.type=vit"});
-  EXPECT_NE(parse_error(base, fm).find("is a language model"), std::string::npos) << parse_error(base, fm);
+  EXPECT_NE(parse_error(base, fm).find("trains on text; use an image model (vit, resnet18, resnet50, swin, clip)"),
+            std::string::npos)
+      << parse_error(base, fm);
   EXPECT_NE(parse_error(base, {"data.augment=true"}).find("data.augment"), std::string::npos);
   // the type name
   EXPECT_NE(parse_error(base, {"model.type=resnet19"}).find("did you mean 'resnet18'"), std::string::npos)
@@ -259,13 +261,25 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(with({"model.type=vit", "model.n_embd=30", "model.n_head=4"}).find("not divisible"), std::string::npos);
   EXPECT_NE(with({"model.type=resnet18", "model.width=0"}).find("model.width"), std::string::npos);
   EXPECT_NE(with({"model.type=resnet18", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
-  // what the classifiers do not support
-  EXPECT_NE(with({"model.type=vit", "train.accumulation=2"}).find("one batch per step"), std::string::npos);
-  EXPECT_NE(with({"model.type=vit", "parallel.tp=2"}).find("one process"), std::string::npos);
-  EXPECT_NE(with({"model.type=vit", "memory.recompute=full"}).find("memory.recompute"), std::string::npos);
-  EXPECT_NE(with({"model.type=resnet18", "precision.level=O1"}).find("fp32 only"), std::string::npos);
-  // vision keys on a language model
-  EXPECT_NE(parse_error(base, {"model.patch_size=4"}).find("apply to the image models"), std::string::npos);
+  // what the model registry's rows say a model cannot do: one generic message naming the model,
+  // the feature and the models that have it
+  const std::string tp = with({"model.type=vit", "parallel.tp=2"});
+  EXPECT_NE(tp.find("model.type = \"vit\" has no tensor-parallel plan; tensor parallelism is built for gpt"),
+            std::string::npos)
+      << tp;
+  EXPECT_NE(with({"model.type=resnet18", "memory.recompute=budget", "memory.budget_mb=10"}).find("activation estimate"),
+            std::string::npos);
+  EXPECT_NE(parse_error(base, {"parallel.sync_batchnorm=true"}).find("no BatchNorm (models with BatchNorm: resnet18, "
+                                                                      "resnet50)"),
+            std::string::npos);
+  // and what every model now composes with: accumulation, recompute, precision, data parallelism
+  EXPECT_EQ(with({"model.type=vit", "train.accumulation=2", "memory.recompute=full", "parallel.zero=3"}), "");
+  EXPECT_EQ(with({"model.type=resnet18", "precision.level=O2", "parallel.dp=2", "parallel.sync_batchnorm=true"}), "");
+  // keys a model does not read are refused by name, naming the models that read them
+  const std::string patch = parse_error(base, {"model.patch_size=4"});
+  EXPECT_NE(patch.find("model.patch_size = 4 applies to model.type = \"vit\", \"swin\", \"clip\", not \"gpt\""),
+            std::string::npos)
+      << patch;
   // swin, clip and bert keys
   EXPECT_EQ(with({"model.type=swin", "model.patch_size=2", "model.depths=2,2", "model.window_size=7"}), "");
   EXPECT_EQ(with({"model.type=swin", "model.patch_size=2", "model.depths=2,6", "model.window_size=14"}), "");
@@ -279,18 +293,19 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(odd_grid.find("patch merging cannot halve"), std::string::npos) << odd_grid;
   EXPECT_NE(with({"model.type=swin", "model.patch_size=2", "model.depths=0,2"}).find("at least 1"),
             std::string::npos);
-  EXPECT_NE(with({"model.type=vit", "model.window_size=5"}).find("apply to model.type = \"swin\""),
+  EXPECT_NE(with({"model.type=vit", "model.window_size=5"}).find("applies to model.type = \"swin\""),
             std::string::npos);
-  EXPECT_NE(with({"model.type=vit", "model.text_width=32"}).find("apply to model.type = \"clip\""),
+  EXPECT_NE(with({"model.type=vit", "model.text_width=32"}).find("applies to model.type = \"clip\""),
             std::string::npos);
   EXPECT_NE(with({"model.type=clip", "model.text_width=30", "model.text_heads=4"}).find("not divisible"),
             std::string::npos);
-  EXPECT_NE(with({"model.type=swin", "model.width=16"}).find("applies to the ResNets"), std::string::npos);
+  EXPECT_NE(with({"model.type=swin", "model.width=16"}).find("applies to model.type = \"resnet18\", \"resnet50\""),
+            std::string::npos);
   EXPECT_NE(parse_error(base, {"data.mlm_probability=0.2"}).find("applies to model.type = \"bert\""),
             std::string::npos);
   EXPECT_NE(parse_error(base, {"model.type=bert", "data.mlm_probability=1"}).find("must be in (0, 1)"),
             std::string::npos);
-  EXPECT_NE(parse_error(base, {"model.type=bert", "parallel.dp=2"}).find("one process"), std::string::npos);
+  EXPECT_EQ(parse_error(base, {"model.type=bert", "parallel.dp=2"}), "");
   // every message is one line
   for (const std::string& m : {with({"model.type=vit", "model.patch_size=5"}), parse_error(base, {"model.type=vit"})})
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
@@ -317,7 +332,7 @@ TEST(Recipe, ParallelKeysAreValidated) {
   EXPECT_NE(parse_error(base, {"model.type=llama", "model.n_kv_head=3"}).find("must divide model.n_head"),
             std::string::npos);
   EXPECT_NE(parse_error(base, {"model.type=llama", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
-  EXPECT_NE(parse_error(base, {"model.type=llama", "parallel.tp=2"}).find("built for model.type"),
+  EXPECT_NE(parse_error(base, {"model.type=llama", "parallel.tp=2"}).find("tensor parallelism is built for"),
             std::string::npos);
   EXPECT_EQ(parse_error(base, {"model.type=llama", "model.n_kv_head=2"}), "");
   // model parallelism

@@ -66,19 +66,16 @@ int cmd_train(const std::string& recipe_path, const std::vector<std::string>& se
 
 int cmd_generate(const std::string& ckpt, const std::string& prompt, const train::SampleOptions& so, int threads) {
   if (threads > 0) omp_set_num_threads(threads);
-  BRIGADE_CHECK(fs::is_directory(ckpt) || fs::is_directory(ckpt + ".old"), CheckpointError,
-                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
-                "runs/gpt-kjv/checkpoint)",
-                ckpt);
-  train::Recipe r = train::checkpoint_recipe(ckpt);
+  const std::string dir = train::open_checkpoint(ckpt);  // repairs a save interrupted between its renames
+  train::Recipe r = train::checkpoint_recipe(dir);
   BRIGADE_CHECK(train::model_entry(r.model.type).caps.sample, ConfigError,
                 "--ckpt {}: a model.type = \"{}\" checkpoint does not generate text; `brigade generate` samples from "
                 "{}; evaluate this one with `brigade eval --ckpt {}`",
                 ckpt, r.model.type, train::model_types_with(&train::Capabilities::sample), ckpt);
   const std::unique_ptr<models::CausalLM> model = train::make_causal_lm(r.model);
-  train::load_model_weights((fs::path(ckpt) / "model.safetensors").string(), *model);
+  train::load_model_weights((fs::path(dir) / "model.safetensors").string(), *model);
   model->train(false);
-  data::Tokenizer tok = data::Tokenizer::load((fs::path(ckpt) / "tokenizer.model").string());
+  data::Tokenizer tok = data::Tokenizer::load((fs::path(dir) / "tokenizer.model").string());
   fmt::print("{}\n", train::generate_text(*model, tok, prompt, so));
   return 0;
 }

@@ -133,6 +133,10 @@ class DataParallel {
   // The reverse: fills the optimizer's per-view state from flat shard tensors.
   void load_shard_state(const std::map<std::string, Tensor>& flat, const nn::NamedTensors& state) const;
 
+  // The queue the gradient buckets are communicated on, for other collectives of the backward
+  // that must run in order with them (synchronised batch norm).
+  CommQueue* comm_queue() const { return queue_.get(); }
+
   // ---- measurements (since the last reset)
   double comm_wait_seconds() const { return queue_->wait_seconds() + direct_s_; }
   int64_t bytes_sent() const { return pg_->bytes_sent(); }

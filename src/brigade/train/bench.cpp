@@ -42,7 +42,7 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
   parallel::DataParallelOptions dpo;
   dpo.accumulation = A;
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
-  parallel::DataParallel dp(model_units(task->model()), world, dpo);
+  parallel::DataParallel dp(task->units(dpo.zero), world, dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   const amp::Policy policy = precision_policy(r.precision);
   amp::LossScaler scaler(loss_scaler_options(r.precision));

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -217,7 +219,10 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
   const nn::NamedTensors opt_state = opt ? opt->state_tensors() : nn::NamedTensors{};
   nlohmann::json js{{"version", kStateVersion},        {"step", state.step},
                     {"tokens_seen", state.tokens_seen}, {"rng_state", state.rng_state},
-                    {"last_val_loss", state.last_val_loss}, {"accumulation", state.accumulation_state},
+                    // null before the first evaluation (never a sentinel number)
+                    {"last_val_loss", std::isfinite(state.last_val_loss) ? nlohmann::json(state.last_val_loss)
+                                                                         : nlohmann::json(nullptr)},
+                    {"accumulation", state.accumulation_state},
                     {"loss_scaler", state.scaler_state}, {"optimizer_steps", state.optimizer_steps}};
   if (state.early_stop.best_step > 0)
     js["early_stop"] = {{"best_step", state.early_stop.best_step},
@@ -410,7 +415,9 @@ TrainState checkpoint_state(const std::string& dir) {
     s.step = js.at("step").get<int64_t>();
     s.tokens_seen = js.at("tokens_seen").get<int64_t>();
     s.rng_state = js.at("rng_state").get<std::string>();
-    s.last_val_loss = js.at("last_val_loss").get<double>();
+    // null: no evaluation yet (older checkpoints wrote -1 for that)
+    const auto& lv = js.at("last_val_loss");
+    s.last_val_loss = lv.is_null() || lv.get<double>() < 0 ? std::numeric_limits<double>::quiet_NaN() : lv.get<double>();
     if (js.contains("early_stop")) {  // absent in older checkpoints and before the first evaluation
       const auto& es = js.at("early_stop");
       s.early_stop.best_step = es.at("best_step").get<int64_t>();

@@ -16,6 +16,7 @@
 // crosses N is cut at N).
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <functional>
 #include <map>
 #include <string>
@@ -32,7 +33,7 @@ struct TrainState {
   int64_t step = 0;             // optimizer steps completed
   int64_t tokens_seen = 0;
   std::string rng_state;        // model (dropout) generator
-  double last_val_loss = -1.0;
+  double last_val_loss = std::numeric_limits<double>::quiet_NaN();  // NaN (null in state.json): none yet
   EarlyStopState early_stop;    // train.early_stop: best so far and evaluations since (absent = none yet)
   std::string accumulation_state;  // adaptive accumulation (AccumulationPolicy::state); "" = none
   std::string scaler_state;     // loss scaler (amp::LossScaler::state); "" = none

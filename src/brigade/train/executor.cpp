@@ -35,7 +35,7 @@ class LocalExecutor : public StepExecutor {
  public:
   LocalExecutor(Task& task, std::shared_ptr<dist::ProcessGroup> world) : task_(task), world_(std::move(world)) {}
 
-  std::vector<parallel::ParamUnit> units() override { return model_units(task_.model()); }
+  std::vector<parallel::ParamUnit> units(int zero) override { return task_.units(zero); }
   std::shared_ptr<dist::ProcessGroup> dp_group() override { return world_; }
   Shard shard() override { return {world_->rank(), world_->size(), world_.get()}; }
 

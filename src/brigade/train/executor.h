@@ -23,7 +23,7 @@ class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
   // This rank's parameters, as data-parallel units (ZeRO-3 gathers each around its forward).
-  virtual std::vector<parallel::ParamUnit> units() = 0;
+  virtual std::vector<parallel::ParamUnit> units(int zero) = 0;
   // The group data parallelism reduces gradients over, and this process's replica in it.
   virtual std::shared_ptr<dist::ProcessGroup> dp_group() = 0;
   virtual Shard shard() = 0;

@@ -125,7 +125,7 @@ MemoryInputs measured_inputs(const Recipe& r) {
   const std::unique_ptr<Task> task = make_task(r);
   const std::vector<nn::Recompute> modes = apply_recompute(r, *task);
   for (nn::Recompute m : modes) in.recompute += models::recompute_name(m)[0];
-  for (const parallel::ParamUnit& u : model_units(task->model())) {
+  for (const parallel::ParamUnit& u : task->units(int(r.parallel.zero))) {
     PlannedUnit pu{u.name, {}};
     for (auto& [name, p] : u.params) pu.params.emplace_back(name, p.numel());
     in.units.push_back(std::move(pu));

@@ -441,7 +441,7 @@ class ModelParallelExecutor : public StepExecutor {
       : r_(r), mp_(r, gpt, stages, std::move(world), say) {
     (void)task;
   }
-  std::vector<parallel::ParamUnit> units() override { return mp_.units(); }
+  std::vector<parallel::ParamUnit> units(int) override { return mp_.units(); }
   std::shared_ptr<dist::ProcessGroup> dp_group() override { return mp_.dp_group(); }
   Shard shard() override {
     return {mp_.mesh().coord(dist::DeviceMesh::DP), mp_.mesh().size(dist::DeviceMesh::DP), mp_.dp_group().get()};

@@ -2,6 +2,7 @@
 #include "brigade/train/task.h"
 
 #include "brigade/core/error.h"
+#include "brigade/train/executor.h"
 
 namespace brigade::train {
 
@@ -39,6 +40,13 @@ const char* items_seen_key(ItemKind k) {
     case ItemKind::Pair: return "pairs_seen";
   }
   return "items_seen";
+}
+
+std::vector<parallel::ParamUnit> Task::units(int) { return model_units(model()); }
+
+std::vector<parallel::ParamUnit> single_unit_below_zero3(nn::Module& model, int zero) {
+  if (zero == 3) return model_units(model);
+  return {parallel::ParamUnit{"model", model.named_parameters(), nullptr}};
 }
 
 double Metrics::get(const std::string& key) const {

@@ -12,8 +12,8 @@
 //     extras (masked accuracy, ...) and evaluation (periodic: a subset; final: everything);
 //   - FLOPs per item (MFU), the item kind, an after-step hook, text sampling where it applies;
 //   - optionally its forward in stages (embed, blocks, head) for pipeline parallelism.
-// Parameter units for ZeRO-3 and recompute come from the model's nn::Blocks (nn::find_blocks);
-// a task does nothing for them.
+// Activation recompute applies to the model's nn::Blocks (nn::find_blocks); the parameter units
+// of data parallelism are the same blocks (Task::units).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -28,6 +28,7 @@
 #include "brigade/core/tensor.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/nn/module.h"
+#include "brigade/parallel/data_parallel.h"
 #include "brigade/train/config.h"
 
 namespace brigade::train {
@@ -107,6 +108,12 @@ class Task {
   // equal on every data-parallel rank by the trainer (rank 0's, as torch's DDP broadcasts).
   virtual nn::NamedTensors buffers() { return {}; }
   virtual Generator* dropout_generator() { return nullptr; }
+  // How data parallelism groups the parameters (the flat layout, gradient buckets, ZeRO-3's
+  // gather units; executor.h model_units): everything outside the blocks, then one unit per
+  // nn::Block. Below ZeRO-3 a task may keep one unit in parameter order instead (the layout only
+  // orders buckets and the gradient norm's summation there): the image, masked-LM and
+  // contrastive tasks do, so their numbers are bitwise those of their first loops.
+  virtual std::vector<parallel::ParamUnit> units(int zero);
   // One line: "GPT 4 layers, 256 dims, ..., 4.24M parameters".
   virtual std::string describe() = 0;
 

@@ -26,6 +26,9 @@
 
 namespace brigade::train {
 
+// One unit "model" in parameter order below ZeRO-3, the block units at ZeRO-3 (Task::units).
+std::vector<parallel::ParamUnit> single_unit_below_zero3(nn::Module& model, int zero);
+
 // ---------------------------------------------------------------- causal language modelling
 
 // What `brigade prepare` (and a text task's first run) builds for a recipe: corpus, data dir,
@@ -91,6 +94,7 @@ class MaskedLMTask : public Task {
  public:
   MaskedLMTask(const Recipe& r, std::unique_ptr<models::BERT> model);
   nn::Module& model() override { return *model_; }
+  std::vector<parallel::ParamUnit> units(int zero) override { return single_unit_below_zero3(*model_, zero); }
   models::BERT& bert() { return *model_; }
   Generator* dropout_generator() override { return &model_->dropout_generator(); }
   std::string describe() override;
@@ -154,6 +158,7 @@ class ImageClassificationTask : public Task {
  public:
   ImageClassificationTask(const Recipe& r, ImageClassifier c);
   nn::Module& model() override { return *c_.module; }
+  std::vector<parallel::ParamUnit> units(int zero) override { return single_unit_below_zero3(*c_.module, zero); }
   nn::NamedTensors state_dict() override;
   nn::NamedTensors buffers() override { return c_.buffers; }
   Generator* dropout_generator() override { return c_.dropout; }
@@ -205,6 +210,7 @@ class ContrastiveTask : public Task {
  public:
   ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model);
   nn::Module& model() override { return *model_; }
+  std::vector<parallel::ParamUnit> units(int zero) override { return single_unit_below_zero3(*model_, zero); }
   models::CLIP& clip() { return *model_; }
   std::string describe() override;
   void open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) override;

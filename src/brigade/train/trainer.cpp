@@ -22,6 +22,7 @@
 #include "brigade/data/sampler.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/nn/layers.h"
+#include "brigade/parallel/sync_batch_norm.h"
 #include "brigade/train/accumulation.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/early_stop.h"
@@ -166,10 +167,6 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
                 r.path, r.parallel.dp, P, P == 1 ? "" : "es", r.parallel.dp, P);
   BRIGADE_CHECK(opts.stop_at == -1 || opts.stop_at >= 1, ConfigError, "--stop-at {}: must be a step >= 1",
                 opts.stop_at);
-  BRIGADE_CHECK(!r.parallel.sync_batchnorm, ConfigError,
-                "{}: parallel.sync_batchnorm = true is not built yet; remove it (each rank then normalises with its "
-                "own rows, as torch's DDP does by default)",
-                r.path);
 
   // Gradients travel on `world`; the trainer's own small messages (loss, stop flag, eval, memory)
   // on a duplicate, so the gradient group's byte counter measures the algorithm alone.
@@ -209,6 +206,14 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
                   "--resume: the checkpoint in {} holds a model.type = \"{}\" model, this recipe trains \"{}\"; "
                   "resume with the checkpoint's recipe or start a new run.out_dir",
                   ckpt_dir, saved.model.type, r.model.type);
+    {  // the model's shape must be the checkpoint's (dropout may change: it holds no weights)
+      ModelConfig a = saved.model, b = r.model;
+      a.dropout = b.dropout = 0.0;
+      BRIGADE_CHECK(a == b, CheckpointError,
+                    "--resume: the checkpoint in {} holds a different model (model.* in its recipe.toml differs from "
+                    "this recipe's); resume with the same model settings or start a new run.out_dir",
+                    ckpt_dir);
+    }
     const std::string diff = resume_differences(saved, r, /*layout=*/false);
     if (!diff.empty())
       say("warning: resuming with settings that differ from the checkpoint's recipe: " + diff +
@@ -262,8 +267,11 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   dpo.overlap = r.parallel.overlap;
   dpo.accumulation = A;
   dpo.communicate_in_backward = exec->communicate_in_backward();
-  parallel::DataParallel dp(exec->units(), exec->dp_group(), dpo);
+  parallel::DataParallel dp(exec->units(dpo.zero), exec->dp_group(), dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
+  // BatchNorm over the data-parallel group (parallel.sync_batchnorm): its allreduces go through the
+  // buckets' queue, in order with them
+  if (r.parallel.sync_batchnorm) parallel::sync_batch_norms(task.model(), exec->dp_group(), dp.comm_queue());
   std::vector<FlatLayoutEntry> layout;
   for (const auto& e : dp.layout()) layout.push_back({e.name, e.offset, e.numel});
   if (opts.resume) {
@@ -368,7 +376,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   // BatchNorm running statistics: rank 0's on every rank, as torch's DDP broadcasts them.
   const nn::NamedTensors buffers = task.buffers();
   auto sync_buffers = [&]() {
-    if (P == 1) return;
+    if (P == 1 || r.parallel.sync_batchnorm) return;  // synchronised: equal on every rank already
     for (auto& [name, t] : buffers) world->broadcast(t.raw_data(), t.nbytes(), 0);
   };
 
@@ -752,11 +760,8 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   return res;
 }
 
-EvalReport evaluate_checkpoint(const std::string& ckpt_dir, int threads) {
-  BRIGADE_CHECK(fs::is_directory(ckpt_dir) || fs::is_directory(ckpt_dir + ".old"), CheckpointError,
-                "--ckpt {}: no such checkpoint directory; pass the folder written by `brigade train` (e.g. "
-                "runs/gpt-kjv/checkpoint)",
-                ckpt_dir);
+EvalReport evaluate_checkpoint(const std::string& ckpt, int threads) {
+  const std::string ckpt_dir = open_checkpoint(ckpt);  // repairs a save interrupted between its renames
   const Recipe r = checkpoint_recipe(ckpt_dir);
   if (threads > 0)
     omp_set_num_threads(threads);

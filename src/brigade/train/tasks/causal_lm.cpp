@@ -37,11 +37,11 @@ std::string CausalLMTask::describe() {
 }
 
 void CausalLMTask::open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) {
-  // Prepared on first use (by rank 0); once prepared, `brigade prepare` owns it (so a damaged or
-  // stale token file is reported, not silently rebuilt).
   const fs::path data_dir(r_.data.dir);
-  if (ctrl.rank() == 0 && !fs::exists(data_dir / data::kMetaFile))
-    data::prepare(prepare_options(r_), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
+  // Prepared by rank 0 on first use, and again when the folder was made from something else than
+  // the recipe asks for (another corpus, vocabulary or split: data::ensure_prepared says which).
+  if (ctrl.rank() == 0)
+    data::ensure_prepared(prepare_options(r_), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
   ctrl.barrier();
   tok_.emplace(data::Tokenizer::load((data_dir / data::kTokenizerFile).string()));
   BRIGADE_CHECK(tok_->vocab_size() == r_.model.vocab_size, ConfigError,

@@ -225,10 +225,10 @@ nlohmann::json ContrastiveTask::eval_fields(const Metrics& m) const {
 
 std::string ContrastiveTask::eval_line(const Metrics& m) const {
   const double n = m.get("images");
-  return fmt::format("zero-shot accuracy {:.2f}% ({}/{} test images) | test-pair contrastive loss {:.4f} | logit scale "
-                     "{:.3f}",
+  return fmt::format("zero-shot test accuracy: {:.2f}% ({}/{}) over the 10 class captions | test-pair contrastive "
+                     "loss {:.4f}",
                      n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
-                     n > 0 ? m.get("loss_sum") / n : 0.0, model_->logit_scale.item());
+                     n > 0 ? m.get("loss_sum") / n : 0.0);
 }
 
 std::string ContrastiveTask::final_line(const Metrics& m) const {

@@ -139,8 +139,8 @@ nlohmann::json ImageClassificationTask::eval_fields(const Metrics& m) const {
 
 std::string ImageClassificationTask::eval_line(const Metrics& m) const {
   const double n = m.get("images");
-  return fmt::format("test loss {:.4f} | accuracy {:.2f}% ({}/{} test images)", n > 0 ? m.get("loss_sum") / n : 0.0,
-                     n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n));
+  return fmt::format("test accuracy: {:.2f}% ({}/{}) | test loss {:.4f}", n > 0 ? 100.0 * m.get("correct") / n : 0.0,
+                     int64_t(m.get("correct")), int64_t(n), n > 0 ? m.get("loss_sum") / n : 0.0);
 }
 
 std::string ImageClassificationTask::final_line(const Metrics& m) const {

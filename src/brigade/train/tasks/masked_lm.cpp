@@ -77,8 +77,10 @@ Batch MaskedLMTask::masked_rows(const Tensor& ids, uint64_t mask_seed, int64_t l
 
 void MaskedLMTask::open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) {
   const fs::path data_dir(r_.data.dir);
-  if (ctrl.rank() == 0 && !fs::exists(data_dir / data::kMetaFile))
-    data::prepare(prepare_options(r_), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
+  // Prepared by rank 0 on first use, and again when the folder was made from something else than
+  // the recipe asks for (another corpus, vocabulary or split: data::ensure_prepared says which).
+  if (ctrl.rank() == 0)
+    data::ensure_prepared(prepare_options(r_), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
   ctrl.barrier();
   train_.emplace(open_split(r_, data::kTrainFile));
   val_.emplace(open_split(r_, data::kValFile));
