@@ -306,7 +306,7 @@ TEST(Ablate, TableHasOneRowPerVariantAndChangesAgainstTheBaseline) {
     vs[i].label = "train.accumulation=" + std::to_string(i + 1);
     vs[i].ok = true;
     vs[i].steps = 10;
-    vs[i].tokens_per_s = 1000.0 * double(i + 1);
+    vs[i].items_per_s = 1000.0 * double(i + 1);
     vs[i].peak = {1 << 20, 1 << 20, 2 << 20, 10 << 20, 0, 0};
     vs[i].peak_total = 14 << 20;
     vs[i].final_loss = 3.0;

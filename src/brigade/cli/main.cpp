@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "brigade/core/error.h"
 #include "brigade/dist/process_group.h"
@@ -44,10 +45,11 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
 }
 
 int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o,
-              bool dry_run) {
+              bool dry_run, bool json) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
+  BRIGADE_CHECK(!json || dry_run, ConfigError, "--json goes with --dry-run (the prediction as JSON); remove it");
   if (dry_run) {  // the plan's memory per category, without training or reading data (memory_plan.h)
-    const std::string report = train::dry_run_report(r);
+    const std::string report = json ? train::dry_run_json(r).dump() + "\n" : train::dry_run_report(r);
     if (dist::Env::world_rank() == 0) fmt::print("{}", report);
     return 0;
   }
@@ -80,9 +82,15 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
   return 0;
 }
 
-int cmd_eval(const std::string& ckpt, int threads) {
+int cmd_eval(const std::string& ckpt, int threads, bool json) {
   const train::EvalReport ev = train::evaluate_checkpoint(ckpt, threads);
-  fmt::print("{}\n", ev.line);
+  if (json) {  // the fields the run's own evaluation writes to metrics.jsonl
+    nlohmann::json j = ev.fields;
+    j["model"] = ev.model_type;
+    fmt::print("{}\n", j.dump());
+  } else {
+    fmt::print("{}\n", ev.line);
+  }
   return 0;
 }
 
@@ -121,7 +129,7 @@ int run(int argc, char** argv) {
   std::string recipe, ckpt, prompt;
   std::vector<std::string> sets;
   train::TrainOptions topts;
-  bool no_sample = false, dry_run = false;
+  bool no_sample = false, dry_run = false, json = false;
   train::SampleOptions so;
   int threads = 0;
 
@@ -139,6 +147,7 @@ int run(int argc, char** argv) {
   tr->add_flag("--dry-run", dry_run,
                "Print the predicted memory per category (params, grads, optimizer, activations, workspace) and "
                "exit without training");
+  tr->add_flag("--json", json, "With --dry-run: print the prediction as one JSON line");
 
   auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
   gen->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/gpt-kjv/checkpoint)")->required();
@@ -154,6 +163,7 @@ int run(int argc, char** argv) {
                                         "test accuracy, clip's zero-shot accuracy");
   ev->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/vit-fashion/checkpoint)")->required();
   ev->add_option("--threads", threads, "OpenMP threads (0 = the recipe's run.threads)");
+  ev->add_flag("--json", json, "Print the evaluation's metrics.jsonl fields as one JSON line");
 
   train::AblateOptions aopts;
   auto* abl = app.add_subcommand("ablate", "Run a recipe under each combination of --vary values and compare "
@@ -195,10 +205,10 @@ int run(int argc, char** argv) {
     if (prep->parsed()) return finish(cmd_prepare(recipe, sets), "");
     if (tr->parsed()) {
       topts.sample = !no_sample;
-      return finish(cmd_train(recipe, sets, topts, dry_run), "");
+      return finish(cmd_train(recipe, sets, topts, dry_run, json), "");
     }
     if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
-    if (ev->parsed()) return finish(cmd_eval(ckpt, threads), "");
+    if (ev->parsed()) return finish(cmd_eval(ckpt, threads, json), "");
     if (bench->parsed()) {
       const train::Recipe r = train::load_recipe(recipe, sets);
       fmt::print("{}\n", train::bench_json(r, train::run_bench(r, bopts)));

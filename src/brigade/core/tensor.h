@@ -101,6 +101,8 @@ class Tensor {
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   MemTag tag() const { return impl_->storage->tag; }
+  // False while a plan has released the storage (a ZeRO-3 parameter between its gathers).
+  bool materialized() const { return impl_ && impl_->storage && impl_->storage->materialized(); }
 
   // Pointer to the first element of this view. T must match dtype (checked).
   template <typename T>

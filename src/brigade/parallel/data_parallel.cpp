@@ -410,6 +410,13 @@ void DataParallel::after_optimizer_step() {
     pg_->allgather(fptr(flat_params_) + lo_, fptr(flat_params_), counts);
     direct_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   }
+  // ZeRO-3: a unit gathered by a prefetch that no forward or backward consumed (the backward of a
+  // model whose blocks are not one chain, e.g. CLIP's two towers, prefetches a unit it already
+  // finished) holds the weights from before this update: release it, so the next step gathers
+  // the updated shards.
+  if (o_.zero == 3 && !keep_all_)
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].module) release_unit(u);
 }
 
 // ---------------------------------------------------------------- ZeRO-3 gathering

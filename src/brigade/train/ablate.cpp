@@ -220,7 +220,8 @@ bool read_variant_result(VariantResult& v) {
     v.error = fmt::format("no training steps were logged in {}", (dir / "metrics.jsonl").string());
     return false;
   }
-  v.tokens_per_s = median_tokens_per_s(m);
+  v.items_per_s = median_items_per_s(m);
+  v.item = m.item;
   v.final_loss = m.losses.back();
   v.final_val_loss = m.val_losses.empty() ? -1.0 : m.val_losses.back();
   v.steps = int64_t(std::max(m.steps.back(), m.val_steps.empty() ? 0.0 : m.val_steps.back()));
@@ -243,7 +244,7 @@ bool read_variant_result(VariantResult& v) {
 
 std::string ablation_table(const std::vector<VariantResult>& vs) {
   std::string t =
-      "| # | variant | steps | tokens/s | vs base | params MiB | grads MiB | optimizer MiB | activations MiB | "
+      "| # | variant | steps | " + (vs.empty() ? std::string("tokens") : vs[0].item) + "/s | vs base | params MiB | grads MiB | optimizer MiB | activations MiB | "
       "peak total MiB | vs base | train loss | val loss | vs base |\n"
       "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   const VariantResult* base = !vs.empty() && vs[0].ok ? &vs[0] : nullptr;
@@ -260,8 +261,8 @@ std::string ablation_table(const std::vector<VariantResult>& vs) {
     };
     const bool has_val = v.final_val_loss >= 0;
     t += fmt::format("| {} | {} | {} | {:.0f} | {} | {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} |\n", i + 1,
-                     md_escape(v.label), v.steps, v.tokens_per_s,
-                     delta(v.tokens_per_s, base ? base->tokens_per_s : 0), mib(v.peak[0]), mib(v.peak[1]),
+                     md_escape(v.label), v.steps, v.items_per_s,
+                     delta(v.items_per_s, base ? base->items_per_s : 0), mib(v.peak[0]), mib(v.peak[1]),
                      mib(v.peak[2]), mib(v.peak[3]), mib(v.peak_total),
                      delta(double(v.peak_total), base ? double(base->peak_total) : 0), v.final_loss,
                      has_val ? fmt::format("{:.4f}", v.final_val_loss) : "",
@@ -390,8 +391,8 @@ int run_ablation(const AblateOptions& o) {
         v.ok = read_variant_result(v);
       }
       if (v.ok)
-        say(fmt::format("ablate:        {:.1f}s | {:.0f} tok/s | peak {} MiB | loss {:.4f} | val loss {:.4f}", v.seconds,
-                        v.tokens_per_s, mib(v.peak_total), v.final_loss, v.final_val_loss));
+        say(fmt::format("ablate:        {:.1f}s | {:.0f} {}/s | peak {} MiB | loss {:.4f} | val loss {:.4f}", v.seconds,
+                        v.items_per_s, v.item, mib(v.peak_total), v.final_loss, v.final_val_loss));
       else
         say(fmt::format("ablate:        failed: {}", v.error));
     }
@@ -414,10 +415,10 @@ int run_ablation(const AblateOptions& o) {
   std::string md = fmt::format("# Ablation: {}\n\n`{}`\n\n", o.recipe, cmd);
   md += fmt::format(
       "{} variants, {} steps each (`brigade train --stop-at {}`, one after another, each in its own process); the "
-      "baseline (\"base\") is variant 1. tokens/s is the median over the steps; peak memory is rank 0's high-water "
+      "baseline (\"base\") is variant 1. {}/s is the median over the steps; peak memory is rank 0's high-water "
       "mark per category during training, in MiB (the total includes workspace and other); train loss is the last "
       "step's, val loss the evaluation at the last step.\n\n",
-      results.size(), o.steps, o.steps);
+      results.size(), o.steps, o.steps, results.empty() ? std::string("tokens") : results[0].item);
   md += table + "\n![train loss of every variant](ablate.svg)\n\n";
   nlohmann::json js = nlohmann::json::array();
   for (size_t i = 0; i < results.size(); ++i) {
@@ -431,7 +432,8 @@ int run_ablation(const AblateOptions& o) {
         peak[std::string(mem_tag_name(MemTag(t)))] = v.peak[size_t(t)];
       j.update({{"steps", v.steps},
                 {"seconds", v.seconds},
-                {"tokens_per_s", v.tokens_per_s},
+                {"items_per_s", v.items_per_s},
+                {"item", v.item},
                 {"peak", peak},
                 {"peak_total", v.peak_total},
                 {"final_loss", v.final_loss},

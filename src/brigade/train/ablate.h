@@ -5,7 +5,7 @@
 // peaks and the recipe's own learning-rate schedule), one after another, in
 // OUT/<nn>_<variant>/. Then it reads every variant's metrics.jsonl and
 // memory.json and writes
-//   OUT/ablate.md    a markdown table: tokens/s (median), peak memory by category,
+//   OUT/ablate.md    a markdown table: items/s (median; tokens, images or pairs), peak memory by category,
 //                    final train and val loss, changes against the baseline
 //   OUT/ablate.svg   the train-loss curves of all variants
 //   OUT/ablate.json  the same numbers, machine-readable
@@ -50,7 +50,8 @@ struct VariantResult {
   bool ok = false;
   std::string error;                  // why it failed (when !ok)
   double seconds = 0.0;               // wall time of the child
-  double tokens_per_s = 0.0;          // median over the logged steps
+  double items_per_s = 0.0;           // median over the logged steps (tokens, images or pairs)
+  std::string item = "tokens";
   std::array<int64_t, 6> peak{};      // bytes by MemTag: params grads optimizer activations workspace other
   int64_t peak_total = 0;
   int64_t steps = 0;                  // steps completed

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "brigade/core/error.h"
 #include "brigade/models/gpt/gpt.h"
@@ -376,6 +377,31 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
                       std::string(zero == 3 ? " + the gathered embeddings+head unit" : "") +
                       (zero >= 2 ? " + the first gradient bucket (armed)" : "");
   return out;
+}
+
+nlohmann::json prediction_json(const MemoryPrediction& p, bool formulas) {
+  nlohmann::json j;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    const std::string name(mem_tag_name(MemTag(i)));
+    const PredictedCategory& c = p.tags[size_t(i)];
+    j["live"][name] = c.live;
+    j["peak"][name] = c.peak;
+    j["peak_low"][name] = c.peak_low;  // below peak only where communication timing decides
+    if (formulas) j["formulas"][name] = c.formula;
+  }
+  j["peak_total"] = p.total_peak;
+  if (formulas) {
+    j["formulas"]["total"] = p.total_formula;
+    j["recompute"] = p.recompute;
+  }
+  return j;
+}
+
+nlohmann::json dry_run_json(const Recipe& r) {
+  const MemoryInputs in = memory_inputs(r);
+  nlohmann::json j{{"model", r.model.type}, {"measured", in.measured}, {"dp", r.parallel.dp}, {"zero", r.parallel.zero}};
+  for (int p = 0; p < int(r.parallel.dp); ++p) j["ranks"].push_back(prediction_json(predict_memory(r, p, in), p == 0));
+  return j;
 }
 
 std::string dry_run_report(const Recipe& r) {

@@ -31,6 +31,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,12 @@ MemoryPrediction predict_memory(const Recipe& r, int rank = 0);
 MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& in);
 
 
+
+// memory.json["predicted"] and `--dry-run --json`: live / peak / peak_low bytes per category (and
+// the formulas when asked).
+nlohmann::json prediction_json(const MemoryPrediction& p, bool formulas);
+// `brigade train --dry-run --json`: {model, measured, dp, zero, ranks: [prediction_json per rank]}.
+nlohmann::json dry_run_json(const Recipe& r);
 
 // The `--dry-run` report: a table of predicted peak (and live) bytes per category, one
 // column per rank when ranks differ, and the formula of each category.

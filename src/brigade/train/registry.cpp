@@ -232,7 +232,16 @@ void validate_clip(const Recipe& r, const Fail& fail) {
   if (th < 1 || tw % th != 0) fail(fmt::format("model.text_width = {} is not divisible by model.text_heads = {}", tw, th));
 }
 
+void validate_custom(const Recipe&, const Fail&) {}  // the caller's model checks its own settings
+
 // ---------------------------------------------------------------- task factories
+
+std::unique_ptr<Task> make_custom_task(const Recipe& r) {
+  throw ConfigError(fmt::format("recipe {}: model.type = \"custom\" is a model defined outside the zoo: build its task "
+                                "in your program and pass it to train::train (see examples/custom_cnn); `brigade` "
+                                "trains the zoo's models ({})",
+                                r.path, model_types()));
+}
 
 std::unique_ptr<Task> make_lm_task(const Recipe& r) {
   std::unique_ptr<models::CausalLM> model = make_causal_lm(r.model);
@@ -387,6 +396,11 @@ const std::vector<ModelEntry>& model_registry() {
        with(kImage, {"model.patch_size", "model.depths", "model.window_size", "model.mlp_ratio"}),
        {},
        validate_swin, make_swin_task},
+      {"custom", "a model defined outside the zoo, trained through the library (train::train with its own task)",
+       DataKind::Any, {"model.image_size", "model.num_classes", "model.in_channels", "model.width",
+                       "model.intermediate_size", "data.augment"},
+       {.dropout = true, .batch_norm = true},
+       validate_custom, make_custom_task},
       {"clip", "CLIP contrastive image-text model", DataKind::FashionMnist,
        with(kImage, {"model.patch_size", "model.intermediate_size", "model.text_layers", "model.text_heads",
                      "model.text_width", "model.projection_dim"}),

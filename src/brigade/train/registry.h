@@ -17,7 +17,9 @@ namespace brigade::train {
 
 class Task;
 
-enum class DataKind { Text, FashionMnist };
+// What a model trains on. Any: a model defined outside the zoo (model.type = "custom"), whose
+// task the caller builds and hands to train::train (examples/custom_cnn).
+enum class DataKind { Text, FashionMnist, Any };
 
 struct Capabilities {
   bool tensor_parallel = false;    // parallel.tp > 1: the model has a tensor-parallel plan

@@ -33,7 +33,11 @@ RunMetrics read_run_metrics(const std::string& path) {
       m.steps.push_back(step);
       m.losses.push_back(v);
       double t = 0;
-      if (number("tokens_per_s", t)) m.tokens_per_s.push_back(t);
+      for (const char* item : {"tokens", "images", "pairs"})
+        if (number((std::string(item) + "_per_s").c_str(), t)) {
+          m.items_per_s.push_back(t);
+          m.item = item;
+        }
     }
     if (number("val_loss", v)) {
       m.val_steps.push_back(step);
@@ -49,9 +53,9 @@ RunMetrics read_run_metrics(const std::string& path) {
   return m;
 }
 
-double median_tokens_per_s(const RunMetrics& m) {
-  if (m.tokens_per_s.empty()) return 0.0;
-  std::vector<double> s = m.tokens_per_s;
+double median_items_per_s(const RunMetrics& m) {
+  if (m.items_per_s.empty()) return 0.0;
+  std::vector<double> s = m.items_per_s;
   std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
   return s[s.size() / 2];
 }

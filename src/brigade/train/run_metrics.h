@@ -10,7 +10,8 @@ namespace brigade::train {
 
 struct RunMetrics {
   std::vector<double> steps, losses;           // every {"step", "loss", ...} record
-  std::vector<double> tokens_per_s;            // from the same records
+  std::vector<double> items_per_s;             // from the same records: tokens_per_s, images_per_s or pairs_per_s
+  std::string item = "tokens";                 // which of them: "tokens", "images", "pairs"
   std::vector<double> val_steps, val_losses;   // every {"step", "val_loss"} record
   bool early_stopped = false;                  // a {"early_stop": true, ...} record
   int64_t stop_step = 0, best_step = 0;
@@ -19,8 +20,8 @@ struct RunMetrics {
 
 // IoError if the file cannot be read.
 RunMetrics read_run_metrics(const std::string& metrics_jsonl);
-// Median of the logged tokens/s (0 when none).
-double median_tokens_per_s(const RunMetrics& m);
+// Median of the logged items/s (0 when none).
+double median_items_per_s(const RunMetrics& m);
 // Train and val loss against step as an SVG (plot.h), written atomically.
 void write_loss_plot(const RunMetrics& m, const std::string& svg_path, const std::string& title);
 

@@ -50,25 +50,6 @@ nlohmann::json memory_json(const MemStats& m) {
   return j;
 }
 
-// memory.json["predicted"]: what predict_memory (memory_plan.h) expected, beside the measurements.
-nlohmann::json predicted_json(const MemoryPrediction& p, bool formulas) {
-  nlohmann::json j;
-  for (int i = 0; i < kNumMemTags; ++i) {
-    const std::string name(mem_tag_name(MemTag(i)));
-    const PredictedCategory& c = p.tags[size_t(i)];
-    j["live"][name] = c.live;
-    j["peak"][name] = c.peak;
-    j["peak_low"][name] = c.peak_low;  // below peak only where communication timing decides
-    if (formulas) j["formulas"][name] = c.formula;
-  }
-  j["peak_total"] = p.total_peak;
-  if (formulas) {
-    j["formulas"]["total"] = p.total_formula;
-    j["recompute"] = p.recompute;
-  }
-  return j;
-}
-
 // Settings that may differ on resume without changing the numbers beyond float rounding, as
 // long as the global batch stays the same: how the batch is split.
 bool is_layout_key(const std::string& key) {
@@ -593,7 +574,11 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     }
     const bool eval_now = r.train.eval_every > 0 && state.step % r.train.eval_every == 0;
     if (eval_now || state.step == last_step) {
-      const Metrics ev = evaluate(state.step == last_step);
+      // The run's end evaluates everything (a test set whole, where periodic evaluations take a
+      // subset); a --stop-at step that is also a periodic step evaluates as the periodic one, so a
+      // run split there and resumed keeps the uninterrupted run's records.
+      const bool final = state.step == r.train.steps || !eval_now;
+      const Metrics ev = evaluate(final);
       const nlohmann::json fields = task.eval_fields(ev);
       state.last_val_loss = fields.at("val_loss").get<double>();
       res.evaluated = true;
@@ -687,7 +672,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
       mj["zero"] = dpo.zero;
       mj["precision"] = {{"level", r.precision.level},
                          {"dtype", policy.level == amp::Level::O0 ? "f32" : r.precision.dtype}};
-      if (predicted) mj["predicted"] = predicted_json(predict_memory(r, 0), /*formulas=*/true);
+      if (predicted) mj["predicted"] = prediction_json(predict_memory(r, 0), /*formulas=*/true);
       for (int p = 0; p < P; ++p) {
         nlohmann::json rj;
         for (int i = 0; i < kNumMemTags; ++i) {
@@ -695,7 +680,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
           rj["live"][name] = int64_t(all[(size_t(p) * 2) * kNumMemTags + size_t(i)]);
           rj["peak"][name] = int64_t(all[(size_t(p) * 2 + 1) * kNumMemTags + size_t(i)]);
         }
-        if (predicted) rj["predicted"] = predicted_json(predict_memory(r, p), /*formulas=*/false);
+        if (predicted) rj["predicted"] = prediction_json(predict_memory(r, p), /*formulas=*/false);
         mj["ranks"].push_back(rj);
       }
       std::ofstream(out_dir / "memory.json") << mj.dump(2) << '\n';

@@ -93,9 +93,10 @@ void ContrastiveTask::begin_step(std::vector<Batch>& micro, const Shard& s) {
   {
     autograd::NoGradGuard ng;
     for (int64_t m = 0; m < A; ++m) {
-      const Tensor img = model_->encode_image(micro[size_t(m)].at("images")).to(DType::F32).contiguous();  // (B, E)
+      // the text tower first, as CLIP::logits runs them (ZeRO-3 gathers the blocks in that order)
       const Tensor txt =
           model_->encode_text(micro[size_t(m)].at("ids"), micro[size_t(m)].at("lengths")).to(DType::F32).contiguous();
+      const Tensor img = model_->encode_image(micro[size_t(m)].at("images")).to(DType::F32).contiguous();  // (B, E)
       std::memcpy(mine.data() + size_t(m * 2 * B * E), img.data<float>(), size_t(B * E) * sizeof(float));
       std::memcpy(mine.data() + size_t((m * 2 + 1) * B * E), txt.data<float>(), size_t(B * E) * sizeof(float));
     }
@@ -140,8 +141,8 @@ Loss ContrastiveTask::loss(const Batch& b, int64_t micro, Metrics&) {
   // A surrogate whose gradient is this micro-batch's share of the global loss's: the trainer
   // averages micro-steps and ranks (1 / (A D)), hence the factor A D on the embedding terms; the
   // logit scale's gradient is the same on every micro-step and rank.
+  const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E); text first, as CLIP::logits
   const Tensor img = model_->encode_image(b.at("images"));                // (B, E)
-  const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E)
   const Tensor dots = fn::add(fn::sum_all(fn::mul(img, img_grad_[size_t(micro)])),
                               fn::sum_all(fn::mul(txt, txt_grad_[size_t(micro)])));  // ()
   const Tensor surrogate =
@@ -163,7 +164,10 @@ void ContrastiveTask::after_update(const nn::NamedTensors& master) {
 nlohmann::json ContrastiveTask::train_fields(const Metrics&, int64_t step) const {
   const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
   const int64_t per_epoch = std::max<int64_t>(1, (train_set_ ? train_set_->size() : 60000) / G);
-  return {{"epoch", (step - 1) / per_epoch}, {"logit_scale", model_->logit_scale.item()}};
+  nlohmann::json j{{"epoch", (step - 1) / per_epoch}};
+  // ZeRO-3 keeps the scale sharded between steps: not logged then
+  if (model_->logit_scale.materialized()) j["logit_scale"] = model_->logit_scale.item();
+  return j;
 }
 
 std::string ContrastiveTask::train_progress(const Metrics& m, int64_t step) const {
@@ -175,10 +179,12 @@ Metrics ContrastiveTask::evaluate(bool final, const Shard& s, const Scorer& scor
   const int64_t n = std::min(final ? test_set_->size() : r_.train.eval_batches * G, test_set_->size());
   const int64_t ctx = tok_.max_length();
   prepare_eval();
-  Metrics m;
+  Metrics m, elsewhere;
   int64_t chunk = 0;
   for (int64_t lo = 0; lo < n; lo += kEvalChunk, ++chunk) {
-    if (chunk % s.world != s.rank) continue;  // chunks dealt round-robin over the replicas
+    // The test-pair loss couples a chunk's rows, so chunks are not split: every replica runs every
+    // chunk (the same forwards on every rank, as ZeRO-3's collective gathers need) and counts the
+    // chunks dealt to it.
     const int64_t hi = std::min(n, lo + kEvalChunk);
     std::vector<int64_t> idx(size_t(hi - lo));
     for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
@@ -191,7 +197,7 @@ Metrics ContrastiveTask::evaluate(bool final, const Shard& s, const Scorer& scor
     b.t["ids"] = pairs.tokens.ids;
     b.t["lengths"] = pairs.tokens.lengths;
     b.rows = b.count = hi - lo;
-    score(b, m);
+    score(b, chunk % s.world == s.rank ? m : elsewhere);
   }
   return m;
 }

@@ -97,10 +97,12 @@ Metrics ImageClassificationTask::evaluate(bool final, const Shard& s, const Scor
   const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
   const int64_t n = std::min(final ? test_set_->size() : r_.train.eval_batches * G, test_set_->size());
   Metrics m;
-  int64_t chunk = 0;
-  for (int64_t lo = 0; lo < n; lo += kEvalChunk, ++chunk) {
-    if (chunk % s.world != s.rank) continue;  // chunks dealt round-robin over the replicas
-    const int64_t hi = std::min(n, lo + kEvalChunk);
+  for (int64_t c0 = 0; c0 < n; c0 += kEvalChunk) {
+    // Every replica scores its rows of every chunk: the same number of forwards on every rank
+    // (ZeRO-3's forward gathers its parameters collectively).
+    const int64_t len = std::min(n, c0 + kEvalChunk) - c0;
+    const int64_t lo = c0 + len * s.rank / s.world, hi = c0 + len * (s.rank + 1) / s.world;
+    if (hi <= lo) continue;
     std::vector<int64_t> idx(size_t(hi - lo));
     for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
     const data::FashionMnist::Batch fb = test_set_->batch(idx);

@@ -158,7 +158,8 @@ Loss MaskedLMTask::loss(const Batch& b, int64_t, Metrics& m) {
   if (M == 0)  // this micro-batch holds no masked token: no contribution (the trainer weights it by 0)
     return {fn::mul_scalar(fn::sum_all(ml.logits), 0.0)};
   Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);  // 0-d
-  const Tensor lg = ml.logits.detach().contiguous();
+  const Tensor lg = ml.logits.dtype() == DType::F32 ? ml.logits.detach().contiguous()
+                                                     : ml.logits.detach().to(DType::F32).contiguous();  // 16-bit under O2
   const float* p = lg.data<float>();
   const int64_t* y = ml.labels.data<int64_t>();
   int64_t correct = 0;
@@ -203,7 +204,7 @@ void MaskedLMTask::score(const Batch& b, Metrics& m) {
   const int64_t V = model_->config().vocab_size;
   const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V)
   const Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);
-  const Tensor lg = ml.logits.contiguous();
+  const Tensor lg = ml.logits.dtype() == DType::F32 ? ml.logits.contiguous() : ml.logits.to(DType::F32).contiguous();
   const float* p = lg.data<float>();
   const int64_t* y = ml.labels.data<int64_t>();
   int64_t correct = 0;

@@ -1,0 +1,107 @@
+// Every model type of the registry at a tiny size, for the end-to-end tests that run the
+// `brigade` binary on each (tests/train/test_composition.cpp, tests/cli/test_every_model.cpp):
+// the [model] keys, whether it reads images, whether it has BatchNorm, its rows per rank; a
+// recipe writer; and a small Fashion-MNIST subset so image runs (and their final evaluation over
+// the whole test split) take a second, not a minute.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "brigade/data/ext_fashion_mnist.h"
+#include "support/test_support.h"
+
+namespace brigade::test_support {
+
+inline constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+
+struct TinyModel {
+  std::string name;   // the test's name ("resnet" trains model.type = "resnet18")
+  std::string model;  // the [model] section's keys
+  bool images = false;
+  bool batch_norm = false;
+  int64_t batch = 4;  // rows per rank
+};
+
+// gtest prints a parameter with this (the test names carry it).
+inline void PrintTo(const TinyModel& m, std::ostream* os) { *os << m.name; }
+
+inline const std::vector<TinyModel>& tiny_models() {
+  static const std::vector<TinyModel> c{
+      {"gpt", "vocab_size = 128\nblock_size = 16\nn_layer = 2\nn_head = 2\nn_embd = 32\n", false, false, 4},
+      {"llama",
+       "type = \"llama\"\nvocab_size = 128\nblock_size = 16\nn_layer = 2\nn_head = 2\nn_kv_head = 1\nn_embd = 32\n"
+       "intermediate_size = 64\n",
+       false, false, 4},
+      {"bert",
+       "type = \"bert\"\nvocab_size = 128\nblock_size = 16\nn_layer = 2\nn_head = 2\nn_embd = 32\n"
+       "intermediate_size = 64\n",
+       false, false, 8},
+      {"vit", "type = \"vit\"\npatch_size = 7\nn_layer = 2\nn_head = 2\nn_embd = 32\nintermediate_size = 64\n", true,
+       false, 8},
+      {"resnet", "type = \"resnet18\"\nwidth = 4\n", true, true, 8},
+      {"swin",
+       "type = \"swin\"\npatch_size = 2\nn_embd = 16\nn_head = 1\ndepths = \"1,2\"\nwindow_size = 7\nmlp_ratio = 2.0\n",
+       true, false, 8},
+      {"clip",
+       "type = \"clip\"\npatch_size = 7\nn_layer = 1\nn_head = 2\nn_embd = 32\nintermediate_size = 64\n"
+       "text_layers = 1\ntext_heads = 2\ntext_width = 32\nprojection_dim = 16\n",
+       true, false, 8},
+  };
+  return c;
+}
+
+inline bool have_fashion_mnist() { return std::filesystem::exists(std::filesystem::path(kFashionDir) / "t10k-images-idx3-ubyte.gz"); }
+
+// Fashion-MNIST's first n train / m test images as IDX files (uncompressed: the reader takes
+// plain files too) under `dir`.
+inline void write_fashion_subset(const std::filesystem::path& dir, int64_t n, int64_t m) {
+  std::filesystem::create_directories(dir);
+  auto be32 = [](std::ofstream& f, uint32_t v) {
+    const unsigned char b[4] = {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
+    f.write(reinterpret_cast<const char*>(b), 4);
+  };
+  for (auto [split, prefix, count] : {std::tuple{data::FashionMnist::Split::Train, "train", n},
+                                      std::tuple{data::FashionMnist::Split::Test, "t10k", m}}) {
+    const data::FashionMnist set(kFashionDir, split);
+    std::ofstream img(dir / (std::string(prefix) + "-images-idx3-ubyte.gz"), std::ios::binary);
+    be32(img, 0x00000803);
+    be32(img, uint32_t(count));
+    be32(img, 28);
+    be32(img, 28);
+    std::ofstream lab(dir / (std::string(prefix) + "-labels-idx1-ubyte.gz"), std::ios::binary);
+    be32(lab, 0x00000801);
+    be32(lab, uint32_t(count));
+    for (int64_t i = 0; i < count; ++i) {
+      img.write(reinterpret_cast<const char*>(set.pixels(i)), 28 * 28);
+      const char y = char(set.label(i));
+      lab.write(&y, 1);
+    }
+  }
+}
+
+// Writes `dir`/r.toml for the model (run.out_dir "run", one thread, 10 steps of `rows` rows,
+// evaluation every 5) and its data: the tiny corpus, or a 512 / 512-image Fashion-MNIST subset (its test
+// split holds a whole evaluation chunk of 500 images, as the real one, so memory peaks compare).
+inline void write_tiny_recipe(const std::filesystem::path& dir, const TinyModel& c, int64_t rows) {
+  std::string data;
+  if (c.images) {
+    write_fashion_subset(dir / "fashion", 512, 512);
+    data = "corpus = \"fashion-mnist\"\ndir = \"fashion\"\n";
+  } else {
+    write_tiny_corpus(dir / "corpus.txt");
+    data = "corpus = \"corpus.txt\"\ndir = \"data\"\nval_fraction = 0.1\n";
+  }
+  std::ofstream(dir / "r.toml") << "[run]\nname = \"tiny\"\nout_dir = \"run\"\nseed = 5\nthreads = 1\n[model]\n"
+                                << c.model << "[data]\n"
+                                << data << "[train]\nsteps = 10\nbatch_size = " << rows
+                                << "\nseq_len = 16\neval_every = 5\neval_batches = 1\nlog_every = 1\n"
+                                   "grad_clip = 1.0\n[optim]\nlr = 3e-3\nweight_decay = 0.01\n"
+                                   "[schedule]\nwarmup_steps = 2\nmin_lr = 3e-4\n";
+}
+
+}  // namespace brigade::test_support
