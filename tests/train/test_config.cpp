@@ -270,7 +270,7 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(with({"model.type=resnet18", "memory.recompute=budget", "memory.budget_mb=10"}).find("activation estimate"),
             std::string::npos);
   EXPECT_NE(parse_error(base, {"parallel.sync_batchnorm=true"}).find("no BatchNorm (models with BatchNorm: resnet18, "
-                                                                      "resnet50)"),
+                                                                      "resnet50, custom)"),
             std::string::npos);
   // and what every model now composes with: accumulation, recompute, precision, data parallelism
   EXPECT_EQ(with({"model.type=vit", "train.accumulation=2", "memory.recompute=full", "parallel.zero=3"}), "");
