@@ -15,79 +15,44 @@ namespace brigade::train {
 
 // ---------------------------------------------------------------- config mappings
 
+namespace {
+int64_t or_default(int64_t v, int64_t fallback) { return v > 0 ? v : fallback; }
+}  // namespace
+
 models::GPTConfig gpt_config(const ModelConfig& m) {
-  models::GPTConfig c;
-  c.vocab_size = m.vocab_size;
-  c.block_size = m.block_size;
-  c.n_layer = m.n_layer;
-  c.n_head = m.n_head;
-  c.n_embd = m.n_embd;
-  c.dropout = m.dropout;
-  c.layer_norm_eps = m.layer_norm_eps;
-  c.init_std = m.init_std;
-  return c;
+  return {.vocab_size = m.vocab_size, .block_size = m.block_size, .n_layer = m.n_layer, .n_head = m.n_head,
+          .n_embd = m.n_embd, .dropout = m.dropout, .layer_norm_eps = m.layer_norm_eps, .init_std = m.init_std};
 }
 
 models::LLaMAConfig llama_config(const ModelConfig& m) {
-  models::LLaMAConfig c;
-  c.vocab_size = m.vocab_size;
-  c.hidden_size = m.n_embd;
-  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : (8 * m.n_embd / 3 + 63) / 64 * 64;
-  c.n_layer = m.n_layer;
-  c.n_head = m.n_head;
-  c.n_kv_head = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
-  c.max_position = m.block_size;
-  c.rms_norm_eps = m.layer_norm_eps;
-  c.rope_theta = m.rope_theta;
-  c.init_std = m.init_std;
-  return c;
+  return {.vocab_size = m.vocab_size, .hidden_size = m.n_embd,
+          .intermediate_size = or_default(m.intermediate_size, (8 * m.n_embd / 3 + 63) / 64 * 64),
+          .n_layer = m.n_layer, .n_head = m.n_head, .n_kv_head = or_default(m.n_kv_head, m.n_head),
+          .max_position = m.block_size, .rms_norm_eps = m.layer_norm_eps, .rope_theta = m.rope_theta,
+          .init_std = m.init_std};
 }
 
 models::BERTConfig bert_config(const ModelConfig& m) {
-  models::BERTConfig c;
-  c.vocab_size = m.vocab_size + 1;  // + [MASK]
-  c.max_position_embeddings = m.block_size;
-  c.hidden_size = m.n_embd;
-  c.num_hidden_layers = m.n_layer;
-  c.num_attention_heads = m.n_head;
-  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : 4 * m.n_embd;
-  c.layer_norm_eps = m.layer_norm_eps;
-  c.hidden_dropout = m.dropout;
-  c.initializer_range = m.init_std;
-  return c;
+  return {.vocab_size = m.vocab_size + 1,  // + [MASK]
+          .max_position_embeddings = m.block_size, .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer,
+          .num_attention_heads = m.n_head, .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd),
+          .layer_norm_eps = m.layer_norm_eps, .hidden_dropout = m.dropout, .initializer_range = m.init_std};
 }
 
 models::ViTConfig vit_config(const ModelConfig& m) {
-  models::ViTConfig c;
-  c.image_size = m.image_size;
-  c.patch_size = m.patch_size;
-  c.num_channels = m.in_channels;
-  c.hidden_size = m.n_embd;
-  c.num_hidden_layers = m.n_layer;
-  c.num_attention_heads = m.n_head;
-  c.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : 4 * m.n_embd;
-  c.num_labels = m.num_classes;
-  c.layer_norm_eps = m.layer_norm_eps;
-  c.hidden_dropout = m.dropout;
-  c.initializer_range = m.init_std;
-  return c;
+  return {.image_size = m.image_size, .patch_size = m.patch_size, .num_channels = m.in_channels,
+          .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer, .num_attention_heads = m.n_head,
+          .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd), .num_labels = m.num_classes,
+          .layer_norm_eps = m.layer_norm_eps, .hidden_dropout = m.dropout, .initializer_range = m.init_std};
 }
 
 models::SwinConfig swin_config(const ModelConfig& m) {
-  models::SwinConfig c;
-  c.image_size = m.image_size;
-  c.patch_size = m.patch_size;
-  c.num_channels = m.in_channels;
-  c.embed_dim = m.n_embd;
-  c.depths = swin_depths(m);
-  c.num_heads.clear();
-  for (size_t i = 0; i < c.depths.size(); ++i) c.num_heads.push_back(m.n_head << i);
-  c.window_size = m.window_size;
-  c.mlp_ratio = m.mlp_ratio;
-  c.num_labels = m.num_classes;
-  c.layer_norm_eps = m.layer_norm_eps;
-  c.initializer_range = m.init_std;
-  return c;
+  std::vector<int64_t> heads;
+  for (size_t i = 0; i < swin_depths(m).size(); ++i) heads.push_back(m.n_head << i);  // doubling per stage
+  return {.image_size = m.image_size, .patch_size = m.patch_size, .num_channels = m.in_channels,
+          .embed_dim = m.n_embd, .depths = swin_depths(m), .num_heads = heads, .window_size = m.window_size,
+          .mlp_ratio = m.mlp_ratio, .num_labels = m.num_classes, .layer_norm_eps = m.layer_norm_eps,
+          .initializer_range = m.init_std};
 }
 
 models::ResNetConfig resnet_config(const ModelConfig& m) {
@@ -98,25 +63,18 @@ models::ResNetConfig resnet_config(const ModelConfig& m) {
 }
 
 models::CLIPConfig clip_config(const ModelConfig& m, const data::CaptionTokenizer& tok) {
-  models::CLIPConfig c;
-  c.vision.image_size = m.image_size;
-  c.vision.patch_size = m.patch_size;
-  c.vision.num_channels = m.in_channels;
-  c.vision.hidden_size = m.n_embd;
-  c.vision.num_hidden_layers = m.n_layer;
-  c.vision.num_attention_heads = m.n_head;
-  c.vision.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : 4 * m.n_embd;
-  c.vision.layer_norm_eps = m.layer_norm_eps;
-  c.text.vocab_size = tok.vocab_size();
-  c.text.max_position_embeddings = tok.max_length();
-  c.text.hidden_size = m.text_width > 0 ? m.text_width : m.n_embd;
-  c.text.num_hidden_layers = m.text_layers > 0 ? m.text_layers : m.n_layer;
-  c.text.num_attention_heads = m.text_heads > 0 ? m.text_heads : m.n_head;
-  c.text.intermediate_size = 4 * c.text.hidden_size;
-  c.text.layer_norm_eps = m.layer_norm_eps;
-  c.projection_dim = m.projection_dim > 0 ? m.projection_dim : m.n_embd;
-  c.hidden_act = "quick_gelu";
-  c.initializer_range = m.init_std;
+  const int64_t text_width = or_default(m.text_width, m.n_embd);
+  models::CLIPConfig c{
+      .text = {.vocab_size = tok.vocab_size(), .max_position_embeddings = tok.max_length(), .hidden_size = text_width,
+               .num_hidden_layers = or_default(m.text_layers, m.n_layer),
+               .num_attention_heads = or_default(m.text_heads, m.n_head), .intermediate_size = 4 * text_width,
+               .layer_norm_eps = m.layer_norm_eps},
+      .vision = {.image_size = m.image_size, .patch_size = m.patch_size, .num_channels = m.in_channels,
+                 .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer, .num_attention_heads = m.n_head,
+                 .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd), .layer_norm_eps = m.layer_norm_eps},
+      .projection_dim = or_default(m.projection_dim, m.n_embd),
+      .hidden_act = "quick_gelu",
+      .initializer_range = m.init_std};
   c.validate();
   return c;
 }

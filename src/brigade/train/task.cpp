@@ -6,41 +6,22 @@
 
 namespace brigade::train {
 
-const char* item_name(ItemKind k) {
-  switch (k) {
-    case ItemKind::Token: return "tokens";
-    case ItemKind::Image: return "images";
-    case ItemKind::Pair: return "pairs";
-  }
-  return "items";
+namespace {
+struct ItemNames {
+  const char *name, *rate_key, *rate_unit, *seen_key;
+};
+const ItemNames& names(ItemKind k) {
+  static const ItemNames table[] = {{"tokens", "tokens_per_s", "tok/s", "tokens_seen"},
+                                    {"images", "images_per_s", "img/s", "images_seen"},
+                                    {"pairs", "pairs_per_s", "pairs/s", "pairs_seen"}};
+  return table[size_t(k)];
 }
+}  // namespace
 
-const char* item_rate_key(ItemKind k) {
-  switch (k) {
-    case ItemKind::Token: return "tokens_per_s";
-    case ItemKind::Image: return "images_per_s";
-    case ItemKind::Pair: return "pairs_per_s";
-  }
-  return "items_per_s";
-}
-
-const char* item_rate_unit(ItemKind k) {
-  switch (k) {
-    case ItemKind::Token: return "tok/s";
-    case ItemKind::Image: return "img/s";
-    case ItemKind::Pair: return "pairs/s";
-  }
-  return "items/s";
-}
-
-const char* items_seen_key(ItemKind k) {
-  switch (k) {
-    case ItemKind::Token: return "tokens_seen";
-    case ItemKind::Image: return "images_seen";
-    case ItemKind::Pair: return "pairs_seen";
-  }
-  return "items_seen";
-}
+const char* item_name(ItemKind k) { return names(k).name; }
+const char* item_rate_key(ItemKind k) { return names(k).rate_key; }
+const char* item_rate_unit(ItemKind k) { return names(k).rate_unit; }
+const char* items_seen_key(ItemKind k) { return names(k).seen_key; }
 
 std::vector<parallel::ParamUnit> Task::units(int) { return model_units(model()); }
 
