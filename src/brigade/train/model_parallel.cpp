@@ -65,7 +65,7 @@ std::vector<int64_t> cut_rows(int64_t n, int m) {
 
 ModelParallel::ModelParallel(const Recipe& r, Task& task, const Stages& stages,
                              std::shared_ptr<dist::ProcessGroup> world, const std::function<void(const std::string&)>& say)
-    : r_(r), task_(task), model_(task.model()), stages_(stages), world_(std::move(world)) {
+    : r_(r), model_(task.model()), stages_(stages), world_(std::move(world)) {
   const int dp = int(r.parallel.dp), tp = int(r.parallel.tp), pp = int(r.parallel.pp);
   mesh_ = std::make_unique<dist::DeviceMesh>(world_, dp, tp, pp);
   dp_group_ = mesh_->group_ptr(dist::DeviceMesh::DP);

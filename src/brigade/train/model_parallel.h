@@ -95,7 +95,6 @@ class ModelParallel {
   // Where a parameter outside the blocks lives: read by embed (first stage) or by the head (last).
   static constexpr int64_t kEmbed = -1, kHead = -2;
   Recipe r_;
-  Task& task_;
   nn::Module& model_;
   const Stages& stages_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
