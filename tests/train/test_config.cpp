@@ -263,10 +263,17 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(with({"model.type=resnet18", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
   // what the model registry's rows say a model cannot do: one generic message naming the model,
   // the feature and the models that have it
-  const std::string tp = with({"model.type=vit", "parallel.tp=2"});
-  EXPECT_NE(tp.find("model.type = \"vit\" has no tensor-parallel plan; tensor parallelism is built for gpt"),
+  const std::string tp = with({"model.type=resnet18", "parallel.tp=2"});
+  EXPECT_NE(tp.find("model.type = \"resnet18\" has no tensor-parallel plan; tensor parallelism is built for gpt, "
+                    "llama, bert, vit"),
             std::string::npos)
       << tp;
+  const std::string pp = with({"model.type=swin", "parallel.pp=2"});
+  EXPECT_NE(pp.find("model.type = \"swin\" is not cut into pipeline stages; pipeline parallelism is built for gpt, "
+                    "llama, bert, vit"),
+            std::string::npos)
+      << pp;
+  EXPECT_EQ(with({"model.type=vit", "parallel.tp=2", "parallel.pp=2"}), "");  // ViT has a plan and stages
   EXPECT_NE(with({"model.type=resnet18", "memory.recompute=budget", "memory.budget_mb=10"}).find("activation estimate"),
             std::string::npos);
   EXPECT_NE(parse_error(base, {"parallel.sync_batchnorm=true"}).find("no BatchNorm (models with BatchNorm: resnet18, "
@@ -332,8 +339,7 @@ TEST(Recipe, ParallelKeysAreValidated) {
   EXPECT_NE(parse_error(base, {"model.type=llama", "model.n_kv_head=3"}).find("must divide model.n_head"),
             std::string::npos);
   EXPECT_NE(parse_error(base, {"model.type=llama", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
-  EXPECT_NE(parse_error(base, {"model.type=llama", "parallel.tp=2"}).find("tensor parallelism is built for"),
-            std::string::npos);
+  EXPECT_EQ(parse_error(base, {"model.type=llama", "model.n_kv_head=2", "parallel.tp=2"}), "");  // LLaMA's plan
   EXPECT_EQ(parse_error(base, {"model.type=llama", "model.n_kv_head=2"}), "");
   // model parallelism
   EXPECT_NE(msg("parallel.tp=0").find("parallel.tp"), std::string::npos);

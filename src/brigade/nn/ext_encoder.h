@@ -28,13 +28,17 @@ class Submodules : public Module {
   }
 };
 
-class EncoderSelfAttention : public Module {
+// Under tensor parallelism (nn::HeadParallel) the layer computes n_head / tp heads: its query,
+// key and value projections are column-split, so the context is (B, T, D / tp).
+class EncoderSelfAttention : public Module, public HeadParallel {
  public:
   EncoderSelfAttention(int64_t D, int64_t n_head);
-  // x (B, T, D), key_mask (B, T) of 0 / 1 or undefined (every key attends) -> (B, T, D).
+  // x (B, T, D), key_mask (B, T) of 0 / 1 or undefined (every key attends) -> (B, T, n_head * HS).
   Tensor forward(const Tensor& x, const Tensor& key_mask = Tensor()) const;
+  void check_heads(int64_t parts) const override;  // parts must divide n_head
+  void divide_heads(int64_t parts) override;
   std::shared_ptr<Linear> query, key, value;
-  int64_t n_head;
+  int64_t n_head;  // the heads this layer computes
 };
 
 class PatchEmbedding : public Module {

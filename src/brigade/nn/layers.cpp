@@ -14,6 +14,12 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, WeightLayout layout) : la
 Tensor Linear::forward(const Tensor& x) const {
   return shard ? shard->forward(*this, x) : F::linear(x, weight, bias, layout);
 }
+Tensor Linear::lm_loss(const Tensor& x, const Tensor& targets) const {
+  return shard ? shard->lm_loss(*this, x, targets) : F::cross_entropy(F::linear(x, weight, bias, layout), targets);
+}
+Tensor LinearShard::lm_loss(const Linear& layer, const Tensor& x, const Tensor& targets) const {
+  return F::cross_entropy(forward(layer, x), targets);
+}
 void Linear::parameter_replaced(const std::string& name, const Tensor& t) {
   (name == "weight" ? weight : bias) = t;
 }
@@ -48,6 +54,17 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t n_head, double dropo
   c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, true, WeightLayout::InOut));
   c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, true, WeightLayout::InOut));
   resid_drop = register_module("resid_dropout", std::make_shared<Dropout>(dropout, gen));  // no parameters
+}
+
+void CausalSelfAttention::check_heads(int64_t parts) const {
+  BRIGADE_CHECK(parts >= 1 && n_head % parts == 0, ConfigError,
+                "tensor parallelism: parallel.tp = {} does not divide model.n_head = {} (each rank computes whole "
+                "attention heads); choose a parallel.tp that divides model.n_head",
+                parts, n_head);
+}
+void CausalSelfAttention::divide_heads(int64_t parts) {
+  check_heads(parts);
+  n_head /= parts;
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {

@@ -3,13 +3,15 @@
 // follow Hugging Face GPT-2 (c_attn, c_proj, c_fc, ln_1, ln_2). Layers allocate
 // zeroed parameters; the model owns initialisation (so it can match torch's RNG order).
 //
-// Sharding hooks. A plan applied from outside (parallel/tensor_parallel.h) can make
-// Linear and Embedding compute on a shard of their weight by installing a LinearShard /
-// EmbeddingShard object; nn knows nothing of process groups (the plan's objects hold
-// them). Without one, every layer runs exactly its single-device code path.
+// Sharding hooks. A plan applied from outside (parallel/tensor_parallel.h, from a model's
+// nn::TpPlan) can make Linear and Embedding compute on a shard of their weight by installing a
+// LinearShard / EmbeddingShard object, and divide an attention's heads (nn::HeadParallel);
+// nn knows nothing of process groups (the plan's objects hold them). Without one, every layer
+// runs exactly its single-device code path.
 #pragma once
 #include "brigade/autograd/functions.h"
 #include "brigade/nn/module.h"
+#include "brigade/nn/tp_plan.h"
 
 namespace brigade::nn {
 
@@ -25,6 +27,9 @@ class LinearShard {
  public:
   virtual ~LinearShard() = default;
   virtual Tensor forward(const Linear& layer, const Tensor& x) const = 0;
+  // Linear::lm_loss on the shard: by default the cross-entropy of forward(); a plan that splits
+  // the vocabulary (an LM head) computes it without gathering the logits.
+  virtual Tensor lm_loss(const Linear& layer, const Tensor& x, const Tensor& targets) const;
 };
 
 // y = x W^T + b (torch.nn.Linear, weight (out, in)) or y = x W + b (HF Conv1D, weight (in, out)).
@@ -33,6 +38,11 @@ class Linear : public Module {
   Linear(int64_t in, int64_t out, bool bias = true, WeightLayout layout = WeightLayout::OutIn);
   // shard ? shard->forward(*this, x) : fn::linear(x, weight, bias, layout)
   Tensor forward(const Tensor& x) const;
+  // A language-model head's loss: the mean cross-entropy (0-d, ignore_index -100) of forward(x)
+  // (x (N, in), targets (N)). Models call it instead of forward + cross_entropy, so a plan that
+  // shards the vocabulary (parallel/tensor_parallel.h, TpStyle::VocabHead) computes it without
+  // the full (N, V) logits.
+  Tensor lm_loss(const Tensor& x, const Tensor& targets) const;
   Tensor weight, bias;
   WeightLayout layout;
   std::shared_ptr<const LinearShard> shard;  // set by a plan; null: the plain layer
@@ -97,10 +107,12 @@ class Dropout : public Module {
 };
 
 // Causal multi-head self-attention with a fused qkv projection (GPT-2 "attn").
-class CausalSelfAttention : public Module {
+class CausalSelfAttention : public Module, public HeadParallel {
  public:
   CausalSelfAttention(int64_t C, int64_t n_head, double dropout, Generator* gen);
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  void check_heads(int64_t parts) const override;  // parts must divide n_head
+  void divide_heads(int64_t parts) override;
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_drop;
   // Heads this layer computes: all of them, or this rank's n_head / tp under tensor

@@ -27,7 +27,8 @@ PipelineExecutor::PipelineExecutor(PipePlan plan, dist::ProcessGroup& pp, Shape 
                 plan_.stages(), plan_.m);
 }
 
-PipeStepResult PipelineExecutor::run(const std::vector<PipeChunk>& chunks, double root_scale, bool train) {
+PipeStepResult PipelineExecutor::run(const std::vector<PipeChunk>& chunks, double root_scale, bool train,
+                                     const std::function<Shape(int mb)>& activation) {
   const int p = plan_.p, m = plan_.m, S = plan_.stages(), me = pp_.rank();
   BRIGADE_CHECK(int(chunks.size()) == plan_.v, InternalError, "pipeline: {} chunks for {} virtual stages per rank",
                 chunks.size(), plan_.v);
@@ -46,8 +47,17 @@ PipeStepResult PipelineExecutor::run(const std::vector<PipeChunk>& chunks, doubl
   const auto t0 = Clock::now();
   auto now = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   int in_flight = 0;
+  std::vector<Shape> act(static_cast<size_t>(m), act_);  // per micro-batch
+  if (activation)
+    for (int mb = 0; mb < m; ++mb) {
+      act[size_t(mb)] = activation(mb);
+      BRIGADE_CHECK(!train || shape_numel(act[size_t(mb)]) > 0, InternalError,
+                    "pipeline: training micro-batch {} has an empty activation {}", mb, shape_str(act[size_t(mb)]));
+    }
   for (const PipeAction& a : plan_.ranks[size_t(me)]) {
     const size_t k = key(a.stage, a.mb);
+    const Shape& act_mb = act[size_t(a.mb)];
+    if (shape_numel(act_mb) == 0) continue;  // an empty evaluation micro-batch: no rank runs it
     const bool compute = a.op == PipeOp::Forward || a.op == PipeOp::Backward || a.op == PipeOp::BackwardInput ||
                          a.op == PipeOp::BackwardWeight;
     if (!train && (compute && a.op != PipeOp::Forward)) continue;
@@ -55,7 +65,7 @@ PipeStepResult PipelineExecutor::run(const std::vector<PipeChunk>& chunks, doubl
     const double start = now();
     switch (a.op) {
       case PipeOp::RecvActivation: {
-        Tensor x = Tensor::empty(act_, DType::F32);  // (B_mb, T, C)
+        Tensor x = Tensor::empty(act_mb, DType::F32);  // (B_mb, T, C)
         pp_.recv(x.raw_data(), x.nbytes(), plan_.rank_of(a.stage - 1), tag(0, a.stage, a.mb));
         if (train) x.set_requires_grad(true);
         input[k] = x;
@@ -71,8 +81,8 @@ PipeStepResult PipelineExecutor::run(const std::vector<PipeChunk>& chunks, doubl
       }
       case PipeOp::SendActivation: {
         Tensor y = output[k];
-        BRIGADE_CHECK(y.shape() == act_, ShapeError, "pipeline stage {} produced {}, expected activations {}", a.stage,
-                      y.str(), shape_str(act_));
+        BRIGADE_CHECK(y.shape() == act_mb, ShapeError, "pipeline stage {} produced {}, expected activations {}",
+                      a.stage, y.str(), shape_str(act_mb));
         Tensor wire;
         {
           autograd::NoGradGuard ng;
@@ -84,7 +94,7 @@ PipeStepResult PipelineExecutor::run(const std::vector<PipeChunk>& chunks, doubl
         break;
       }
       case PipeOp::RecvGrad: {
-        Tensor g = Tensor::empty(act_, DType::F32);  // (B_mb, T, C)
+        Tensor g = Tensor::empty(act_mb, DType::F32);  // (B_mb, T, C)
         pp_.recv(g.raw_data(), g.nbytes(), plan_.rank_of(a.stage + 1), tag(1, a.stage, a.mb));
         out_grad[k] = g;
         break;

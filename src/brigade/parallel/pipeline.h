@@ -57,8 +57,11 @@ class PipelineExecutor {
   const PipePlan& plan() const { return plan_; }
   // Runs this rank's actions for one step. chunks[c] is virtual stage c * p + rank. With
   // train = false only the forwards and the activation transfers run (under no_grad; the
-  // plan's order is kept, which every schedule allows): evaluation.
-  PipeStepResult run(const std::vector<PipeChunk>& chunks, double root_scale, bool train = true);
+  // plan's order is kept, which every schedule allows): evaluation. `activation`, when given,
+  // is micro-batch mb's activation shape (an evaluation batch cut into uneven micro-batches);
+  // in evaluation a micro-batch whose shape has no element is skipped by every rank.
+  PipeStepResult run(const std::vector<PipeChunk>& chunks, double root_scale, bool train = true,
+                     const std::function<Shape(int mb)>& activation = {});
 
  private:
   PipePlan plan_;

@@ -1,4 +1,4 @@
-// Megatron-style tensor parallelism for GPT; see tensor_parallel.h for the design.
+// Megatron-style tensor parallelism from a model's plan; see tensor_parallel.h for the design.
 #include "brigade/parallel/tensor_parallel.h"
 
 #include <fmt/ranges.h>
@@ -13,6 +13,7 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
+#include "brigade/nn/layers.h"
 
 namespace brigade::parallel {
 
@@ -222,56 +223,6 @@ int64_t tp_padded_vocab(int64_t vocab_size, int tp_size) {
 
 namespace {
 
-// How one parameter is split. Along `dim` the (padded) full extent is G groups of P
-// blocks of k: rank r holds block r of every group, concatenated (G k). G = 3 for the
-// fused qkv projection (q, k and v each split by heads), 1 otherwise.
-struct Split {
-  bool sharded = false;
-  int64_t dim = 0;
-  int64_t groups = 1;
-  Shape full;           // Hugging Face shape
-  int64_t real = 0;     // extent along dim without padding (wte: V)
-  int64_t padded = 0;   // extent along dim with padding (wte: V_pad)
-};
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-Split split_of(const std::string& name, const models::GPTConfig& c, int P) {
-  const int64_t C = c.n_embd;
-  Split s;
-  auto set = [&](int64_t dim, int64_t groups, Shape full) {
-    s.sharded = true;
-    s.dim = dim;
-    s.groups = groups;
-    s.full = std::move(full);
-    s.real = s.padded = s.full[size_t(dim)];
-  };
-  if (name == "transformer.wte.weight" || ends_with(name, ".wte.weight")) {
-    set(0, 1, {c.vocab_size, C});
-    s.padded = tp_padded_vocab(c.vocab_size, P);
-  } else if (ends_with(name, ".attn.c_attn.weight")) {
-    set(1, 3, {C, 3 * C});
-  } else if (ends_with(name, ".attn.c_attn.bias")) {
-    set(0, 3, {3 * C});
-  } else if (ends_with(name, ".attn.c_proj.weight")) {
-    set(0, 1, {C, C});
-  } else if (ends_with(name, ".mlp.c_fc.weight")) {
-    set(1, 1, {C, 4 * C});
-  } else if (ends_with(name, ".mlp.c_fc.bias")) {
-    set(0, 1, {4 * C});
-  } else if (ends_with(name, ".mlp.c_proj.weight")) {
-    set(0, 1, {4 * C, C});
-  }
-  if (s.sharded)
-    BRIGADE_CHECK(s.padded % (s.groups * P) == 0, ConfigError,
-                  "tensor parallel: {} has extent {} along dim {}, not divisible into {} x parallel.tp = {} parts; "
-                  "choose a parallel.tp that divides model.n_head",
-                  name, s.padded, s.dim, s.groups, P);
-  return s;
-}
-
 Shape replace_dim(const Shape& s, int64_t dim, const std::vector<int64_t>& with) {
   Shape out(s.begin(), s.begin() + dim);
   out.insert(out.end(), with.begin(), with.end());
@@ -283,7 +234,7 @@ Shape replace_dim(const Shape& s, int64_t dim, const std::vector<int64_t>& with)
 struct SplitViews {
   Shape full_view, shard, shard_view;
 };
-SplitViews views_of(const Split& s, int P) {
+SplitViews views_of(const TpSplit& s, int P) {
   const int64_t k = s.padded / (s.groups * P);
   Shape padded = s.full;
   padded[size_t(s.dim)] = s.padded;
@@ -294,25 +245,160 @@ SplitViews views_of(const Split& s, int P) {
   return v;
 }
 
-}  // namespace
+// A module the plan names, with the rule that names it.
+struct Match {
+  std::string path;
+  nn::Module* module = nullptr;
+  const nn::TpRule* rule = nullptr;
+};
 
-bool tp_replicated(const std::string& full_param_name) {
-  return !split_of(full_param_name, models::GPTConfig{}, 1).sharded;
+// Every (module, rule) pair of the plan, checked: each rule matches something of the right kind,
+// a module is split by at most one rule, nothing is sharded yet.
+std::vector<Match> match_plan(const nn::Module& model, const nn::TpPlan& plan) {
+  std::vector<Match> out;
+  std::vector<int> used(plan.rules.size(), 0);
+  for (auto& [path, m] : model.named_modules()) {
+    int splits = 0;
+    for (size_t i = 0; i < plan.rules.size(); ++i) {
+      const nn::TpRule& rule = plan.rules[i];
+      if (!nn::tp_path_matches(rule.pattern, path)) continue;
+      ++used[i];
+      const char* want = nullptr;
+      switch (rule.style) {
+        case nn::TpStyle::Column:
+        case nn::TpStyle::Row:
+        case nn::TpStyle::VocabHead:
+          if (auto* l = dynamic_cast<nn::Linear*>(m)) {
+            BRIGADE_CHECK(l->shard == nullptr, ValueError,
+                          "apply_tensor_parallel: {} is already sharded (a plan was applied before); build a fresh "
+                          "model to shard it again",
+                          path);
+          } else {
+            want = "an nn::Linear";
+          }
+          break;
+        case nn::TpStyle::VocabEmbedding:
+          if (auto* e = dynamic_cast<nn::Embedding*>(m)) {
+            BRIGADE_CHECK(e->shard == nullptr, ValueError,
+                          "apply_tensor_parallel: {} is already sharded (a plan was applied before); build a fresh "
+                          "model to shard it again",
+                          path);
+          } else {
+            want = "an nn::Embedding";
+          }
+          break;
+        case nn::TpStyle::Heads:
+          if (!dynamic_cast<nn::HeadParallel*>(m)) want = "an attention implementing nn::HeadParallel";
+          break;
+      }
+      BRIGADE_CHECK(want == nullptr, ValueError,
+                    "tensor-parallel plan: rule \"{}\" ({}) matches {}, which is not {}", rule.pattern,
+                    nn::tp_style_name(rule.style), path, want);
+      BRIGADE_CHECK(rule.groups >= 1 && (rule.groups == 1 || rule.style == nn::TpStyle::Column), ValueError,
+                    "tensor-parallel plan: rule \"{}\" has groups = {}; only a column rule may split its output in "
+                    "groups (>= 1)",
+                    rule.pattern, rule.groups);
+      if (rule.style != nn::TpStyle::Heads) ++splits;
+      BRIGADE_CHECK(splits <= 1, ValueError, "tensor-parallel plan: {} is split by two rules (the second: \"{}\")",
+                    path, rule.pattern);
+      out.push_back({path, m, &rule});
+    }
+  }
+  for (size_t i = 0; i < plan.rules.size(); ++i)
+    BRIGADE_CHECK(used[i] > 0, ValueError,
+                  "tensor-parallel plan: rule \"{}\" ({}) matches no module of the model; check the pattern against "
+                  "the model's module names",
+                  plan.rules[i].pattern, nn::tp_style_name(plan.rules[i].style));
+  return out;
 }
 
-Tensor tp_shard_param(const std::string& name, const Tensor& full, const models::GPTConfig& cfg, int tp_rank,
-                      int tp_size) {
-  BRIGADE_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size, ValueError,
-                "tp_shard_param({}): rank {} outside a tensor-parallel group of {}", name, tp_rank, tp_size);
-  const Split s = split_of(name, cfg, tp_size);
-  if (!s.sharded) return full;
+// The local parameter `local` of a module.
+Tensor param_of(const nn::Module& m, const std::string& local) {
+  for (auto& [n, t] : m.named_parameters())
+    if (n == local) return t;
+  return Tensor();
+}
+
+}  // namespace
+
+const TpSplit& TpLayout::split(const std::string& name) const {
+  auto it = splits_.find(name);
+  BRIGADE_CHECK(it != splits_.end(), ValueError,
+                "tensor parallel: the model has no parameter '{}' (the layout holds {} parameters)", name,
+                splits_.size());
+  return it->second;
+}
+
+Shape TpLayout::shard_shape(const std::string& name) const {
+  const TpSplit& s = split(name);
+  return s.sharded ? views_of(s, size_).shard : s.full;
+}
+
+TpLayout tp_layout(const nn::Module& model, const nn::TpPlan& plan, int P) {
+  BRIGADE_CHECK(P >= 1, ValueError, "tp_layout: a tensor-parallel group of {} ranks", P);
+  const std::vector<Match> matches = match_plan(model, plan);
+  // Heads first: their divisibility is what a recipe chooses (parallel.tp against model.n_head).
+  for (const Match& m : matches)
+    if (m.rule->style == nn::TpStyle::Heads) dynamic_cast<nn::HeadParallel*>(m.module)->check_heads(P);
+  TpLayout out;
+  out.size_ = P;
+  for (auto& [name, p] : model.named_parameters()) {
+    TpSplit s;
+    s.full = p.shape();
+    out.names_.push_back(name);
+    out.splits_[name] = s;
+  }
+  for (const Match& m : matches) {
+    const nn::TpStyle style = m.rule->style;
+    if (style == nn::TpStyle::Heads) continue;
+    auto set = [&](const std::string& local, int64_t dim, bool pad) {
+      const std::string name = m.path + "." + local;
+      TpSplit& s = out.splits_.at(name);
+      s.sharded = true;
+      s.dim = dim;
+      s.groups = m.rule->groups;
+      s.style = style;
+      s.real = s.full[size_t(dim)];
+      s.padded = pad ? tp_padded_vocab(s.real, P) : s.real;
+      BRIGADE_CHECK(s.padded % (s.groups * P) == 0, ConfigError,
+                    "tensor parallel: {} has extent {} along dim {}, not divisible into {} x parallel.tp = {} parts "
+                    "({} split); choose a parallel.tp that divides it",
+                    name, s.padded, s.dim, s.groups, P, nn::tp_style_name(style));
+    };
+    if (style == nn::TpStyle::VocabEmbedding) {
+      set("weight", 0, /*pad=*/true);
+      continue;
+    }
+    const auto* l = dynamic_cast<const nn::Linear*>(m.module);
+    const int64_t out_dim = l->layout == nn::WeightLayout::OutIn ? 0 : 1, in_dim = 1 - out_dim;
+    const bool has_bias = param_of(*l, "bias").defined();
+    if (style == nn::TpStyle::Column || style == nn::TpStyle::VocabHead) {
+      const bool pad = style == nn::TpStyle::VocabHead;
+      set("weight", out_dim, pad);
+      if (has_bias) set("bias", 0, pad);
+    } else {  // Row: the bias is added once, after the reduce (replicated)
+      set("weight", in_dim, false);
+    }
+  }
+  return out;
+}
+
+bool tp_replicated(const TpLayout& layout, const std::string& full_param_name) {
+  return !layout.split(full_param_name).sharded;
+}
+
+Tensor tp_shard_param(const TpLayout& layout, const std::string& name, const Tensor& full, int tp_rank) {
+  const int P = layout.size();
+  BRIGADE_CHECK(tp_rank >= 0 && tp_rank < P, ValueError,
+                "tp_shard_param({}): rank {} outside a tensor-parallel group of {}", name, tp_rank, P);
+  const TpSplit& s = layout.split(name);
   BRIGADE_CHECK(full.shape() == s.full, ShapeError,
-                "tp_shard_param: {} is {}, but the model config gives it shape ({}); check model.* against the "
-                "checkpoint",
+                "tp_shard_param: {} is {}, but the model gives it shape ({}); check model.* against the checkpoint",
                 name, full.str(), fmt::join(s.full, ", "));
-  const SplitViews v = views_of(s, tp_size);
+  if (!s.sharded) return full;
+  const SplitViews v = views_of(s, P);
   Tensor src = full.contiguous();
-  if (s.padded != s.real) {  // zero padding rows (wte)
+  if (s.padded != s.real) {  // zero padding rows (a vocabulary)
     Shape padded = s.full;
     padded[size_t(s.dim)] = s.padded;
     src = Tensor::zeros(padded, full.dtype());  // (V_pad, C)
@@ -323,10 +409,12 @@ Tensor tp_shard_param(const std::string& name, const Tensor& full, const models:
   return shard;
 }
 
-Tensor tp_gather_param(const std::string& name, const Tensor& local, const models::GPTConfig& cfg,
+Tensor tp_gather_param(const TpLayout& layout, const std::string& name, const Tensor& local,
                        dist::ProcessGroup& tp) {
   const int P = tp.size();
-  const Split s = split_of(name, cfg, P);
+  BRIGADE_CHECK(P == layout.size(), ValueError,
+                "tp_gather_param({}): the layout is for {} ranks, the group has {}", name, layout.size(), P);
+  const TpSplit& s = layout.split(name);
   if (!s.sharded) return local.clone();
   const SplitViews v = views_of(s, P);
   BRIGADE_CHECK(local.shape() == v.shard, ShapeError,
@@ -375,6 +463,13 @@ class RowParallel final : public nn::LinearShard {
   std::shared_ptr<dist::ProcessGroup> tp_;
 };
 
+std::string logits_refused(int tp, int64_t V) {
+  return fmt::format(
+      "the vocabulary is sharded over parallel.tp = {} ranks and the full (N, {}) logits are never gathered; train "
+      "through the model's loss (its head's lm_loss), or run generation on a model without tensor parallelism",
+      tp, V);
+}
+
 class VocabParallel final : public nn::EmbeddingShard {
  public:
   VocabParallel(std::shared_ptr<dist::ProcessGroup> tp, int64_t start, int64_t V) : tp_(std::move(tp)) {
@@ -388,11 +483,7 @@ class VocabParallel final : public nn::EmbeddingShard {
     return vocab_parallel_embedding(e.weight, ids, vocab_start, *tp_);  // (..., C)
   }
   Tensor attend(const nn::Embedding&, const Tensor&) const override {
-    throw ValueError(fmt::format(
-        "GPT.head_logits: the vocabulary is sharded over parallel.tp = {} ranks and the full (N, {}) logits are "
-        "never gathered; train with GPT::head_loss / GPT::loss, or run generation on a model without tensor "
-        "parallelism",
-        tp_->size(), vocab_size));
+    throw ValueError("Embedding.attend: " + logits_refused(tp_->size(), vocab_size));
   }
   Tensor lm_loss(const nn::Embedding& e, const Tensor& x, const Tensor& targets) const override {
     Tensor logits = F::matmul(tp_copy(x, *tp_), e.weight, false, true);  // (N, Vl): this rank's vocabulary
@@ -403,50 +494,63 @@ class VocabParallel final : public nn::EmbeddingShard {
   std::shared_ptr<dist::ProcessGroup> tp_;
 };
 
+// An untied LM head (a Linear over the vocabulary) on this rank's rows of the padded vocabulary.
+class VocabParallelHead final : public nn::LinearShard {
+ public:
+  VocabParallelHead(std::shared_ptr<dist::ProcessGroup> tp, int64_t start, int64_t V)
+      : tp_(std::move(tp)), vocab_start_(start), vocab_size_(V) {}
+  Tensor forward(const nn::Linear&, const Tensor&) const override {
+    throw ValueError("Linear.forward (an LM head): " + logits_refused(tp_->size(), vocab_size_));
+  }
+  Tensor lm_loss(const nn::Linear& l, const Tensor& x, const Tensor& targets) const override {
+    Tensor logits = F::linear(tp_copy(x, *tp_), l.weight, l.bias, l.layout);  // (N, Vl): this rank's vocabulary
+    return vocab_parallel_cross_entropy(logits, targets, vocab_start_, vocab_size_, *tp_);
+  }
+
+ private:
+  std::shared_ptr<dist::ProcessGroup> tp_;
+  int64_t vocab_start_, vocab_size_;
+};
+
 }  // namespace
 
-void apply_tensor_parallel(models::GPT& model, std::shared_ptr<dist::ProcessGroup> tp) {
+TpLayout apply_tensor_parallel(nn::Module& model, const nn::TpPlan& plan, std::shared_ptr<dist::ProcessGroup> tp) {
   BRIGADE_CHECK(tp != nullptr, ValueError, "apply_tensor_parallel: no process group given");
-  const models::GPTConfig& cfg = model.config();
   const int P = tp->size(), r = tp->rank();
-  BRIGADE_CHECK(cfg.n_head % P == 0, ConfigError,
-                "tensor parallelism: parallel.tp = {} does not divide model.n_head = {} (each rank computes whole "
-                "attention heads); choose a parallel.tp that divides model.n_head",
-                P, cfg.n_head);
-  if (P == 1) return;
-  BRIGADE_CHECK(model.transformer->wte->shard == nullptr, ValueError,
-                "apply_tensor_parallel: the model is already sharded (a plan was applied before); build a fresh "
-                "model to shard it again");
+  TpLayout layout = tp_layout(model, plan, P);  // every check before anything changes
+  if (P == 1) return layout;
   autograd::NoGradGuard no_grad;
-  auto shard = [&](nn::Module& m, const std::string& local, const std::string& full_name) {
-    Tensor current;
-    for (auto& [n, t] : m.named_parameters())
-      if (n == local) current = t;
-    BRIGADE_ASSERT(current.defined(), "{} not found", full_name);
-    Tensor s = tp_shard_param(full_name, current.detach(), cfg, r, P);
-    m.set_parameter(local, s);
-  };
-  auto& t = *model.transformer;
-  const int64_t V_pad = tp_padded_vocab(cfg.vocab_size, P);
-  shard(*t.wte, "weight", "transformer.wte.weight");
-  t.wte->shard = std::make_shared<VocabParallel>(tp, int64_t(r) * (V_pad / P), cfg.vocab_size);
   auto column = std::make_shared<ColumnParallel>(tp);
   auto row = std::make_shared<RowParallel>(tp);
-  for (size_t i = 0; i < t.h->size(); ++i) {
-    nn::TransformerBlock& b = (*t.h)[i];
-    const std::string p = "transformer.h." + std::to_string(i) + ".";
-    shard(*b.attn->c_attn, "weight", p + "attn.c_attn.weight");
-    shard(*b.attn->c_attn, "bias", p + "attn.c_attn.bias");
-    shard(*b.attn->c_proj, "weight", p + "attn.c_proj.weight");
-    shard(*b.mlp->c_fc, "weight", p + "mlp.c_fc.weight");
-    shard(*b.mlp->c_fc, "bias", p + "mlp.c_fc.bias");
-    shard(*b.mlp->c_proj, "weight", p + "mlp.c_proj.weight");
-    b.attn->c_attn->shard = column;
-    b.mlp->c_fc->shard = column;
-    b.attn->c_proj->shard = row;
-    b.mlp->c_proj->shard = row;
-    b.attn->n_head = cfg.n_head / P;
+  for (const Match& m : match_plan(model, plan)) {
+    const nn::TpStyle style = m.rule->style;
+    if (style == nn::TpStyle::Heads) {
+      dynamic_cast<nn::HeadParallel*>(m.module)->divide_heads(P);
+      continue;
+    }
+    for (auto& [local, t] : m.module->named_parameters()) {
+      const std::string name = m.path + "." + local;
+      if (layout.split(name).sharded) m.module->set_parameter(local, tp_shard_param(layout, name, t.detach(), r));
+    }
+    switch (style) {
+      case nn::TpStyle::Column: dynamic_cast<nn::Linear&>(*m.module).shard = column; break;
+      case nn::TpStyle::Row: dynamic_cast<nn::Linear&>(*m.module).shard = row; break;
+      case nn::TpStyle::VocabEmbedding: {
+        const TpSplit& s = layout.split(m.path + ".weight");
+        dynamic_cast<nn::Embedding&>(*m.module).shard =
+            std::make_shared<VocabParallel>(tp, int64_t(r) * (s.padded / P), s.real);
+        break;
+      }
+      case nn::TpStyle::VocabHead: {
+        const TpSplit& s = layout.split(m.path + ".weight");
+        dynamic_cast<nn::Linear&>(*m.module).shard =
+            std::make_shared<VocabParallelHead>(tp, int64_t(r) * (s.padded / P), s.real);
+        break;
+      }
+      case nn::TpStyle::Heads: break;
+    }
   }
+  return layout;
 }
 
 }  // namespace brigade::parallel

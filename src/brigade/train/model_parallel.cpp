@@ -1,4 +1,4 @@
-// Tensor and pipeline parallelism for the GPT recipe; see model_parallel.h.
+// Tensor and pipeline parallelism for any task with Stages; see model_parallel.h.
 #include "brigade/train/model_parallel.h"
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
+#include "brigade/nn/layers.h"
 #include "brigade/parallel/tensor_parallel.h"
 #include "brigade/train/trainer.h"
 #include "brigade/train/executor.h"
@@ -26,38 +27,18 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const char* const kWte = "transformer.wte.weight";
-
-// "transformer.h.<i>.<rest>" -> i; -1 for parameters outside the blocks.
-int64_t block_of(const std::string& name) {
-  const std::string pre = "transformer.h.";
-  if (name.rfind(pre, 0) != 0) return -1;
-  return std::stoll(name.substr(pre.size()));
-}
-
-// Frees a parameter of the whole GPT that this rank does not hold: it becomes an empty
+// Frees a parameter of the whole model that this rank does not hold: it becomes an empty
 // (0-element) tensor, so memory accounting shows what the rank really keeps.
-void release_parameter(models::GPT& model, const std::string& name) {
-  auto& t = *model.transformer;
+void release_parameter(nn::Module& root, const std::map<std::string, nn::Module*>& modules, const std::string& name) {
   const size_t dot = name.rfind('.');
-  const std::string owner = name.substr(0, dot), local = name.substr(dot + 1);
-  nn::Module* m = nullptr;
-  if (owner == "transformer.wte") m = t.wte.get();
-  if (owner == "transformer.wpe") m = t.wpe.get();
-  if (owner == "transformer.ln_f") m = t.ln_f.get();
-  const int64_t b = block_of(name);
-  if (b >= 0) {
-    nn::TransformerBlock& blk = (*t.h)[size_t(b)];
-    const std::string rest = owner.substr(owner.find('.', std::string("transformer.h.").size()) + 1);
-    if (rest == "ln_1") m = blk.ln_1.get();
-    if (rest == "ln_2") m = blk.ln_2.get();
-    if (rest == "attn.c_attn") m = blk.attn->c_attn.get();
-    if (rest == "attn.c_proj") m = blk.attn->c_proj.get();
-    if (rest == "mlp.c_fc") m = blk.mlp->c_fc.get();
-    if (rest == "mlp.c_proj") m = blk.mlp->c_proj.get();
+  nn::Module* owner = &root;  // a parameter of the model itself has no dot
+  if (dot != std::string::npos) {
+    auto it = modules.find(name.substr(0, dot));
+    BRIGADE_CHECK(it != modules.end(), InternalError, "model parallel: no module holds parameter {}", name);
+    owner = it->second;
   }
-  BRIGADE_CHECK(m != nullptr, InternalError, "model parallel: no module holds parameter {}", name);
-  m->set_parameter(local, Tensor::empty({0}, DType::F32, MemTag::Params));
+  owner->set_parameter(dot == std::string::npos ? name : name.substr(dot + 1),
+                       Tensor::empty({0}, DType::F32, MemTag::Params));
 }
 
 // Seconds of fn(), the median of `reps` runs (after one warm-up).
@@ -73,37 +54,96 @@ double time_median(int reps, const std::function<void()>& fn) {
   return t[t.size() / 2];
 }
 
+// Row offsets of n rows cut into m micro-batches as evenly as possible (the first n % m get one more).
+std::vector<int64_t> cut_rows(int64_t n, int m) {
+  std::vector<int64_t> lo(size_t(m) + 1, 0);
+  for (int i = 0; i < m; ++i) lo[size_t(i) + 1] = lo[size_t(i)] + n / m + (i < n % m ? 1 : 0);
+  return lo;
+}
+
 }  // namespace
 
-ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, const Stages& stages,
+ModelParallel::ModelParallel(const Recipe& r, Task& task, const Stages& stages,
                              std::shared_ptr<dist::ProcessGroup> world, const std::function<void(const std::string&)>& say)
-    : r_(r), model_(model), world_(std::move(world)), full_cfg_(model.config()), stages_(stages) {
+    : r_(r), model_(task.model()), stages_(stages), world_(std::move(world)) {
   const int dp = int(r.parallel.dp), tp = int(r.parallel.tp), pp = int(r.parallel.pp);
   mesh_ = std::make_unique<dist::DeviceMesh>(world_, dp, tp, pp);
   dp_group_ = mesh_->group_ptr(dist::DeviceMesh::DP);
   tp_group_ = mesh_->group_ptr(dist::DeviceMesh::TP);
   pp_group_ = mesh_->group_ptr(dist::DeviceMesh::PP);
-  for (auto& [name, p] : model.named_parameters()) full_shapes_.emplace_back(name, p.shape());
+  nn::Module& model = model_;
+
+  // 0. where every parameter lives: its block, or before the blocks (embed), or after them (head)
+  const auto blocks = nn::find_blocks(model);
+  BRIGADE_CHECK(int64_t(blocks.size()) == stages.num_blocks && stages.num_blocks >= 1, InternalError,
+                "model parallel: the task's stages name {} blocks, the model has {} nn::Blocks", stages.num_blocks,
+                blocks.size());
+  const nn::NamedTensors params = model.named_parameters();
+  int64_t first_block_at = -1, last_block_at = -1;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::string& name = params[i].first;
+    full_shapes_.emplace_back(name, params[i].second.shape());
+    int64_t b = -1;
+    for (size_t k = 0; k < blocks.size() && b < 0; ++k)
+      if (name.rfind(blocks[k].first + ".", 0) == 0) b = int64_t(k);
+    place_[name] = b;
+    if (b >= 0) {
+      if (first_block_at < 0) first_block_at = int64_t(i);
+      last_block_at = int64_t(i);
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    int64_t& at = place_[params[i].first];
+    if (at >= 0) continue;
+    BRIGADE_CHECK(int64_t(i) < first_block_at || int64_t(i) > last_block_at, InternalError,
+                  "model parallel: parameter {} is registered between the model's blocks, so no pipeline stage can "
+                  "own it",
+                  params[i].first);
+    at = int64_t(i) < first_block_at ? kEmbed : kHead;
+  }
+  for (const auto& [name, p] : params)
+    if (std::find(stages.tied.begin(), stages.tied.end(), name) != stages.tied.end()) tied_.push_back(name);
+  BRIGADE_CHECK(tied_.size() == stages.tied.size(), InternalError,
+                "model parallel: a tied parameter of the task's stages is not a parameter of the model");
 
   // 1. tensor parallel
-  if (tp > 1) parallel::apply_tensor_parallel(model, tp_group_);
+  BRIGADE_CHECK(tp == 1 || !stages.tp_plan.empty(), ConfigError,
+                "{}: parallel.tp = {}: model.type = \"{}\" declares no tensor-parallel plan; use parallel.dp",
+                r.path, tp, r.model.type);
+  layout_ = parallel::apply_tensor_parallel(model, stages.tp_plan, tp_group_);
 
   // 2. the pipeline: schedule, virtual stages, the cut
-  const int64_t L = full_cfg_.n_layer, M = r.parallel.microbatches, Bm = r.train.batch_size / M,
-                T = r.train.seq_len, C = full_cfg_.n_embd;
-  const double N = double(Bm * T), V = double(full_cfg_.vocab_size);
-  // forward FLOPs of one micro-batch on this rank (the backward costs about twice as much)
-  std::vector<double> block_cost(size_t(L), (24.0 * N * double(C) * double(C) + 4.0 * N * double(T) * double(C)) / tp);
-  double first_extra = 2.0 * N * double(C), last_extra = (2.0 * N * double(C) * V + 10.0 * N * V) / tp;
+  const int64_t L = stages.num_blocks, M = r.parallel.microbatches, Bm = r.train.batch_size / M;
+  const Shape act = stages.hidden(Bm);  // (Bm, T, C)
+  BRIGADE_CHECK(act.size() >= 2 && shape_numel(act) > 0, InternalError, "model parallel: stage activations {}",
+                shape_str(act));
+  // Estimated forward FLOPs of one micro-batch on this rank (the backward costs about twice as
+  // much): 2 per parameter per token for a GEMM (this rank's part of a split one), 4 N T C for
+  // a block's attention scores and values (split by heads), nothing for an embedding lookup.
+  const double C = double(act.back()), N = double(shape_numel(act)) / C, T = act.size() >= 3 ? double(act[1]) : 1.0;
+  std::set<std::string> lookups;
+  for (auto& [path, m] : model.named_modules())
+    if (dynamic_cast<nn::Embedding*>(m)) lookups.insert(path + ".weight");
+  std::vector<double> block_cost(size_t(L), 4.0 * N * T * C / tp);
+  double first_extra = 0.0, last_extra = 0.0;
+  for (const auto& [name, shape] : full_shapes_) {
+    const parallel::TpSplit& sp = layout_.split(name);
+    const double flops = 2.0 * N * double(shape_numel(shape)) / (sp.sharded ? tp : 1);
+    const int64_t at = place_.at(name);
+    if (at >= 0) block_cost[size_t(at)] += flops;
+    if ((at == kHead || tied(name)) && !(lookups.count(name) && !tied(name))) last_extra += flops;
+    if (at == kEmbed && !lookups.count(name)) first_extra += flops;
+  }
   double f_block = block_cost[0], bi_block = block_cost[0], w_block = block_cost[0];
   double f_last = last_extra, bi_last = last_extra, w_last = last_extra;
   const std::string& sched = r.parallel.schedule;
   if (sched == "dynamic" && pp > 1) {
     // Measured per-micro-batch times of one block and of the head on this rank (medians,
-    // averaged over every rank), so the simulator compares the schedules on real costs.
+    // averaged over every rank), through the task's stages on a synthetic micro-batch, so the
+    // simulator compares the schedules on real costs.
     autograd::NoGradGuard outer;
-    Tensor ids = Tensor::zeros({Bm, T}, DType::I64);  // (Bm, T)
-    Tensor x = ops::mul_scalar(Tensor::ones({Bm, T, C}, DType::F32), 0.1);  // (Bm, T, C)
+    const Batch syn = task.synthetic_batch(r.run.seed, Bm);
+    Tensor x = ops::mul_scalar(Tensor::ones(act, DType::F32), 0.1);  // (Bm, T, C)
     auto measure = [&](const std::function<Tensor(const Tensor&)>& fwd, double& f, double& bi, double& w) {
       autograd::EnableGradGuard eg;
       f = time_median(3, [&] { (void)fwd(x.clone().set_requires_grad(true)); });
@@ -134,13 +174,14 @@ ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, const Stages& 
     measure(
         [&](const Tensor& in) {
           amp::AutocastScope ac(policy);
-          return model.run_blocks(in, 0, 1);
+          return stages.blocks(in, 0, 1, syn);
         },
         f_block, bi_block, w_block);
     measure(
         [&](const Tensor& in) {
           amp::AutocastScope ac(policy);
-          return model.head_loss(in, ids);
+          Metrics unused;
+          return stages.head(in, syn, unused);
         },
         f_last, bi_last, w_last);
     double t[6] = {f_block, bi_block, w_block, f_last, bi_last, w_last};
@@ -156,10 +197,12 @@ ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, const Stages& 
     parallel::PipeCosts c;
     const int S = int(b.size()) - 1;
     for (int s = 0; s < S; ++s) {
-      const double n = double(b[size_t(s) + 1] - b[size_t(s)]);
-      c.forward.push_back(n * f_block + (s == S - 1 ? f_last : 0.0));
-      c.backward_input.push_back(n * bi_block + (s == S - 1 ? bi_last : 0.0));
-      c.backward_weight.push_back(n * w_block + (s == S - 1 ? w_last : 0.0));
+      double blk = 0.0;
+      for (int64_t i = b[size_t(s)]; i < b[size_t(s) + 1]; ++i) blk += block_cost[size_t(i)];
+      const double share = blk / block_cost[0];  // blocks of this stage, in units of block 0
+      c.forward.push_back(share * f_block + (s == S - 1 ? f_last : 0.0));
+      c.backward_input.push_back(share * bi_block + (s == S - 1 ? bi_last : 0.0));
+      c.backward_weight.push_back(share * w_block + (s == S - 1 ? w_last : 0.0));
     }
     return c;
   };
@@ -190,17 +233,23 @@ ModelParallel::ModelParallel(const Recipe& r, models::GPT& model, const Stages& 
   first_ = me == plan.rank_of(0);
   last_ = me == plan.rank_of(S - 1);
   reports_loss_ = last_ && tp_group_->rank() == 0;
-  exec_ = std::make_unique<parallel::PipelineExecutor>(plan, *pp_group_, Shape{Bm, T, C});
+  exec_ = std::make_unique<parallel::PipelineExecutor>(plan, *pp_group_, act);
 
   // 3. keep this rank's parameters, free the others
+  std::map<std::string, nn::Module*> modules;
+  for (auto& [path, m] : model.named_modules()) modules[path] = m;
   for (auto& [name, p] : model.named_parameters()) {
-    const bool mine = owner_pp(name) == me || (name == kWte && last_);  // the tied head's copy
+    const bool mine = owner_pp(name) == me || (tied(name) && last_);  // the head's copy of a tied parameter
     if (mine)
       local_.emplace_back(name, p);
     else
-      release_parameter(model, name);
+      release_parameter(model, modules, name);
   }
   if (!choice_table_.empty()) say("pipeline schedule (dynamic), candidates:\n" + choice_table_);
+}
+
+bool ModelParallel::tied(const std::string& name) const {
+  return std::find(tied_.begin(), tied_.end(), name) != tied_.end();
 }
 
 std::vector<parallel::ParamUnit> ModelParallel::units() const {
@@ -210,18 +259,19 @@ std::vector<parallel::ParamUnit> ModelParallel::units() const {
   return {u};
 }
 
-std::vector<parallel::PipeChunk> ModelParallel::chunks(const Batch& b, const amp::Policy& policy, Metrics* train,
-                                                       Metrics* eval) {
+std::vector<parallel::PipeChunk> ModelParallel::chunks(const Batch& b, const std::vector<int64_t>& rows,
+                                                       const std::vector<double>& weight, const amp::Policy& policy,
+                                                       Metrics* train, Metrics* eval) {
   const parallel::PipePlan& plan = exec_->plan();
   const int p = plan.p, S = plan.stages(), me = pp_group_->rank();
-  const int64_t Bm = b.rows / plan.m;
   std::vector<parallel::PipeChunk> out;
   for (int c = 0; c < plan.v; ++c) {
     const int s = c * p + me;
     const int64_t lo = bounds_[size_t(s)], hi = bounds_[size_t(s) + 1];
-    out.push_back({[this, s, S, lo, hi, Bm, b, policy, train, eval](int mb, const Tensor& in) {
+    out.push_back({[this, s, S, lo, hi, b, rows, weight, policy, train, eval](int mb, const Tensor& in) {
       amp::AutocastScope autocast(policy);
-      const Batch part = b.narrow(mb * Bm, Bm);
+      Batch part = b.narrow(rows[size_t(mb)], rows[size_t(mb) + 1] - rows[size_t(mb)]);
+      if (stages_.count) part.count = stages_.count(part);
       Tensor x = s == 0 ? stages_.embed(part) : in;  // (Bm, T, C)
       x = stages_.blocks(x, lo, hi, part);
       if (s != S - 1) return x;
@@ -229,7 +279,8 @@ std::vector<parallel::PipeChunk> ModelParallel::chunks(const Batch& b, const amp
         stages_.score(x, part, *eval);
         return Tensor::zeros({}, DType::F32);
       }
-      return stages_.head(x, part, *train);
+      Tensor loss = stages_.head(x, part, *train);
+      return weight.empty() ? loss : fn::mul_scalar(loss, weight[size_t(mb)]);  // its share of the batch's mean
     }});
   }
   return out;
@@ -237,47 +288,69 @@ std::vector<parallel::PipeChunk> ModelParallel::chunks(const Batch& b, const amp
 
 double ModelParallel::train_batch(const Batch& b, double loss_scale, const amp::Policy& policy, Metrics& train) {
   const int m = exec_->plan().m;
-  last_step_ = exec_->run(chunks(b, policy, &train, nullptr), loss_scale / double(m), /*train=*/true);
+  BRIGADE_CHECK(b.rows == r_.train.batch_size, InternalError, "model parallel: a training batch of {} rows, not {}",
+                b.rows, r_.train.batch_size);
+  const std::vector<int64_t> rows = cut_rows(b.rows, m);
+  // Micro-batches holding different item counts (masked tokens): each one's mean loss counts
+  // with its share of the batch's items (m x count / total, as the scale is loss_scale / m).
+  std::vector<double> weight;
+  if (stages_.count) {
+    std::vector<double> counts;
+    double total = 0.0;
+    for (int mb = 0; mb < m; ++mb) {
+      counts.push_back(double(stages_.count(b.narrow(rows[size_t(mb)], rows[size_t(mb) + 1] - rows[size_t(mb)]))));
+      total += counts.back();
+    }
+    for (double c : counts) weight.push_back(total > 0 ? double(m) * c / total : 0.0);
+  }
+  last_step_ = exec_->run(chunks(b, rows, weight, policy, &train, nullptr), loss_scale / double(m), /*train=*/true);
   return reports_loss_ ? last_step_.loss_sum / double(m) : 0.0;
 }
 
 void ModelParallel::eval_batch(const Batch& b, const amp::Policy& policy, Metrics& eval) {
-  (void)exec_->run(chunks(b, policy, nullptr, &eval), 1.0, /*train=*/false);
+  const int m = exec_->plan().m;
+  const std::vector<int64_t> rows = cut_rows(b.rows, m);
+  const amp::Policy used = stages_.score_in_fp32 ? amp::Policy{} : policy;
+  (void)exec_->run(chunks(b, rows, {}, used, nullptr, &eval), 1.0, /*train=*/false,
+                   [&](int mb) { return stages_.hidden(rows[size_t(mb) + 1] - rows[size_t(mb)]); });
 }
 
 void ModelParallel::sync_tied_gradients() {
   if (pp_group_->size() == 1 || first_ == last_) return;
-  Tensor wte;
-  for (auto& [name, p] : local_)
-    if (name == kWte) wte = p;
-  BRIGADE_CHECK(wte.defined(), InternalError, "tied embedding missing on pp rank {}", pp_group_->rank());
-  Tensor g = wte.grad();
-  if (!g.defined()) {  // the stage's backward never reached it: a zero gradient
-    wte.set_grad(Tensor::zeros(wte.shape(), DType::F32));
-    g = wte.grad();
-  }
   const int first = exec_->plan().rank_of(0), last = exec_->plan().rank_of(exec_->plan().stages() - 1);
-  const int64_t bytes = g.nbytes();
-  constexpr int kTag = 31999;
-  if (last_) {  // send ours, receive the sum
-    pp_group_->send(g.raw_data(), bytes, first, kTag);
-    pp_group_->recv(g.raw_data(), bytes, first, kTag);
-  } else {  // first: add the head's gradient to the embedding's, send the sum back
-    Tensor other = Tensor::empty(g.shape(), DType::F32, MemTag::Workspace);
-    pp_group_->recv(other.raw_data(), bytes, last, kTag);
-    ops::add_(g, other);
-    pp_group_->send(g.raw_data(), bytes, last, kTag);
+  int k = 0;
+  for (const std::string& name : tied_) {
+    Tensor w;
+    for (auto& [n, p] : local_)
+      if (n == name) w = p;
+    BRIGADE_CHECK(w.defined(), InternalError, "tied parameter {} missing on pp rank {}", name, pp_group_->rank());
+    Tensor g = w.grad();
+    if (!g.defined()) {  // the stage's backward never reached it: a zero gradient
+      w.set_grad(Tensor::zeros(w.shape(), DType::F32));
+      g = w.grad();
+    }
+    const int64_t bytes = g.nbytes();
+    const int tag = 31999 - k++;
+    if (last_) {  // send ours, receive the sum
+      pp_group_->send(g.raw_data(), bytes, first, tag);
+      pp_group_->recv(g.raw_data(), bytes, first, tag);
+    } else {  // first: add the head's gradient to the embedding's, send the sum back
+      Tensor other = Tensor::empty(g.shape(), DType::F32, MemTag::Workspace);
+      pp_group_->recv(other.raw_data(), bytes, last, tag);
+      ops::add_(g, other);
+      pp_group_->send(g.raw_data(), bytes, last, tag);
+    }
   }
 }
 
 double ModelParallel::clip_grad_norm(parallel::DataParallel& dp, double max_norm, dist::ProcessGroup& ctrl) const {
   // Count each distinct gradient element once over the mesh: ZeRO-0 replicas only on dp rank 0,
-  // tp-replicated parameters only on tp rank 0, the tied embedding only on the first stage.
+  // tp-replicated parameters only on tp rank 0, tied parameters only on the first stage.
   const bool dp_counts = dp.zero() >= 1 || mesh_->coord(dist::DeviceMesh::DP) == 0;
   const bool tp0 = tp_group_->rank() == 0;
   double sq = 0.0;
   for (auto& [name, p] : dp.optimizer_params()) {
-    if (!dp_counts || (!tp0 && parallel::tp_replicated(name)) || (name == kWte && !first_)) continue;
+    if (!dp_counts || (!tp0 && parallel::tp_replicated(layout_, name)) || (tied(name) && !first_)) continue;
     const Tensor g = p.grad();
     if (g.defined()) sq += ops::sum_squares(g);
   }
@@ -291,12 +364,12 @@ double ModelParallel::clip_grad_norm(parallel::DataParallel& dp, double max_norm
 
 int ModelParallel::owner_pp(const std::string& name) const {
   const parallel::PipePlan& plan = exec_->plan();
-  const int64_t b = block_of(name);
+  const int64_t b = place_.at(name);
   if (b >= 0) {
     const int s = int(std::upper_bound(bounds_.begin(), bounds_.end(), b) - bounds_.begin()) - 1;
     return plan.rank_of(s);
   }
-  if (name == kWte || name.rfind("transformer.wpe.", 0) == 0) return plan.rank_of(0);
+  if (b == kEmbed || tied(name)) return plan.rank_of(0);
   return plan.rank_of(plan.stages() - 1);
 }
 
@@ -313,7 +386,7 @@ nn::NamedTensors ModelParallel::gather_full() {
     Tensor full;
     if (dp0 && pp_group_->rank() == owner) {
       const Tensor mine = local.at(name);
-      full = tp > 1 ? parallel::tp_gather_param(name, mine, full_cfg_, *tp_group_) : mine.contiguous();
+      full = tp > 1 ? parallel::tp_gather_param(layout_, name, mine, *tp_group_) : mine.contiguous();
       if (world_->rank() == owner_world && owner_world != 0)
         world_->send(full.raw_data(), full.nbytes(), 0, tag % 32000);
     }
@@ -436,11 +509,9 @@ namespace {
 
 class ModelParallelExecutor : public StepExecutor {
  public:
-  ModelParallelExecutor(const Recipe& r, Task& task, models::GPT& gpt, const Stages& stages,
-                        std::shared_ptr<dist::ProcessGroup> world, const std::function<void(const std::string&)>& say)
-      : r_(r), mp_(r, gpt, stages, std::move(world), say) {
-    (void)task;
-  }
+  ModelParallelExecutor(const Recipe& r, Task& task, const Stages& stages, std::shared_ptr<dist::ProcessGroup> world,
+                        const std::function<void(const std::string&)>& say)
+      : r_(r), mp_(r, task, stages, std::move(world), say) {}
   std::vector<parallel::ParamUnit> units(int) override { return mp_.units(); }
   std::shared_ptr<dist::ProcessGroup> dp_group() override { return mp_.dp_group(); }
   Shard shard() override {
@@ -507,12 +578,11 @@ class ModelParallelExecutor : public StepExecutor {
 std::unique_ptr<StepExecutor> make_model_parallel_executor(const Recipe& r, Task& task,
                                                            std::shared_ptr<dist::ProcessGroup> world,
                                                            const std::function<void(const std::string&)>& say) {
-  auto* gpt = dynamic_cast<models::GPT*>(&task.model());
   const Stages* stages = task.stages();
-  BRIGADE_CHECK(gpt != nullptr && stages != nullptr, ConfigError,
+  BRIGADE_CHECK(stages != nullptr, ConfigError,
                 "{}: parallel.tp and parallel.pp are built for {}; model.type = \"{}\" is not: use parallel.dp",
                 r.path, model_types_with(&Capabilities::pipeline_parallel), r.model.type);
-  return std::make_unique<ModelParallelExecutor>(r, task, *gpt, *stages, std::move(world), say);
+  return std::make_unique<ModelParallelExecutor>(r, task, *stages, std::move(world), say);
 }
 
 }  // namespace brigade::train

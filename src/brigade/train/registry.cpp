@@ -232,6 +232,19 @@ std::unique_ptr<Task> make_vit_task(const Recipe& r) {
   c.dropout = &vit->dropout_generator();
   c.description = fmt::format("ViT {} layers, {} dims, {} heads, patch {}", r.model.n_layer, r.model.n_embd,
                               r.model.n_head, r.model.patch_size);
+  // Its forward in pieces for model parallelism; head and score as the task's loss() and score().
+  Stages st;
+  models::ViT* m = vit.get();
+  st.num_blocks = vit->config().num_hidden_layers;
+  st.embed = [m](const Batch& b) { return m->embed(b.at("images")); };  // (Bm, S, D)
+  st.blocks = [m](const Tensor& x, int64_t lo, int64_t hi, const Batch&) { return m->run_blocks(x, lo, hi); };
+  st.head = [m](const Tensor& x, const Batch& b, Metrics&) { return fn::cross_entropy(m->head(x), b.at("labels")); };
+  st.score = [m](const Tensor& x, const Batch& b, Metrics& metrics) { add_image_scores(m->head(x), b, metrics); };
+  const int64_t S = 1 + vit->config().num_patches(), D = vit->config().hidden_size;
+  st.hidden = [S, D](int64_t rows) { return Shape{rows, S, D}; };
+  st.tp_plan = models::ViT::tp_plan();
+  st.score_in_fp32 = true;  // as ImageClassificationTask::score
+  c.stages = std::move(st);
   return std::make_unique<ImageClassificationTask>(r, std::move(c));
 }
 
@@ -335,14 +348,14 @@ const std::vector<ModelEntry>& model_registry() {
        validate_gpt, make_lm_task},
       {"llama", "LLaMA causal language model (RMSNorm, RoPE, SwiGLU, grouped-query attention)", DataKind::Text,
        {"model.n_kv_head", "model.intermediate_size", "model.rope_theta"},
-       {.sample = true},
+       {.tensor_parallel = true, .pipeline_parallel = true, .sample = true},
        validate_llama, make_lm_task},
       {"bert", "BERT masked language model", DataKind::Text, {"model.intermediate_size", "data.mlm_probability"},
-       {.dropout = true},
+       {.tensor_parallel = true, .pipeline_parallel = true, .dropout = true},
        validate_bert, make_bert_task},
       {"vit", "ViT image classifier", DataKind::FashionMnist,
        with(kImage, {"model.patch_size", "model.intermediate_size"}),
-       {.dropout = true},
+       {.tensor_parallel = true, .pipeline_parallel = true, .dropout = true},
        validate_vit, make_vit_task},
       {"resnet18", "ResNet-18 image classifier", DataKind::FashionMnist, with(kImage, {"model.width"}),
        {.batch_norm = true},

@@ -28,6 +28,7 @@
 #include "brigade/core/tensor.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/nn/module.h"
+#include "brigade/nn/tp_plan.h"
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/train/config.h"
 
@@ -82,10 +83,15 @@ struct Loss {
   std::optional<double> value;
 };
 
-// The forward in three pieces, for pipeline parallelism: the first stage embeds, every stage
-// runs its blocks [lo, hi), the last runs the head: in training the loss (the micro-batch mean,
-// adding the task's training extras as loss() does), in evaluation the scoring (adding what
-// score() adds). hidden(rows) is the shape passed between stages.
+// The forward in three pieces, for model parallelism (train/model_parallel.h): the first stage
+// embeds, every stage runs its blocks [lo, hi), the last runs the head: in training the loss (the
+// micro-batch mean, adding the task's training extras as loss() does), in evaluation the scoring
+// (adding what score() adds). hidden(rows) is the shape passed between stages.
+// Where the parameters live under a pipeline: the model's nn::Blocks (nn::find_blocks, num_blocks
+// of them, in forward order) on their stages; the parameters registered before the first block on
+// the first stage (embed reads them), those after the last block on the last stage (the head);
+// `tied` ones (the head reads them too: a head tied to the token embedding) on both, their
+// gradients summed between the two.
 struct Stages {
   int64_t num_blocks = 0;
   std::function<Tensor(const Batch&)> embed;
@@ -93,6 +99,15 @@ struct Stages {
   std::function<Tensor(const Tensor&, const Batch&, Metrics& train)> head;
   std::function<void(const Tensor&, const Batch&, Metrics& eval)> score;
   std::function<Shape(int64_t rows)> hidden;
+  std::vector<std::string> tied;  // full parameter names
+  // The items of a micro-batch cut by Batch::narrow, when rows hold different numbers of them
+  // (masked tokens): a pipeline weights each micro-batch's mean loss by its share. Unset: every
+  // row holds the same number.
+  std::function<int64_t(const Batch&)> count;
+  // The model's tensor-parallel plan (nn/tp_plan.h), for parallel.tp > 1; empty: none.
+  nn::TpPlan tp_plan;
+  // Evaluation runs in fp32 at every precision level (the image task's score()).
+  bool score_in_fp32 = false;
 };
 
 class Task {

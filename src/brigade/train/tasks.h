@@ -145,8 +145,13 @@ struct ImageClassifier {
   Generator* dropout = nullptr;                   // the stream its dropout draws from, if any
   nn::NamedTensors buffers;                       // BatchNorm running statistics, if any
   std::string description;                        // for the "model:" line
-  std::optional<Stages> stages;                   // its forward in pieces (pipeline parallelism)
+  std::optional<Stages> stages;                   // its forward in pieces (model parallelism; ViT's: registry.cpp)
 };
+
+// What an evaluation batch of images adds from its logits (N, classes): the summed cross-entropy
+// ("loss_sum"), the argmax hits ("correct") and the images ("images"). ImageClassificationTask's
+// score() and a classifier's Stages::score (its last pipeline stage) both use it.
+void add_image_scores(const Tensor& logits, const Batch& b, Metrics& m);
 
 // Fashion-MNIST (data.dir, or Debian's folder when data.dir is left at its default). The step's
 // global batch is batch (s mod E) of epoch s / E of a shuffled permutation (E = 60000 / global

@@ -127,14 +127,36 @@ void BERT::init_weights(Generator& g) {
   }
 }
 
+Tensor BERT::embed(const Tensor& ids, const Tensor& token_type_ids) const {
+  return bert->embeddings->forward(ids, token_type_ids);  // (B, T, D)
+}
+
+Tensor BERT::run_blocks(const Tensor& x0, int64_t begin, int64_t end, const Tensor& attention_mask) const {
+  BRIGADE_CHECK(0 <= begin && begin <= end && end <= cfg_.num_hidden_layers, ValueError,
+                "BERT.run_blocks: layers [{}, {}) outside [0, {})", begin, end, cfg_.num_hidden_layers);
+  Tensor x = x0;
+  for (int64_t i = begin; i < end; ++i) x = (*bert->layer)[size_t(i)].forward(x, attention_mask);  // (B, T, D)
+  return x;
+}
+
 Tensor BERT::encode(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const {
-  Tensor x = bert->embeddings->forward(ids, token_type_ids);            // (B, T, D)
+  Tensor x = embed(ids, token_type_ids);  // (B, T, D)
   if (attention_mask.defined())
     BRIGADE_CHECK(attention_mask.shape() == ids.shape(), ShapeError,
                   "BERT.forward: attention_mask must be {} like ids, got {}", shape_str(ids.shape()),
                   shape_str(attention_mask.shape()));
-  for (const auto& l : *bert->layer) x = l->forward(x, attention_mask);  // (B, T, D)
-  return x;
+  return run_blocks(x, 0, cfg_.num_hidden_layers, attention_mask);  // (B, T, D)
+}
+
+nn::TpPlan BERT::tp_plan() {
+  using nn::TpStyle;
+  return {{{"bert.encoder.layer.*.attention.self", TpStyle::Heads},
+           {"bert.encoder.layer.*.attention.self.query", TpStyle::Column},
+           {"bert.encoder.layer.*.attention.self.key", TpStyle::Column},
+           {"bert.encoder.layer.*.attention.self.value", TpStyle::Column},
+           {"bert.encoder.layer.*.attention.output.dense", TpStyle::Row},
+           {"bert.encoder.layer.*.intermediate.dense", TpStyle::Column},
+           {"bert.encoder.layer.*.output.dense", TpStyle::Row}}};
 }
 
 Tensor BERT::head(const Tensor& hf) const {
@@ -163,6 +185,23 @@ BERT::MaskedLogits BERT::masked_logits(const Tensor& ids, const Tensor& labels, 
   std::vector<int64_t> rows, picked;
   for (size_t i = 0; i < lab.size(); ++i)
     if (lab[i] != -100) rows.push_back(int64_t(i)), picked.push_back(lab[i]);
+  if (rows.empty()) {
+    MaskedLogits out;
+    out.labels = Tensor::from_vector_i64(picked, {0});
+    out.logits = Tensor::zeros({0, cfg_.vocab_size});
+    return out;
+  }
+  return masked_head(encode(ids, attention_mask, token_type_ids), labels);
+}
+
+BERT::MaskedLogits BERT::masked_head(const Tensor& x0, const Tensor& labels) const {
+  BRIGADE_CHECK(x0.dim() == 3 && labels.dim() == 2 && x0.size(0) == labels.size(0) && x0.size(1) == labels.size(1),
+                ShapeError, "BERT.masked_head: x must be (B, T, D) and labels (B, T), got {} and {}",
+                shape_str(x0.shape()), shape_str(labels.shape()));
+  const std::vector<int64_t> lab = labels.to_vector_i64();
+  std::vector<int64_t> rows, picked;
+  for (size_t i = 0; i < lab.size(); ++i)
+    if (lab[i] != -100) rows.push_back(int64_t(i)), picked.push_back(lab[i]);
   const int64_t M = int64_t(rows.size());
   MaskedLogits out;
   out.labels = Tensor::from_vector_i64(picked, {M});
@@ -170,7 +209,7 @@ BERT::MaskedLogits BERT::masked_logits(const Tensor& ids, const Tensor& labels, 
     out.logits = Tensor::zeros({0, cfg_.vocab_size});
     return out;
   }
-  const Tensor x = F::reshape(encode(ids, attention_mask, token_type_ids), {ids.numel(), cfg_.hidden_size});
+  const Tensor x = F::reshape(x0, {labels.numel(), cfg_.hidden_size});      // (B*T, D)
   out.logits = head(F::embedding(x, Tensor::from_vector_i64(rows, {M})));  // rows of x, then (M, V)
   return out;
 }

@@ -16,6 +16,7 @@
 #pragma once
 #include "brigade/core/rng.h"
 #include "brigade/nn/ext_encoder.h"
+#include "brigade/nn/tp_plan.h"
 
 namespace brigade::models {
 
@@ -111,6 +112,23 @@ class BERT : public nn::Module {
   // ignore_index -100 (what ops::cross_entropy defines for that case).
   Tensor mlm_loss(const Tensor& ids, const Tensor& labels, const Tensor& attention_mask = Tensor(),
                   const Tensor& token_type_ids = Tensor()) const;
+  // The forward in pieces, for pipeline stages:
+  // masked_logits(ids, labels, mask, types) == masked_head(run_blocks(embed(ids, types), 0, L, mask), labels)
+  // whenever a position is labelled.
+  Tensor embed(const Tensor& ids, const Tensor& token_type_ids = Tensor()) const;  // (B, T) -> (B, T, D)
+  // Layers [begin, end) on x (B, T, D); attention_mask (B, T) of 0 / 1 or undefined.
+  Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end, const Tensor& attention_mask = Tensor()) const;
+  // The prediction head on the labelled rows of the encoder's output x (B, T, D); M == 0 gives
+  // (0, V) unrecorded logits, as masked_logits.
+  MaskedLogits masked_head(const Tensor& x, const Tensor& labels) const;
+  // The tied decoder reads word_embeddings in the head: a pipeline keeps it on its first and
+  // last stage and sums its gradients.
+  std::vector<std::string> tied_parameters() const { return {"bert.embeddings.word_embeddings.weight"}; }
+  // The tensor-parallel plan (nn/tp_plan.h): in every encoder layer attention.self.{query, key,
+  // value} and intermediate.dense column-parallel, attention.output.dense and output.dense
+  // row-parallel, the heads divided. The embeddings, the LayerNorms, the row-parallel biases and
+  // the prediction head (with the tied decoder) are replicated: every rank computes them alike.
+  static nn::TpPlan tp_plan();
   // Fraction of the labelled positions (label != -100) whose argmax logit is the label (no graph
   // recorded); 0 when no position is labelled.
   double mlm_accuracy(const Tensor& ids, const Tensor& labels, const Tensor& attention_mask = Tensor(),

@@ -106,6 +106,16 @@ Tensor GPT::loss(const Tensor& ids, const Tensor& targets) const {
   return head_loss(run_blocks(embed(ids), 0, cfg_.n_layer), targets);
 }
 
+nn::TpPlan GPT::tp_plan() {
+  using nn::TpStyle;
+  return {{{"transformer.wte", TpStyle::VocabEmbedding},
+           {"transformer.h.*.attn", TpStyle::Heads},
+           {"transformer.h.*.attn.c_attn", TpStyle::Column, 3},  // [q | k | v], each split by heads
+           {"transformer.h.*.attn.c_proj", TpStyle::Row},
+           {"transformer.h.*.mlp.c_fc", TpStyle::Column},
+           {"transformer.h.*.mlp.c_proj", TpStyle::Row}}};
+}
+
 std::vector<std::pair<std::string, nn::Module*>> GPT::blocks() {
   std::vector<std::pair<std::string, nn::Module*>> out;
   const auto& h = *transformer->h;

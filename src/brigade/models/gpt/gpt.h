@@ -44,13 +44,20 @@ class GPT : public CausalLM {
   Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy, 0-d
   // The forward in pieces, for plans that cut the model into pipeline stages:
   // loss(ids, targets) == head_loss(run_blocks(embed(ids), 0, n_layer), targets).
-  Tensor embed(const Tensor& ids) const;                             // ids (B, T) -> (B, T, C)
-  Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const;  // blocks [begin, end): (B, T, C)
+  Tensor embed(const Tensor& ids) const override;                    // ids (B, T) -> (B, T, C)
+  Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const override;  // blocks [begin, end): (B, T, C)
   // The head runs through the token embedding (wte->attend / wte->lm_loss), so a plan that
-  // shards the vocabulary (parallel/tensor_parallel.h) computes the loss without full
+  // shards the vocabulary (tp_plan() below) computes the loss without full
   // logits; on such a model head_logits, forward and forward_flat are a ValueError.
   Tensor head_logits(const Tensor& x) const;                         // ln_f + tied head: (B, T, C) -> (B*T, V)
-  Tensor head_loss(const Tensor& x, const Tensor& targets) const;    // ln_f, head, mean cross-entropy: 0-d
+  Tensor head_loss(const Tensor& x, const Tensor& targets) const override;  // ln_f, head, mean cross-entropy: 0-d
+  int64_t hidden_size() const override { return cfg_.n_embd; }
+  std::vector<std::string> tied_parameters() const override { return {"transformer.wte.weight"}; }
+  // The tensor-parallel plan (nn/tp_plan.h, Megatron-LM): wte vocabulary-parallel (lookup and
+  // the tied head), attn.c_attn column-parallel by heads of q, k and v (groups 3), mlp.c_fc
+  // column-parallel, attn.c_proj and mlp.c_proj row-parallel, each attention's heads divided;
+  // wpe, the LayerNorms and the row-parallel biases replicated.
+  static nn::TpPlan tp_plan();
   // Model FLOPs per token of one training step (forward + backward): 6N + 12 L T C with
   // N = all parameters (the tied head makes wte a GEMM operand), as in PaLM's MFU appendix.
   double flops_per_token(int64_t T) const override;

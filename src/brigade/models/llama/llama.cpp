@@ -37,6 +37,20 @@ Tensor LlamaAttention::forward(const Tensor& x) const {
   return o_proj->forward(y);                                             // (B, T, C)
 }
 
+void LlamaAttention::check_heads(int64_t parts) const {
+  BRIGADE_CHECK(parts >= 1 && n_head % parts == 0 && n_kv_head % parts == 0, ConfigError,
+                "tensor parallelism: parallel.tp = {} must divide model.n_head = {} and model.n_kv_head = {} (each "
+                "rank computes whole query heads and the key/value heads they share); choose a parallel.tp that "
+                "divides both",
+                parts, n_head, n_kv_head);
+}
+
+void LlamaAttention::divide_heads(int64_t parts) {
+  check_heads(parts);
+  n_head /= parts;
+  n_kv_head /= parts;
+}
+
 LlamaMLP::LlamaMLP(const LLaMAConfig& c) {
   const int64_t C = c.hidden_size, I = c.intermediate_size;
   gate_proj = register_module("gate_proj", std::make_shared<nn::Linear>(C, I, false));
@@ -105,16 +119,52 @@ void LLaMA::init_weights(Generator& g) {
   }
 }
 
-Tensor LLaMA::forward_flat(const Tensor& ids) const {
+Tensor LLaMA::embed(const Tensor& ids) const {
   BRIGADE_CHECK(ids.dim() == 2, ShapeError, "LLaMA.forward: ids must be (B, T), got {}", ids.str());
-  const int64_t B = ids.size(0), T = ids.size(1);
+  const int64_t T = ids.size(1);
   BRIGADE_CHECK(T <= cfg_.max_position, ShapeError,
                 "LLaMA.forward: sequence length {} exceeds max_position {}; shorten the input or raise max_position",
                 T, cfg_.max_position);
-  Tensor x = model->embed_tokens->forward(ids);                         // (B, T, C)
-  for (const auto& layer : *model->layers) x = layer->forward(x);       // (B, T, C)
-  x = F::reshape(model->norm->forward(x), {B * T, cfg_.hidden_size});  // (B*T, C)
-  return lm_head->forward(x);                                           // (B*T, V)
+  return model->embed_tokens->forward(ids);  // (B, T, C)
+}
+
+Tensor LLaMA::run_blocks(const Tensor& x0, int64_t begin, int64_t end) const {
+  BRIGADE_CHECK(0 <= begin && begin <= end && end <= cfg_.n_layer, ValueError,
+                "LLaMA.run_blocks: layers [{}, {}) outside [0, {})", begin, end, cfg_.n_layer);
+  Tensor x = x0;
+  for (int64_t i = begin; i < end; ++i) x = (*model->layers)[size_t(i)].forward(x);  // (B, T, C)
+  return x;
+}
+
+namespace {
+// norm, flattened: (B, T, C) -> (B*T, C)
+Tensor head_features(const LlamaModel& m, const Tensor& x, int64_t C) {
+  BRIGADE_CHECK(x.dim() == 3, ShapeError, "LLaMA head: x must be (B, T, C), got {}", x.str());
+  return F::reshape(m.norm->forward(x), {x.size(0) * x.size(1), C});  // (B*T, C)
+}
+}  // namespace
+
+Tensor LLaMA::forward_flat(const Tensor& ids) const {
+  const Tensor x = head_features(*model, run_blocks(embed(ids), 0, cfg_.n_layer), cfg_.hidden_size);  // (B*T, C)
+  return lm_head->forward(x);                                                                        // (B*T, V)
+}
+
+Tensor LLaMA::head_loss(const Tensor& x, const Tensor& targets) const {
+  return lm_head->lm_loss(head_features(*model, x, cfg_.hidden_size), targets.reshape({targets.numel()}));  // 0-d
+}
+
+nn::TpPlan LLaMA::tp_plan() {
+  using nn::TpStyle;
+  return {{{"model.embed_tokens", TpStyle::VocabEmbedding},
+           {"model.layers.*.self_attn", TpStyle::Heads},
+           {"model.layers.*.self_attn.q_proj", TpStyle::Column},
+           {"model.layers.*.self_attn.k_proj", TpStyle::Column},
+           {"model.layers.*.self_attn.v_proj", TpStyle::Column},
+           {"model.layers.*.self_attn.o_proj", TpStyle::Row},
+           {"model.layers.*.mlp.gate_proj", TpStyle::Column},
+           {"model.layers.*.mlp.up_proj", TpStyle::Column},
+           {"model.layers.*.mlp.down_proj", TpStyle::Row},
+           {"lm_head", TpStyle::VocabHead}}};
 }
 
 std::vector<std::pair<std::string, nn::Module*>> LLaMA::blocks() {
@@ -144,7 +194,7 @@ Tensor LLaMA::forward(const Tensor& ids) const {
 Tensor LLaMA::loss(const Tensor& ids, const Tensor& targets) const {
   BRIGADE_CHECK(targets.shape() == ids.shape(), ShapeError, "LLaMA.loss: targets {} must match ids {}",
                 targets.str(), ids.str());
-  return F::cross_entropy(forward_flat(ids), targets.reshape({targets.numel()}));  // 0-d
+  return head_loss(run_blocks(embed(ids), 0, cfg_.n_layer), targets);  // 0-d
 }
 
 double LLaMA::flops_per_token(int64_t T) const {

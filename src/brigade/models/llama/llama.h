@@ -29,6 +29,7 @@
 #include "brigade/core/rng.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/nn/layers.h"
+#include "brigade/nn/tp_plan.h"
 
 namespace brigade::models {
 
@@ -57,13 +58,17 @@ class RMSNorm : public nn::Module {
   void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
 
-// Causal grouped-query self-attention with rotary embeddings ("self_attn").
-class LlamaAttention : public nn::Module {
+// Causal grouped-query self-attention with rotary embeddings ("self_attn"). Under tensor
+// parallelism (nn::HeadParallel) a rank computes n_head / tp query heads and n_kv_head / tp kv
+// heads: rank r's query heads are exactly those its kv heads serve, so GQA needs no exchange.
+class LlamaAttention : public nn::Module, public nn::HeadParallel {
  public:
   explicit LlamaAttention(const LLaMAConfig& c);
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  void check_heads(int64_t parts) const override;  // parts must divide n_head and n_kv_head
+  void divide_heads(int64_t parts) override;
   std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
-  int64_t n_head, n_kv_head, head_dim;
+  int64_t n_head, n_kv_head, head_dim;  // the heads this layer computes
   double rope_theta;
 };
 
@@ -111,6 +116,18 @@ class LLaMA : public CausalLM {
   Tensor forward(const Tensor& ids) const override;             // ids (B, T) -> logits (B, T, V)
   Tensor forward_flat(const Tensor& ids) const;                 // ids (B, T) -> logits (B*T, V)
   Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy, 0-d
+  // The forward in pieces, for pipeline stages (as GPT's):
+  // loss(ids, targets) == head_loss(run_blocks(embed(ids), 0, n_layer), targets).
+  Tensor embed(const Tensor& ids) const override;                               // ids (B, T) -> (B, T, C)
+  Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const override;  // layers [begin, end)
+  // norm, lm_head and the mean cross-entropy, through lm_head->lm_loss (so a vocabulary-sharded
+  // head computes it without the full logits; forward / forward_flat then refuse).
+  Tensor head_loss(const Tensor& x, const Tensor& targets) const override;      // 0-d
+  int64_t hidden_size() const override { return cfg_.hidden_size; }
+  // The tensor-parallel plan (nn/tp_plan.h): embed_tokens vocabulary-parallel, lm_head a
+  // vocabulary-parallel head, q/k/v/gate/up column-parallel, o/down row-parallel, each
+  // attention's query and kv heads divided; the RMSNorms replicated.
+  static nn::TpPlan tp_plan();
   // Model FLOPs per token of one training step (forward + backward), PaLM's MFU count:
   // 6 N + 12 L T C, with N = all parameters except embed_tokens (a lookup, not a GEMM; the
   // untied lm_head is counted), and 12 L T C for the attention scores and values (GQA shares

@@ -112,11 +112,34 @@ void ViT::init_weights(Generator& g) {
 }
 
 Tensor ViT::forward(const Tensor& images) const {
-  Tensor x = vit->embeddings->forward(images);                  // (N, S, D)
-  for (const auto& l : *vit->layer) x = l->forward(x);           // (N, S, D)
-  x = vit->layernorm->forward(x);                                // (N, S, D)
+  return head(run_blocks(embed(images), 0, cfg_.num_hidden_layers));  // (N, num_labels)
+}
+
+Tensor ViT::embed(const Tensor& images) const { return vit->embeddings->forward(images); }  // (N, S, D)
+
+Tensor ViT::run_blocks(const Tensor& x0, int64_t begin, int64_t end) const {
+  BRIGADE_CHECK(0 <= begin && begin <= end && end <= cfg_.num_hidden_layers, ValueError,
+                "ViT.run_blocks: layers [{}, {}) outside [0, {})", begin, end, cfg_.num_hidden_layers);
+  Tensor x = x0;
+  for (int64_t i = begin; i < end; ++i) x = (*vit->layer)[size_t(i)].forward(x);  // (N, S, D)
+  return x;
+}
+
+Tensor ViT::head(const Tensor& x0) const {
+  const Tensor x = vit->layernorm->forward(x0);                                        // (N, S, D)
   const Tensor cls = F::reshape(F::narrow(x, 1, 0, 1), {x.size(0), cfg_.hidden_size});  // (N, D)
-  return classifier->forward(cls);                               // (N, num_labels)
+  return classifier->forward(cls);                                                      // (N, num_labels)
+}
+
+nn::TpPlan ViT::tp_plan() {
+  using nn::TpStyle;
+  return {{{"vit.encoder.layer.*.attention.attention", TpStyle::Heads},
+           {"vit.encoder.layer.*.attention.attention.query", TpStyle::Column},
+           {"vit.encoder.layer.*.attention.attention.key", TpStyle::Column},
+           {"vit.encoder.layer.*.attention.attention.value", TpStyle::Column},
+           {"vit.encoder.layer.*.attention.output.dense", TpStyle::Row},
+           {"vit.encoder.layer.*.intermediate.dense", TpStyle::Column},
+           {"vit.encoder.layer.*.output.dense", TpStyle::Row}}};
 }
 
 Tensor ViT::loss(const Tensor& images, const Tensor& labels) const {

@@ -16,6 +16,7 @@
 #pragma once
 #include "brigade/core/rng.h"
 #include "brigade/nn/ext_encoder.h"
+#include "brigade/nn/tp_plan.h"
 
 namespace brigade::models {
 
@@ -85,6 +86,15 @@ class ViT : public nn::Module {
   // a=-2, b=2): the bounds are absolute (100 sigma), so the distribution is the same normal.
   void init_weights(Generator& gen);
   Tensor forward(const Tensor& images) const;  // (N, C, H, W) -> logits (N, num_labels)
+  // The forward in pieces, for pipeline stages: forward(images) == head(run_blocks(embed(images), 0, L)).
+  Tensor embed(const Tensor& images) const;                              // (N, C, H, W) -> (N, S, D)
+  Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const;  // layers [begin, end): (N, S, D)
+  Tensor head(const Tensor& x) const;  // final LayerNorm, CLS token, classifier: (N, S, D) -> (N, num_labels)
+  // The tensor-parallel plan (nn/tp_plan.h): in every encoder layer attention.attention.{query,
+  // key, value} and intermediate.dense column-parallel, attention.output.dense and output.dense
+  // row-parallel, the heads divided. The embeddings, the LayerNorms, the row-parallel biases and
+  // the classifier are replicated: every rank computes them alike.
+  static nn::TpPlan tp_plan();
   // Mean cross-entropy (0-d) of forward(images) against labels (N) i32/i64 in [0, num_labels).
   Tensor loss(const Tensor& images, const Tensor& labels) const;
   // Model FLOPs of one training step per image (forward + backward = 3x forward): the GEMMs

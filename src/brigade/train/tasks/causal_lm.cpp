@@ -132,20 +132,22 @@ std::string CausalLMTask::final_line(const Metrics& m) const {
 }
 
 const Stages* CausalLMTask::stages() {
-  auto* gpt = dynamic_cast<models::GPT*>(model_.get());
-  if (!gpt) return nullptr;
   if (!stages_) {
+    models::CausalLM* lm = model_.get();
     Stages st;
-    st.num_blocks = gpt->config().n_layer;
-    st.embed = [gpt](const Batch& b) { return gpt->embed(b.at("ids")); };  // (Bm, T, C)
-    st.blocks = [gpt](const Tensor& x, int64_t lo, int64_t hi, const Batch&) { return gpt->run_blocks(x, lo, hi); };
-    st.head = [gpt](const Tensor& x, const Batch& b, Metrics&) { return gpt->head_loss(x, b.at("targets")); };
-    st.score = [gpt](const Tensor& x, const Batch& b, Metrics& m) {
-      m.add("loss_sum", gpt->head_loss(x, b.at("targets")).item());
+    st.num_blocks = int64_t(lm->blocks().size());
+    st.embed = [lm](const Batch& b) { return lm->embed(b.at("ids")); };  // (Bm, T, C)
+    st.blocks = [lm](const Tensor& x, int64_t lo, int64_t hi, const Batch&) { return lm->run_blocks(x, lo, hi); };
+    st.head = [lm](const Tensor& x, const Batch& b, Metrics&) { return lm->head_loss(x, b.at("targets")); };
+    st.score = [lm](const Tensor& x, const Batch& b, Metrics& m) {  // as score()
+      m.add("loss_sum", lm->head_loss(x, b.at("targets")).item());
       m.add("batches", 1.0);
     };
-    const int64_t T = r_.train.seq_len, C = gpt->config().n_embd;
+    const int64_t T = r_.train.seq_len, C = lm->hidden_size();
     st.hidden = [T, C](int64_t rows) { return Shape{rows, T, C}; };
+    st.tied = lm->tied_parameters();
+    if (dynamic_cast<models::GPT*>(lm)) st.tp_plan = models::GPT::tp_plan();
+    if (dynamic_cast<models::LLaMA*>(lm)) st.tp_plan = models::LLaMA::tp_plan();
     stages_ = std::move(st);
   }
   return &*stages_;

@@ -117,7 +117,11 @@ Metrics ImageClassificationTask::evaluate(bool final, const Shard& s, const Scor
 
 void ImageClassificationTask::score(const Batch& b, Metrics& m) {
   amp::AutocastScope fp32(amp::Policy{});  // evaluation runs in fp32 at every precision level
-  const Tensor logits = c_.forward(b.at("images")).contiguous();  // (N, classes)
+  add_image_scores(c_.forward(b.at("images")), b, m);
+}
+
+void add_image_scores(const Tensor& logits_in, const Batch& b, Metrics& m) {
+  const Tensor logits = logits_in.contiguous();  // (N, classes)
   m.add("loss_sum", fn::cross_entropy(logits, b.at("labels")).item() * double(b.rows));
   const Tensor lf = logits.dtype() == DType::F32 ? logits : logits.to(DType::F32).contiguous();
   const float* p = lf.data<float>();

@@ -151,12 +151,12 @@ Batch MaskedLMTask::batch(int64_t step, int64_t micro, int64_t micro_steps, cons
   return b;
 }
 
-Loss MaskedLMTask::loss(const Batch& b, int64_t, Metrics& m) {
-  const int64_t V = model_->config().vocab_size;
-  const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V), (M)
+namespace {
+
+// The masked tokens' mean cross-entropy (M > 0 of them), adding the argmax hits and the count
+// to the training extras.
+Tensor masked_loss(const models::BERT::MaskedLogits& ml, int64_t V, Metrics& m) {
   const int64_t M = ml.labels.numel();
-  if (M == 0)  // this micro-batch holds no masked token: no contribution (the trainer weights it by 0)
-    return {fn::mul_scalar(fn::sum_all(ml.logits), 0.0)};
   Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);  // 0-d
   const Tensor lg = ml.logits.dtype() == DType::F32 ? ml.logits.detach().contiguous()
                                                      : ml.logits.detach().to(DType::F32).contiguous();  // 16-bit under O2
@@ -169,7 +169,33 @@ Loss MaskedLMTask::loss(const Batch& b, int64_t, Metrics& m) {
   }
   m.add("train_correct", double(correct));
   m.add("train_masked", double(M));
-  return {loss};
+  return loss;
+}
+
+// What an evaluation batch adds: the summed cross-entropy, argmax hits and masked count (M > 0).
+void add_masked_scores(const models::BERT::MaskedLogits& ml, int64_t V, Metrics& m) {
+  const int64_t M = ml.labels.numel();
+  const Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);
+  const Tensor lg = ml.logits.dtype() == DType::F32 ? ml.logits.contiguous() : ml.logits.to(DType::F32).contiguous();
+  const float* p = lg.data<float>();
+  const int64_t* y = ml.labels.data<int64_t>();
+  int64_t correct = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    const float* row = p + i * V;
+    correct += int64_t(std::max_element(row, row + V) - row) == y[i] ? 1 : 0;
+  }
+  m.add("loss_sum", loss.item() * double(M));
+  m.add("correct", double(correct));
+  m.add("masked", double(M));
+}
+
+}  // namespace
+
+Loss MaskedLMTask::loss(const Batch& b, int64_t, Metrics& m) {
+  const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V), (M)
+  if (ml.labels.numel() == 0)  // this micro-batch holds no masked token: no contribution (the trainer weights it by 0)
+    return {fn::mul_scalar(fn::sum_all(ml.logits), 0.0)};
+  return {masked_loss(ml, model_->config().vocab_size, m)};
 }
 
 nlohmann::json MaskedLMTask::train_fields(const Metrics& m, int64_t) const {
@@ -200,21 +226,8 @@ Metrics MaskedLMTask::evaluate(bool, const Shard& s, const Scorer& score) {
 
 void MaskedLMTask::score(const Batch& b, Metrics& m) {
   if (b.count == 0) return;
-  Metrics unused;
-  const int64_t V = model_->config().vocab_size;
   const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V)
-  const Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);
-  const Tensor lg = ml.logits.dtype() == DType::F32 ? ml.logits.contiguous() : ml.logits.to(DType::F32).contiguous();
-  const float* p = lg.data<float>();
-  const int64_t* y = ml.labels.data<int64_t>();
-  int64_t correct = 0;
-  for (int64_t i = 0; i < b.count; ++i) {
-    const float* row = p + i * V;
-    correct += int64_t(std::max_element(row, row + V) - row) == y[i] ? 1 : 0;
-  }
-  m.add("loss_sum", loss.item() * double(b.count));
-  m.add("correct", double(correct));
-  m.add("masked", double(b.count));
+  add_masked_scores(ml, model_->config().vocab_size, m);
 }
 
 nlohmann::json MaskedLMTask::eval_fields(const Metrics& m) const {
@@ -240,7 +253,32 @@ std::string MaskedLMTask::final_line(const Metrics& m) const {
                      100.0 * unigram_accuracy_);
 }
 
-const Stages* MaskedLMTask::stages() { return nullptr; }
+const Stages* MaskedLMTask::stages() {
+  if (!stages_) {
+    models::BERT* bert = model_.get();
+    const int64_t V = bert->config().vocab_size, T = r_.train.seq_len, D = bert->config().hidden_size;
+    Stages st;
+    st.num_blocks = bert->config().num_hidden_layers;
+    st.embed = [bert](const Batch& b) { return bert->embed(b.at("ids")); };  // (Bm, T, D)
+    st.blocks = [bert](const Tensor& x, int64_t lo, int64_t hi, const Batch&) { return bert->run_blocks(x, lo, hi); };
+    st.head = [bert, V](const Tensor& x, const Batch& b, Metrics& m) {  // as loss()
+      const models::BERT::MaskedLogits ml = bert->masked_head(x, b.at("labels"));
+      // no masked token in this micro-batch: a zero loss whose gradient still reaches the stage's input
+      if (ml.labels.numel() == 0) return fn::mul_scalar(fn::sum_all(x), 0.0);
+      return masked_loss(ml, V, m);
+    };
+    st.score = [bert, V](const Tensor& x, const Batch& b, Metrics& m) {  // as score()
+      const models::BERT::MaskedLogits ml = bert->masked_head(x, b.at("labels"));
+      if (ml.labels.numel() > 0) add_masked_scores(ml, V, m);
+    };
+    st.hidden = [T, D](int64_t rows) { return Shape{rows, T, D}; };
+    st.tied = bert->tied_parameters();
+    st.count = [](const Batch& b) { return count_labelled(b.at("labels")); };  // masked tokens differ per row
+    st.tp_plan = models::BERT::tp_plan();
+    stages_ = std::move(st);
+  }
+  return &*stages_;
+}
 
 int64_t MaskedLMTask::eval_rows() const { return r_.train.batch_size; }
 

@@ -1,0 +1,28 @@
+// Tensor-parallel plans as data; see tp_plan.h.
+#include "brigade/nn/tp_plan.h"
+
+namespace brigade::nn {
+
+const char* tp_style_name(TpStyle s) {
+  switch (s) {
+    case TpStyle::Column: return "column";
+    case TpStyle::Row: return "row";
+    case TpStyle::VocabEmbedding: return "vocab_embedding";
+    case TpStyle::VocabHead: return "vocab_head";
+    case TpStyle::Heads: return "heads";
+  }
+  return "?";
+}
+
+bool tp_path_matches(std::string_view pattern, std::string_view path) {
+  for (;;) {
+    const size_t pd = pattern.find('.'), qd = path.find('.');
+    const std::string_view ps = pattern.substr(0, pd), qs = path.substr(0, qd);
+    if (ps != "*" && ps != qs) return false;
+    if (pd == std::string_view::npos || qd == std::string_view::npos) return pd == qd;
+    pattern.remove_prefix(pd + 1);
+    path.remove_prefix(qd + 1);
+  }
+}
+
+}  // namespace brigade::nn
