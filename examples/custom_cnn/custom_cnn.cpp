@@ -1,7 +1,7 @@
 // A model that is not in Brigade's zoo, trained through the library: the small CNN of
 // MindSpore's mixed-precision example (conv 3 -> 32, ReLU, 2x2 max-pool, flatten, dense to 10
 // classes, on 32 x 32 x 3 inputs). Everything here is user code outside src/: the model is an
-// nn::Module, the task is the library's ImageClassificationTask (Fashion-MNIST, padded to 32 x 32
+// nn::Module, the task is the library's image-classification task (Fashion-MNIST, padded to 32 x 32
 // and repeated to 3 channels by a fixed 1x1 convolution), and train::train supplies the rest as
 // for any zoo model — the step, O2 fp16 with a static loss scale of 1024 (the recipe beside this
 // file), the schedule, evaluation, metrics.jsonl, checkpoints, Ctrl-C.
@@ -87,11 +87,11 @@ int run(int argc, char** argv) {
   };
   c.flops_per_image = SmallCNN::flops_per_image();
   c.description = "SmallCNN (user model: conv 3->32, ReLU, max-pool 2, dense 8192->10)";
-  train::ImageClassificationTask task(r, c);
+  const std::unique_ptr<train::Task> task = train::image_classification_task(r, c);
 
   train::TrainOptions o;
   o.sample = false;
-  const train::TrainResult res = train::train(r, o, task);
+  const train::TrainResult res = train::train(r, o, *task);
   if (dist::Env::world_rank() != 0) return 0;
   std::printf("%s\n", res.evaluated ? res.final_line.c_str() : "no evaluation");
 

@@ -1,4 +1,4 @@
-// CLIP contrastive training through the one trainer (ContrastiveTask, train/tasks.h): the recipe -> CLIPConfig mapping
+// CLIP contrastive training through the one trainer (the contrastive task, train/tasks.h): the recipe -> CLIPConfig mapping
 // (text tower defaults, tokenizer vocabulary and context), a tiny CLIP trained for a few dozen
 // steps on real Fashion-MNIST image-caption pairs learns (loss falls, zero-shot accuracy on the
 // 10000 held-out test images well above the 10% of chance), writes metrics.jsonl, loss.svg and a

@@ -209,7 +209,7 @@ std::unique_ptr<Task> make_lm_task(const Recipe& r) {
     if (auto* llama = dynamic_cast<models::LLaMA*>(model.get())) llama->init_weights(init);
   }
   model->dropout_generator().manual_seed(r.run.seed + 1);
-  return std::make_unique<CausalLMTask>(r, std::move(model));
+  return causal_lm_task(r, std::move(model));
 }
 
 std::unique_ptr<Task> make_bert_task(const Recipe& r) {
@@ -217,7 +217,7 @@ std::unique_ptr<Task> make_bert_task(const Recipe& r) {
   Generator init(r.run.seed);
   model->init_weights(init);
   model->dropout_generator().manual_seed(r.run.seed + 1);
-  return std::make_unique<MaskedLMTask>(r, std::move(model));
+  return masked_lm_task(r, std::move(model));
 }
 
 std::unique_ptr<Task> make_vit_task(const Recipe& r) {
@@ -243,9 +243,9 @@ std::unique_ptr<Task> make_vit_task(const Recipe& r) {
   const int64_t S = 1 + vit->config().num_patches(), D = vit->config().hidden_size;
   st.hidden = [S, D](int64_t rows) { return Shape{rows, S, D}; };
   st.tp_plan = models::ViT::tp_plan();
-  st.score_in_fp32 = true;  // as ImageClassificationTask::score
+  st.score_in_fp32 = true;  // as the image task's score()
   c.stages = std::move(st);
-  return std::make_unique<ImageClassificationTask>(r, std::move(c));
+  return image_classification_task(r, std::move(c));
 }
 
 // ResNet FLOPs of one training step per image: 3 x the forward's 2 FLOPs per multiply-add of
@@ -295,7 +295,7 @@ std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
   c.flops_per_image = resnet_flops_per_image(resnet->config(), r.model.image_size);
   c.buffers = resnet->named_buffers();
   c.description = fmt::format("ResNet-{} layout, width {}", r.model.type == "resnet50" ? 50 : 18, r.model.width);
-  return std::make_unique<ImageClassificationTask>(r, std::move(c));
+  return image_classification_task(r, std::move(c));
 }
 
 std::unique_ptr<Task> make_swin_task(const Recipe& r) {
@@ -309,7 +309,7 @@ std::unique_ptr<Task> make_swin_task(const Recipe& r) {
   c.description = fmt::format("Swin, embed {}, depths {}, window {}, patch {}", r.model.n_embd,
                               r.model.depths.empty() ? "2,2" : r.model.depths, r.model.window_size,
                               r.model.patch_size);
-  return std::make_unique<ImageClassificationTask>(r, std::move(c));
+  return image_classification_task(r, std::move(c));
 }
 
 std::unique_ptr<Task> make_clip_task(const Recipe& r) {
@@ -317,7 +317,7 @@ std::unique_ptr<Task> make_clip_task(const Recipe& r) {
   auto clip = std::make_unique<models::CLIP>(clip_config(r.model, tok));
   Generator init(r.run.seed);
   clip->init_weights(init);
-  return std::make_unique<ContrastiveTask>(r, std::move(clip));
+  return contrastive_task(r, std::move(clip));
 }
 
 // The optional model keys: each row lists those it reads; the others must keep their defaults.

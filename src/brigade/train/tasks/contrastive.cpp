@@ -1,5 +1,6 @@
 // Contrastive image-caption training (CLIP) with zero-shot evaluation; see tasks.h.
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstring>
 
@@ -8,6 +9,8 @@
 #include "brigade/autograd/ext_clip.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
+#include "brigade/data/ext_captions.h"
+#include "brigade/data/ext_fashion_mnist.h"
 #include "brigade/train/tasks.h"
 
 namespace brigade::train {
@@ -32,241 +35,264 @@ uint64_t augment_seed(uint64_t seed, int64_t step) { return seed * 1000003ull + 
 
 }  // namespace
 
-ContrastiveTask::ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model)
-    : r_(r), model_(std::move(model)) {}
+namespace {
 
-std::string ContrastiveTask::describe() {
-  const models::CLIPConfig& c = model_->config();
-  return fmt::format("CLIP, image tower {} layers x {}, patch {}; text tower {} layers x {}, context {}, vocab {}; "
-                     "projection {}; {} parameters",
-                     c.vision.num_hidden_layers, c.vision.hidden_size, c.vision.patch_size, c.text.num_hidden_layers,
-                     c.text.hidden_size, tok_.max_length(), tok_.vocab_size(), c.projection_dim,
-                     model_->num_parameters());
-}
-
-void ContrastiveTask::open_data(dist::ProcessGroup&, const std::function<void(const std::string&)>&) {
-  const std::string dir = fashion_mnist_dir(r_);
-  train_set_.emplace(dir, data::FashionMnist::Split::Train);
-  test_set_.emplace(dir, data::FashionMnist::Split::Test);
-  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-  BRIGADE_CHECK(G >= 2 && G <= train_set_->size(), ConfigError,
-                "recipe {}: a contrastive global batch (train.batch_size x accumulation x dp = {}) needs 2 to {} (the "
-                "training images) pairs",
-                r_.path, G, train_set_->size());
-}
-
-std::string ContrastiveTask::data_summary() {
-  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-  return fmt::format("Fashion-MNIST image-caption pairs, {} train / {} test images, {:.2f} epochs of {} pairs{}",
-                     train_set_->size(), test_set_->size(), double(r_.train.steps * G) / double(train_set_->size()),
-                     G, r_.data.augment ? ", augmented" : "");
-}
-
-Batch ContrastiveTask::batch(int64_t step, int64_t micro, int64_t micro_steps, const Shard& s) {
-  const int64_t B = r_.train.batch_size, G = B * micro_steps * s.world, ctx = tok_.max_length();
-  if (cached_step_ != step || cached_global_ != G) {
-    const data::ShuffledBatchSampler sampler(train_set_->size(), G, r_.run.seed, /*drop_last=*/true);
-    const int64_t per_epoch = sampler.batches_per_epoch();
-    Generator aug(augment_seed(r_.run.seed, step));
-    const data::FashionMnist::Batch fb =
-        train_set_->batch(sampler.batch(step / per_epoch, step % per_epoch), r_.data.augment ? &aug : nullptr);
-    const data::CaptionPairs pairs =
-        data::make_caption_pairs(tok_, fb.labels.to_vector_i64(), train_caption_seed(r_.run.seed, step), ctx);
-    cached_ = Batch();
-    cached_.t["images"] = fb.images;              // (G, 1, 28, 28)
-    cached_.t["ids"] = pairs.tokens.ids;          // (G, ctx)
-    cached_.t["lengths"] = pairs.tokens.lengths;  // (G)
-    cached_.rows = cached_.count = G;
-    cached_step_ = step, cached_global_ = G;
+// CLIP on Fashion-MNIST image-caption pairs (caption i describes image i's class in a template
+// drawn from (run.seed, step)). Images as the classifier's global batch. The loss is CLIP's
+// symmetric InfoNCE over the whole global batch: when the batch is split (accumulation or data
+// parallelism) begin_step embeds every micro-batch without a graph, gathers the embeddings of
+// all ranks, computes the global loss and its gradient with respect to every embedding and the
+// logit scale, and each micro-step backpropagates its share through a re-run of its towers
+// (GradCache, Gao et al. 2021); unsplit, the loss is computed directly (the same numbers).
+// After each step logit_scale is clamped to [0, ln 100]. Evaluation: zero-shot accuracy over the
+// 10 class prompts, and the contrastive loss of test pairs in chunks of 500.
+class ContrastiveTask : public Task {
+ public:
+  ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model) : r_(r), model_(std::move(model)) {}
+  nn::Module& model() override { return *model_; }
+  std::vector<parallel::ParamUnit> units(int zero) override { return single_unit_below_zero3(*model_, zero); }
+  models::CLIP& clip() { return *model_; }
+  std::string describe() override {
+    const models::CLIPConfig& c = model_->config();
+    return fmt::format("CLIP, image tower {} layers x {}, patch {}; text tower {} layers x {}, context {}, vocab {}; "
+                       "projection {}; {} parameters",
+                       c.vision.num_hidden_layers, c.vision.hidden_size, c.vision.patch_size, c.text.num_hidden_layers,
+                       c.text.hidden_size, tok_.max_length(), tok_.vocab_size(), c.projection_dim,
+                       model_->num_parameters());
   }
-  return G == B ? cached_ : cached_.narrow((micro * s.world + s.rank) * B, B);
-}
-
-void ContrastiveTask::begin_step(std::vector<Batch>& micro, const Shard& s) {
-  const int64_t A = int64_t(micro.size()), D = s.world;
-  split_ = A * D;
-  cached_grads_ = split_ > 1;
-  if (!cached_grads_) return;
-  // GradCache: the global batch's embeddings without a graph, gathered from every rank ...
-  const int64_t B = r_.train.batch_size, E = model_->config().projection_dim, G = B * A * D;
-  std::vector<float> mine(size_t(A * 2 * B * E));
-  {
-    autograd::NoGradGuard ng;
+  void open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) override {
+    const std::string dir = fashion_mnist_dir(r_);
+    train_set_.emplace(dir, data::FashionMnist::Split::Train);
+    test_set_.emplace(dir, data::FashionMnist::Split::Test);
+    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+    BRIGADE_CHECK(G >= 2 && G <= train_set_->size(), ConfigError,
+                  "recipe {}: a contrastive global batch (train.batch_size x accumulation x dp = {}) needs 2 to {} (the "
+                  "training images) pairs",
+                  r_.path, G, train_set_->size());
+  }
+  ItemKind item_kind() const override { return ItemKind::Pair; }
+  double flops_per_item() const override { return model_->flops_per_pair(); }
+  std::string data_summary() override {
+    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+    return fmt::format("Fashion-MNIST image-caption pairs, {} train / {} test images, {:.2f} epochs of {} pairs{}",
+                       train_set_->size(), test_set_->size(), double(r_.train.steps * G) / double(train_set_->size()),
+                       G, r_.data.augment ? ", augmented" : "");
+  }
+  Batch batch(int64_t step, int64_t micro, int64_t micro_steps, const Shard& s) override {
+    const int64_t B = r_.train.batch_size, G = B * micro_steps * s.world, ctx = tok_.max_length();
+    if (cached_step_ != step || cached_global_ != G) {
+      const data::ShuffledBatchSampler sampler(train_set_->size(), G, r_.run.seed, /*drop_last=*/true);
+      const int64_t per_epoch = sampler.batches_per_epoch();
+      Generator aug(augment_seed(r_.run.seed, step));
+      const data::FashionMnist::Batch fb =
+          train_set_->batch(sampler.batch(step / per_epoch, step % per_epoch), r_.data.augment ? &aug : nullptr);
+      const data::CaptionPairs pairs =
+          data::make_caption_pairs(tok_, fb.labels.to_vector_i64(), train_caption_seed(r_.run.seed, step), ctx);
+      cached_ = Batch();
+      cached_.t["images"] = fb.images;              // (G, 1, 28, 28)
+      cached_.t["ids"] = pairs.tokens.ids;          // (G, ctx)
+      cached_.t["lengths"] = pairs.tokens.lengths;  // (G)
+      cached_.rows = cached_.count = G;
+      cached_step_ = step, cached_global_ = G;
+    }
+    return G == B ? cached_ : cached_.narrow((micro * s.world + s.rank) * B, B);
+  }
+  bool needs_whole_step() const override { return true; }  // the loss couples the whole global batch
+  void begin_step(std::vector<Batch>& micro, const Shard& s) override {
+    const int64_t A = int64_t(micro.size()), D = s.world;
+    split_ = A * D;
+    cached_grads_ = split_ > 1;
+    if (!cached_grads_) return;
+    // GradCache: the global batch's embeddings without a graph, gathered from every rank ...
+    const int64_t B = r_.train.batch_size, E = model_->config().projection_dim, G = B * A * D;
+    std::vector<float> mine(size_t(A * 2 * B * E));
+    {
+      autograd::NoGradGuard ng;
+      for (int64_t m = 0; m < A; ++m) {
+        // the text tower first, as CLIP::logits runs them (ZeRO-3 gathers the blocks in that order)
+        const Tensor txt =
+            model_->encode_text(micro[size_t(m)].at("ids"), micro[size_t(m)].at("lengths")).to(DType::F32).contiguous();
+        const Tensor img = model_->encode_image(micro[size_t(m)].at("images")).to(DType::F32).contiguous();  // (B, E)
+        std::memcpy(mine.data() + size_t(m * 2 * B * E), img.data<float>(), size_t(B * E) * sizeof(float));
+        std::memcpy(mine.data() + size_t((m * 2 + 1) * B * E), txt.data<float>(), size_t(B * E) * sizeof(float));
+      }
+    }
+    std::vector<float> all(size_t(D) * mine.size());
+    if (D > 1)
+      s.group->allgather(mine.data(), all.data(), std::vector<int64_t>(size_t(D), int64_t(mine.size())));
+    else
+      all = mine;
+    // ... in the global batch's row order (micro-step m of replica r holds rows [(m D + r) B, +B)),
+    Tensor img_all = Tensor::empty({G, E}, DType::F32), txt_all = Tensor::empty({G, E}, DType::F32);  // (G, E)
+    for (int64_t r = 0; r < D; ++r)
+      for (int64_t m = 0; m < A; ++m) {
+        const float* src = all.data() + size_t(r) * mine.size() + size_t(m * 2 * B * E);
+        const int64_t row = (m * D + r) * B;
+        std::memcpy(img_all.data<float>() + row * E, src, size_t(B * E) * sizeof(float));
+        std::memcpy(txt_all.data<float>() + row * E, src + B * E, size_t(B * E) * sizeof(float));
+      }
+    // ... the global loss and its gradient with respect to every embedding and the logit scale (fp32).
+    amp::AutocastScope fp32(amp::Policy{});
+    img_all.set_requires_grad(true);
+    txt_all.set_requires_grad(true);
+    Tensor scale = Tensor::full({}, model_->logit_scale.item(), DType::F32);  // 0-d, a leaf copy
+    scale.set_requires_grad(true);
+    const Tensor logits =
+        fn::mul(fn::reshape(fn::exp(scale), {1, 1}), fn::matmul(img_all, txt_all, false, true));  // (G, G)
+    const Tensor loss = model_->contrastive_loss_from_logits(logits);
+    autograd::backward(loss);
+    global_loss_ = loss.item();
+    scale_grad_ = scale.grad().item();
+    img_grad_.clear();
+    txt_grad_.clear();
     for (int64_t m = 0; m < A; ++m) {
-      // the text tower first, as CLIP::logits runs them (ZeRO-3 gathers the blocks in that order)
-      const Tensor txt =
-          model_->encode_text(micro[size_t(m)].at("ids"), micro[size_t(m)].at("lengths")).to(DType::F32).contiguous();
-      const Tensor img = model_->encode_image(micro[size_t(m)].at("images")).to(DType::F32).contiguous();  // (B, E)
-      std::memcpy(mine.data() + size_t(m * 2 * B * E), img.data<float>(), size_t(B * E) * sizeof(float));
-      std::memcpy(mine.data() + size_t((m * 2 + 1) * B * E), txt.data<float>(), size_t(B * E) * sizeof(float));
+      const int64_t row = (m * D + s.rank) * B;
+      img_grad_.push_back(img_all.grad().narrow(0, row, B).contiguous());  // (B, E)
+      txt_grad_.push_back(txt_all.grad().narrow(0, row, B).contiguous());  // (B, E)
     }
   }
-  std::vector<float> all(size_t(D) * mine.size());
-  if (D > 1)
-    s.group->allgather(mine.data(), all.data(), std::vector<int64_t>(size_t(D), int64_t(mine.size())));
-  else
-    all = mine;
-  // ... in the global batch's row order (micro-step m of replica r holds rows [(m D + r) B, +B)),
-  Tensor img_all = Tensor::empty({G, E}, DType::F32), txt_all = Tensor::empty({G, E}, DType::F32);  // (G, E)
-  for (int64_t r = 0; r < D; ++r)
-    for (int64_t m = 0; m < A; ++m) {
-      const float* src = all.data() + size_t(r) * mine.size() + size_t(m * 2 * B * E);
-      const int64_t row = (m * D + r) * B;
-      std::memcpy(img_all.data<float>() + row * E, src, size_t(B * E) * sizeof(float));
-      std::memcpy(txt_all.data<float>() + row * E, src + B * E, size_t(B * E) * sizeof(float));
+  Loss loss(const Batch& b, int64_t micro, Metrics& m) override {
+    if (!cached_grads_) return {model_->contrastive_loss(b.at("images"), b.at("ids"), b.at("lengths")), {}};  // 0-d
+    // A surrogate whose gradient is this micro-batch's share of the global loss's: the trainer
+    // averages micro-steps and ranks (1 / (A D)), hence the factor A D on the embedding terms; the
+    // logit scale's gradient is the same on every micro-step and rank.
+    const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E); text first, as CLIP::logits
+    const Tensor img = model_->encode_image(b.at("images"));                // (B, E)
+    const Tensor dots = fn::add(fn::sum_all(fn::mul(img, img_grad_[size_t(micro)])),
+                                fn::sum_all(fn::mul(txt, txt_grad_[size_t(micro)])));  // ()
+    const Tensor surrogate =
+        fn::add(fn::mul_scalar(dots, double(split_)), fn::mul_scalar(model_->logit_scale, scale_grad_));
+    return {surrogate, global_loss_};
+  }
+  void after_update(const nn::NamedTensors& master) override {
+    for (auto [name, p] : master) {
+      if (name != "logit_scale" || p.numel() == 0) continue;
+      const double s = p.item();
+      if (s > kMaxLogitScale)
+        p.fill_(kMaxLogitScale);
+      else if (s < 0.0)
+        p.fill_(0.0);
     }
-  // ... the global loss and its gradient with respect to every embedding and the logit scale (fp32).
-  amp::AutocastScope fp32(amp::Policy{});
-  img_all.set_requires_grad(true);
-  txt_all.set_requires_grad(true);
-  Tensor scale = Tensor::full({}, model_->logit_scale.item(), DType::F32);  // 0-d, a leaf copy
-  scale.set_requires_grad(true);
-  const Tensor logits =
-      fn::mul(fn::reshape(fn::exp(scale), {1, 1}), fn::matmul(img_all, txt_all, false, true));  // (G, G)
-  const Tensor loss = model_->contrastive_loss_from_logits(logits);
-  autograd::backward(loss);
-  global_loss_ = loss.item();
-  scale_grad_ = scale.grad().item();
-  img_grad_.clear();
-  txt_grad_.clear();
-  for (int64_t m = 0; m < A; ++m) {
-    const int64_t row = (m * D + s.rank) * B;
-    img_grad_.push_back(img_all.grad().narrow(0, row, B).contiguous());  // (B, E)
-    txt_grad_.push_back(txt_all.grad().narrow(0, row, B).contiguous());  // (B, E)
   }
-}
-
-Loss ContrastiveTask::loss(const Batch& b, int64_t micro, Metrics&) {
-  if (!cached_grads_) return {model_->contrastive_loss(b.at("images"), b.at("ids"), b.at("lengths")), {}};  // 0-d
-  // A surrogate whose gradient is this micro-batch's share of the global loss's: the trainer
-  // averages micro-steps and ranks (1 / (A D)), hence the factor A D on the embedding terms; the
-  // logit scale's gradient is the same on every micro-step and rank.
-  const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E); text first, as CLIP::logits
-  const Tensor img = model_->encode_image(b.at("images"));                // (B, E)
-  const Tensor dots = fn::add(fn::sum_all(fn::mul(img, img_grad_[size_t(micro)])),
-                              fn::sum_all(fn::mul(txt, txt_grad_[size_t(micro)])));  // ()
-  const Tensor surrogate =
-      fn::add(fn::mul_scalar(dots, double(split_)), fn::mul_scalar(model_->logit_scale, scale_grad_));
-  return {surrogate, global_loss_};
-}
-
-void ContrastiveTask::after_update(const nn::NamedTensors& master) {
-  for (auto [name, p] : master) {
-    if (name != "logit_scale" || p.numel() == 0) continue;
-    const double s = p.item();
-    if (s > kMaxLogitScale)
-      p.fill_(kMaxLogitScale);
-    else if (s < 0.0)
-      p.fill_(0.0);
+  nlohmann::json train_fields(const Metrics& m, int64_t step) const override {
+    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+    const int64_t per_epoch = std::max<int64_t>(1, (train_set_ ? train_set_->size() : 60000) / G);
+    nlohmann::json j{{"epoch", (step - 1) / per_epoch}};
+    // ZeRO-3 keeps the scale sharded between steps: not logged then
+    if (model_->logit_scale.materialized()) j["logit_scale"] = model_->logit_scale.item();
+    return j;
   }
-}
-
-nlohmann::json ContrastiveTask::train_fields(const Metrics&, int64_t step) const {
-  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-  const int64_t per_epoch = std::max<int64_t>(1, (train_set_ ? train_set_->size() : 60000) / G);
-  nlohmann::json j{{"epoch", (step - 1) / per_epoch}};
-  // ZeRO-3 keeps the scale sharded between steps: not logged then
-  if (model_->logit_scale.materialized()) j["logit_scale"] = model_->logit_scale.item();
-  return j;
-}
-
-std::string ContrastiveTask::train_progress(const Metrics& m, int64_t step) const {
-  return fmt::format(" | epoch {}", train_fields(m, step)["epoch"].get<int64_t>());
-}
-
-Metrics ContrastiveTask::evaluate(bool final, const Shard& s, const Scorer& score) {
-  const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-  const int64_t n = std::min(final ? test_set_->size() : r_.train.eval_batches * G, test_set_->size());
-  const int64_t ctx = tok_.max_length();
-  prepare_eval();
-  Metrics m, elsewhere;
-  int64_t chunk = 0;
-  for (int64_t lo = 0; lo < n; lo += kEvalChunk, ++chunk) {
-    // The test-pair loss couples a chunk's rows, so chunks are not split: every replica runs every
-    // chunk (the same forwards on every rank, as ZeRO-3's collective gathers need) and counts the
-    // chunks dealt to it.
-    const int64_t hi = std::min(n, lo + kEvalChunk);
-    std::vector<int64_t> idx(size_t(hi - lo));
-    for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
-    const data::FashionMnist::Batch fb = test_set_->batch(idx);
-    const data::CaptionPairs pairs = data::make_caption_pairs(tok_, fb.labels.to_vector_i64(),
-                                                              test_caption_seed(r_.run.seed, lo / kEvalChunk), ctx);
+  std::string train_progress(const Metrics& m, int64_t step) const override {
+    return fmt::format(" | epoch {}", train_fields(m, step)["epoch"].get<int64_t>());
+  }
+  Metrics evaluate(bool final, const Shard& s, const Scorer& score) override {
+    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
+    const int64_t n = std::min(final ? test_set_->size() : r_.train.eval_batches * G, test_set_->size());
+    const int64_t ctx = tok_.max_length();
+    prepare_eval();
+    Metrics m, elsewhere;
+    int64_t chunk = 0;
+    for (int64_t lo = 0; lo < n; lo += kEvalChunk, ++chunk) {
+      // The test-pair loss couples a chunk's rows, so chunks are not split: every replica runs every
+      // chunk (the same forwards on every rank, as ZeRO-3's collective gathers need) and counts the
+      // chunks dealt to it.
+      const int64_t hi = std::min(n, lo + kEvalChunk);
+      std::vector<int64_t> idx(size_t(hi - lo));
+      for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
+      const data::FashionMnist::Batch fb = test_set_->batch(idx);
+      const data::CaptionPairs pairs = data::make_caption_pairs(tok_, fb.labels.to_vector_i64(),
+                                                                test_caption_seed(r_.run.seed, lo / kEvalChunk), ctx);
+      Batch b;
+      b.t["images"] = fb.images;
+      b.t["labels"] = fb.labels;
+      b.t["ids"] = pairs.tokens.ids;
+      b.t["lengths"] = pairs.tokens.lengths;
+      b.rows = b.count = hi - lo;
+      score(b, chunk % s.world == s.rank ? m : elsewhere);
+    }
+    return m;
+  }
+  void score(const Batch& b, Metrics& m) override {
+    const Tensor img = model_->encode_image(b.at("images"));  // (m, E)
+    // zero-shot: argmax of the cosine similarities, ties to the lowest class id
+    const std::vector<float> sim = fn::matmul(img, class_embeds_, false, true).to_vector();  // (m, K)
+    const std::vector<int64_t> labels = b.at("labels").to_vector_i64();
+    const int64_t K = class_embeds_.size(0);
+    int64_t correct = 0;
+    for (int64_t i = 0; i < b.rows; ++i) {
+      int64_t pred = 0;
+      for (int64_t k = 1; k < K; ++k)
+        if (sim[size_t(i * K + k)] > sim[size_t(i * K + pred)]) pred = k;
+      correct += pred == labels[size_t(i)] ? 1 : 0;
+    }
+    // the contrastive loss of this chunk's (image, caption) pairs
+    const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (m, E)
+    m.add("loss_sum", model_->contrastive_loss_from_logits(model_->logits_from_embeds(img, txt)).item() * double(b.rows));
+    m.add("correct", double(correct));
+    m.add("images", double(b.rows));
+  }
+  std::vector<std::string> eval_metric_keys() const override { return {"loss_sum", "correct", "images"}; }
+  nlohmann::json eval_fields(const Metrics& m) const override {
+    const double n = m.get("images");
+    return {{"val_loss", n > 0 ? m.get("loss_sum") / n : 0.0},
+            {"zero_shot_accuracy", n > 0 ? m.get("correct") / n : 0.0},
+            {"test_images", int64_t(n)}};
+  }
+  std::string eval_line(const Metrics& m) const override {
+    const double n = m.get("images");
+    return fmt::format("zero-shot test accuracy: {:.2f}% ({}/{}) over the 10 class captions | test-pair contrastive "
+                       "loss {:.4f}",
+                       n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
+                       n > 0 ? m.get("loss_sum") / n : 0.0);
+  }
+  std::string final_line(const Metrics& m) const override {
+    const double n = m.get("images");
+    return fmt::format("final zero-shot test accuracy: {:.2f}% ({}/{}) | test-pair contrastive loss {:.4f}",
+                       n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
+                       n > 0 ? m.get("loss_sum") / n : 0.0);
+  }
+  Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
+    const int64_t B = rows > 0 ? rows : r_.train.batch_size, ctx = tok_.max_length();
+    Tensor images = Tensor::empty({B, 1, 28, 28}, DType::F32);  // (B, 1, 28, 28)
+    Generator g(seed);
+    float* p = images.data<float>();
+    for (int64_t i = 0; i < images.numel(); ++i) p[i] = float(g.uniform_double() * 2.0 - 1.0);
+    std::vector<int64_t> labels(static_cast<size_t>(B), 0);
+    for (auto& y : labels) y = std::min<int64_t>(int64_t(g.uniform_double() * 10.0), 9);
+    const data::CaptionPairs pairs = data::make_caption_pairs(tok_, labels, seed, ctx);
     Batch b;
-    b.t["images"] = fb.images;
-    b.t["labels"] = fb.labels;
+    b.t["images"] = images;
+    b.t["labels"] = Tensor::from_vector_i64(labels, {B});  // (B): for score()
     b.t["ids"] = pairs.tokens.ids;
     b.t["lengths"] = pairs.tokens.lengths;
-    b.rows = b.count = hi - lo;
-    score(b, chunk % s.world == s.rank ? m : elsewhere);
+    b.rows = b.count = B;
+    return b;
   }
-  return m;
-}
-
-void ContrastiveTask::score(const Batch& b, Metrics& m) {
-  const Tensor img = model_->encode_image(b.at("images"));  // (m, E)
-  // zero-shot: argmax of the cosine similarities, ties to the lowest class id
-  const std::vector<float> sim = fn::matmul(img, class_embeds_, false, true).to_vector();  // (m, K)
-  const std::vector<int64_t> labels = b.at("labels").to_vector_i64();
-  const int64_t K = class_embeds_.size(0);
-  int64_t correct = 0;
-  for (int64_t i = 0; i < b.rows; ++i) {
-    int64_t pred = 0;
-    for (int64_t k = 1; k < K; ++k)
-      if (sim[size_t(i * K + k)] > sim[size_t(i * K + pred)]) pred = k;
-    correct += pred == labels[size_t(i)] ? 1 : 0;
+  int64_t eval_rows() const override { return kEvalChunk; }
+  void prepare_eval() override {  // the 10 class prompts' embeddings
+    const data::TokenBatch prompts = tok_.batch(data::zero_shot_prompts(tok_.class_names()), tok_.max_length());
+    class_embeds_ = model_->encode_text(prompts.ids, prompts.lengths);  // (K, E)
   }
-  // the contrastive loss of this chunk's (image, caption) pairs
-  const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (m, E)
-  m.add("loss_sum", model_->contrastive_loss_from_logits(model_->logits_from_embeds(img, txt)).item() * double(b.rows));
-  m.add("correct", double(correct));
-  m.add("images", double(b.rows));
-}
 
-nlohmann::json ContrastiveTask::eval_fields(const Metrics& m) const {
-  const double n = m.get("images");
-  return {{"val_loss", n > 0 ? m.get("loss_sum") / n : 0.0},
-          {"zero_shot_accuracy", n > 0 ? m.get("correct") / n : 0.0},
-          {"test_images", int64_t(n)}};
-}
+ private:
+  Recipe r_;
+  std::unique_ptr<models::CLIP> model_;
+  data::CaptionTokenizer tok_;
+  std::optional<data::FashionMnist> train_set_, test_set_;
+  int64_t cached_step_ = -1, cached_global_ = 0;
+  Batch cached_;
+  // GradCache state of the current step (split batches only)
+  bool cached_grads_ = false;
+  std::vector<Tensor> img_grad_, txt_grad_;  // per micro-batch: d loss / d embedding, (B, E)
+  double scale_grad_ = 0.0, global_loss_ = 0.0;
+  int64_t split_ = 1;                        // micro-steps x world of the current step
+  Tensor class_embeds_;                      // eval: the 10 prompts' embeddings
+};
 
-std::string ContrastiveTask::eval_line(const Metrics& m) const {
-  const double n = m.get("images");
-  return fmt::format("zero-shot test accuracy: {:.2f}% ({}/{}) over the 10 class captions | test-pair contrastive "
-                     "loss {:.4f}",
-                     n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
-                     n > 0 ? m.get("loss_sum") / n : 0.0);
-}
+}  // namespace
 
-std::string ContrastiveTask::final_line(const Metrics& m) const {
-  const double n = m.get("images");
-  return fmt::format("final zero-shot test accuracy: {:.2f}% ({}/{}) | test-pair contrastive loss {:.4f}",
-                     n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
-                     n > 0 ? m.get("loss_sum") / n : 0.0);
-}
-
-int64_t ContrastiveTask::eval_rows() const { return kEvalChunk; }
-
-void ContrastiveTask::prepare_eval() {
-  const data::TokenBatch prompts = tok_.batch(data::zero_shot_prompts(tok_.class_names()), tok_.max_length());
-  class_embeds_ = model_->encode_text(prompts.ids, prompts.lengths);  // (K, E)
-}
-
-Batch ContrastiveTask::synthetic_batch(uint64_t seed, int64_t rows) {
-  const int64_t B = rows > 0 ? rows : r_.train.batch_size, ctx = tok_.max_length();
-  Tensor images = Tensor::empty({B, 1, 28, 28}, DType::F32);  // (B, 1, 28, 28)
-  Generator g(seed);
-  float* p = images.data<float>();
-  for (int64_t i = 0; i < images.numel(); ++i) p[i] = float(g.uniform_double() * 2.0 - 1.0);
-  std::vector<int64_t> labels(static_cast<size_t>(B), 0);
-  for (auto& y : labels) y = std::min<int64_t>(int64_t(g.uniform_double() * 10.0), 9);
-  const data::CaptionPairs pairs = data::make_caption_pairs(tok_, labels, seed, ctx);
-  Batch b;
-  b.t["images"] = images;
-  b.t["labels"] = Tensor::from_vector_i64(labels, {B});  // (B): for score()
-  b.t["ids"] = pairs.tokens.ids;
-  b.t["lengths"] = pairs.tokens.lengths;
-  b.rows = b.count = B;
-  return b;
+std::unique_ptr<Task> contrastive_task(const Recipe& r, std::unique_ptr<models::CLIP> model) {
+  return std::make_unique<ContrastiveTask>(r, std::move(model));
 }
 
 }  // namespace brigade::train
