@@ -1,6 +1,4 @@
 // Contrastive image-caption training (CLIP) with zero-shot evaluation; see tasks.h.
-#include <algorithm>
-#include <optional>
 #include <cmath>
 #include <cstring>
 
@@ -10,16 +8,15 @@
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/data/ext_captions.h"
-#include "brigade/data/ext_fashion_mnist.h"
 #include "brigade/train/tasks.h"
+#include "brigade/train/tasks/fashion.h"
 
 namespace brigade::train {
 
 namespace {
 
-// Test images per evaluation chunk (and per group of test pairs for the contrastive loss);
-// independent of train.batch_size so `brigade eval` reproduces the run's final numbers exactly.
-constexpr int64_t kEvalChunk = 500;
+// Test images per evaluation chunk, and per group of test pairs for the contrastive loss.
+constexpr int64_t kEvalChunk = FashionMnistData::kEvalChunk;
 // CLIP clamps logit_scale to ln(100): logits are at most 100 x cosine similarity.
 const double kMaxLogitScale = std::log(100.0);
 
@@ -31,7 +28,6 @@ uint64_t train_caption_seed(uint64_t seed, int64_t step) {
 uint64_t test_caption_seed(uint64_t seed, int64_t chunk) {
   return seed * 0x9E3779B97F4A7C15ull + 0x7E57ull * 1000003ull + uint64_t(chunk) + (uint64_t(1) << 40);
 }
-uint64_t augment_seed(uint64_t seed, int64_t step) { return seed * 1000003ull + uint64_t(step) + 7; }
 
 }  // namespace
 
@@ -48,7 +44,8 @@ namespace {
 // 10 class prompts, and the contrastive loss of test pairs in chunks of 500.
 class ContrastiveTask : public Task {
  public:
-  ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model) : r_(r), model_(std::move(model)) {}
+  ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model)
+      : r_(r), model_(std::move(model)), data_(r) {}
   nn::Module& model() override { return *model_; }
   std::vector<parallel::ParamUnit> units(int zero) override { return single_unit_below_zero3(*model_, zero); }
   models::CLIP& clip() { return *model_; }
@@ -61,31 +58,15 @@ class ContrastiveTask : public Task {
                        model_->num_parameters());
   }
   void open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) override {
-    const std::string dir = fashion_mnist_dir(r_);
-    train_set_.emplace(dir, data::FashionMnist::Split::Train);
-    test_set_.emplace(dir, data::FashionMnist::Split::Test);
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    BRIGADE_CHECK(G >= 2 && G <= train_set_->size(), ConfigError,
-                  "recipe {}: a contrastive global batch (train.batch_size x accumulation x dp = {}) needs 2 to {} (the "
-                  "training images) pairs",
-                  r_.path, G, train_set_->size());
+    data_.open(2, ": the contrastive loss needs two pairs at least");
   }
   ItemKind item_kind() const override { return ItemKind::Pair; }
   double flops_per_item() const override { return model_->flops_per_pair(); }
-  std::string data_summary() override {
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    return fmt::format("Fashion-MNIST image-caption pairs, {} train / {} test images, {:.2f} epochs of {} pairs{}",
-                       train_set_->size(), test_set_->size(), double(r_.train.steps * G) / double(train_set_->size()),
-                       G, r_.data.augment ? ", augmented" : "");
-  }
+  std::string data_summary() override { return data_.summary("image-caption pairs"); }
   Batch batch(int64_t step, int64_t micro, int64_t micro_steps, const Shard& s) override {
     const int64_t B = r_.train.batch_size, G = B * micro_steps * s.world, ctx = tok_.max_length();
     if (cached_step_ != step || cached_global_ != G) {
-      const data::ShuffledBatchSampler sampler(train_set_->size(), G, r_.run.seed, /*drop_last=*/true);
-      const int64_t per_epoch = sampler.batches_per_epoch();
-      Generator aug(augment_seed(r_.run.seed, step));
-      const data::FashionMnist::Batch fb =
-          train_set_->batch(sampler.batch(step / per_epoch, step % per_epoch), r_.data.augment ? &aug : nullptr);
+      const data::FashionMnist::Batch& fb = data_.global_batch(step, G);
       const data::CaptionPairs pairs =
           data::make_caption_pairs(tok_, fb.labels.to_vector_i64(), train_caption_seed(r_.run.seed, step), ctx);
       cached_ = Batch();
@@ -175,9 +156,7 @@ class ContrastiveTask : public Task {
     }
   }
   nlohmann::json train_fields(const Metrics& m, int64_t step) const override {
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    const int64_t per_epoch = std::max<int64_t>(1, (train_set_ ? train_set_->size() : 60000) / G);
-    nlohmann::json j{{"epoch", (step - 1) / per_epoch}};
+    nlohmann::json j{{"epoch", data_.epoch(step - 1)}};
     // ZeRO-3 keeps the scale sharded between steps: not logged then
     if (model_->logit_scale.materialized()) j["logit_scale"] = model_->logit_scale.item();
     return j;
@@ -186,8 +165,7 @@ class ContrastiveTask : public Task {
     return fmt::format(" | epoch {}", train_fields(m, step)["epoch"].get<int64_t>());
   }
   Metrics evaluate(bool final, const Shard& s, const Scorer& score) override {
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    const int64_t n = std::min(final ? test_set_->size() : r_.train.eval_batches * G, test_set_->size());
+    const int64_t n = data_.eval_images(final);
     const int64_t ctx = tok_.max_length();
     prepare_eval();
     Metrics m, elsewhere;
@@ -197,9 +175,7 @@ class ContrastiveTask : public Task {
       // chunk (the same forwards on every rank, as ZeRO-3's collective gathers need) and counts the
       // chunks dealt to it.
       const int64_t hi = std::min(n, lo + kEvalChunk);
-      std::vector<int64_t> idx(size_t(hi - lo));
-      for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
-      const data::FashionMnist::Batch fb = test_set_->batch(idx);
+      const data::FashionMnist::Batch fb = data_.test(lo, hi);
       const data::CaptionPairs pairs = data::make_caption_pairs(tok_, fb.labels.to_vector_i64(),
                                                                 test_caption_seed(r_.run.seed, lo / kEvalChunk), ctx);
       Batch b;
@@ -253,12 +229,9 @@ class ContrastiveTask : public Task {
   }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
     const int64_t B = rows > 0 ? rows : r_.train.batch_size, ctx = tok_.max_length();
-    Tensor images = Tensor::empty({B, 1, 28, 28}, DType::F32);  // (B, 1, 28, 28)
     Generator g(seed);
-    float* p = images.data<float>();
-    for (int64_t i = 0; i < images.numel(); ++i) p[i] = float(g.uniform_double() * 2.0 - 1.0);
-    std::vector<int64_t> labels(static_cast<size_t>(B), 0);
-    for (auto& y : labels) y = std::min<int64_t>(int64_t(g.uniform_double() * 10.0), 9);
+    std::vector<int64_t> labels;
+    const Tensor images = FashionMnistData::synthetic_images(g, B, labels);  // (B, 1, 28, 28)
     const data::CaptionPairs pairs = data::make_caption_pairs(tok_, labels, seed, ctx);
     Batch b;
     b.t["images"] = images;
@@ -278,7 +251,7 @@ class ContrastiveTask : public Task {
   Recipe r_;
   std::unique_ptr<models::CLIP> model_;
   data::CaptionTokenizer tok_;
-  std::optional<data::FashionMnist> train_set_, test_set_;
+  FashionMnistData data_;
   int64_t cached_step_ = -1, cached_global_ = 0;
   Batch cached_;
   // GradCache state of the current step (split batches only)

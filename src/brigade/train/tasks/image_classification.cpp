@@ -1,25 +1,13 @@
 // Image classification on Fashion-MNIST (ViT, ResNet, Swin, user models); see tasks.h.
 #include <algorithm>
-#include <optional>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
-#include "brigade/data/ext_fashion_mnist.h"
 #include "brigade/train/tasks.h"
+#include "brigade/train/tasks/fashion.h"
 
 namespace brigade::train {
-
-namespace {
-
-// Test-set evaluation runs in chunks of this many images (independent of train.batch_size and
-// of the data-parallel split, so `brigade eval` reproduces a run's final numbers exactly).
-constexpr int64_t kEvalChunk = 500;
-
-// Augmentation draws of step s (crop offsets and flips over the global batch, in order).
-uint64_t augment_seed(uint64_t seed, int64_t step) { return seed * 1000003ull + uint64_t(step) + 7; }
-
-}  // namespace
 
 std::string fashion_mnist_dir(const Recipe& r) {
   return r.data.dir == DataConfig{}.dir ? std::string(data::kFashionMnistDir) : r.data.dir;
@@ -43,15 +31,11 @@ void add_image_scores(const Tensor& logits_in, const Batch& b, Metrics& m) {
 
 namespace {
 
-// Fashion-MNIST (data.dir, or Debian's folder when data.dir is left at its default). The step's
-// global batch is batch (s mod E) of epoch s / E of a shuffled permutation (E = 60000 / global
-// batch, the last partial batch dropped), augmented (data.augment) from a generator seeded by
-// (run.seed, step) over the global batch in order; each micro-batch takes its rows. Evaluation
-// on the TEST set in chunks of 500 (split over ranks, sums exact): periodic ones on its first
-// eval_batches x global batch images, the final one on all 10000.
+// Fashion-MNIST as FashionMnistData reads it; each micro-batch takes its rows of the step's
+// global batch. Evaluation chunks are split over the ranks (the sums are exact).
 class ImageClassificationTask : public Task {
  public:
-  ImageClassificationTask(const Recipe& r, ImageClassifier c) : r_(r), c_(std::move(c)) {
+  ImageClassificationTask(const Recipe& r, ImageClassifier c) : r_(r), c_(std::move(c)), data_(r) {
     BRIGADE_CHECK(c_.module && c_.forward, ValueError, "ImageClassificationTask: the classifier needs a module and a forward");
   }
   nn::Module& model() override { return *c_.module; }
@@ -67,54 +51,34 @@ class ImageClassificationTask : public Task {
     return fmt::format("{}, {} parameters", c_.description, c_.module->num_parameters());
   }
   void open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) override {
-    const std::string dir = fashion_mnist_dir(r_);
-    train_set_.emplace(dir, data::FashionMnist::Split::Train);
-    test_set_.emplace(dir, data::FashionMnist::Split::Test);
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    BRIGADE_CHECK(G <= train_set_->size(), ConfigError,
-                  "recipe {}: the global batch (train.batch_size x accumulation x dp = {}) exceeds the {} training images",
-                  r_.path, G, train_set_->size());
+    data_.open(1, "");
   }
   ItemKind item_kind() const override { return ItemKind::Image; }
   double flops_per_item() const override { return c_.flops_per_image; }
-  std::string data_summary() override {
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    return fmt::format("Fashion-MNIST {} train / {} test images, {:.2f} epochs of {} images{}", train_set_->size(),
-                       test_set_->size(), double(r_.train.steps * G) / double(train_set_->size()), G,
-                       r_.data.augment ? ", augmented" : "");
-  }
+  std::string data_summary() override { return data_.summary("images"); }
   Batch batch(int64_t step, int64_t micro, int64_t micro_steps, const Shard& s) override {
     const int64_t B = r_.train.batch_size, G = B * micro_steps * s.world;
-    if (cached_step_ != step || cached_global_ != G) {
-      // The step's global batch: batch (step mod E) of epoch step / E, augmented in order.
-      const data::ShuffledBatchSampler sampler(train_set_->size(), G, r_.run.seed, /*drop_last=*/true);
-      const int64_t per_epoch = sampler.batches_per_epoch();
-      const std::vector<int64_t> idx = sampler.batch(step / per_epoch, step % per_epoch);
-      Generator aug(augment_seed(r_.run.seed, step));
-      cached_ = train_set_->batch(idx, r_.data.augment ? &aug : nullptr);
-      cached_step_ = step, cached_global_ = G;
-    }
+    const data::FashionMnist::Batch& all = data_.global_batch(step, G);
     const int64_t lo = (micro * s.world + s.rank) * B;
     Batch b;
-    b.t["images"] = G == B ? cached_.images : cached_.images.narrow(0, lo, B);  // (B, 1, 28, 28)
-    b.t["labels"] = G == B ? cached_.labels : cached_.labels.narrow(0, lo, B);  // (B)
+    b.t["images"] = G == B ? all.images : all.images.narrow(0, lo, B);  // (B, 1, 28, 28)
+    b.t["labels"] = G == B ? all.labels : all.labels.narrow(0, lo, B);  // (B)
     b.rows = B;
     b.count = B;
     return b;
   }
   Loss loss(const Batch& b, int64_t micro, Metrics& m) override {
-    return {fn::cross_entropy(c_.forward(b.at("images")), b.at("labels"))};
+    return {fn::cross_entropy(c_.forward(b.at("images")), b.at("labels")), {}};
   }
   std::vector<std::string> train_metric_keys() const override { return {}; }
   nlohmann::json train_fields(const Metrics& m, int64_t step) const override {
-    return {{"epoch", epoch_of(step - 1)}};
+    return {{"epoch", data_.epoch(step - 1)}};
   }
   std::string train_progress(const Metrics& m, int64_t step) const override {
-    return fmt::format(" | epoch {}", epoch_of(step - 1));
+    return fmt::format(" | epoch {}", data_.epoch(step - 1));
   }
   Metrics evaluate(bool final, const Shard& s, const Scorer& score) override {
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    const int64_t n = std::min(final ? test_set_->size() : r_.train.eval_batches * G, test_set_->size());
+    const int64_t n = data_.eval_images(final), kEvalChunk = FashionMnistData::kEvalChunk;
     Metrics m;
     for (int64_t c0 = 0; c0 < n; c0 += kEvalChunk) {
       // Every replica scores its rows of every chunk: the same number of forwards on every rank
@@ -122,9 +86,7 @@ class ImageClassificationTask : public Task {
       const int64_t len = std::min(n, c0 + kEvalChunk) - c0;
       const int64_t lo = c0 + len * s.rank / s.world, hi = c0 + len * (s.rank + 1) / s.world;
       if (hi <= lo) continue;
-      std::vector<int64_t> idx(size_t(hi - lo));
-      for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
-      const data::FashionMnist::Batch fb = test_set_->batch(idx);
+      const data::FashionMnist::Batch fb = data_.test(lo, hi);
       Batch b;
       b.t["images"] = fb.images;
       b.t["labels"] = fb.labels;
@@ -157,33 +119,20 @@ class ImageClassificationTask : public Task {
   const Stages* stages() override { return c_.stages ? &*c_.stages : nullptr; }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
     const int64_t B = rows > 0 ? rows : r_.train.batch_size;
-    Tensor images = Tensor::empty({B, 1, 28, 28}, DType::F32);  // (B, 1, 28, 28)
-    Tensor labels = Tensor::empty({B}, DType::I64);            // (B)
     Generator g(seed);
-    float* p = images.data<float>();
-    for (int64_t i = 0; i < images.numel(); ++i) p[i] = float(g.uniform_double() * 2.0 - 1.0);
-    int64_t* y = labels.data<int64_t>();
-    for (int64_t i = 0; i < B; ++i) y[i] = std::min<int64_t>(int64_t(g.uniform_double() * 10.0), 9);
+    std::vector<int64_t> labels;
     Batch b;
-    b.t["images"] = images;
-    b.t["labels"] = labels;
+    b.t["images"] = FashionMnistData::synthetic_images(g, B, labels);  // (B, 1, 28, 28)
+    b.t["labels"] = Tensor::from_vector_i64(labels, {B});             // (B)
     b.rows = b.count = B;
     return b;
   }
-  int64_t eval_rows() const override { return kEvalChunk; }
+  int64_t eval_rows() const override { return FashionMnistData::kEvalChunk; }
 
  private:
-  int64_t epoch_of(int64_t step) const {
-    const int64_t G = r_.train.batch_size * r_.train.accumulation * r_.parallel.dp;
-    const int64_t n = train_set_ ? train_set_->size() : 60000;
-    const int64_t per_epoch = std::max<int64_t>(1, n / G);
-    return step / per_epoch;
-  }
   Recipe r_;
   ImageClassifier c_;
-  std::optional<data::FashionMnist> train_set_, test_set_;
-  int64_t cached_step_ = -1, cached_global_ = 0;
-  data::FashionMnist::Batch cached_;
+  FashionMnistData data_;
 };
 
 }  // namespace
