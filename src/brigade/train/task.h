@@ -80,7 +80,7 @@ struct Loss {
   Tensor loss;
   // What the step reports for this micro-batch when `loss` is not the objective's value itself
   // (a surrogate whose gradient is the objective's); unset: loss.item().
-  std::optional<double> value;
+  std::optional<double> value = std::nullopt;
 };
 
 // The forward in three pieces, for model parallelism (train/model_parallel.h): the first stage

@@ -73,6 +73,9 @@ std::unique_ptr<Task> image_classification_task(const Recipe& r, ImageClassifier
 // ("loss_sum"), the argmax hits ("correct") and the images ("images"). ImageClassificationTask's
 // score() and a classifier's Stages::score (its last pipeline stage) both use it.
 void add_image_scores(const Tensor& logits, const Batch& b, Metrics& m);
+// The rows of `scores` (N, K; any float dtype) whose argmax (ties: the lowest index) is the row's
+// label in `labels` (N, int64).
+int64_t argmax_hits(const Tensor& scores, const Tensor& labels);
 
 // CLIP on Fashion-MNIST image-caption pairs (caption i describes image i's class in a template
 // drawn from (run.seed, step)). Images as the classifier's global batch. The loss is CLIP's

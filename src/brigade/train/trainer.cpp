@@ -235,7 +235,6 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
 
   // ---- how the step runs: this process's whole model, or cut by tensor / pipeline parallelism
   const double flops_per_item = task.flops_per_item();  // of the whole model, before any split
-  const int64_t num_params = task.model().num_parameters();
   const std::unique_ptr<StepExecutor> exec =
       model_parallel ? make_model_parallel_executor(r, task, world, say) : make_local_executor(task, world);
   const Shard shard = exec->shard();

@@ -33,10 +33,7 @@ data::PrepareOptions prepare_options(const Recipe& r) {
 
 namespace {
 
-// Training batch: rows of the sampler's windows (data::BatchSampler: offsets from (seed, step,
-// global row)), targets shifted by one. Evaluation: train.eval_batches batches of the global
-// batch's rows (batch_size x accumulation x dp) of evenly spaced val windows, the mean of the
-// batch means: the same windows however the batch is split. Sampling at the end: [sample].
+// The causal-LM task as tasks.h describes it (causal_lm_task).
 class CausalLMTask : public Task {
  public:
   CausalLMTask(const Recipe& r, std::unique_ptr<models::CausalLM> model) : r_(r), model_(std::move(model)) {}

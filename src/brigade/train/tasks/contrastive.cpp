@@ -33,15 +33,7 @@ uint64_t test_caption_seed(uint64_t seed, int64_t chunk) {
 
 namespace {
 
-// CLIP on Fashion-MNIST image-caption pairs (caption i describes image i's class in a template
-// drawn from (run.seed, step)). Images as the classifier's global batch. The loss is CLIP's
-// symmetric InfoNCE over the whole global batch: when the batch is split (accumulation or data
-// parallelism) begin_step embeds every micro-batch without a graph, gathers the embeddings of
-// all ranks, computes the global loss and its gradient with respect to every embedding and the
-// logit scale, and each micro-step backpropagates its share through a re-run of its towers
-// (GradCache, Gao et al. 2021); unsplit, the loss is computed directly (the same numbers).
-// After each step logit_scale is clamped to [0, ln 100]. Evaluation: zero-shot accuracy over the
-// 10 class prompts, and the contrastive loss of test pairs in chunks of 500.
+// The contrastive task as tasks.h describes it (contrastive_task).
 class ContrastiveTask : public Task {
  public:
   ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model)
@@ -191,16 +183,7 @@ class ContrastiveTask : public Task {
   void score(const Batch& b, Metrics& m) override {
     const Tensor img = model_->encode_image(b.at("images"));  // (m, E)
     // zero-shot: argmax of the cosine similarities, ties to the lowest class id
-    const std::vector<float> sim = fn::matmul(img, class_embeds_, false, true).to_vector();  // (m, K)
-    const std::vector<int64_t> labels = b.at("labels").to_vector_i64();
-    const int64_t K = class_embeds_.size(0);
-    int64_t correct = 0;
-    for (int64_t i = 0; i < b.rows; ++i) {
-      int64_t pred = 0;
-      for (int64_t k = 1; k < K; ++k)
-        if (sim[size_t(i * K + k)] > sim[size_t(i * K + pred)]) pred = k;
-      correct += pred == labels[size_t(i)] ? 1 : 0;
-    }
+    const int64_t correct = argmax_hits(fn::matmul(img, class_embeds_, false, true), b.at("labels"));  // (m, K)
     // the contrastive loss of this chunk's (image, caption) pairs
     const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (m, E)
     m.add("loss_sum", model_->contrastive_loss_from_logits(model_->logits_from_embeds(img, txt)).item() * double(b.rows));

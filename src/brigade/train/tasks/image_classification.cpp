@@ -13,19 +13,23 @@ std::string fashion_mnist_dir(const Recipe& r) {
   return r.data.dir == DataConfig{}.dir ? std::string(data::kFashionMnistDir) : r.data.dir;
 }
 
-void add_image_scores(const Tensor& logits_in, const Batch& b, Metrics& m) {
-  const Tensor logits = logits_in.contiguous();  // (N, classes)
-  m.add("loss_sum", fn::cross_entropy(logits, b.at("labels")).item() * double(b.rows));
-  const Tensor lf = logits.dtype() == DType::F32 ? logits : logits.to(DType::F32).contiguous();
-  const float* p = lf.data<float>();
-  const int64_t* y = b.at("labels").data<int64_t>();
-  const int64_t k = lf.shape()[1];
-  int64_t correct = 0;
-  for (int64_t i = 0; i < b.rows; ++i) {
+int64_t argmax_hits(const Tensor& scores, const Tensor& labels) {
+  const Tensor f = scores.dtype() == DType::F32 ? scores.detach().contiguous() : scores.detach().to(DType::F32).contiguous();
+  const float* p = f.data<float>();
+  const Tensor y = labels.contiguous();
+  const int64_t* yp = y.data<int64_t>();
+  const int64_t n = f.shape()[0], k = f.shape()[1];
+  int64_t hits = 0;
+  for (int64_t i = 0; i < n; ++i) {
     const float* row = p + i * k;
-    correct += int64_t(std::max_element(row, row + k) - row) == y[i] ? 1 : 0;
+    hits += int64_t(std::max_element(row, row + k) - row) == yp[i] ? 1 : 0;
   }
-  m.add("correct", double(correct));
+  return hits;
+}
+
+void add_image_scores(const Tensor& logits, const Batch& b, Metrics& m) {
+  m.add("loss_sum", fn::cross_entropy(logits, b.at("labels")).item() * double(b.rows));
+  m.add("correct", double(argmax_hits(logits, b.at("labels"))));
   m.add("images", double(b.rows));
 }
 

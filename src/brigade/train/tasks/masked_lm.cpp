@@ -63,37 +63,17 @@ namespace {
 
 // The masked tokens' mean cross-entropy (M > 0 of them), adding the argmax hits and the count
 // to the training extras.
-Tensor masked_loss(const models::BERT::MaskedLogits& ml, int64_t V, Metrics& m) {
-  const int64_t M = ml.labels.numel();
-  Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);  // 0-d
-  const Tensor lg = ml.logits.dtype() == DType::F32 ? ml.logits.detach().contiguous()
-                                                     : ml.logits.detach().to(DType::F32).contiguous();  // 16-bit under O2
-  const float* p = lg.data<float>();
-  const int64_t* y = ml.labels.data<int64_t>();
-  int64_t correct = 0;
-  for (int64_t i = 0; i < M; ++i) {
-    const float* row = p + i * V;
-    correct += int64_t(std::max_element(row, row + V) - row) == y[i] ? 1 : 0;
-  }
-  m.add("train_correct", double(correct));
-  m.add("train_masked", double(M));
-  return loss;
+Tensor masked_loss(const models::BERT::MaskedLogits& ml, Metrics& m) {
+  m.add("train_correct", double(argmax_hits(ml.logits, ml.labels)));  // 16-bit logits under O2: widened
+  m.add("train_masked", double(ml.labels.numel()));
+  return fn::cross_entropy(ml.logits, ml.labels, -100);  // 0-d
 }
 
 // What an evaluation batch adds: the summed cross-entropy, argmax hits and masked count (M > 0).
-void add_masked_scores(const models::BERT::MaskedLogits& ml, int64_t V, Metrics& m) {
+void add_masked_scores(const models::BERT::MaskedLogits& ml, Metrics& m) {
   const int64_t M = ml.labels.numel();
-  const Tensor loss = fn::cross_entropy(ml.logits, ml.labels, -100);
-  const Tensor lg = ml.logits.dtype() == DType::F32 ? ml.logits.contiguous() : ml.logits.to(DType::F32).contiguous();
-  const float* p = lg.data<float>();
-  const int64_t* y = ml.labels.data<int64_t>();
-  int64_t correct = 0;
-  for (int64_t i = 0; i < M; ++i) {
-    const float* row = p + i * V;
-    correct += int64_t(std::max_element(row, row + V) - row) == y[i] ? 1 : 0;
-  }
-  m.add("loss_sum", loss.item() * double(M));
-  m.add("correct", double(correct));
+  m.add("loss_sum", fn::cross_entropy(ml.logits, ml.labels, -100).item() * double(M));
+  m.add("correct", double(argmax_hits(ml.logits, ml.labels)));
   m.add("masked", double(M));
 }
 
@@ -101,13 +81,7 @@ void add_masked_scores(const models::BERT::MaskedLogits& ml, int64_t V, Metrics&
 
 namespace {
 
-// BERT (vocab = model.vocab_size + 1: the extra id is [MASK]). The step's global batch is drawn
-// and masked whole on every rank (the sampler's rows, masked from a generator seeded by
-// (run.seed, step)), then each micro-batch takes its rows, so masks do not depend on the split.
-// The loss is the mean over the global batch's masked tokens (micro-batches hold different
-// counts: the trainer weights them). Evaluation: eval_batches batches of the global batch's
-// val windows, masked from generators fixed by the batch index; summed cross-entropy / masked
-// tokens, and argmax hits. Baselines (unigram loss, most-frequent accuracy) on the same positions.
+// The masked-LM task as tasks.h describes it (masked_lm_task).
 class MaskedLMTask : public Task {
  public:
   MaskedLMTask(const Recipe& r, std::unique_ptr<models::BERT> model) : r_(r), model_(std::move(model)) {}
@@ -197,7 +171,7 @@ class MaskedLMTask : public Task {
     const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V), (M)
     if (ml.labels.numel() == 0)  // this micro-batch holds no masked token: no contribution (the trainer weights it by 0)
       return {fn::mul_scalar(fn::sum_all(ml.logits), 0.0)};
-    return {masked_loss(ml, model_->config().vocab_size, m)};
+    return {masked_loss(ml, m)};
   }
   std::vector<std::string> train_metric_keys() const override { return {"train_correct", "train_masked"}; }
   nlohmann::json train_fields(const Metrics& m, int64_t step) const override {
@@ -226,7 +200,7 @@ class MaskedLMTask : public Task {
   void score(const Batch& b, Metrics& m) override {
     if (b.count == 0) return;
     const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V)
-    add_masked_scores(ml, model_->config().vocab_size, m);
+    add_masked_scores(ml, m);
   }
   std::vector<std::string> eval_metric_keys() const override { return {"loss_sum", "correct", "masked"}; }
   nlohmann::json eval_fields(const Metrics& m) const override {
@@ -252,20 +226,20 @@ class MaskedLMTask : public Task {
   const Stages* stages() override {
     if (!stages_) {
       models::BERT* bert = model_.get();
-      const int64_t V = bert->config().vocab_size, T = r_.train.seq_len, D = bert->config().hidden_size;
+      const int64_t T = r_.train.seq_len, D = bert->config().hidden_size;
       Stages st;
       st.num_blocks = bert->config().num_hidden_layers;
       st.embed = [bert](const Batch& b) { return bert->embed(b.at("ids")); };  // (Bm, T, D)
       st.blocks = [bert](const Tensor& x, int64_t lo, int64_t hi, const Batch&) { return bert->run_blocks(x, lo, hi); };
-      st.head = [bert, V](const Tensor& x, const Batch& b, Metrics& m) {  // as loss()
+      st.head = [bert](const Tensor& x, const Batch& b, Metrics& m) {  // as loss()
         const models::BERT::MaskedLogits ml = bert->masked_head(x, b.at("labels"));
         // no masked token in this micro-batch: a zero loss whose gradient still reaches the stage's input
         if (ml.labels.numel() == 0) return fn::mul_scalar(fn::sum_all(x), 0.0);
-        return masked_loss(ml, V, m);
+        return masked_loss(ml, m);
       };
-      st.score = [bert, V](const Tensor& x, const Batch& b, Metrics& m) {  // as score()
+      st.score = [bert](const Tensor& x, const Batch& b, Metrics& m) {  // as score()
         const models::BERT::MaskedLogits ml = bert->masked_head(x, b.at("labels"));
-        if (ml.labels.numel() > 0) add_masked_scores(ml, V, m);
+        if (ml.labels.numel() > 0) add_masked_scores(ml, m);
       };
       st.hidden = [T, D](int64_t rows) { return Shape{rows, T, D}; };
       st.tied = bert->tied_parameters();
