@@ -405,6 +405,31 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   auto non_negative = [&](int64_t v, const char* key, const char* zero_means) {
     if (v < 0) fail(fmt::format("{} = {} must be >= 0 ({}); set a non-negative value", key, v, zero_means));
   };
+  // A real-valued key within `bound` (">= a", "> a" or an interval such as "[a, b)"); `hint`
+  // follows the message. NaN fails every bound.
+  auto real = [&](double v, const char* key, std::string_view bound, std::string_view hint = "") {
+    bool ok;
+    if (bound[0] == '>') {
+      const bool eq = bound[1] == '=';
+      const double a = std::stod(std::string(bound.substr(eq ? 2 : 1)));
+      ok = eq ? v >= a : v > a;
+    } else {
+      const size_t comma = bound.find(',');
+      const double a = std::stod(std::string(bound.substr(1, comma - 1)));
+      const double b = std::stod(std::string(bound.substr(comma + 1, bound.size() - comma - 2)));
+      ok = (bound[0] == '[' ? v >= a : v > a) && (bound.back() == ']' ? v <= b : v < b);
+    }
+    if (!ok) fail(fmt::format("{} = {} must be {}{}{}", key, v, bound[0] == '>' ? "" : "in ", bound, hint));
+  };
+  // key = "v" must be one of `choices`: the message lists them (and `note`) and suggests the nearest.
+  auto one_of = [&](const std::string& v, const char* key, const char* what, const std::vector<std::string>& choices,
+                    const char* note = "") {
+    if (std::find(choices.begin(), choices.end(), v) != choices.end()) return;
+    std::string list;
+    for (size_t i = 0; i < choices.size(); ++i)
+      list += fmt::format("{}\"{}\"", i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ", choices[i]);
+    fail(fmt::format("{} = \"{}\" is not {}; use {}{}{}", key, v, what, list, note, suggest(v, choices)));
+  };
   for (const auto& f : fields()) {
     if (f.kind != Kind::Float) continue;
     double v = *static_cast<double*>(f.ptr(const_cast<Recipe&>(r)));
@@ -430,16 +455,13 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (r.model.n_embd % r.model.n_head != 0)
     fail(fmt::format("model.n_embd = {} is not divisible by model.n_head = {}; choose n_embd as a multiple of n_head",
                      r.model.n_embd, r.model.n_head));
-  if (!(r.model.dropout >= 0 && r.model.dropout < 1))
-    fail(fmt::format("model.dropout = {} must be in [0, 1); use e.g. 0.0 or 0.1", r.model.dropout));
-  if (!(r.model.layer_norm_eps > 0))
-    fail(fmt::format("model.layer_norm_eps = {} must be > 0; use e.g. 1e-5", r.model.layer_norm_eps));
-  if (!(r.model.init_std > 0)) fail(fmt::format("model.init_std = {} must be > 0; use e.g. 0.02", r.model.init_std));
+  real(r.model.dropout, "model.dropout", "[0, 1)", "; use e.g. 0.0 or 0.1");
+  real(r.model.layer_norm_eps, "model.layer_norm_eps", "> 0", "; use e.g. 1e-5");
+  real(r.model.init_std, "model.init_std", "> 0", "; use e.g. 0.02");
 
   if (r.data.corpus.empty()) fail("data.corpus is empty; use \"kjv\" or a path to a text file or folder");
   if (r.data.dir.empty()) fail("data.dir is empty; set the folder for prepared data");
-  if (!(r.data.val_fraction > 0 && r.data.val_fraction < 1))
-    fail(fmt::format("data.val_fraction = {} must be in (0, 1); use e.g. 0.05", r.data.val_fraction));
+  real(r.data.val_fraction, "data.val_fraction", "(0, 1)", "; use e.g. 0.05");
 
   positive(r.train.steps, "train.steps");
   positive(r.train.batch_size, "train.batch_size");
@@ -451,34 +473,23 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   positive(r.train.eval_batches, "train.eval_batches");
   positive(r.train.log_every, "train.log_every");
   non_negative(r.train.checkpoint_every, "train.checkpoint_every", "0 = only at the end");
-  if (!(r.train.grad_clip >= 0))
-    fail(fmt::format("train.grad_clip = {} must be >= 0 (0 = off)", r.train.grad_clip));
-  if (!(r.train.clip_value >= 0))
-    fail(fmt::format("train.clip_value = {} must be >= 0 (0 = off); it clamps each gradient element to [-v, v]",
-                     r.train.clip_value));
+  real(r.train.grad_clip, "train.grad_clip", ">= 0", " (0 = off)");
+  real(r.train.clip_value, "train.clip_value", ">= 0", " (0 = off); it clamps each gradient element to [-v, v]");
   if (r.train.patience < 1)
     fail(fmt::format("train.patience = {} must be >= 1 (evaluations without improvement before early stopping)",
                      r.train.patience));
-  if (!(r.train.min_delta >= 0))
-    fail(fmt::format("train.min_delta = {} must be >= 0; use e.g. 0 (any decrease counts) or 0.01",
-                     r.train.min_delta));
+  real(r.train.min_delta, "train.min_delta", ">= 0", "; use e.g. 0 (any decrease counts) or 0.01");
   if (r.train.early_stop && r.train.eval_every == 0)
     fail("train.early_stop = true needs periodic evaluations, but train.eval_every = 0 (only at the end); set "
          "train.eval_every to a positive period, e.g. 100");
 
-  if (r.optim.name != "adamw" && r.optim.name != "lamb" && r.optim.name != "sgd")
-    fail(fmt::format("optim.name = \"{}\" is not a known optimizer; use \"lamb\", \"adamw\" or \"sgd\"{}",
-                     r.optim.name, suggest(r.optim.name, {"adamw", "lamb", "sgd"})));
-  if (!(r.optim.lr > 0)) fail(fmt::format("optim.lr = {} must be > 0; use e.g. 1e-3", r.optim.lr));
-  if (!(r.optim.weight_decay >= 0))
-    fail(fmt::format("optim.weight_decay = {} must be >= 0; use e.g. 0.1 (or 0 for none)", r.optim.weight_decay));
-  if (!(r.optim.beta1 >= 0 && r.optim.beta1 < 1))
-    fail(fmt::format("optim.beta1 = {} must be in [0, 1); use e.g. 0.9", r.optim.beta1));
-  if (!(r.optim.beta2 >= 0 && r.optim.beta2 < 1))
-    fail(fmt::format("optim.beta2 = {} must be in [0, 1); use e.g. 0.95", r.optim.beta2));
-  if (!(r.optim.eps > 0)) fail(fmt::format("optim.eps = {} must be > 0; use e.g. 1e-8", r.optim.eps));
-  if (!(r.optim.momentum >= 0 && r.optim.momentum < 1))
-    fail(fmt::format("optim.momentum = {} must be in [0, 1); use e.g. 0.9", r.optim.momentum));
+  one_of(r.optim.name, "optim.name", "a known optimizer", {"lamb", "adamw", "sgd"});
+  real(r.optim.lr, "optim.lr", "> 0", "; use e.g. 1e-3");
+  real(r.optim.weight_decay, "optim.weight_decay", ">= 0", "; use e.g. 0.1 (or 0 for none)");
+  real(r.optim.beta1, "optim.beta1", "[0, 1)", "; use e.g. 0.9");
+  real(r.optim.beta2, "optim.beta2", "[0, 1)", "; use e.g. 0.95");
+  real(r.optim.eps, "optim.eps", "> 0", "; use e.g. 1e-8");
+  real(r.optim.momentum, "optim.momentum", "[0, 1)", "; use e.g. 0.9");
   if (r.optim.nesterov && r.optim.name != "sgd")
     fail(fmt::format("optim.nesterov = true applies to optim.name = \"sgd\" only, not \"{}\"; remove it or use sgd",
                      r.optim.name));
@@ -487,10 +498,7 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
 
   positive(r.train.accumulation, "train.accumulation");
   const std::string& am = r.train.accumulation_mode;
-  if (am != "static" && am != "ramp" && am != "noise_scale")
-    fail(fmt::format("train.accumulation_mode = \"{}\" is not a known mode; use \"static\", \"ramp\" or "
-                     "\"noise_scale\"{}",
-                     am, suggest(am, {"static", "ramp", "noise_scale"})));
+  one_of(am, "train.accumulation_mode", "a known mode", {"static", "ramp", "noise_scale"});
   non_negative(r.train.accumulation_max, "train.accumulation_max", "0 = train.accumulation");
   non_negative(r.train.ramp_steps, "train.ramp_steps", "0 = no ramp");
   if (am == "static" && r.train.accumulation_max != 0 && r.train.accumulation_max != r.train.accumulation)
@@ -511,8 +519,7 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
     fail(fmt::format("train.accumulation_mode = \"noise_scale\" needs the local micro-batch gradient, which ZeRO-{} "
                      "does not keep; use parallel.zero = 0 or 1",
                      r.parallel.zero));
-  if (!(r.train.noise_ema >= 0 && r.train.noise_ema < 1))
-    fail(fmt::format("train.noise_ema = {} must be in [0, 1); use e.g. 0.9", r.train.noise_ema));
+  real(r.train.noise_ema, "train.noise_ema", "[0, 1)", "; use e.g. 0.9");
 
   if (r.parallel.dp < 1 || r.parallel.dp > 65536)
     fail(fmt::format("parallel.dp = {} must be between 1 and 65536; it must equal the number of processes "
@@ -522,21 +529,15 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
     fail(fmt::format("parallel.zero = {} is not a ZeRO stage; use 0 (none), 1 (optimizer state), 2 (+ gradients) or "
                      "3 (+ parameters)",
                      r.parallel.zero));
-  if (r.parallel.allreduce != "mpi" && r.parallel.allreduce != "ring" && r.parallel.allreduce != "tree")
-    fail(fmt::format("parallel.allreduce = \"{}\" is not a known algorithm; use \"mpi\", \"ring\" or \"tree\"{}",
-                     r.parallel.allreduce, suggest(r.parallel.allreduce, {"mpi", "ring", "tree"})));
-  if (!(r.parallel.bucket_mb > 0 && r.parallel.bucket_mb <= 4096))
-    fail(fmt::format("parallel.bucket_mb = {} must be in (0, 4096]; use e.g. 4 or 25", r.parallel.bucket_mb));
+  one_of(r.parallel.allreduce, "parallel.allreduce", "a known algorithm", {"mpi", "ring", "tree"});
+  real(r.parallel.bucket_mb, "parallel.bucket_mb", "(0, 4096]", "; use e.g. 4 or 25");
   for (auto [key, v] : {std::pair<const char*, int64_t>{"tp", r.parallel.tp}, {"pp", r.parallel.pp},
                         {"microbatches", r.parallel.microbatches}, {"virtual_stages", r.parallel.virtual_stages}})
     if (v < 1 || v > 65536) fail(fmt::format("parallel.{} = {} must be between 1 and 65536", key, v));
   if (r.parallel.max_in_flight < 0)
     fail(fmt::format("parallel.max_in_flight = {} must be >= 0 (0 = no limit)", r.parallel.max_in_flight));
   const std::string& ps = r.parallel.schedule;
-  if (ps != "gpipe" && ps != "1f1b" && ps != "interleaved" && ps != "zb-h1" && ps != "dynamic")
-    fail(fmt::format("parallel.schedule = \"{}\" is not a pipeline schedule; use \"gpipe\", \"1f1b\", "
-                     "\"interleaved\", \"zb-h1\" or \"dynamic\"{}",
-                     ps, suggest(ps, {"gpipe", "1f1b", "interleaved", "zb-h1", "dynamic"})));
+  one_of(ps, "parallel.schedule", "a pipeline schedule", {"gpipe", "1f1b", "interleaved", "zb-h1", "dynamic"});
   if (r.train.batch_size % r.parallel.microbatches != 0)
     fail(fmt::format("parallel.microbatches = {} must divide train.batch_size = {} (each pipeline micro-batch is "
                      "batch_size / microbatches rows)",
@@ -566,14 +567,10 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   }
 
   const std::string& rc = r.memory.recompute;
-  if (rc != "none" && rc != "full" && rc != "selective" && rc != "every_k" && rc != "budget")
-    fail(fmt::format("memory.recompute = \"{}\" is not a recompute policy; use \"none\", \"full\", \"selective\", "
-                     "\"every_k\" or \"budget\"{}",
-                     rc, suggest(rc, {"none", "full", "selective", "every_k", "budget"})));
+  one_of(rc, "memory.recompute", "a recompute policy", {"none", "full", "selective", "every_k", "budget"});
   if (r.memory.every_k < 1)
     fail(fmt::format("memory.every_k = {} must be >= 1 (recompute blocks 0, k, 2k, ...)", r.memory.every_k));
-  if (!(r.memory.budget_mb >= 0))
-    fail(fmt::format("memory.budget_mb = {} must be >= 0", r.memory.budget_mb));
+  real(r.memory.budget_mb, "memory.budget_mb", ">= 0");
   if (rc == "budget" && r.memory.budget_mb <= 0)
     fail("memory.recompute = \"budget\" needs memory.budget_mb > 0 (the peak activation MiB of a step)");
   if (rc != "budget" && r.memory.budget_mb > 0)
@@ -582,25 +579,17 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
                      r.memory.budget_mb, rc));
 
   const PrecisionConfig& pc = r.precision;
-  if (pc.level != "O0" && pc.level != "O1" && pc.level != "O2" && pc.level != "O3")
-    fail(fmt::format("precision.level = \"{}\" is not an AMP level; use \"O0\" (fp32), \"O1\" (autocast), \"O2\" "
-                     "(low-precision model, fp32 master weights) or \"O3\" (pure low precision){}",
-                     pc.level, suggest(pc.level, {"O0", "O1", "O2", "O3"})));
-  if (pc.dtype != "bf16" && pc.dtype != "fp16")
-    fail(fmt::format("precision.dtype = \"{}\" is not a low-precision dtype; use \"bf16\" or \"fp16\"{}", pc.dtype,
-                     suggest(pc.dtype, {"bf16", "fp16"})));
+  one_of(pc.level, "precision.level", "an AMP level", {"O0", "O1", "O2", "O3"},
+         " (fp32; autocast; low-precision model with fp32 master weights; pure low precision)");
+  one_of(pc.dtype, "precision.dtype", "a low-precision dtype", {"bf16", "fp16"});
   const std::string& ls = pc.loss_scale;
-  if (ls != "auto" && ls != "none" && ls != "static" && ls != "dynamic" && ls != "adaptive")
-    fail(fmt::format("precision.loss_scale = \"{}\" is not a loss-scaling mode; use \"auto\", \"none\", \"static\", "
-                     "\"dynamic\" or \"adaptive\"{}",
-                     ls, suggest(ls, {"auto", "none", "static", "dynamic", "adaptive"})));
+  one_of(ls, "precision.loss_scale", "a loss-scaling mode", {"auto", "none", "static", "dynamic", "adaptive"});
   if (!(pc.min_scale > 0 && pc.min_scale <= pc.init_scale && pc.init_scale <= pc.max_scale && std::isfinite(pc.max_scale)))
     fail(fmt::format("precision: need 0 < min_scale <= init_scale <= max_scale (finite), got min_scale = {}, "
                      "init_scale = {}, max_scale = {}",
                      pc.min_scale, pc.init_scale, pc.max_scale));
-  if (!(pc.growth > 1)) fail(fmt::format("precision.growth = {} must be > 1; use e.g. 2", pc.growth));
-  if (!(pc.backoff > 0 && pc.backoff < 1))
-    fail(fmt::format("precision.backoff = {} must be in (0, 1); use e.g. 0.5", pc.backoff));
+  real(pc.growth, "precision.growth", "> 1", "; use e.g. 2");
+  real(pc.backoff, "precision.backoff", "(0, 1)", "; use e.g. 0.5");
   positive(pc.growth_interval, "precision.growth_interval");
   positive(pc.hysteresis, "precision.hysteresis");
   if (pc.level == "O0" && (ls == "static" || ls == "dynamic" || ls == "adaptive"))
@@ -609,15 +598,12 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
                      ls));
 
   const std::string& sn = r.schedule.name;
-  if (sn != "constant" && sn != "cosine" && sn != "linear" && sn != "step" && sn != "wsd")
-    fail(fmt::format("schedule.name = \"{}\" is not a known schedule; use \"constant\", \"cosine\", \"linear\", "
-                     "\"step\" or \"wsd\"{}",
-                     sn, suggest(sn, {"constant", "cosine", "linear", "step", "wsd"})));
+  one_of(sn, "schedule.name", "a known schedule", {"constant", "cosine", "linear", "step", "wsd"});
   non_negative(r.schedule.warmup_steps, "schedule.warmup_steps", "0 = no warmup");
   if (r.schedule.warmup_steps > r.train.steps)
     fail(fmt::format("schedule.warmup_steps = {} exceeds train.steps = {}; lower the warmup or train longer",
                      r.schedule.warmup_steps, r.train.steps));
-  if (!(r.schedule.min_lr >= 0)) fail(fmt::format("schedule.min_lr = {} must be >= 0", r.schedule.min_lr));
+  real(r.schedule.min_lr, "schedule.min_lr", ">= 0");
   if (sn != "constant" && r.schedule.min_lr > r.optim.lr)
     fail(fmt::format("schedule.min_lr = {} exceeds optim.lr = {}; the floor of the \"{}\" schedule must be below the "
                      "peak lr",
@@ -634,9 +620,7 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (sn != "step" && r.schedule.step_every != 0)
     fail(fmt::format("schedule.step_every = {} only applies to schedule.name = \"step\" (this is \"{}\"); remove it",
                      r.schedule.step_every, sn));
-  if (!(r.schedule.step_gamma > 0 && r.schedule.step_gamma < 1))
-    fail(fmt::format("schedule.step_gamma = {} must be in (0, 1): the lr factor per step period, e.g. 0.1 or 0.5",
-                     r.schedule.step_gamma));
+  real(r.schedule.step_gamma, "schedule.step_gamma", "(0, 1)", ": the lr factor per step period, e.g. 0.1 or 0.5");
   if (sn == "wsd" && r.schedule.decay_steps <= 0)
     fail(fmt::format("schedule.name = \"wsd\" needs schedule.decay_steps > 0 (got {}): the length of the final "
                      "decay, e.g. {} (20% of train.steps)",
@@ -649,18 +633,14 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
     fail(fmt::format("schedule.decay_steps = {} only applies to schedule.name = \"wsd\" (this is \"{}\"); remove it",
                      r.schedule.decay_steps, sn));
   const std::string& shape = r.schedule.decay_shape;
-  if (shape != "linear" && shape != "cosine" && shape != "sqrt")
-    fail(fmt::format("schedule.decay_shape = \"{}\" is not a known shape; use \"linear\", \"cosine\" or \"sqrt\"{}",
-                     shape, suggest(shape, {"linear", "cosine", "sqrt"})));
+  one_of(shape, "schedule.decay_shape", "a known shape", {"linear", "cosine", "sqrt"});
   if (sn != "wsd" && shape != "linear")
     fail(fmt::format("schedule.decay_shape = \"{}\" only applies to schedule.name = \"wsd\" (this is \"{}\"); "
                      "remove it",
                      shape, sn));
 
   non_negative(r.sample.tokens, "sample.tokens", "0 = no sample");
-  if (!(r.sample.temperature > 0))
-    fail(fmt::format("sample.temperature = {} must be > 0; use e.g. 0.8 (small values approach greedy)",
-                     r.sample.temperature));
+  real(r.sample.temperature, "sample.temperature", "> 0", "; use e.g. 0.8 (small values approach greedy)");
   non_negative(r.sample.top_k, "sample.top_k", "0 = no top-k filter");
   if (r.sample.top_k > r.model.vocab_size)
     fail(fmt::format("sample.top_k = {} exceeds model.vocab_size = {}; lower sample.top_k", r.sample.top_k,
