@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "brigade/cli/ablate.h"
 #include "brigade/core/error.h"
-#include "brigade/train/ablate.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
 #include "brigade/train/early_stop.h"
@@ -263,6 +263,8 @@ TEST(Plot, NiceTicks) {
 }
 
 // ---- ablate
+
+using namespace brigade::cli;
 
 TEST(Ablate, ParsesVaryListsAndBuildsTheProductFirstAxisSlowest) {
   VaryAxis a = parse_vary("train.accumulation=1,2");

@@ -13,8 +13,8 @@
 #include "brigade/data/prepare.h"
 #include "brigade/data/tokenizer.h"
 #include "brigade/models/gpt/gpt.h"
-#include "brigade/train/ablate.h"
-#include "brigade/train/bench.h"
+#include "brigade/cli/ablate.h"
+#include "brigade/cli/bench.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
 #include "brigade/train/generate.h"
@@ -165,7 +165,7 @@ int run(int argc, char** argv) {
   ev->add_option("--threads", threads, "OpenMP threads (0 = the recipe's run.threads)");
   ev->add_flag("--json", json, "Print the evaluation's metrics.jsonl fields as one JSON line");
 
-  train::AblateOptions aopts;
+  cli::AblateOptions aopts;
   auto* abl = app.add_subcommand("ablate", "Run a recipe under each combination of --vary values and compare "
                                            "tokens/s, peak memory and loss (table + loss-curve plot)");
   abl->add_option("recipe", recipe, "Recipe TOML file")->required();
@@ -178,7 +178,7 @@ int run(int argc, char** argv) {
       ->allow_extra_args(false);
   abl->add_flag("--quiet", aopts.quiet, "No per-variant progress lines");
 
-  train::BenchOptions bopts;
+  cli::BenchOptions bopts;
   auto* bench = app.add_subcommand("bench", "Time training steps of a recipe's model on random ids (no data) and "
                                             "print one JSON line: tokens/s, GFLOP/s, MFU, GEMM peaks, peak RSS");
   bench->add_option("recipe", recipe, "Recipe TOML file")->required();
@@ -211,13 +211,13 @@ int run(int argc, char** argv) {
     if (ev->parsed()) return finish(cmd_eval(ckpt, threads, json), "");
     if (bench->parsed()) {
       const train::Recipe r = train::load_recipe(recipe, sets);
-      fmt::print("{}\n", train::bench_json(r, train::run_bench(r, bopts)));
+      fmt::print("{}\n", cli::bench_json(r, cli::run_bench(r, bopts)));
       return finish(0, "");
     }
     if (abl->parsed()) {
       aopts.recipe = recipe;
       aopts.sets = sets;
-      return finish(train::run_ablation(aopts), "");
+      return finish(cli::run_ablation(aopts), "");
     }
   } catch (const brigade::Error& e) {
     return finish(1, e.what());

@@ -1,5 +1,5 @@
 // `brigade ablate`; see ablate.h.
-#include "brigade/train/ablate.h"
+#include "brigade/cli/ablate.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -28,7 +28,9 @@
 
 extern char** environ;
 
-namespace brigade::train {
+namespace brigade::cli {
+
+using namespace brigade::train;  // the recipes, tasks and trainer these commands drive
 
 namespace fs = std::filesystem;
 
@@ -463,4 +465,4 @@ int run_ablation(const AblateOptions& o) {
   return 0;
 }
 
-}  // namespace brigade::train
+}  // namespace brigade::cli

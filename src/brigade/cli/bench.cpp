@@ -1,5 +1,5 @@
 // `brigade bench`; see bench.h.
-#include "brigade/train/bench.h"
+#include "brigade/cli/bench.h"
 
 #include <omp.h>
 #include <sys/resource.h>
@@ -22,7 +22,9 @@
 #include "brigade/train/registry.h"
 #include "brigade/train/trainer.h"
 
-namespace brigade::train {
+namespace brigade::cli {
+
+using namespace brigade::train;  // the recipes, tasks and trainer these commands drive
 
 BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
   BRIGADE_CHECK(o.steps >= 1 && o.warmup >= 0, ConfigError, "bench: --steps must be >= 1 and --warmup >= 0, got {} and {}",
@@ -151,4 +153,4 @@ std::string bench_json(const Recipe& r, const BenchResult& b) {
   return j.dump();
 }
 
-}  // namespace brigade::train
+}  // namespace brigade::cli

@@ -20,7 +20,7 @@
 
 #include "brigade/train/run_metrics.h"
 
-namespace brigade::train {
+namespace brigade::cli {
 
 struct AblateOptions {
   std::string recipe;                 // recipe file
@@ -56,7 +56,7 @@ struct VariantResult {
   int64_t peak_total = 0;
   int64_t steps = 0;                  // steps completed
   double final_loss = 0.0, final_val_loss = -1.0;
-  RunMetrics metrics;
+  train::RunMetrics metrics;
 };
 
 // Fills the measured fields of `v` from its run folder (v.dir); false + v.error when missing.
@@ -69,4 +69,4 @@ std::string ablation_plot_svg(const std::vector<VariantResult>& variants, const 
 // The whole command; returns the exit status (0, 1 when a variant failed, 130 when interrupted).
 int run_ablation(const AblateOptions& opts);
 
-}  // namespace brigade::train
+}  // namespace brigade::cli

@@ -17,7 +17,7 @@
 #include "brigade/train/config.h"
 #include "brigade/train/task.h"
 
-namespace brigade::train {
+namespace brigade::cli {
 
 struct BenchOptions {
   int64_t steps = 10;   // timed steps
@@ -27,7 +27,7 @@ struct BenchOptions {
 struct BenchResult {
   std::vector<double> step_seconds;  // each timed step
   double median_step_s = 0, items_per_s = 0;
-  ItemKind item = ItemKind::Token;
+  train::ItemKind item = train::ItemKind::Token;
   double flops_per_item = 0, achieved_gflops = 0;
   double gemm_peak_f32 = 0, gemm_peak_bf16 = 0;  // GFLOP/s, this process
   double mfu = 0;                                // against the peak of the GEMM dtype of the precision level
@@ -40,7 +40,7 @@ struct BenchResult {
   double last_loss = 0;
 };
 
-BenchResult run_bench(const Recipe& r, const BenchOptions& o);
-std::string bench_json(const Recipe& r, const BenchResult& b);  // one line
+BenchResult run_bench(const train::Recipe& r, const BenchOptions& o);
+std::string bench_json(const train::Recipe& r, const BenchResult& b);  // one line
 
-}  // namespace brigade::train
+}  // namespace brigade::cli
