@@ -101,7 +101,9 @@ StepResult step(const models::ResNetConfig& c, Recompute mode, amp::Policy polic
   }
   for (auto& [n, b] : m->named_buffers()) {
     r.buffers.emplace_back(n, bytes_of(b));
-    if (n.find("num_batches_tracked") != std::string::npos) EXPECT_EQ(b.to_vector_i64()[0], 1) << n;
+    if (n.find("num_batches_tracked") != std::string::npos) {
+      EXPECT_EQ(b.to_vector_i64()[0], 1) << n;
+    }
   }
   return r;
 }
@@ -366,8 +368,9 @@ TEST(SyncBatchNorm, ResNetOverTheOneRankWorldMatchesThePlainModelAndRecomputesBi
   for (size_t i = 0; i < pp.size(); ++i) EXPECT_LT(rel(pm[i].second.grad(), pp[i].second.grad()), 1e-5) << pp[i].first;
   auto bp = plain->named_buffers(), bm = m->named_buffers();
   for (size_t i = 0; i < bp.size(); ++i)
-    if (bp[i].first.find("num_batches") == std::string::npos)
+    if (bp[i].first.find("num_batches") == std::string::npos) {
       EXPECT_LT(rel(bm[i].second, bp[i].second), 1e-6) << bp[i].first;
+    }
   for (Recompute mode : {Recompute::Full, Recompute::Selective}) {
     auto [mr, lr] = run(mode);
     EXPECT_EQ(bytes_of(lr), bytes_of(loss));

@@ -137,7 +137,9 @@ ResNetRun resnet_run(const Tensor& images, const Tensor& labels, bool sync, nn::
   Generator g(3);
   m.init_weights(g);
   m.train();
-  if (sync) EXPECT_EQ(parallel::sync_batch_norms(m, group()), 20);
+  if (sync) {
+    EXPECT_EQ(parallel::sync_batch_norms(m, group()), 20);
+  }
   for (auto& [name, b] : nn::find_blocks(m)) b->recompute = mode;
   ResNetRun out;
   out.logits = m.forward(images);
@@ -176,8 +178,9 @@ TEST(SyncBatchNormMpi, ResNetDataParallelRowsMatchOneProcess) {
   for (size_t i = 0; i < dp.grads.size(); ++i)
     EXPECT_EQ(dp.grads[i].to_vector(), rc.grads[i].to_vector()) << "recompute, gradient " << i;
   for (size_t i = 0; i < dp.buffers.size(); ++i)
-    if (dp.buffers[i].dtype() == DType::F32)
+    if (dp.buffers[i].dtype() == DType::F32) {
       EXPECT_EQ(dp.buffers[i].to_vector(), rc.buffers[i].to_vector()) << "recompute, buffer " << i;
+    }
 }
 
 }  // namespace

@@ -107,6 +107,9 @@ void check_patches(const Recipe& r, const Fail& fail) {
     fail(fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
                      "patches); use e.g. 2, 4, 7 or 14",
                      r.model.patch_size, r.model.image_size));
+}
+
+void check_mlp_width(const Recipe& r, const Fail& fail) {
   if (r.model.intermediate_size < 0)
     fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 4 n_embd)", r.model.intermediate_size));
 }
@@ -129,13 +132,13 @@ void validate_llama(const Recipe& r, const Fail& fail) {
 void validate_bert(const Recipe& r, const Fail& fail) {
   if (!(r.data.mlm_probability > 0 && r.data.mlm_probability < 1))
     fail(fmt::format("data.mlm_probability = {} must be in (0, 1); BERT uses 0.15", r.data.mlm_probability));
-  if (r.model.intermediate_size < 0)
-    fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 4 n_embd)", r.model.intermediate_size));
+  check_mlp_width(r, fail);
 }
 
 void validate_vit(const Recipe& r, const Fail& fail) {
   check_image_data(r, fail);
   check_patches(r, fail);
+  check_mlp_width(r, fail);
 }
 
 void validate_resnet(const Recipe& r, const Fail& fail) {
@@ -148,10 +151,7 @@ void validate_resnet(const Recipe& r, const Fail& fail) {
 
 void validate_swin(const Recipe& r, const Fail& fail) {
   check_image_data(r, fail);
-  if (r.model.patch_size < 1 || r.model.image_size % r.model.patch_size != 0)
-    fail(fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
-                     "patches); use e.g. 2, 4, 7 or 14",
-                     r.model.patch_size, r.model.image_size));
+  check_patches(r, fail);
   if (!(r.model.mlp_ratio > 0 && r.model.mlp_ratio <= 64))
     fail(fmt::format("model.mlp_ratio = {} must be in (0, 64]; Swin uses 4", r.model.mlp_ratio));
   if (r.model.window_size < 1) fail(fmt::format("model.window_size = {} must be >= 1; Swin uses 7", r.model.window_size));
@@ -182,6 +182,7 @@ void validate_swin(const Recipe& r, const Fail& fail) {
 void validate_clip(const Recipe& r, const Fail& fail) {
   check_image_data(r, fail);
   check_patches(r, fail);
+  check_mlp_width(r, fail);
   if (r.model.text_layers < 0 || r.model.text_heads < 0 || r.model.text_width < 0 || r.model.projection_dim < 0)
     fail("model.text_layers, text_heads, text_width and projection_dim must be >= 0 (0 = the image tower's "
          "n_layer, n_head, n_embd)");
@@ -201,30 +202,31 @@ std::unique_ptr<Task> make_custom_task(const Recipe& r) {
                                 r.path, model_types()));
 }
 
+// Every model's weights come from a generator seeded by run.seed, its dropout stream from run.seed + 1.
+template <class M>
+M& seeded(M& m, const Recipe& r) {
+  Generator init(r.run.seed);
+  m.init_weights(init);
+  if constexpr (requires { m.dropout_generator(); }) m.dropout_generator().manual_seed(r.run.seed + 1);
+  return m;
+}
+
 std::unique_ptr<Task> make_lm_task(const Recipe& r) {
   std::unique_ptr<models::CausalLM> model = make_causal_lm(r.model);
-  {
-    Generator init(r.run.seed);
-    if (auto* gpt = dynamic_cast<models::GPT*>(model.get())) gpt->init_weights(init);
-    if (auto* llama = dynamic_cast<models::LLaMA*>(model.get())) llama->init_weights(init);
-  }
-  model->dropout_generator().manual_seed(r.run.seed + 1);
+  if (auto* gpt = dynamic_cast<models::GPT*>(model.get())) seeded(*gpt, r);
+  if (auto* llama = dynamic_cast<models::LLaMA*>(model.get())) seeded(*llama, r);
   return causal_lm_task(r, std::move(model));
 }
 
 std::unique_ptr<Task> make_bert_task(const Recipe& r) {
   auto model = std::make_unique<models::BERT>(bert_config(r.model));
-  Generator init(r.run.seed);
-  model->init_weights(init);
-  model->dropout_generator().manual_seed(r.run.seed + 1);
+  seeded(*model, r);
   return masked_lm_task(r, std::move(model));
 }
 
 std::unique_ptr<Task> make_vit_task(const Recipe& r) {
   auto vit = std::make_shared<models::ViT>(vit_config(r.model));
-  Generator init(r.run.seed);
-  vit->init_weights(init);
-  vit->dropout_generator().manual_seed(r.run.seed + 1);
+  seeded(*vit, r);
   ImageClassifier c;
   c.module = vit;
   c.forward = [m = vit.get()](const Tensor& x) { return m->forward(x); };
@@ -248,51 +250,13 @@ std::unique_ptr<Task> make_vit_task(const Recipe& r) {
   return image_classification_task(r, std::move(c));
 }
 
-// ResNet FLOPs of one training step per image: 3 x the forward's 2 FLOPs per multiply-add of
-// every convolution and the classifier (BatchNorm, ReLU, pooling and the residual adds left out).
-double resnet_flops_per_image(const models::ResNetConfig& c, int64_t side) {
-  double macs = 0.0;
-  auto conv = [&](int64_t in, int64_t out, int64_t k, int64_t stride) {
-    side = (side + stride - 1) / stride;  // "same" padding
-    macs += double(in) * double(out) * double(k * k) * double(side * side);
-  };
-  int64_t ch = c.width;
-  if (c.small_input) {
-    conv(c.in_channels, ch, 3, 1);
-  } else {
-    conv(c.in_channels, ch, 7, 2);
-    side = (side + 1) / 2;  // 3x3 stride-2 max-pool
-  }
-  const int64_t expansion = c.bottleneck ? 4 : 1;
-  for (size_t stage = 0; stage < c.layers.size(); ++stage) {
-    const int64_t planes = c.width << stage;
-    for (int64_t b = 0; b < c.layers[stage]; ++b) {
-      const int64_t stride = stage > 0 && b == 0 ? 2 : 1;
-      if (c.bottleneck) {
-        conv(ch, planes, 1, 1);
-        conv(planes, planes, 3, stride);
-        conv(planes, planes * expansion, 1, 1);
-      } else {
-        conv(ch, planes, 3, stride);
-        conv(planes, planes, 3, 1);
-      }
-      if (stride != 1 || ch != planes * expansion)  // downsample: 1x1 conv with the block's stride
-        macs += double(ch) * double(planes * expansion) * double(side * side);
-      ch = planes * expansion;
-    }
-  }
-  macs += double(ch) * double(c.num_classes);
-  return 3.0 * 2.0 * macs;
-}
-
 std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
   auto resnet = std::make_shared<models::ResNet>(resnet_config(r.model));
-  Generator init(r.run.seed);
-  resnet->init_weights(init);
+  seeded(*resnet, r);
   ImageClassifier c;
   c.module = resnet;
   c.forward = [m = resnet.get()](const Tensor& x) { return m->forward(x); };
-  c.flops_per_image = resnet_flops_per_image(resnet->config(), r.model.image_size);
+  c.flops_per_image = resnet->flops_per_image(r.model.image_size);
   c.buffers = resnet->named_buffers();
   c.description = fmt::format("ResNet-{} layout, width {}", r.model.type == "resnet50" ? 50 : 18, r.model.width);
   return image_classification_task(r, std::move(c));
@@ -300,8 +264,7 @@ std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
 
 std::unique_ptr<Task> make_swin_task(const Recipe& r) {
   auto swin = std::make_shared<models::Swin>(swin_config(r.model));
-  Generator init(r.run.seed);
-  swin->init_weights(init);
+  seeded(*swin, r);
   ImageClassifier c;
   c.module = swin;
   c.forward = [m = swin.get()](const Tensor& x) { return m->forward(x); };
@@ -315,8 +278,7 @@ std::unique_ptr<Task> make_swin_task(const Recipe& r) {
 std::unique_ptr<Task> make_clip_task(const Recipe& r) {
   const data::CaptionTokenizer tok;
   auto clip = std::make_unique<models::CLIP>(clip_config(r.model, tok));
-  Generator init(r.run.seed);
-  clip->init_weights(init);
+  seeded(*clip, r);
   return contrastive_task(r, std::move(clip));
 }
 

@@ -178,4 +178,40 @@ std::shared_ptr<ResNet> resnet50(int64_t num_classes, int64_t in_channels, bool 
   return std::make_shared<ResNet>(resnet50_config(num_classes, in_channels, small_input));
 }
 
+double ResNet::flops_per_image(int64_t side) const {
+  const ResNetConfig& c = cfg_;
+  double macs = 0.0;
+  auto conv = [&](int64_t in, int64_t out, int64_t k, int64_t stride) {
+    side = (side + stride - 1) / stride;  // "same" padding
+    macs += double(in) * double(out) * double(k * k) * double(side * side);
+  };
+  int64_t ch = c.width;
+  if (c.small_input) {
+    conv(c.in_channels, ch, 3, 1);
+  } else {
+    conv(c.in_channels, ch, 7, 2);
+    side = (side + 1) / 2;  // 3x3 stride-2 max-pool
+  }
+  const int64_t expansion = c.bottleneck ? 4 : 1;
+  for (size_t stage = 0; stage < c.layers.size(); ++stage) {
+    const int64_t planes = c.width << stage;
+    for (int64_t b = 0; b < c.layers[stage]; ++b) {
+      const int64_t stride = stage > 0 && b == 0 ? 2 : 1;
+      if (c.bottleneck) {
+        conv(ch, planes, 1, 1);
+        conv(planes, planes, 3, stride);
+        conv(planes, planes * expansion, 1, 1);
+      } else {
+        conv(ch, planes, 3, stride);
+        conv(planes, planes, 3, 1);
+      }
+      if (stride != 1 || ch != planes * expansion)  // downsample: 1x1 conv with the block's stride
+        macs += double(ch) * double(planes * expansion) * double(side * side);
+      ch = planes * expansion;
+    }
+  }
+  macs += double(ch) * double(c.num_classes);
+  return 3.0 * 2.0 * macs;
+}
+
 }  // namespace brigade::models

@@ -98,6 +98,10 @@ class ResNet : public nn::Module {
   // named_parameters() followed by named_buffers(): a torchvision state_dict's keys.
   nn::NamedTensors state_dict() const;
   const ResNetConfig& config() const { return cfg_; }
+  // FLOPs of one training step per image of side x side pixels: 3 x the forward's 2 FLOPs per
+  // multiply-add of every convolution and the classifier (BatchNorm, ReLU, pooling and the
+  // residual adds left out).
+  double flops_per_image(int64_t side) const;
 
   std::shared_ptr<nn::Conv2d> conv1;
   std::shared_ptr<nn::BatchNorm2d> bn1;
