@@ -28,15 +28,7 @@ const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 
 // Runs `args` through the shell with a time limit; captures stdout and stderr.
 CmdResult brigade(const std::string& args, const fs::path& cwd) {
-  const fs::path out = cwd / "stdout.txt", err = cwd / "stderr.txt";
-  const std::string cmd = "cd '" + cwd.string() + "' && timeout 300 " + kBin + " " + args + " >'" + out.string() +
-                          "' 2>'" + err.string() + "'";
-  int st = std::system(cmd.c_str());
-  CmdResult r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return test_support::run_in(cwd, "timeout 300 " + kBin + " " + args);
 }
 
 const char* kRecipe = R"(
@@ -76,11 +68,7 @@ tokens = 12
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("brigade_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_cli");
     test_support::write_tiny_corpus(dir_ / "corpus.txt");
     write("tiny.toml", kRecipe);
   }

@@ -32,26 +32,16 @@ const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 class Defects : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("brigade_defects_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_defects");
     brigade::test_support::write_tiny_recipe(dir_, brigade::test_support::tiny_models().at(0), 4);  // gpt
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
   }
+  // `brigade <args>` in the test dir, one process, one thread.
   CmdResult brigade(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = "cd '" + dir_.string() + "' && env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK OMP_NUM_THREADS=1 "
-                            "timeout 300 " + kBin + " " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CmdResult r;
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return brigade::test_support::run_in(dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " +
+                                                   kBin + " " + args);
   }
   fs::path dir_;
 };

@@ -37,26 +37,16 @@ class EveryModel : public ::testing::TestWithParam<TinyModel> {
     const TinyModel& c = GetParam();
     if (c.images && !brigade::test_support::have_fashion_mnist())
       GTEST_SKIP() << brigade::test_support::kFashionDir << " is missing (apt install dataset-fashion-mnist)";
-    dir_ = fs::temp_directory_path() /
-           ("brigade_every_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_every");
     brigade::test_support::write_tiny_recipe(dir_, c, c.batch);
   }
   void TearDown() override {
     if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
   }
+  // `brigade <args>` in the test dir, one process, one thread.
   CmdResult brigade(const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string cmd = "cd '" + dir_.string() + "' && env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK OMP_NUM_THREADS=1 "
-                            "timeout 300 " + kBin + " " + args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CmdResult r;
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return brigade::test_support::run_in(dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " +
+                                                   kBin + " " + args);
   }
   std::string type() const {
     const std::string& m = GetParam().model;

@@ -34,15 +34,7 @@ const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 const char* kData = "/usr/share/datasets/fashion-mnist";
 
 CmdResult brigade(const std::string& args, const fs::path& cwd) {
-  const fs::path out = cwd / "stdout.txt", err = cwd / "stderr.txt";
-  const std::string cmd = "cd '" + cwd.string() + "' && timeout 120 " + kBin + " " + args + " >'" + out.string() +
-                          "' 2>'" + err.string() + "'";
-  int st = std::system(cmd.c_str());
-  CmdResult r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return test_support::run_in(cwd, "timeout 120 " + kBin + " " + args);
 }
 
 const char* kVit = R"(
@@ -141,11 +133,7 @@ class Classify : public ::testing::Test {
   void SetUp() override {
     if (!fs::exists(fs::path(kData) / "t10k-images-idx3-ubyte.gz"))
       GTEST_SKIP() << kData << " is missing (apt install dataset-fashion-mnist)";
-    dir_ = fs::temp_directory_path() /
-           ("brigade_classify_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_classify");
   }
   void TearDown() override {
     if (!dir_.empty()) fs::remove_all(dir_);

@@ -104,11 +104,7 @@ int64_t tiny_flat_floats() {
 class DpTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("brigade_dp_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_dp");
     brigade::test_support::write_tiny_corpus(dir_ / "corpus.txt");
     std::ofstream(dir_ / "tiny.toml") << kRecipe;
   }
@@ -116,27 +112,15 @@ class DpTrain : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);  // kept for inspection when a test fails
   }
 
-  static bool have_mpirun() { return !kMpirun.empty() && ::access(kMpirun.c_str(), X_OK) == 0; }
+  static bool have_mpirun() { return brigade::test_support::have_mpirun(kMpirun); }
 
   // `brigade train tiny.toml <args>` in the test dir: under mpirun with np processes, or
   // directly when np == 0 (without launcher variables, so it is surely one process).
   // `env` is prepended to the command's environment; `limit` is the hard time limit.
   CmdResult train(int np, const std::string& args, const std::string& env = "", int limit = 120) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    std::string launcher = np > 0 ? std::string(kMpiEnv) + " " + env + " timeout " + std::to_string(limit) + " " +
-                                        kMpirun + " --oversubscribe --bind-to none -np " + std::to_string(np)
-                                  : "-u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK OMP_NUM_THREADS=1 " + env +
-                                        " timeout " + std::to_string(limit);
-    const std::string cmd = "cd '" + dir_.string() + "' && env " + launcher + " " + kBin + " train tiny.toml " +
-                            args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const auto t0 = std::chrono::steady_clock::now();
-    const int st = std::system(cmd.c_str());
-    CmdResult r;
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return brigade::test_support::run_in(
+        dir_, brigade::test_support::launcher(np, kMpirun, np > 0 ? env : "OMP_NUM_THREADS=1 " + env, limit) + " " +
+                  kBin + " train tiny.toml " + args);
   }
   // A run that must succeed; returns its curve.
   Curve train_ok(int np, const std::string& out_dir, const std::string& args) {

@@ -81,35 +81,21 @@ struct Curve {
 class MpTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("brigade_mp_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_mp");
     brigade::test_support::write_tiny_corpus(dir_ / "corpus.txt");
     std::ofstream(dir_ / "tiny.toml") << kRecipe;
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
   }
-  static bool have_mpirun() { return !kMpirun.empty() && ::access(kMpirun.c_str(), X_OK) == 0; }
+  static bool have_mpirun() { return brigade::test_support::have_mpirun(kMpirun); }
 
   // `brigade <cmd> tiny.toml <args>` under mpirun -np np, or as one plain process (np == 0).
   CmdResult run(int np, const std::string& args, const std::string& env = "", int limit = 180,
                 const std::string& cmd_name = "train tiny.toml") {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    std::string launcher = np > 0 ? std::string(kMpiEnv) + " " + env + " timeout " + std::to_string(limit) + " " +
-                                        kMpirun + " --oversubscribe --bind-to none -np " + std::to_string(np)
-                                  : "-u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK OMP_NUM_THREADS=1 " + env +
-                                        " timeout " + std::to_string(limit);
-    const std::string cmd = "cd '" + dir_.string() + "' && env " + launcher + " " + kBin + " " + cmd_name + " " +
-                            args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CmdResult r;
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return brigade::test_support::run_in(
+        dir_, brigade::test_support::launcher(np, kMpirun, np > 0 ? env : "OMP_NUM_THREADS=1 " + env, limit) + " " +
+                  kBin + " " + cmd_name + " " + args);
   }
   Curve train_ok(int np, const std::string& out_dir, const std::string& settings) {
     std::string args = "--quiet --no-sample --set run.out_dir=" + out_dir;

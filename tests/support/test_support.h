@@ -1,8 +1,14 @@
 // Helpers shared by the end-to-end tests that run the `brigade` binary: the tiny
 // structured corpus they train on, reading a file whole, the Open MPI environment
-// for mpirun as root on shared memory, and a command result.
+// for mpirun as root on shared memory, running a command, and a test's own folder.
 #pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -43,5 +49,46 @@ struct CmdResult {
   std::string out, err;
   double seconds = 0;
 };
+
+// Runs the shell command line `command` in `dir`, its stdout and stderr into dir/stdout.txt and
+// dir/stderr.txt: the exit status (128 + the signal when killed), both outputs and the seconds.
+inline CmdResult run_in(const std::filesystem::path& dir, const std::string& command) {
+  const std::filesystem::path out = dir / "stdout.txt", err = dir / "stderr.txt";
+  const std::string cmd =
+      "cd '" + dir.string() + "' && " + command + " >'" + out.string() + "' 2>'" + err.string() + "'";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int st = std::system(cmd.c_str());
+  CmdResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+// The launcher to put before a `brigade` command line: np > 0 ranks under `mpirun` (kMpiEnv), or
+// np == 0 one plain process (the MPI launch variables unset, so a test itself started by mpirun
+// does not make it a rank), with `env` settings and a hard time limit.
+inline std::string launcher(int np, const std::string& mpirun, const std::string& env = "", int limit_s = 300) {
+  const std::string limit = " timeout " + std::to_string(limit_s);
+  return np > 0 ? "env " + std::string(kMpiEnv) + " " + env + limit + " " + mpirun +
+                      " --oversubscribe --bind-to none -np " + std::to_string(np)
+                : "env -u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK " + env + limit;
+}
+
+// True when `mpirun` names an executable.
+inline bool have_mpirun(const std::string& mpirun) { return !mpirun.empty() && ::access(mpirun.c_str(), X_OK) == 0; }
+
+// A fresh, empty folder under the temp directory, named by `prefix`, the running test and the pid.
+inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
+  std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();  // "Name/param" for TEST_P
+  for (char& c : test)
+    if (c == '/') c = '_';
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / (prefix + "_" + test + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
 
 }  // namespace brigade::test_support

@@ -1,12 +1,18 @@
 // Every model type of the registry at a tiny size, for the end-to-end tests that run the
-// `brigade` binary on each (tests/train/test_composition.cpp, tests/cli/test_every_model.cpp):
-// the [model] keys, whether it reads images, whether it has BatchNorm, its rows per rank; a
-// recipe writer; and a small Fashion-MNIST subset so image runs (and their final evaluation over
-// the whole test split) take a second, not a minute.
+// `brigade` binary on each (tests/train/test_composition.cpp, tests/cli/test_every_model.cpp,
+// tests/train/test_mp_models.cpp): the [model] keys, whether it reads images, whether it has
+// BatchNorm, its rows per rank; a recipe writer; a small Fashion-MNIST subset so image runs (and
+// their final evaluation over the whole test split) take a second, not a minute; and a run's
+// loss curve from its metrics.jsonl, with the comparison the tests make between curves.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <tuple>
@@ -85,12 +91,14 @@ inline void write_fashion_subset(const std::filesystem::path& dir, int64_t n, in
 }
 
 // Writes `dir`/r.toml for the model (run.out_dir "run", one thread, 10 steps of `rows` rows,
-// evaluation every 5) and its data: the tiny corpus, or a 512 / 512-image Fashion-MNIST subset (its test
-// split holds a whole evaluation chunk of 500 images, as the real one, so memory peaks compare).
-inline void write_tiny_recipe(const std::filesystem::path& dir, const TinyModel& c, int64_t rows) {
+// evaluation every 5) and its data: the tiny corpus, or a Fashion-MNIST subset of 512 training and
+// `test_images` test images (512 by default: a whole evaluation chunk of 500 images, as the real
+// test split, so memory peaks compare).
+inline void write_tiny_recipe(const std::filesystem::path& dir, const TinyModel& c, int64_t rows,
+                              int64_t test_images = 512) {
   std::string data;
   if (c.images) {
-    write_fashion_subset(dir / "fashion", 512, 512);
+    write_fashion_subset(dir / "fashion", 512, test_images);
     data = "corpus = \"fashion-mnist\"\ndir = \"fashion\"\n";
   } else {
     write_tiny_corpus(dir / "corpus.txt");
@@ -102,6 +110,49 @@ inline void write_tiny_recipe(const std::filesystem::path& dir, const TinyModel&
                                 << "\nseq_len = 16\neval_every = 5\neval_batches = 1\nlog_every = 1\n"
                                    "grad_clip = 1.0\n[optim]\nlr = 3e-3\nweight_decay = 0.01\n"
                                    "[schedule]\nwarmup_steps = 2\nmin_lr = 3e-4\n";
+}
+
+// A run's curve from its metrics.jsonl: train losses, val losses (as numbers and as printed, for
+// bitwise comparisons) and each train record; early-stopping records left out.
+struct Curve {
+  std::map<int64_t, double> loss, val_loss;
+  std::map<int64_t, std::string> loss_text, val_text;
+  std::map<int64_t, nlohmann::json> records;
+};
+inline Curve read_curve(const std::filesystem::path& metrics_jsonl) {
+  Curve c;
+  std::ifstream f(metrics_jsonl);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    const int64_t step = j.at("step");
+    if (j.contains("early_stop")) continue;
+    if (j.contains("val_loss")) {
+      c.val_loss[step] = j["val_loss"];
+      c.val_text[step] = j["val_loss"].dump();
+    } else if (j.contains("loss")) {
+      c.loss[step] = j["loss"];
+      c.loss_text[step] = j["loss"].dump();
+      c.records[step] = j;
+    }
+  }
+  return c;
+}
+
+// `got` has exactly the steps of `want`, each finite and within `tol` relative.
+inline void expect_close(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want,
+                         const std::string& what, double tol = 1e-5) {
+  ASSERT_FALSE(want.empty()) << what;
+  EXPECT_EQ(got.size(), want.size()) << what;
+  for (const auto& [step, w] : want) {
+    auto it = got.find(step);
+    if (it == got.end()) {
+      ADD_FAILURE() << what << ": no record for step " << step;
+      continue;
+    }
+    EXPECT_TRUE(std::isfinite(it->second)) << what << " step " << step;
+    EXPECT_LE(std::abs(it->second - w), tol * std::abs(w))
+        << what << " step " << step << ": " << it->second << " vs " << w;
+  }
 }
 
 }  // namespace brigade::test_support

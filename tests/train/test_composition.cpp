@@ -38,6 +38,8 @@
 
 namespace fs = std::filesystem;
 using brigade::test_support::CmdResult;
+using brigade::test_support::Curve;
+using brigade::test_support::expect_close;
 using brigade::test_support::slurp;
 
 namespace {
@@ -47,69 +49,31 @@ const std::string kMpirun = BRIGADE_MPIRUN;
 using brigade::test_support::TinyModel;
 using ModelCase = TinyModel;
 
-struct Curve {
-  std::map<int64_t, double> loss, val_loss;
-  std::map<int64_t, std::string> loss_text, val_text;  // as printed, for bitwise comparisons
-  std::map<int64_t, nlohmann::json> records;
-};
-
 class Composition : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
     const ModelCase& c = GetParam();
     if (c.images && !brigade::test_support::have_fashion_mnist())
       GTEST_SKIP() << brigade::test_support::kFashionDir << " is missing (apt install dataset-fashion-mnist)";
-    dir_ = fs::temp_directory_path() /
-           ("brigade_comp_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_comp");
     brigade::test_support::write_tiny_recipe(dir_, c, 2 * c.batch);  // the reference: twice a rank's rows
   }
   void TearDown() override {
     if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
   }
-  static bool have_mpirun() { return !kMpirun.empty() && ::access(kMpirun.c_str(), X_OK) == 0; }
+  static bool have_mpirun() { return brigade::test_support::have_mpirun(kMpirun); }
 
   // `brigade train r.toml` with `args` in the test dir, under mpirun -np np (np > 1) or alone.
   CmdResult run(int np, const std::string& args, const std::string& env = "") {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string launcher =
-        np > 1 ? std::string(brigade::test_support::kMpiEnv) + " " + env + " timeout 300 " + kMpirun +
-                     " --oversubscribe --bind-to none -np " + std::to_string(np)
-               : "-u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK OMP_NUM_THREADS=1 " + env + " timeout 300";
-    const std::string cmd = "cd '" + dir_.string() + "' && env " + launcher + " " + kBin + " train r.toml --quiet --no-sample " +
-                            args + " >'" + out.string() + "' 2>'" + err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CmdResult r;
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    return brigade::test_support::run_in(
+        dir_, brigade::test_support::launcher(np > 1 ? np : 0, kMpirun, np > 1 ? env : "OMP_NUM_THREADS=1 " + env) +
+                  " " + kBin + " train r.toml --quiet --no-sample " + args);
   }
   // A run that must succeed, into out_dir; its curve.
   Curve ok(int np, const std::string& out_dir, const std::string& args, const std::string& env = "") {
     const CmdResult r = run(np, "--set run.out_dir=" + out_dir + " " + args, env);
     EXPECT_EQ(r.code, 0) << GetParam().name << " np " << np << " " << args << "\n" << r.err;
-    return curve(out_dir);
-  }
-  Curve curve(const std::string& out_dir) {
-    Curve c;
-    std::ifstream f(dir_ / out_dir / "metrics.jsonl");
-    for (std::string line; std::getline(f, line);) {
-      const auto j = nlohmann::json::parse(line);
-      const int64_t step = j.at("step");
-      if (j.contains("early_stop")) continue;
-      if (j.contains("val_loss")) {
-        c.val_loss[step] = j["val_loss"];
-        c.val_text[step] = j["val_loss"].dump();
-      } else if (j.contains("loss")) {
-        c.loss[step] = j["loss"];
-        c.loss_text[step] = j["loss"].dump();
-        c.records[step] = j;
-      }
-    }
-    return c;
+    return brigade::test_support::read_curve(dir_ / out_dir / "metrics.jsonl");
   }
   // The rows of one rank, and of the one-process reference (twice as many).
   std::string per_rank() const { return "--set train.batch_size=" + std::to_string(GetParam().batch); }
@@ -117,23 +81,6 @@ class Composition : public ::testing::TestWithParam<ModelCase> {
 
   fs::path dir_;
 };
-
-// `got` has exactly the steps of `want`, each within `tol` relative.
-void expect_close(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, const std::string& what,
-                  double tol = 1e-5) {
-  ASSERT_FALSE(want.empty()) << what;
-  EXPECT_EQ(got.size(), want.size()) << what;
-  for (const auto& [step, w] : want) {
-    auto it = got.find(step);
-    if (it == got.end()) {
-      ADD_FAILURE() << what << ": no record for step " << step;
-      continue;
-    }
-    EXPECT_TRUE(std::isfinite(it->second)) << what << " step " << step;
-    EXPECT_LE(std::abs(it->second - w), tol * std::abs(w))
-        << what << " step " << step << ": " << it->second << " vs " << w;
-  }
-}
 
 TEST_P(Composition, DataParallelWithEveryZeroStageMatchesOneProcess) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun";

@@ -72,11 +72,7 @@ const Size kWide{"wide", {"model.n_layer=6", "model.n_head=8", "model.n_embd=512
 class MemoryPlan : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("brigade_mem_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
-            std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    dir_ = brigade::test_support::fresh_test_dir("brigade_mem");
     write_corpus(dir_ / "corpus.txt");
   }
   void TearDown() override {
@@ -329,19 +325,8 @@ bool have_mpirun() { return !kMpirun.empty() && ::access(kMpirun.c_str(), X_OK) 
 // `brigade train recipes/gpt-kjv.toml <args>` in `dir`, under mpirun with np processes
 // (np > 0) or alone, with a hard time limit.
 CmdResult brigade_train(const fs::path& dir, const std::string& args, int np = 0) {
-  const fs::path out = dir / "stdout.txt", err = dir / "stderr.txt";
-  const std::string launcher = np > 0 ? std::string(kMpiEnv) + " timeout 300 " + kMpirun +
-                                            " --oversubscribe --bind-to none -np " + std::to_string(np)
-                                      : std::string("-u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK timeout 300");
-  const std::string cmd = "cd '" + dir.string() + "' && env " + launcher + " " + kBin + " train '" +
-                          BRIGADE_SOURCE_DIR + "/recipes/gpt-kjv.toml' " + args + " >'" + out.string() + "' 2>'" +
-                          err.string() + "'";
-  const int st = std::system(cmd.c_str());
-  CmdResult r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return brigade::test_support::run_in(dir, brigade::test_support::launcher(np, kMpirun) + " " + kBin + " train '" +
+                                                BRIGADE_SOURCE_DIR + "/recipes/gpt-kjv.toml' " + args);
 }
 
 // The per-rank check of memory.json: measured peak within 15% of the prediction, or of its

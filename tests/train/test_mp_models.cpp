@@ -27,28 +27,23 @@
 #include <tuple>
 #include <vector>
 
-#include "brigade/data/ext_fashion_mnist.h"
 #include "brigade/train/trainer.h"
 #include "support/test_support.h"
+#include "support/tiny_models.h"
 
 namespace fs = std::filesystem;
 using brigade::test_support::CmdResult;
-using brigade::test_support::slurp;
+using brigade::test_support::Curve;
+using brigade::test_support::expect_close;
+using ModelCase = brigade::test_support::TinyModel;
 
 namespace {
 
 const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 const std::string kMpirun = BRIGADE_MPIRUN;
-const char* kFashion = "/usr/share/datasets/fashion-mnist";
 
-struct ModelCase {
-  std::string name;
-  std::string model;  // the [model] section's keys
-  bool images = false;
-};
-
-void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
-
+// tiny_models() but for tensor parallelism: vocabularies of 127 (GPT's tied and LLaMA's untied
+// heads padded to 128 under tp 2), LLaMA with 4 query and 2 key/value heads (tp 2 divides both).
 const std::vector<ModelCase>& cases() {
   static const std::vector<ModelCase> c{
       {"gpt", "vocab_size = 127\nblock_size = 16\nn_layer = 2\nn_head = 2\nn_embd = 32\n", false},
@@ -65,123 +60,33 @@ const std::vector<ModelCase>& cases() {
   return c;
 }
 
-// Fashion-MNIST's first n train / m test images as IDX files (uncompressed: read_idx_gz reads
-// plain files too) under `dir`.
-void write_fashion_subset(const fs::path& dir, int64_t n, int64_t m) {
-  fs::create_directories(dir);
-  auto be32 = [](std::ofstream& f, uint32_t v) {
-    const unsigned char b[4] = {uint8_t(v >> 24), uint8_t(v >> 16), uint8_t(v >> 8), uint8_t(v)};
-    f.write(reinterpret_cast<const char*>(b), 4);
-  };
-  for (auto [split, prefix, count] : {std::tuple{brigade::data::FashionMnist::Split::Train, "train", n},
-                                      std::tuple{brigade::data::FashionMnist::Split::Test, "t10k", m}}) {
-    const brigade::data::FashionMnist set(kFashion, split);
-    std::ofstream img(dir / (std::string(prefix) + "-images-idx3-ubyte.gz"), std::ios::binary);
-    be32(img, 0x00000803);
-    be32(img, uint32_t(count));
-    be32(img, 28);
-    be32(img, 28);
-    std::ofstream lab(dir / (std::string(prefix) + "-labels-idx1-ubyte.gz"), std::ios::binary);
-    be32(lab, 0x00000801);
-    be32(lab, uint32_t(count));
-    for (int64_t i = 0; i < count; ++i) {
-      img.write(reinterpret_cast<const char*>(set.pixels(i)), 28 * 28);
-      const char y = char(set.label(i));
-      lab.write(&y, 1);
-    }
-  }
-}
-
-struct Curve {
-  std::map<int64_t, double> loss, val_loss;
-};
-
 class MpModels : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
-    if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
+    if (!brigade::test_support::have_mpirun(kMpirun)) GTEST_SKIP() << "no mpirun";
     const ModelCase& c = GetParam();
-    if (c.images && !fs::exists(fs::path(kFashion) / "t10k-images-idx3-ubyte.gz"))
-      GTEST_SKIP() << kFashion << " is missing (apt install dataset-fashion-mnist)";
-    std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();  // "Name/model"
-    for (char& ch : test)
-      if (ch == '/') ch = '_';
-    dir_ = fs::temp_directory_path() / ("brigade_mpm_" + test + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::string data;
-    if (c.images) {
-      write_fashion_subset(dir_ / "fashion", 512, 256);
-      data = "corpus = \"fashion-mnist\"\ndir = \"fashion\"\n";
-    } else {
-      brigade::test_support::write_tiny_corpus(dir_ / "corpus.txt");
-      data = "corpus = \"corpus.txt\"\ndir = \"data\"\nval_fraction = 0.1\n";
-    }
-    std::ofstream(dir_ / "r.toml") << "[run]\nname = \"mpm\"\nout_dir = \"run\"\nseed = 5\nthreads = 1\n[model]\n"
-                                   << c.model << "[data]\n"
-                                   << data
-                                   << "[train]\nsteps = 10\nbatch_size = 8\nseq_len = 16\neval_every = 5\n"
-                                      "eval_batches = 1\nlog_every = 1\ngrad_clip = 1.0\n[optim]\nlr = 3e-3\n"
-                                      "weight_decay = 0.01\n[schedule]\nwarmup_steps = 2\nmin_lr = 3e-4\n";
+    if (c.images && !brigade::test_support::have_fashion_mnist())
+      GTEST_SKIP() << brigade::test_support::kFashionDir << " is missing (apt install dataset-fashion-mnist)";
+    dir_ = brigade::test_support::fresh_test_dir("brigade_mpm");
+    // 8 rows a step; 256 test images: the final evaluation cuts them into two pipeline micro-batches
+    brigade::test_support::write_tiny_recipe(dir_, c, 8, 256);
   }
   void TearDown() override {
     if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
   }
-  static bool have_mpirun() { return !kMpirun.empty() && ::access(kMpirun.c_str(), X_OK) == 0; }
 
-  // `brigade train r.toml` with `args` in the test dir, under mpirun -np np (np > 1) or alone.
-  CmdResult run(int np, const std::string& args) {
-    const fs::path out = dir_ / "stdout.txt", err = dir_ / "stderr.txt";
-    const std::string launcher =
-        np > 1 ? std::string(brigade::test_support::kMpiEnv) + " timeout 300 " + kMpirun +
-                     " --oversubscribe --bind-to none -np " + std::to_string(np)
-               : "-u OMPI_COMM_WORLD_SIZE -u PMIX_RANK -u PMI_RANK OMP_NUM_THREADS=1 timeout 300";
-    const std::string cmd = "cd '" + dir_.string() + "' && env " + launcher + " " + kBin +
-                            " train r.toml --quiet --no-sample " + args + " >'" + out.string() + "' 2>'" +
-                            err.string() + "'";
-    const int st = std::system(cmd.c_str());
-    CmdResult r;
-    r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
-  // A run that must succeed, into out_dir; its curve.
+  // A `brigade train r.toml` with `args` that must succeed, under mpirun -np np (np > 1) or alone,
+  // into out_dir; its curve.
   Curve ok(int np, const std::string& out_dir, const std::string& args) {
-    const CmdResult r = run(np, "--set run.out_dir=" + out_dir + " " + args);
+    const CmdResult r = brigade::test_support::run_in(
+        dir_, brigade::test_support::launcher(np > 1 ? np : 0, kMpirun, np > 1 ? "" : "OMP_NUM_THREADS=1") + " " +
+                  kBin + " train r.toml --quiet --no-sample --set run.out_dir=" + out_dir + " " + args);
     EXPECT_EQ(r.code, 0) << GetParam().name << " np " << np << " " << args << "\n" << r.err;
-    Curve c;
-    std::ifstream f(dir_ / out_dir / "metrics.jsonl");
-    for (std::string line; std::getline(f, line);) {
-      const auto j = nlohmann::json::parse(line);
-      const int64_t step = j.at("step");
-      if (j.contains("val_loss"))
-        c.val_loss[step] = j["val_loss"];
-      else if (j.contains("loss"))
-        c.loss[step] = j["loss"];
-    }
-    return c;
+    return brigade::test_support::read_curve(dir_ / out_dir / "metrics.jsonl");
   }
 
   fs::path dir_;
 };
-
-// `got` has exactly the steps of `want`, each within `tol` relative.
-void expect_close(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, const std::string& what,
-                  double tol = 1e-5) {
-  ASSERT_FALSE(want.empty()) << what;
-  EXPECT_EQ(got.size(), want.size()) << what;
-  for (const auto& [step, w] : want) {
-    auto it = got.find(step);
-    if (it == got.end()) {
-      ADD_FAILURE() << what << ": no record for step " << step;
-      continue;
-    }
-    EXPECT_TRUE(std::isfinite(it->second)) << what << " step " << step;
-    EXPECT_LE(std::abs(it->second - w), tol * std::abs(w))
-        << what << " step " << step << ": " << it->second << " vs " << w;
-  }
-}
 
 TEST_P(MpModels, TensorAndPipelineParallelMatchOneProcess) {
   const ModelCase& c = GetParam();
