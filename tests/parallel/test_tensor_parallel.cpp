@@ -294,7 +294,9 @@ TEST(TensorParallel, ShardGatherRoundTrip) {
       for (int64_t part = 0; part < 3; ++part)
         EXPECT_EQ(s.narrow(1, part * k, k).to_vector(), p.detach().narrow(1, part * C + r * k, k).to_vector());
     }
-    if (name == "transformer.h.0.mlp.c_proj.weight") EXPECT_EQ(s.shape(), (Shape{4 * C / P, C}));
+    if (name == "transformer.h.0.mlp.c_proj.weight") {
+      EXPECT_EQ(s.shape(), (Shape{4 * C / P, C}));
+    }
   }
 }
 
@@ -381,7 +383,9 @@ void expect_round_trip(nn::Module& full, const nn::TpPlan& plan,
     EXPECT_EQ(back.shape(), p.shape()) << name;
     EXPECT_EQ(back.to_vector(), p.to_vector()) << name;
     EXPECT_EQ(parallel::tp_replicated(layout, name), replicated(name)) << name;
-    if (!replicated(name) && P > 1) EXPECT_LT(s.numel(), p.numel()) << name;
+    if (!replicated(name) && P > 1) {
+      EXPECT_LT(s.numel(), p.numel()) << name;
+    }
   }
 }
 

@@ -8,21 +8,19 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "brigade/core/enum_names.h"
 #include "brigade/core/error.h"
 
 namespace brigade::amp {
 
-std::string_view scale_mode_name(ScaleMode m) {
-  constexpr std::string_view names[] = {"none", "static", "dynamic", "adaptive"};
-  return names[size_t(m)];
-}
+// The names, indexed by ScaleMode.
+constexpr std::string_view kScaleModeNames[] = {"none", "static", "dynamic", "adaptive"};
+
+std::string_view scale_mode_name(ScaleMode m) { return enum_name(m, kScaleModeNames); }
 
 ScaleMode scale_mode_from_name(std::string_view s) {
-  for (int i = 0; i < 4; ++i)
-    if (s == scale_mode_name(ScaleMode(i))) return ScaleMode(i);
-  throw ValueError(fmt::format("'{}' is not a loss-scaling mode; use \"none\", \"static\", \"dynamic\" or "
-                               "\"adaptive\"",
-                               s));
+  return enum_from_name<ScaleMode>(s, kScaleModeNames, "loss-scaling mode",
+                                   R"("none", "static", "dynamic" or "adaptive")");
 }
 
 double max_finite(DType dt) {

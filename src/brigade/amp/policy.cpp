@@ -5,6 +5,7 @@
 
 #include <iterator>
 
+#include "brigade/core/enum_names.h"
 #include "brigade/core/error.h"
 
 namespace brigade::amp {
@@ -37,17 +38,15 @@ thread_local Policy t_policy;
 
 Rule rule(Op op, Level level) { return kTable[size_t(op)][size_t(level)]; }
 
-std::string_view level_name(Level l) {
-  constexpr std::string_view names[] = {"O0", "O1", "O2", "O3"};
-  return names[size_t(l)];
-}
+// The names, indexed by Level.
+constexpr std::string_view kLevelNames[] = {"O0", "O1", "O2", "O3"};
+
+std::string_view level_name(Level l) { return enum_name(l, kLevelNames); }
 
 Level level_from_name(std::string_view s) {
-  for (int i = 0; i < 4; ++i)
-    if (s == level_name(Level(i))) return Level(i);
-  throw ValueError(fmt::format("'{}' is not a precision level; use \"O0\" (fp32), \"O1\" (autocast), \"O2\" "
-                               "(low-precision model, fp32 master weights) or \"O3\" (pure low precision)",
-                               s));
+  return enum_from_name<Level>(
+      s, kLevelNames, "precision level",
+      R"("O0" (fp32), "O1" (autocast), "O2" (low-precision model, fp32 master weights) or "O3" (pure low precision))");
 }
 
 std::string_view op_name(Op op) {

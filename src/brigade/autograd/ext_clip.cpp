@@ -2,31 +2,19 @@
 #include "brigade/autograd/ext_clip.h"
 
 #include <cmath>
-#include <memory>
 
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/ext_llama.h"
+#include "brigade/autograd/rules.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
 
 namespace brigade::fn {
 
-namespace {
-
-struct ExpBackward : autograd::Node {
-  Tensor y;  // the output, detached
-  const char* name() const override { return "ExpBackward"; }
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::mul(g, y)}; }
-  void release() override { y = Tensor(); }
-};
-
-}  // namespace
-
+// forward: y = exp(x), so gx = g * y; the node keeps the output, detached.
 Tensor exp(const Tensor& x) {
   const Tensor y = ops::exp(x);
-  auto n = std::make_shared<ExpBackward>();
-  if (autograd::needs_grad({x})) n->y = y.detach();
-  return autograd::record(y, n, {x});
+  return rules::record_saving<ops::mul>("ExpBackward", y, x, y.detach());
 }
 
 Tensor quick_gelu(const Tensor& x) {

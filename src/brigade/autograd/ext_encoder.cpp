@@ -3,48 +3,34 @@
 // (undefined where not wanted), saved tensors released after use, outputs saved detached.
 #include "brigade/autograd/ext_encoder.h"
 
-#include <cmath>
 #include <memory>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/rules.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ext_encoder.h"
 
 namespace brigade::fn {
 
-using autograd::needs_grad;
 using autograd::Node;
 using autograd::record;
+using rules::wants;
 
 namespace {
 
-bool wants(const Node& n, size_t i) { return i < n.next.size() && n.next[i] != nullptr; }
-
-// The dtype the active policy gives an op of kind `op` on these floating inputs.
-DType policy_of(amp::Op op, const Tensor& a) { return amp::compute_dtype(op, {a.dtype()}); }
-DType policy_of(amp::Op op, const Tensor& a, const Tensor& b, const Tensor& c) {
-  return amp::compute_dtype(op, {a.dtype(), b.dtype(), c.dtype()});
-}
-
-struct GeluErfBackward : Node {
-  Tensor x;
-  const char* name() const override { return "GeluErfBackward"; }
-  // forward: y = 0.5 x (1 + erf(x / sqrt 2))
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::gelu_erf_backward(g, x)}; }
-  void release() override { x = Tensor(); }
-};
-
-struct KeyMaskAttentionBackward : Node {
-  Tensor q, k, v, out, lse, key_mask;
-  double scale = 1.0;
+struct KeyMaskAttentionBackward : rules::AttentionNode {
+  Tensor key_mask;
   const char* name() const override { return "KeyMaskAttentionBackward"; }
   // forward: out = softmax(scale q k^T + (-inf where key_mask == 0)) v
   std::vector<Tensor> backward(const Tensor& g) override {
     ops::AttentionGrads r = ops::attention_key_mask_backward(g, q, k, v, out, lse, key_mask, scale);
     return {r.gq, r.gk, r.gv};
   }
-  void release() override { q = k = v = out = lse = key_mask = Tensor(); }
+  void release() override {
+    AttentionNode::release();
+    key_mask = Tensor();
+  }
 };
 
 struct PatchifyBackward : Node {
@@ -70,30 +56,18 @@ struct PrependTokenBackward : Node {
 
 }  // namespace
 
+// forward: y = 0.5 x (1 + erf(x / sqrt 2)); the node keeps x
 Tensor gelu_erf(const Tensor& x0) {
-  const Tensor x = cast(x0, policy_of(amp::Op::Gelu, x0));
-  auto n = std::make_shared<GeluErfBackward>();
-  if (needs_grad({x})) n->x = x;
-  return record(ops::gelu_erf(x), n, {x});
+  const Tensor x = cast(x0, rules::policy_dtype(amp::Op::Gelu, {&x0}));
+  return rules::record_saving<ops::gelu_erf_backward>("GeluErfBackward", ops::gelu_erf(x), x, x);
 }
 
 Tensor attention_key_mask(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Tensor& key_mask) {
   if (!key_mask.defined()) return attention(q0, k0, v0, false);
-  const DType dt = policy_of(amp::Op::Attention, q0, k0, v0);
-  const Tensor q = cast(q0, dt), k = cast(k0, dt), v = cast(v0, dt);
-  const double scale = 1.0 / std::sqrt(double(q.size(-1)));
-  ops::AttentionOut r = ops::attention_key_mask(q, k, v, key_mask, scale);
+  const rules::AttentionArgs a = rules::attention_args(q0, k0, v0);
   auto n = std::make_shared<KeyMaskAttentionBackward>();
-  if (needs_grad({q, k, v})) {
-    n->q = q;
-    n->k = k;
-    n->v = v;
-    n->out = r.out.detach();  // detached: r.out is the recorded output (no cycle)
-    n->lse = r.lse;
-    n->key_mask = key_mask;
-    n->scale = scale;
-  }
-  return record(r.out, n, {q, k, v});
+  n->key_mask = key_mask;
+  return rules::record_attention(n, a, ops::attention_key_mask(a.q, a.k, a.v, key_mask, a.scale));
 }
 
 Tensor patchify(const Tensor& x, int64_t p) {

@@ -1,13 +1,14 @@
 // Derivative rules of the LLaMA functions (see ext_llama.h). Same conventions as
 // functions.cpp: backward returns fresh gradients in input order; nodes save only what
-// their backward reads and drop it in release(). The autocast step mirrors functions.cpp's
-// policy_dtype + as_dtype with the public pieces (amp::compute_dtype, fn::cast).
+// their backward reads and drop it in release(). The autocast step is functions.cpp's:
+// rules::policy_dtype, then a recorded fn::cast.
 #include "brigade/autograd/ext_llama.h"
 
 #include <memory>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/rules.h"
 #include "brigade/core/error.h"
 
 namespace brigade::fn {
@@ -15,20 +16,10 @@ namespace brigade::fn {
 using autograd::needs_grad;
 using autograd::Node;
 using autograd::record;
+using rules::policy_dtype;
+using rules::wants;
 
 namespace {
-
-bool wants(const Node& n, size_t i) { return i < n.next.size() && n.next[i] != nullptr; }
-
-// The dtype the active precision policy gives an op of kind `op` on these inputs (only the
-// defined floating ones count), as functions.cpp's policy_dtype.
-DType policy_dtype(amp::Op op, const Tensor& a, const Tensor& b = Tensor()) {
-  const bool fa = a.defined() && is_floating(a.dtype()), fb = b.defined() && is_floating(b.dtype());
-  if (fa && fb) return amp::compute_dtype(op, {a.dtype(), b.dtype()});
-  if (fa) return amp::compute_dtype(op, {a.dtype()});
-  if (fb) return amp::compute_dtype(op, {b.dtype()});
-  return amp::compute_dtype(op, {});
-}
 
 struct RMSNormBackward : Node {
   Tensor x, w, rstd;
@@ -49,14 +40,6 @@ struct RopeBackward : Node {
   std::vector<Tensor> backward(const Tensor& g) override { return {ops::rope_backward(g, theta, pos0)}; }
 };
 
-struct SiluBackward : Node {
-  Tensor x;
-  const char* name() const override { return "SiluBackward"; }
-  // forward: y = x * sigmoid(x)
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::silu_backward(g, x)}; }
-  void release() override { x = Tensor(); }
-};
-
 struct RepeatKvBackward : Node {
   int64_t n_rep = 1;
   const char* name() const override { return "RepeatKvBackward"; }
@@ -67,7 +50,7 @@ struct RepeatKvBackward : Node {
 }  // namespace
 
 Tensor rms_norm(const Tensor& x0, const Tensor& w0, double eps) {
-  const DType dt = policy_dtype(amp::Op::LayerNorm, x0, w0);
+  const DType dt = policy_dtype(amp::Op::LayerNorm, {&x0, &w0});
   const Tensor x = fn::cast(x0, dt), w = fn::cast(w0, dt);
   ops::RMSNormOut r = ops::rms_norm(x, w, eps);
   auto n = std::make_shared<RMSNormBackward>();
@@ -80,18 +63,17 @@ Tensor rms_norm(const Tensor& x0, const Tensor& w0, double eps) {
 }
 
 Tensor rope(const Tensor& x0, double theta, int64_t pos0) {
-  const Tensor x = fn::cast(x0, policy_dtype(amp::Op::Elementwise, x0));
+  const Tensor x = fn::cast(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
   auto n = std::make_shared<RopeBackward>();
   n->theta = theta;
   n->pos0 = pos0;
   return record(ops::rope(x, theta, pos0), n, {x});
 }
 
+// forward: y = x * sigmoid(x); the node keeps x
 Tensor silu(const Tensor& x0) {
-  const Tensor x = fn::cast(x0, policy_dtype(amp::Op::Gelu, x0));
-  auto n = std::make_shared<SiluBackward>();
-  if (needs_grad({x})) n->x = x;
-  return record(ops::silu(x), n, {x});
+  const Tensor x = fn::cast(x0, policy_dtype(amp::Op::Gelu, {&x0}));
+  return rules::record_saving<ops::silu_backward>("SiluBackward", ops::silu(x), x, x);
 }
 
 Tensor repeat_kv(const Tensor& x, int64_t n_rep) {

@@ -10,6 +10,7 @@
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/functions.h"
+#include "brigade/autograd/rules.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ext_vision.h"
 
@@ -18,25 +19,10 @@ namespace brigade::fn {
 using autograd::Node;
 using autograd::needs_grad;
 using autograd::record;
+using rules::policy_dtype;
+using rules::wants;
 
 namespace {
-
-bool wants(const Node& n, size_t i) { return i < n.next.size() && n.next[i] != nullptr; }
-
-// The policy's compute dtype for an op of kind `op` over the defined floating inputs.
-DType policy_dtype(amp::Op op, std::initializer_list<const Tensor*> inputs) {
-  DType ds[3] = {DType::F32, DType::F32, DType::F32};
-  size_t k = 0;
-  for (const Tensor* t : inputs)
-    if (t->defined() && is_floating(t->dtype()) && k < 3) ds[k++] = t->dtype();
-  switch (k) {
-    case 0: return amp::compute_dtype(op, {});
-    case 1: return amp::compute_dtype(op, {ds[0]});
-    case 2: return amp::compute_dtype(op, {ds[0], ds[1]});
-    default: return amp::compute_dtype(op, {ds[0], ds[1], ds[2]});
-  }
-}
-Tensor as_dtype(const Tensor& t, DType dt) { return t.defined() && t.dtype() != dt ? fn::cast(t, dt) : t; }
 
 struct Conv2dBackward : Node {
   Tensor x, w;
@@ -54,8 +40,7 @@ struct Conv2dBackward : Node {
   void release() override { x = w = Tensor(); }
 };
 
-struct BatchNorm2dBackward : Node {
-  Tensor x, w, mean, rstd;
+struct BatchNorm2dBackward : rules::NormNode {
   bool training = true;
   const char* name() const override { return "BatchNorm2dBackward"; }
   // forward: y = (x - mean) * rstd * w + b   (mean, rstd: batch statistics in training)
@@ -63,11 +48,9 @@ struct BatchNorm2dBackward : Node {
     ops::BatchNormGrads r = ops::batch_norm2d_backward(g, x, w, mean, rstd, training);
     return {wants(*this, 0) ? r.gx : Tensor(), r.gw, r.gb};
   }
-  void release() override { x = w = mean = rstd = Tensor(); }
 };
 
-struct SyncBatchNorm2dBackward : Node {
-  Tensor x, w, mean, rstd;
+struct SyncBatchNorm2dBackward : rules::NormNode {
   std::shared_ptr<const BatchNormSync> sync;
   double M = 0;  // the global count per channel
   bool has_bias = false;
@@ -91,7 +74,7 @@ struct SyncBatchNorm2dBackward : Node {
     return {gx, gw, has_bias ? gb : Tensor()};
   }
   void release() override {
-    x = w = mean = rstd = Tensor();
+    NormNode::release();
     sync.reset();
   }
 };
@@ -124,18 +107,11 @@ struct GlobalAvgPoolBackward : Node {
   }
 };
 
-struct ReluBackward : Node {
-  Tensor y;  // the output, detached
-  const char* name() const override { return "ReluBackward"; }
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::relu_backward(g, y)}; }
-  void release() override { y = Tensor(); }
-};
-
 }  // namespace
 
 Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stride, int64_t padding) {
   const DType dt = policy_dtype(amp::Op::Conv, {&x0, &w0});
-  const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), bias = as_dtype(b0, dt);
+  const Tensor x = cast(x0, dt), w = cast(w0, dt), bias = cast(b0, dt);
   std::vector<Tensor> inputs{x, w};
   if (bias.defined()) inputs.push_back(bias);
   auto n = std::make_shared<Conv2dBackward>();
@@ -153,7 +129,7 @@ Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stri
 Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps) {
   const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
-  const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
+  const Tensor x = cast(x0, dt), w = cast(w0, dt), b = cast(b0, dt);
   // A recompute (fn::checkpoint re-running the block in the backward) normalises with the
   // batch statistics again but must not move the running statistics a second time.
   // (Eval reads them; training only writes them.)
@@ -162,10 +138,7 @@ Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const 
                                           training, momentum, eps);
   auto n = std::make_shared<BatchNorm2dBackward>();
   if (needs_grad({x, w, b})) {
-    n->x = x;
-    n->w = w;
-    n->mean = r.mean;
-    n->rstd = r.rstd;
+    n->save(x, w, r.mean, r.rstd);
     n->training = training;
   }
   return record(r.y, n, {x, w, b});
@@ -178,7 +151,7 @@ Tensor sync_batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, c
   BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError, "sync_batch_norm2d: x must be 4-D (N, C, H, W), got {}",
                 x0.defined() ? x0.str() : "undefined");
   const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
-  const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
+  const Tensor x = cast(x0, dt), w = cast(w0, dt), b = cast(b0, dt);
   const int64_t C = x.size(1);
   // forward: [count, sum x (C), sum x^2 (C)] of this rank, summed over the group
   const ops::ChannelSums s = ops::batch_norm2d_sums(x);
@@ -208,10 +181,7 @@ Tensor sync_batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, c
     ops::batch_norm2d_update_running(running_mean, running_var, mean, var_unbiased, momentum);
   auto n = std::make_shared<SyncBatchNorm2dBackward>();
   if (needs_grad({x, w, b})) {
-    n->x = x;
-    n->w = w;
-    n->mean = r.mean;
-    n->rstd = r.rstd;
+    n->save(x, w, r.mean, r.rstd);
     n->sync = sync;
     n->M = M;
     n->has_bias = b.defined();
@@ -220,7 +190,7 @@ Tensor sync_batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, c
 }
 
 Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding) {
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Pool, {&x0}));
+  const Tensor x = cast(x0, policy_dtype(amp::Op::Pool, {&x0}));
   ops::MaxPoolOut r = ops::max_pool2d(x, kernel, stride, padding);
   auto n = std::make_shared<MaxPool2dBackward>();
   if (needs_grad({x})) {
@@ -231,7 +201,7 @@ Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padd
 }
 
 Tensor avg_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding) {
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Pool, {&x0}));
+  const Tensor x = cast(x0, policy_dtype(amp::Op::Pool, {&x0}));
   auto n = std::make_shared<AvgPool2dBackward>();
   n->x_shape = x.shape();
   n->kernel = kernel;
@@ -243,19 +213,18 @@ Tensor avg_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padd
 Tensor adaptive_avg_pool2d(const Tensor& x0) {
   BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError,
                 "adaptive_avg_pool2d: x must be 4-D (N, C, H, W), got {}", x0.defined() ? x0.str() : "undefined");
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Reduction, {&x0}));
+  const Tensor x = cast(x0, policy_dtype(amp::Op::Reduction, {&x0}));
   auto n = std::make_shared<GlobalAvgPoolBackward>();
   n->x_shape = x.shape();
   Tensor y = ops::mean(x, {2, 3}, true);  // (N, C, 1, 1)
   return record(y, n, {x});
 }
 
+// The node keeps the output, detached.
 Tensor relu(const Tensor& x0) {
-  const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
+  const Tensor x = cast(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
   Tensor y = ops::relu(x);  // x's shape
-  auto n = std::make_shared<ReluBackward>();
-  if (needs_grad({x})) n->y = y.detach();
-  return record(y, n, {x});
+  return rules::record_saving<ops::relu_backward>("ReluBackward", y, x, y.detach());
 }
 
 }  // namespace brigade::fn

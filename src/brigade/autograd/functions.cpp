@@ -11,6 +11,7 @@
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/rules.h"
 #include "brigade/core/error.h"
 
 namespace brigade::fn {
@@ -18,10 +19,10 @@ namespace brigade::fn {
 using autograd::Node;
 using autograd::record;
 using autograd::needs_grad;
+using rules::policy_dtype;
+using rules::wants;
 
 namespace {
-
-bool wants(const Node& n, size_t i) { return i < n.next.size() && n.next[i] != nullptr; }
 
 // ------------------------------------------------------------------ checkpoint regions
 
@@ -81,21 +82,6 @@ Tensor as_dtype(const Tensor& x, DType dt) {
   return record(ops::cast(x, dt), n, {x});
 }
 
-// The dtype the active precision policy (amp/policy.h) gives an op of kind `op` with these inputs.
-DType policy_dtype(amp::Op op, std::initializer_list<const Tensor*> inputs) {
-  DType ds[4] = {DType::F32, DType::F32, DType::F32, DType::F32};
-  size_t k = 0;
-  for (const Tensor* t : inputs)
-    if (t->defined() && is_floating(t->dtype()) && k < 4) ds[k++] = t->dtype();
-  switch (k) {
-    case 0: return amp::compute_dtype(op, {});
-    case 1: return amp::compute_dtype(op, {ds[0]});
-    case 2: return amp::compute_dtype(op, {ds[0], ds[1]});
-    case 3: return amp::compute_dtype(op, {ds[0], ds[1], ds[2]});
-    default: return amp::compute_dtype(op, {ds[0], ds[1], ds[2], ds[3]});
-  }
-}
-
 // ------------------------------------------------------------------ elementwise
 
 struct AddBackward : Node {
@@ -136,28 +122,40 @@ struct ScaleBackward : Node {
 
 }  // namespace
 
+DType rules::policy_dtype(amp::Op op, std::initializer_list<const Tensor*> inputs) {
+  DType ds[4] = {DType::F32, DType::F32, DType::F32, DType::F32};
+  size_t k = 0;
+  for (const Tensor* t : inputs)
+    if (t->defined() && is_floating(t->dtype()) && k < 4) ds[k++] = t->dtype();
+  switch (k) {
+    case 0: return amp::compute_dtype(op, {});
+    case 1: return amp::compute_dtype(op, {ds[0]});
+    case 2: return amp::compute_dtype(op, {ds[0], ds[1]});
+    case 3: return amp::compute_dtype(op, {ds[0], ds[1], ds[2]});
+    default: return amp::compute_dtype(op, {ds[0], ds[1], ds[2], ds[3]});
+  }
+}
+
 Tensor cast(const Tensor& x, DType dt) { return as_dtype(x, dt); }
 
 Tensor gemm_output(const std::function<Tensor()>& compute) { return kept_gemm_output(compute); }
 
-Tensor add(const Tensor& a0, const Tensor& b0) {
+namespace {
+// a + b (b_sign 1, ops::add) or a - b (b_sign -1, ops::sub), recorded with an AddBackward.
+Tensor add_signed(const Tensor& a0, const Tensor& b0, double b_sign) {
   const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
   const Tensor a = as_dtype(a0, dt), b = as_dtype(b0, dt);
   auto n = std::make_shared<AddBackward>();
   n->a_shape = a.shape();
   n->b_shape = b.shape();
-  return record(ops::add(a, b), n, {a, b});
+  n->b_sign = b_sign;
+  return record(b_sign == 1.0 ? ops::add(a, b) : ops::sub(a, b), n, {a, b});
 }
+}  // namespace
 
-Tensor sub(const Tensor& a0, const Tensor& b0) {
-  const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
-  const Tensor a = as_dtype(a0, dt), b = as_dtype(b0, dt);
-  auto n = std::make_shared<AddBackward>();
-  n->a_shape = a.shape();
-  n->b_shape = b.shape();
-  n->b_sign = -1.0;
-  return record(ops::sub(a, b), n, {a, b});
-}
+Tensor add(const Tensor& a0, const Tensor& b0) { return add_signed(a0, b0, 1.0); }
+
+Tensor sub(const Tensor& a0, const Tensor& b0) { return add_signed(a0, b0, -1.0); }
 
 Tensor mul(const Tensor& a0, const Tensor& b0) {
   const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
@@ -365,52 +363,23 @@ struct EmbeddingBackward : Node {
   void release() override { ids = Tensor(); }
 };
 
-struct LayerNormBackward : Node {
-  Tensor x, w, mean, rstd;
+struct LayerNormBackward : rules::NormNode {
   const char* name() const override { return "LayerNormBackward"; }
   // forward: y = (x - mean) * rstd * w + b
   std::vector<Tensor> backward(const Tensor& g) override {
     ops::LayerNormGrads r = ops::layer_norm_backward(g, x, w, mean, rstd);
     return {r.gx, r.gw, r.gb};
   }
-  void release() override { x = w = mean = rstd = Tensor(); }
 };
 
-struct GeluBackward : Node {
-  Tensor x;
-  const char* name() const override { return "GeluBackward"; }
-  // forward: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::gelu_backward(g, x)}; }
-  void release() override { x = Tensor(); }
-};
-
-struct SoftmaxBackward : Node {
-  Tensor y;
-  const char* name() const override { return "SoftmaxBackward"; }
-  // forward: y = exp(x - max) / sum(exp(x - max))
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::softmax_backward(g, y)}; }
-  void release() override { y = Tensor(); }
-};
-
-struct DropoutBackward : Node {
-  Tensor mask;
-  const char* name() const override { return "DropoutBackward"; }
-  // forward: y = x * mask   (mask in {0, 1/(1-p)})
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::dropout_backward(g, mask)}; }
-  void release() override { mask = Tensor(); }
-};
-
-struct AttentionBackward : Node {
-  Tensor q, k, v, out, lse;
+struct AttentionBackward : rules::AttentionNode {
   bool causal = true;
-  double scale = 1.0;
   const char* name() const override { return "AttentionBackward"; }
   // forward: out = softmax(scale * q @ k^T [+ causal mask]) @ v
   std::vector<Tensor> backward(const Tensor& g) override {
     ops::AttentionGrads r = ops::attention_backward(g, q, k, v, out, lse, causal, scale);
     return {r.gq, r.gk, r.gv};
   }
-  void release() override { q = k = v = out = lse = Tensor(); }
 };
 
 // qkv (B, T, 3C) -> views q, k, v (B, NH, T, HS), made contiguous for the kernel.
@@ -423,9 +392,7 @@ HeadSplit split_heads(const Tensor& qkv, int64_t NH) {
   return {x.select(0, 0).contiguous(), x.select(0, 1).contiguous(), x.select(0, 2).contiguous()};
 }
 
-struct SelfAttentionBackward : Node {
-  Tensor q, k, v, out, lse;  // (B, NH, T, HS) and (B, NH, T)
-  double scale = 1.0;
+struct SelfAttentionBackward : rules::AttentionNode {  // q, k, v, out (B, NH, T, HS) and lse (B, NH, T)
   const char* name() const override { return "CausalSelfAttentionBackward"; }
   // forward: y = merge_heads(softmax(scale * q @ k^T + causal mask) @ v), (q, k, v) = split_heads(qkv)
   std::vector<Tensor> backward(const Tensor& g) override {
@@ -439,7 +406,6 @@ struct SelfAttentionBackward : Node {
     dst.select(0, 2).copy_(r.gv);
     return {gqkv};
   }
-  void release() override { q = k = v = out = lse = Tensor(); }
 };
 
 struct CrossEntropyBackward : Node {
@@ -503,54 +469,41 @@ Tensor layer_norm(const Tensor& x0, const Tensor& w0, const Tensor& b0, double e
   const Tensor x = as_dtype(x0, dt), w = as_dtype(w0, dt), b = as_dtype(b0, dt);
   ops::LayerNormOut r = ops::layer_norm(x, w, b, eps);
   auto n = std::make_shared<LayerNormBackward>();
-  if (needs_grad({x, w, b})) {
-    n->x = x;
-    n->w = w;
-    n->mean = r.mean;
-    n->rstd = r.rstd;
-  }
+  if (needs_grad({x, w, b})) n->save(x, w, r.mean, r.rstd);
   return record(r.y, n, {x, w, b});
 }
 
+// forward: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); the node keeps x
 Tensor gelu(const Tensor& x0) {
   const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Gelu, {&x0}));
-  auto n = std::make_shared<GeluBackward>();
-  if (needs_grad({x})) n->x = x;
-  return record(ops::gelu(x), n, {x});
+  return rules::record_saving<ops::gelu_backward>("GeluBackward", ops::gelu(x), x, x);
 }
 
+// forward: y = exp(x - max) / sum(exp(x - max)); the node keeps y
 Tensor softmax(const Tensor& x0) {
   const Tensor x = as_dtype(x0, policy_dtype(amp::Op::Softmax, {&x0}));
   Tensor y = ops::softmax(x);
-  auto n = std::make_shared<SoftmaxBackward>();
-  if (needs_grad({x})) n->y = y.detach();  // detached: a node must not own its own output (cycle)
-  return record(y, n, {x});
+  return rules::record_saving<ops::softmax_backward>("SoftmaxBackward", y, x, y.detach());
 }
 
+// forward: y = x * mask   (mask in {0, 1/(1-p)}); the node keeps the mask
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   if (!training || p == 0.0) return x;
   ops::DropoutOut r = ops::dropout(x, p, gen);
-  auto n = std::make_shared<DropoutBackward>();
-  if (needs_grad({x})) n->mask = r.mask;
-  return record(r.y, n, {x});
+  return rules::record_saving<ops::dropout_backward>("DropoutBackward", r.y, x, r.mask);
+}
+
+rules::AttentionArgs rules::attention_args(const Tensor& q0, const Tensor& k0, const Tensor& v0) {
+  const DType dt = policy_dtype(amp::Op::Attention, {&q0, &k0, &v0});
+  const Tensor q = as_dtype(q0, dt);
+  return {q, as_dtype(k0, dt), as_dtype(v0, dt), 1.0 / std::sqrt(double(q.size(-1)))};
 }
 
 Tensor attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, bool causal) {
-  const DType dt = policy_dtype(amp::Op::Attention, {&q0, &k0, &v0});
-  const Tensor q = as_dtype(q0, dt), k = as_dtype(k0, dt), v = as_dtype(v0, dt);
-  const double scale = 1.0 / std::sqrt(double(q.size(-1)));
-  ops::AttentionOut r = ops::attention(q, k, v, causal, scale);
+  const rules::AttentionArgs a = rules::attention_args(q0, k0, v0);
   auto n = std::make_shared<AttentionBackward>();
-  if (needs_grad({q, k, v})) {
-    n->q = q;
-    n->k = k;
-    n->v = v;
-    n->out = r.out.detach();  // detached: r.out is the recorded output (no cycle)
-    n->lse = r.lse;
-    n->causal = causal;
-    n->scale = scale;
-  }
-  return record(r.out, n, {q, k, v});
+  n->causal = causal;
+  return rules::record_attention(n, a, ops::attention(a.q, a.k, a.v, causal, a.scale));
 }
 
 Tensor causal_self_attention(const Tensor& qkv0, int64_t n_head) {

@@ -14,6 +14,7 @@
 #include "brigade/core/rng.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -37,16 +38,8 @@ inline uint32_t twist_word(uint32_t u, uint32_t v) {
   return (((u & kUpperMask) | (v & kLowerMask)) >> 1) ^ ((v & 1u) ? kMatrixA : 0u);
 }
 
-inline float f32_from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+inline float f32_from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+inline uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
 
 // ---- avx_mathfun.h (Pommier / Garberoglio), one lane, as torch's AVX2 build runs it ----
 

@@ -83,22 +83,23 @@ Tensor Tensor::full(const Shape& shape, double value, DType dt) {
   return t;
 }
 
-Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape, DType dt) {
-  BRIGADE_CHECK(int64_t(v.size()) == shape_numel(shape), ShapeError,
-                "from_vector: {} values do not fill shape {}", v.size(), shape_str(shape));
-  Tensor src = from_blob(const_cast<float*>(v.data()), shape, DType::F32);
-  Tensor t = empty(shape, dt);
+// A fresh tensor of dtype dt holding v (of dtype src_dt) in shape `shape`, for from_vector(_i64) (fn).
+template <class V>
+static Tensor tensor_of_values(const std::vector<V>& v, const Shape& shape, DType src_dt, DType dt, const char* fn) {
+  BRIGADE_CHECK(int64_t(v.size()) == shape_numel(shape), ShapeError, "{}: {} values do not fill shape {}", fn,
+                v.size(), shape_str(shape));
+  Tensor src = Tensor::from_blob(const_cast<V*>(v.data()), shape, src_dt);
+  Tensor t = Tensor::empty(shape, dt);
   copy_strided(t, src);
   return t;
 }
 
+Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape, DType dt) {
+  return tensor_of_values(v, shape, DType::F32, dt, "from_vector");
+}
+
 Tensor Tensor::from_vector_i64(const std::vector<int64_t>& v, const Shape& shape, DType dt) {
-  BRIGADE_CHECK(int64_t(v.size()) == shape_numel(shape), ShapeError,
-                "from_vector_i64: {} values do not fill shape {}", v.size(), shape_str(shape));
-  Tensor src = from_blob(const_cast<int64_t*>(v.data()), shape, DType::I64);
-  Tensor t = empty(shape, dt);
-  copy_strided(t, src);
-  return t;
+  return tensor_of_values(v, shape, DType::I64, dt, "from_vector_i64");
 }
 
 Tensor Tensor::arange(int64_t n, DType dt) {

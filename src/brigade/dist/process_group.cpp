@@ -305,6 +305,42 @@ void check_counts(const std::vector<int64_t>& counts, int size, const char* fn) 
     BRIGADE_CHECK(counts[i] >= 0, InternalError, "{}: counts[{}] = {} is negative", fn, i, counts[i]);
 }
 
+// The layout of a reduce_scatter or allgather between a full buffer (every rank's slot, `total`
+// floats) and this rank's slot buffer (`mine` floats), from the per-rank counts (checked): the slot
+// offsets, and whether the slot buffer is this rank's own slot of the full one. Any other overlap
+// of the two is an InternalError naming them (full_name, slot_name).
+struct SlotLayout {
+  std::vector<int64_t> offs;
+  int64_t total = 0, mine = 0;
+  bool own_slot = false;
+};
+SlotLayout slot_layout(const std::vector<int64_t>& counts, int size, int rank, const float* full, const float* slot,
+                       const char* fn, const char* full_name, const char* slot_name) {
+  check_counts(counts, size, fn);
+  SlotLayout l;
+  l.offs = offsets_of(counts);
+  l.total = l.offs.back() + counts.back();
+  const size_t r = static_cast<size_t>(rank);
+  l.mine = counts[r];
+  l.own_slot = slot == full + l.offs[r];
+  BRIGADE_CHECK(l.own_slot || !overlaps(full, l.total * 4, slot, l.mine * 4), InternalError,
+                "{}: {} overlaps {} other than at this rank's own slot", fn, slot_name, full_name);
+  return l;
+}
+
+// The checks of a point-to-point call `fn` with `peer` (its role: "destination" or "source"; the
+// self-send message says "cannot <self_verb> itself"): a rank of the group other than this one, a
+// user tag (below the collectives' internal tags), bytes >= 0.
+void check_p2p(const char* fn, const char* role, const char* self_verb, int peer, int tag, int64_t bytes, int rank,
+               int size) {
+  BRIGADE_CHECK(peer >= 0 && peer < size, InternalError, "{}: {} {} is not a rank of this {}-rank group", fn, role,
+                peer, size);
+  BRIGADE_CHECK(peer != rank, InternalError, "{}: rank {} cannot {} itself", fn, rank, self_verb);
+  BRIGADE_CHECK(tag >= 0 && tag < kFirstInternalTag, InternalError,
+                "{}: tag {} is outside [0, {}) (higher tags are reserved for collectives)", fn, tag, kFirstInternalTag);
+  BRIGADE_CHECK(bytes >= 0, InternalError, "{}: bytes = {} is negative", fn, bytes);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- limits (tests)
@@ -457,14 +493,7 @@ void ProcessGroup::allreduce_max(double* data, int64_t n) {
 
 void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
                                   AllreduceAlgo algo) {
-  check_counts(counts, size_, "reduce_scatter");
-  const std::vector<int64_t> offs = offsets_of(counts);
-  const int64_t total = offs.back() + counts.back();
-  const size_t r = static_cast<size_t>(rank_);
-  const int64_t mine = counts[r];
-  const bool own_slot = out == in + offs[r];
-  BRIGADE_CHECK(own_slot || !overlaps(in, total * 4, out, mine * 4), InternalError,
-                "reduce_scatter: out overlaps in other than at this rank's own slot");
+  const auto [offs, total, mine, own_slot] = slot_layout(counts, size_, rank_, in, out, "reduce_scatter", "in", "out");
   if (size_ == 1) {
     if (!own_slot) std::memcpy(out, in, static_cast<size_t>(mine) * sizeof(float));
     return;
@@ -518,15 +547,8 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
 }
 
 void ProcessGroup::allgather(const float* in, float* out, const std::vector<int64_t>& counts) {
-  check_counts(counts, size_, "allgather");
-  const std::vector<int64_t> offs = offsets_of(counts);
-  const int64_t total = offs.back() + counts.back();
-  const size_t r = static_cast<size_t>(rank_);
-  const int64_t mine = counts[r];
-  const bool in_place = in == out + offs[r];
-  BRIGADE_CHECK(in_place || !overlaps(in, mine * 4, out, total * 4), InternalError,
-                "allgather: in overlaps out other than at this rank's own slot");
-  if (!in_place) std::memcpy(out + offs[r], in, static_cast<size_t>(mine) * sizeof(float));
+  const auto [offs, total, mine, in_place] = slot_layout(counts, size_, rank_, out, in, "allgather", "out", "in");
+  if (!in_place) std::memcpy(out + offs[static_cast<size_t>(rank_)], in, static_cast<size_t>(mine) * sizeof(float));
   if (size_ == 1 || total == 0) return;
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
   const int64_t max_count = *std::max_element(counts.begin(), counts.end());
@@ -562,35 +584,20 @@ void ProcessGroup::broadcast(void* data, int64_t bytes, int root) {
 }
 
 void ProcessGroup::send(const void* data, int64_t bytes, int dst, int tag) {
-  BRIGADE_CHECK(dst >= 0 && dst < size_, InternalError, "send: destination {} is not a rank of this {}-rank group",
-                dst, size_);
-  BRIGADE_CHECK(dst != rank_, InternalError, "send: rank {} cannot send to itself", rank_);
-  BRIGADE_CHECK(tag >= 0 && tag < kFirstInternalTag, InternalError,
-                "send: tag {} is outside [0, {}) (higher tags are reserved for collectives)", tag, kFirstInternalTag);
-  BRIGADE_CHECK(bytes >= 0, InternalError, "send: bytes = {} is negative", bytes);
+  check_p2p("send", "destination", "send to", dst, tag, bytes, rank_, size_);
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
   send_pieces(c, data, bytes, MPI_BYTE, 1, dst, tag, g_limits.piece, /*at_least_one=*/true);
   bytes_sent_ += bytes;
 }
 
 void ProcessGroup::recv(void* data, int64_t bytes, int src, int tag) {
-  BRIGADE_CHECK(src >= 0 && src < size_, InternalError, "recv: source {} is not a rank of this {}-rank group", src,
-                size_);
-  BRIGADE_CHECK(src != rank_, InternalError, "recv: rank {} cannot receive from itself", rank_);
-  BRIGADE_CHECK(tag >= 0 && tag < kFirstInternalTag, InternalError,
-                "recv: tag {} is outside [0, {}) (higher tags are reserved for collectives)", tag, kFirstInternalTag);
-  BRIGADE_CHECK(bytes >= 0, InternalError, "recv: bytes = {} is negative", bytes);
+  check_p2p("recv", "source", "receive from", src, tag, bytes, rank_, size_);
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
   recv_pieces(c, data, bytes, MPI_BYTE, 1, src, tag, g_limits.piece, /*at_least_one=*/true);
 }
 
 void ProcessGroup::isend(const void* data, int64_t bytes, int dst, int tag) {
-  BRIGADE_CHECK(dst >= 0 && dst < size_, InternalError, "isend: destination {} is not a rank of this {}-rank group",
-                dst, size_);
-  BRIGADE_CHECK(dst != rank_, InternalError, "isend: rank {} cannot send to itself", rank_);
-  BRIGADE_CHECK(tag >= 0 && tag < kFirstInternalTag, InternalError,
-                "isend: tag {} is outside [0, {}) (higher tags are reserved for collectives)", tag, kFirstInternalTag);
-  BRIGADE_CHECK(bytes >= 0, InternalError, "isend: bytes = {} is negative", bytes);
+  check_p2p("isend", "destination", "send to", dst, tag, bytes, rank_, size_);
   static_assert(sizeof(MPI_Request) <= sizeof(void*), "MPI_Request must fit a pointer");
   const char* p = static_cast<const char*>(data);
   const int64_t piece = g_limits.piece;

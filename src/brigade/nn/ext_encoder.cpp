@@ -28,17 +28,8 @@ Tensor EncoderSelfAttention::forward(const Tensor& x, const Tensor& key_mask) co
   return fn::reshape(fn::transpose(o, 1, 2), {B, T, W});       // (B, T, NH * HS)
 }
 
-void EncoderSelfAttention::check_heads(int64_t parts) const {
-  BRIGADE_CHECK(parts >= 1 && n_head % parts == 0, ConfigError,
-                "tensor parallelism: parallel.tp = {} does not divide model.n_head = {} (each rank computes whole "
-                "attention heads); choose a parallel.tp that divides model.n_head",
-                parts, n_head);
-}
-
-void EncoderSelfAttention::divide_heads(int64_t parts) {
-  check_heads(parts);
-  n_head /= parts;
-}
+void EncoderSelfAttention::check_heads(int64_t parts) const { check_head_count(n_head, parts); }
+void EncoderSelfAttention::divide_heads(int64_t parts) { divide_head_count(n_head, parts); }
 
 PatchEmbedding::PatchEmbedding(int64_t in_channels, int64_t D, int64_t patch)
     : in_channels(in_channels), dim(D), patch(patch) {

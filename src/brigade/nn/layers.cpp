@@ -56,16 +56,8 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t n_head, double dropo
   resid_drop = register_module("resid_dropout", std::make_shared<Dropout>(dropout, gen));  // no parameters
 }
 
-void CausalSelfAttention::check_heads(int64_t parts) const {
-  BRIGADE_CHECK(parts >= 1 && n_head % parts == 0, ConfigError,
-                "tensor parallelism: parallel.tp = {} does not divide model.n_head = {} (each rank computes whole "
-                "attention heads); choose a parallel.tp that divides model.n_head",
-                parts, n_head);
-}
-void CausalSelfAttention::divide_heads(int64_t parts) {
-  check_heads(parts);
-  n_head /= parts;
-}
+void CausalSelfAttention::check_heads(int64_t parts) const { check_head_count(n_head, parts); }
+void CausalSelfAttention::divide_heads(int64_t parts) { divide_head_count(n_head, parts); }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
   Tensor qkv = c_attn->forward(x);                     // (B, T, 3C)

@@ -1,6 +1,8 @@
 // Tensor-parallel plans as data; see tp_plan.h.
 #include "brigade/nn/tp_plan.h"
 
+#include "brigade/core/error.h"
+
 namespace brigade::nn {
 
 const char* tp_style_name(TpStyle s) {
@@ -23,6 +25,18 @@ bool tp_path_matches(std::string_view pattern, std::string_view path) {
     pattern.remove_prefix(pd + 1);
     path.remove_prefix(qd + 1);
   }
+}
+
+void check_head_count(int64_t n_head, int64_t parts) {
+  BRIGADE_CHECK(parts >= 1 && n_head % parts == 0, ConfigError,
+                "tensor parallelism: parallel.tp = {} does not divide model.n_head = {} (each rank computes whole "
+                "attention heads); choose a parallel.tp that divides model.n_head",
+                parts, n_head);
+}
+
+void divide_head_count(int64_t& n_head, int64_t parts) {
+  check_head_count(n_head, parts);
+  n_head /= parts;
 }
 
 }  // namespace brigade::nn

@@ -62,4 +62,10 @@ class HeadParallel {
   virtual void divide_heads(int64_t parts) = 0;
 };
 
+// The two HeadParallel functions of an attention with a single head count n_head (every head
+// has its own keys and values): the ConfigError unless parts divides n_head, and the check then
+// n_head /= parts.
+void check_head_count(int64_t n_head, int64_t parts);
+void divide_head_count(int64_t& n_head, int64_t parts);
+
 }  // namespace brigade::nn

@@ -331,10 +331,7 @@ AttentionGrads attention_key_mask_backward(const Tensor& gout, const Tensor& q, 
   }
   Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
          oc = out.contiguous(), lc = lse.contiguous();
-  AttentionGrads g;
-  g.gq = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
-  g.gk = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
-  g.gv = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
+  AttentionGrads g = AttentionGrads::empty(q.shape());  // each (B, NH, T, HS)
   if (is_ref())
     ref::attention_key_mask_backward<float>(B, NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
                                             vc.data<float>(), oc.data<float>(), lc.data<float>(), keep.data(), scale,

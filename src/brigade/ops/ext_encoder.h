@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "brigade/ops/ops.h"
+#include "brigade/ops/ref/kernels.h"
 
 namespace brigade::ops {
 
@@ -70,90 +71,43 @@ void gelu_erf_backward(int64_t n, const S* gy, const S* x, S* gx) {
 }
 
 // q, k, v, out: (B*NH, T, HS) contiguous; keep: (B, T) bytes, head bh belongs to row bh / NH.
+// ref::attention_rows (ops/ref/kernels.h) over all T keys, those with keep == 0 left out.
 template <class S>
 void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const S* q, const S* k, const S* v,
                         const uint8_t* keep, double scale, S* out, S* lse) {
-  std::vector<S> s(static_cast<size_t>(T));
-  for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const uint8_t* kp = keep + (bh / NH) * T;
-    const S* qb = q + bh * T * HS;
-    const S* kb = k + bh * T * HS;
-    const S* vb = v + bh * T * HS;
-    for (int64_t i = 0; i < T; ++i) {
-      S m = -std::numeric_limits<S>::infinity();
-      for (int64_t j = 0; j < T; ++j) {
-        if (!kp[j]) continue;
-        S acc = S(0);
-        for (int64_t d = 0; d < HS; ++d) acc += qb[i * HS + d] * kb[j * HS + d];
-        s[size_t(j)] = acc * S(scale);
-        m = std::max(m, s[size_t(j)]);
-      }
-      S sum = S(0);
-      for (int64_t j = 0; j < T; ++j)
-        if (kp[j]) sum += std::exp(s[size_t(j)] - m);
-      lse[bh * T + i] = m + std::log(sum);
-      for (int64_t d = 0; d < HS; ++d) {
-        S acc = S(0);
-        for (int64_t j = 0; j < T; ++j)
-          if (kp[j]) acc += std::exp(s[size_t(j)] - m) / sum * vb[j * HS + d];
-        out[(bh * T + i) * HS + d] = acc;
-      }
-    }
-  }
+  attention_rows(
+      B * NH, T, HS, q, k, v, scale, [T](int64_t) { return T; },
+      [=](int64_t bh, int64_t j) { return keep[(bh / NH) * T + j] != 0; }, out, lse);
 }
 
 template <class S>
 void attention_key_mask_backward(int64_t B, int64_t NH, int64_t T, int64_t HS, const S* gout, const S* q,
                                  const S* k, const S* v, const S* out, const S* lse, const uint8_t* keep,
                                  double scale, S* gq, S* gk, S* gv) {
-  for (int64_t i = 0; i < B * NH * T * HS; ++i) gq[i] = gk[i] = gv[i] = S(0);
-  for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const uint8_t* kp = keep + (bh / NH) * T;
-    const int64_t o = bh * T * HS;
-    for (int64_t i = 0; i < T; ++i) {
-      S D = S(0);
-      for (int64_t d = 0; d < HS; ++d) D += gout[o + i * HS + d] * out[o + i * HS + d];
-      for (int64_t j = 0; j < T; ++j) {
-        if (!kp[j]) continue;
-        S sij = S(0), gp = S(0);
-        for (int64_t d = 0; d < HS; ++d) {
-          sij += q[o + i * HS + d] * k[o + j * HS + d];
-          gp += gout[o + i * HS + d] * v[o + j * HS + d];
-        }
-        const S p = std::exp(sij * S(scale) - lse[bh * T + i]);
-        const S gs = p * (gp - D) * S(scale);
-        for (int64_t d = 0; d < HS; ++d) {
-          gv[o + j * HS + d] += p * gout[o + i * HS + d];
-          gq[o + i * HS + d] += gs * k[o + j * HS + d];
-          gk[o + j * HS + d] += gs * q[o + i * HS + d];
-        }
-      }
-    }
-  }
+  attention_rows_backward(
+      B * NH, T, HS, gout, q, k, v, out, lse, scale, [T](int64_t) { return T; },
+      [=](int64_t bh, int64_t j) { return keep[(bh / NH) * T + j] != 0; }, gq, gk, gv);
 }
 
-// x (N, C, H, W) contiguous -> y (N, P, C*p*p); backward = true runs the inverse (y -> x).
-template <class S>
-void patchify(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, const S* x, S* y) {
+// x (N, C, H, W) contiguous -> y (N, P, C*p*p); patchify_backward runs the inverse (y -> x).
+// patchify_map calls move(x index, y index) for every element, in y's order.
+template <class Move>
+void patchify_map(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, Move move) {
   const int64_t PW = W / p, P = (H / p) * PW, F = C * p * p;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t pi = 0; pi < P; ++pi)
       for (int64_t c = 0; c < C; ++c)
         for (int64_t i = 0; i < p; ++i)
           for (int64_t j = 0; j < p; ++j)
-            y[(n * P + pi) * F + (c * p + i) * p + j] =
-                x[((n * C + c) * H + (pi / PW) * p + i) * W + (pi % PW) * p + j];
+            move(((n * C + c) * H + (pi / PW) * p + i) * W + (pi % PW) * p + j, (n * P + pi) * F + (c * p + i) * p + j);
+}
+template <class S>
+void patchify(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, const S* x, S* y) {
+  patchify_map(N, C, H, W, p, [=](int64_t xi, int64_t yi) { y[yi] = x[xi]; });
 }
 template <class S>
 void patchify_backward(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, const S* g, S* gx) {
-  const int64_t PW = W / p, P = (H / p) * PW, F = C * p * p;
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t pi = 0; pi < P; ++pi)
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t i = 0; i < p; ++i)
-          for (int64_t j = 0; j < p; ++j)
-            gx[((n * C + c) * H + (pi / PW) * p + i) * W + (pi % PW) * p + j] =
-                g[(n * P + pi) * F + (c * p + i) * p + j];
+  patchify_map(N, C, H, W, p, [=](int64_t xi, int64_t yi) { gx[xi] = g[yi]; });
 }
 
 }  // namespace ref

@@ -248,6 +248,16 @@ PoolGeom pool_geom(const Shape& xs, int64_t k, int64_t s, int64_t p, const char*
   return {xs[0] * xs[1], xs[2], xs[3], conv_out_size(xs[2], k, s, p, op), conv_out_size(xs[3], k, s, p, op)};
 }
 
+// plane(p) for each of the P (N * C) planes of a pooling op, of HW input values each: in parallel
+// on the cpu backend above 2^15 input values (planes are independent: the thread count changes
+// nothing).
+template <class F>
+void for_each_plane(int64_t P, int64_t HW, F plane) {
+  const bool par = on_cpu() && P * HW > (1 << 15);
+#pragma omp parallel for schedule(static) if (par)
+  for (int64_t p = 0; p < P; ++p) plane(p);
+}
+
 }  // namespace
 
 int64_t conv_out_size(int64_t in, int64_t k, int64_t stride, int64_t pad, const char* op) {
@@ -710,11 +720,10 @@ MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t p
   float* yp = o.y.data<float>();
   int64_t* ip = o.idx.data<int64_t>();
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-  const bool par = on_cpu() && g.P * HW > (1 << 15);
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t p = 0; p < g.P; ++p)
+  for_each_plane(g.P, HW, [&](int64_t p) {
     vr::max_pool2d_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, xp + p * HW, yp + p * OHW,
                                 ip + p * OHW);
+  });
   return o;
 }
 
@@ -735,9 +744,9 @@ Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_s
     BRIGADE_CHECK(ip[i] >= -1 && ip[i] < HW, ValueError, "max_pool2d_backward: index {} outside a plane of {}",
                   ip[i], HW);
   float* gxp = gx.data<float>();
-  const bool par = on_cpu() && P * HW > (1 << 15);
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t p = 0; p < P; ++p) vr::max_pool2d_backward_plane<float>(HW, OHW, gp + p * OHW, ip + p * OHW, gxp + p * HW);
+  for_each_plane(P, HW, [&](int64_t p) {
+    vr::max_pool2d_backward_plane<float>(HW, OHW, gp + p * OHW, ip + p * OHW, gxp + p * HW);
+  });
   return gx;
 }
 
@@ -750,10 +759,9 @@ Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddi
   const float* xp = xc.data<float>();
   float* yp = y.data<float>();
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-  const bool par = on_cpu() && g.P * HW > (1 << 15);
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t p = 0; p < g.P; ++p)
+  for_each_plane(g.P, HW, [&](int64_t p) {
     vr::avg_pool2d_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, xp + p * HW, yp + p * OHW);
+  });
   return y;
 }
 
@@ -769,10 +777,9 @@ Tensor avg_pool2d_backward(const Tensor& gy, const Shape& x_shape, int64_t kerne
   const float* gp = gyc.data<float>();
   float* gxp = gx.data<float>();
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-  const bool par = on_cpu() && g.P * HW > (1 << 15);
-#pragma omp parallel for schedule(static) if (par)
-  for (int64_t p = 0; p < g.P; ++p)
+  for_each_plane(g.P, HW, [&](int64_t p) {
     vr::avg_pool2d_backward_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, gp + p * OHW, gxp + p * HW);
+  });
   return gx;
 }
 

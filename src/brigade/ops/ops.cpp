@@ -758,6 +758,10 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   return o;
 }
 
+AttentionGrads AttentionGrads::empty(const Shape& s, DType dt) {
+  return {Tensor::empty(s, dt), Tensor::empty(s, dt), Tensor::empty(s, dt)};
+}
+
 AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, bool causal, double scale) {
   check_qkv(q, k, v, "attention_backward");
@@ -772,10 +776,7 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
                 shape_str(lse.shape()));
   if (native16({&gout, &q, &k, &v, &out}) && lse.dtype() == DType::F32) {
     const Tensor lc = lse.contiguous();
-    AttentionGrads g;
-    g.gq = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
-    g.gk = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
-    g.gv = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
+    AttentionGrads g = AttentionGrads::empty(q.shape(), q.dtype());  // each (B, NH, T, HS)
     cpu::attention_backward16(B * NH, T, HS, strided(gout), strided(q), strided(k), strided(v), strided(out),
                               lc.data<float>(), causal, scale, q.dtype(), g.gq.raw_data(), g.gk.raw_data(),
                               g.gv.raw_data());
@@ -788,10 +789,7 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
     return *r;
   Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
          oc = out.contiguous(), lc = lse.contiguous();
-  AttentionGrads g;
-  g.gq = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
-  g.gk = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
-  g.gv = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
+  AttentionGrads g = AttentionGrads::empty(q.shape());  // each (B, NH, T, HS)
   BRIGADE_DISPATCH(attention_backward, B * NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
                    vc.data<float>(), oc.data<float>(), lc.data<float>(), causal, scale, g.gq.data<float>(),
                    g.gk.data<float>(), g.gv.data<float>());

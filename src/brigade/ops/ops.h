@@ -136,7 +136,11 @@ Tensor softmax_backward(const Tensor& gy, const Tensor& y);
 // scores of each query row, saved for the backward (which recomputes probabilities).
 struct AttentionOut { Tensor out, lse; };
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
-struct AttentionGrads { Tensor gq, gk, gv; };
+struct AttentionGrads {
+  Tensor gq, gk, gv;
+  // Fresh uninitialised gradients of q's shape s (all three alike) in dtype dt, for a kernel to fill.
+  static AttentionGrads empty(const Shape& s, DType dt = DType::F32);
+};
 AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, bool causal, double scale);
 

@@ -39,13 +39,32 @@ static Tensor state_like(const Tensor& p) {
   return t;
 }
 
+// The state AdamW and LAMB share, per parameter: whether it gets weight decay (decay(name, p)) and
+// its two moments m (exp_avg) and v (exp_avg_sq), zero f32 tensors of its shape.
+static void init_moments(const NamedTensors& params,
+                         const std::function<bool(const std::string&, const Tensor&)>& decay, std::vector<bool>& decays,
+                         std::vector<Tensor>& m, std::vector<Tensor>& v) {
+  for (auto& [n, p] : params) {
+    decays.push_back(decay(n, p));
+    m.push_back(state_like(p));
+    v.push_back(state_like(p));
+  }
+}
+
+// The moments under their checkpoint names "exp_avg.<param>" and "exp_avg_sq.<param>", in parameter order.
+static NamedTensors moment_tensors(const NamedTensors& params, const std::vector<Tensor>& m,
+                                   const std::vector<Tensor>& v) {
+  NamedTensors out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    out.emplace_back("exp_avg." + params[i].first, m[i]);
+    out.emplace_back("exp_avg_sq." + params[i].first, v[i]);
+  }
+  return out;
+}
+
 AdamW::AdamW(NamedTensors params, AdamWOptions o, const std::function<bool(const std::string&, const Tensor&)>& decay)
     : Optimizer(std::move(params)), o_(o) {
-  for (auto& [n, p] : params_) {
-    decay_.push_back(decay(n, p));
-    m_.push_back(state_like(p));
-    v_.push_back(state_like(p));
-  }
+  init_moments(params_, decay, decay_, m_, v_);
 }
 
 void AdamW::step(double lr) {
@@ -85,24 +104,13 @@ void AdamW::step(double lr) {
   }
 }
 
-NamedTensors AdamW::state_tensors() const {
-  NamedTensors out;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    out.emplace_back("exp_avg." + params_[i].first, m_[i]);
-    out.emplace_back("exp_avg_sq." + params_[i].first, v_[i]);
-  }
-  return out;
-}
+NamedTensors AdamW::state_tensors() const { return moment_tensors(params_, m_, v_); }
 
 // ---------------------------------------------------------------- LAMB
 
 LAMB::LAMB(NamedTensors params, LAMBOptions o, const std::function<bool(const std::string&, const Tensor&)>& decay)
     : Optimizer(std::move(params)), o_(o) {
-  for (auto& [n, p] : params_) {
-    decay_.push_back(decay(n, p));
-    m_.push_back(state_like(p));
-    v_.push_back(state_like(p));
-  }
+  init_moments(params_, decay, decay_, m_, v_);
   num_global_ = int(params_.size());
   for (int i = 0; i < num_global_; ++i) global_.push_back(i);
   ratios_.assign(size_t(num_global_), 1.0);
@@ -187,14 +195,7 @@ void LAMB::step(double lr) {
   }
 }
 
-NamedTensors LAMB::state_tensors() const {
-  NamedTensors out;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    out.emplace_back("exp_avg." + params_[i].first, m_[i]);
-    out.emplace_back("exp_avg_sq." + params_[i].first, v_[i]);
-  }
-  return out;
-}
+NamedTensors LAMB::state_tensors() const { return moment_tensors(params_, m_, v_); }
 
 // ---------------------------------------------------------------- SGD
 

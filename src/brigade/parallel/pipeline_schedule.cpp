@@ -10,21 +10,19 @@
 #include <map>
 #include <tuple>
 
+#include "brigade/core/enum_names.h"
 #include "brigade/core/error.h"
 
 namespace brigade::parallel {
 
-std::string_view pipe_schedule_name(PipeSchedule s) {
-  constexpr std::string_view names[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
-  return names[size_t(s)];
-}
+// The names, indexed by PipeSchedule.
+constexpr std::string_view kScheduleNames[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+
+std::string_view pipe_schedule_name(PipeSchedule s) { return enum_name(s, kScheduleNames); }
 
 PipeSchedule pipe_schedule_from_name(std::string_view s) {
-  for (int i = 0; i < 4; ++i)
-    if (s == pipe_schedule_name(PipeSchedule(i))) return PipeSchedule(i);
-  throw ValueError(fmt::format("'{}' is not a pipeline schedule; use \"gpipe\", \"1f1b\", \"interleaved\" or "
-                               "\"zb-h1\"",
-                               s));
+  return enum_from_name<PipeSchedule>(s, kScheduleNames, "pipeline schedule",
+                                      R"("gpipe", "1f1b", "interleaved" or "zb-h1")");
 }
 
 std::string_view pipe_op_name(PipeOp op) {
@@ -42,11 +40,6 @@ PipeCosts PipeCosts::uniform(int stages, double f, double b_input, double b_weig
 }
 
 namespace {
-
-bool is_compute(PipeOp op) {
-  return op == PipeOp::Forward || op == PipeOp::Backward || op == PipeOp::BackwardInput ||
-         op == PipeOp::BackwardWeight;
-}
 
 void check_costs(const PipeCosts& c, int stages, const char* what) {
   BRIGADE_CHECK(int(c.forward.size()) == stages && int(c.backward_input.size()) == stages &&

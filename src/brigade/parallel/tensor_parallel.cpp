@@ -252,6 +252,20 @@ struct Match {
   const nn::TpRule* rule = nullptr;
 };
 
+// What a rule that shards an L (nn::Linear or nn::Embedding) finds at `path`: nullptr when m is an
+// L that is not sharded yet, else the kind it wanted (`want`), for the caller's error; an L with a
+// shard already is a ValueError.
+template <class L>
+const char* check_unsharded(nn::Module* m, const std::string& path, const char* want) {
+  auto* l = dynamic_cast<L*>(m);
+  if (!l) return want;
+  BRIGADE_CHECK(l->shard == nullptr, ValueError,
+                "apply_tensor_parallel: {} is already sharded (a plan was applied before); build a fresh model to "
+                "shard it again",
+                path);
+  return nullptr;
+}
+
 // Every (module, rule) pair of the plan, checked: each rule matches something of the right kind,
 // a module is split by at most one rule, nothing is sharded yet.
 std::vector<Match> match_plan(const nn::Module& model, const nn::TpPlan& plan) {
@@ -268,24 +282,10 @@ std::vector<Match> match_plan(const nn::Module& model, const nn::TpPlan& plan) {
         case nn::TpStyle::Column:
         case nn::TpStyle::Row:
         case nn::TpStyle::VocabHead:
-          if (auto* l = dynamic_cast<nn::Linear*>(m)) {
-            BRIGADE_CHECK(l->shard == nullptr, ValueError,
-                          "apply_tensor_parallel: {} is already sharded (a plan was applied before); build a fresh "
-                          "model to shard it again",
-                          path);
-          } else {
-            want = "an nn::Linear";
-          }
+          want = check_unsharded<nn::Linear>(m, path, "an nn::Linear");
           break;
         case nn::TpStyle::VocabEmbedding:
-          if (auto* e = dynamic_cast<nn::Embedding*>(m)) {
-            BRIGADE_CHECK(e->shard == nullptr, ValueError,
-                          "apply_tensor_parallel: {} is already sharded (a plan was applied before); build a fresh "
-                          "model to shard it again",
-                          path);
-          } else {
-            want = "an nn::Embedding";
-          }
+          want = check_unsharded<nn::Embedding>(m, path, "an nn::Embedding");
           break;
         case nn::TpStyle::Heads:
           if (!dynamic_cast<nn::HeadParallel*>(m)) want = "an attention implementing nn::HeadParallel";

@@ -2,6 +2,9 @@
 // Differentiable fn:: calls only.
 #include "brigade/models/clip/clip.h"
 
+#include <initializer_list>
+#include <utility>
+
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/ext_clip.h"
 #include "brigade/core/error.h"
@@ -17,27 +20,24 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
 
-void check_positive(int64_t v, const char* name) {
-  BRIGADE_CHECK(v > 0, ConfigError, "CLIPConfig: {} must be positive, got {}", name, v);
-}
-
 }  // namespace
 
 void CLIPConfig::validate() const {
-  check_positive(text.vocab_size, "text.vocab_size");
-  check_positive(text.max_position_embeddings, "text.max_position_embeddings");
-  check_positive(text.hidden_size, "text.hidden_size");
-  check_positive(text.num_hidden_layers, "text.num_hidden_layers");
-  check_positive(text.num_attention_heads, "text.num_attention_heads");
-  check_positive(text.intermediate_size, "text.intermediate_size");
-  check_positive(vision.image_size, "vision.image_size");
-  check_positive(vision.patch_size, "vision.patch_size");
-  check_positive(vision.num_channels, "vision.num_channels");
-  check_positive(vision.hidden_size, "vision.hidden_size");
-  check_positive(vision.num_hidden_layers, "vision.num_hidden_layers");
-  check_positive(vision.num_attention_heads, "vision.num_attention_heads");
-  check_positive(vision.intermediate_size, "vision.intermediate_size");
-  check_positive(projection_dim, "projection_dim");
+  // The sizes that must be positive, by tower, in this order (the first bad one is reported).
+  using Sizes = std::initializer_list<std::pair<int64_t, const char*>>;
+  const auto positive = [](const char* tower, Sizes sizes) {
+    for (const auto& [v, name] : sizes)
+      BRIGADE_CHECK(v > 0, ConfigError, "CLIPConfig: {}{} must be positive, got {}", tower, name, v);
+  };
+  positive("text.", {{text.vocab_size, "vocab_size"}, {text.max_position_embeddings, "max_position_embeddings"},
+                     {text.hidden_size, "hidden_size"}, {text.num_hidden_layers, "num_hidden_layers"},
+                     {text.num_attention_heads, "num_attention_heads"}, {text.intermediate_size, "intermediate_size"}});
+  positive("vision.", {{vision.image_size, "image_size"}, {vision.patch_size, "patch_size"},
+                       {vision.num_channels, "num_channels"}, {vision.hidden_size, "hidden_size"},
+                       {vision.num_hidden_layers, "num_hidden_layers"},
+                       {vision.num_attention_heads, "num_attention_heads"},
+                       {vision.intermediate_size, "intermediate_size"}});
+  positive("", {{projection_dim, "projection_dim"}});
   BRIGADE_CHECK(text.hidden_size % text.num_attention_heads == 0, ConfigError,
                 "CLIPConfig: text.hidden_size {} must be divisible by text.num_attention_heads {}", text.hidden_size,
                 text.num_attention_heads);
@@ -105,6 +105,23 @@ Tensor CLIPEncoderLayer::forward(const Tensor& x, bool causal) const {
   return run({x}, [this, causal](const std::vector<Tensor>& in) { return body(in[0], causal); });  // (B, T, D)
 }
 
+namespace {
+
+// A tower's "encoder": its "layers", c.num_hidden_layers encoder layers of the tower's config c
+// (text or vision); `layers` is set to the list.
+template <class TowerConfig>
+std::shared_ptr<nn::Submodules> make_encoder(const TowerConfig& c, bool quick_gelu,
+                                             std::shared_ptr<nn::ModuleList<CLIPEncoderLayer>>& layers) {
+  auto encoder = std::make_shared<nn::Submodules>();
+  layers = encoder->add("layers", std::make_shared<nn::ModuleList<CLIPEncoderLayer>>());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    layers->push_back(std::make_shared<CLIPEncoderLayer>(c.hidden_size, c.num_attention_heads, c.intermediate_size,
+                                                         c.layer_norm_eps, quick_gelu));
+  return encoder;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- text tower
 
 CLIPTextTransformer::CLIPTextTransformer(const CLIPTextConfig& c, bool quick_gelu) {
@@ -112,11 +129,7 @@ CLIPTextTransformer::CLIPTextTransformer(const CLIPTextConfig& c, bool quick_gel
   token_embedding = embeddings->add("token_embedding", std::make_shared<nn::Embedding>(c.vocab_size, c.hidden_size));
   position_embedding = embeddings->add(
       "position_embedding", std::make_shared<nn::Embedding>(c.max_position_embeddings, c.hidden_size));
-  encoder = register_module("encoder", std::make_shared<nn::Submodules>());
-  layers = encoder->add("layers", std::make_shared<nn::ModuleList<CLIPEncoderLayer>>());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers->push_back(std::make_shared<CLIPEncoderLayer>(c.hidden_size, c.num_attention_heads, c.intermediate_size,
-                                                         c.layer_norm_eps, quick_gelu));
+  encoder = register_module("encoder", make_encoder(c, quick_gelu, layers));
   final_layer_norm = register_module("final_layer_norm", std::make_shared<nn::LayerNorm>(c.hidden_size, c.layer_norm_eps));
 }
 
@@ -187,11 +200,7 @@ Tensor CLIPVisionEmbeddings::forward(const Tensor& images) const {
 CLIPVisionTransformer::CLIPVisionTransformer(const CLIPVisionConfig& c, bool quick_gelu) {
   embeddings = register_module("embeddings", std::make_shared<CLIPVisionEmbeddings>(c));
   pre_layrnorm = register_module("pre_layrnorm", std::make_shared<nn::LayerNorm>(c.hidden_size, c.layer_norm_eps));
-  encoder = register_module("encoder", std::make_shared<nn::Submodules>());
-  layers = encoder->add("layers", std::make_shared<nn::ModuleList<CLIPEncoderLayer>>());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    layers->push_back(std::make_shared<CLIPEncoderLayer>(c.hidden_size, c.num_attention_heads, c.intermediate_size,
-                                                         c.layer_norm_eps, quick_gelu));
+  encoder = register_module("encoder", make_encoder(c, quick_gelu, layers));
   post_layernorm = register_module("post_layernorm", std::make_shared<nn::LayerNorm>(c.hidden_size, c.layer_norm_eps));
 }
 

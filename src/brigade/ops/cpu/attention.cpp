@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 
 #include "brigade/core/error.h"
@@ -207,28 +208,45 @@ void attention_backward(int64_t BH, int64_t T, int64_t HS, const float* gout, co
 // q, k, v (and gout, out) widened exactly into f32, the f32 arithmetic above run on them
 // with the same shapes and strides, and each output rounded once as it is stored.
 
+namespace {
+
+// A thread's f32 copies of one head (T x HS elements each), `n` slices of one workspace:
+// load() widens head o of each input into the leading slices, in order; store() rounds
+// slice i into head o of a 16-bit output.
+struct HeadCopies {
+  Workspace<float> buf;
+  int64_t TH;
+  HeadCopies(int n, int64_t TH) : buf(n * TH), TH(TH) {}
+  float* operator[](int i) const { return buf.data() + i * TH; }
+  void load(int64_t o, std::initializer_list<const Strided*> in) const {
+    float* dst = buf.data();
+    for (const Strided* x : in) {
+      gather_f32(*x, o, TH, dst);
+      dst += TH;
+    }
+  }
+  void store(int i, DType ot, int64_t o, void* out) const {
+    store_f32(ot, TH, (*this)[i], static_cast<char*>(out) + size_t(o) * dtype_size(ot));
+  }
+};
+
+}  // namespace
+
 void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Strided& k, const Strided& v,
                  bool causal, double scale, DType ot, void* out, float* lse) {
   const float sc = float(scale);
-  const size_t eo = dtype_size(ot);
   const int64_t TH = T * HS;
 #pragma omp parallel
   {
-    Workspace<float> buf(4 * TH);
-    float* qh = buf.data();  // each (T, HS)
-    float* kh = qh + TH;
-    float* vh = kh + TH;
-    float* oh = vh + TH;
+    HeadCopies h(4, TH);  // q, k, v, out
     FwdScratch w(HS);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t o = bh * TH;
-      gather_f32(q, o, TH, qh);
-      gather_f32(k, o, TH, kh);
-      gather_f32(v, o, TH, vh);
+      h.load(o, {&q, &k, &v});
       for (int64_t i0 = 0; i0 < T; i0 += kQ)
-        forward_tile(T, HS, i0, std::min(kQ, T - i0), qh, kh, vh, HS, causal, sc, oh, HS, lse + bh * T, w);
-      store_f32(ot, TH, oh, static_cast<char*>(out) + size_t(o) * eo);
+        forward_tile(T, HS, i0, std::min(kQ, T - i0), h[0], h[1], h[2], HS, causal, sc, h[3], HS, lse + bh * T, w);
+      h.store(3, ot, o, out);
     }
   }
 }
@@ -237,32 +255,19 @@ void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout
                           const Strided& k, const Strided& v, const Strided& out, const float* lse, bool causal,
                           double scale, DType ot, void* gq, void* gk, void* gv) {
   const float sc = float(scale);
-  const size_t eo = dtype_size(ot);
   const int64_t TH = T * HS;
 #pragma omp parallel
   {
-    Workspace<float> buf(8 * TH);
-    float* qh = buf.data();  // each (T, HS)
-    float* kh = qh + TH;
-    float* vh = kh + TH;
-    float* gh = vh + TH;
-    float* oh = gh + TH;
-    float* gqh = oh + TH;
-    float* gkh = gqh + TH;
-    float* gvh = gkh + TH;
+    HeadCopies h(8, TH);  // q, k, v, gout, out, gq, gk, gv
     BwdScratch w(T);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t o = bh * TH;
-      gather_f32(q, o, TH, qh);
-      gather_f32(k, o, TH, kh);
-      gather_f32(v, o, TH, vh);
-      gather_f32(gout, o, TH, gh);
-      gather_f32(out, o, TH, oh);
-      backward_head(T, HS, qh, kh, vh, gh, oh, HS, lse + bh * T, causal, sc, gqh, gkh, gvh, w);
-      store_f32(ot, TH, gqh, static_cast<char*>(gq) + size_t(o) * eo);
-      store_f32(ot, TH, gkh, static_cast<char*>(gk) + size_t(o) * eo);
-      store_f32(ot, TH, gvh, static_cast<char*>(gv) + size_t(o) * eo);
+      h.load(o, {&q, &k, &v, &gout, &out});
+      backward_head(T, HS, h[0], h[1], h[2], h[3], h[4], HS, lse + bh * T, causal, sc, h[5], h[6], h[7], w);
+      h.store(5, ot, o, gq);
+      h.store(6, ot, o, gk);
+      h.store(7, ot, o, gv);
     }
   }
 }

@@ -62,66 +62,56 @@ inline __m256i bf16_from_f32x16(__m512 v) {
   return bf16_round_int(u);
 #endif
 }
+
+// The other 16-lane conversions: f32 -> f16 (vcvtps2ph, round to nearest even), bf16 -> f32
+// (zero-extend, shift left by 16), f16 -> f32 (vcvtph2ps).
+inline __m256i f16_from_f32x16(__m512 v) { return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline __m512 f32_from_bf16x16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 f32_from_f16x16(__m256i h) { return _mm512_cvtph_ps(h); }
+
+// 16 lanes of f32 or of 16-bit values loaded or stored, all of them or those in mask m.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m256i load16(const uint16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i load16(const uint16_t* p, __mmask16 m) { return _mm256_maskz_loadu_epi16(m, p); }
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(uint16_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline void store16(uint16_t* p, __m256i v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, v); }
+#define BRIGADE_CVT_LANES(f) f
+#else
+#define BRIGADE_CVT_LANES(f) nullptr  // no 16-lane form: the scalar loop only
 #endif
+
+// The loop of the four conversions: 16 lanes at a time through lanes(), then the tail as one
+// masked block; without AVX-512, scalar() on every element (the definition, core/dtype.h).
+template <auto scalar, class In, class Out, class Lanes>
+void convert_loop(int64_t n, const In* x, Out* y, Lanes lanes) {
+  int64_t i = 0;
+#ifdef BRIGADE_CVT_AVX512
+  for (; i + 16 <= n; i += 16) store16(y + i, lanes(load16(x + i)));
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1u);
+    store16(y + i, lanes(load16(x + i, m)), m);
+    return;
+  }
+#endif
+  for (; i < n; ++i) y[i] = scalar(x[i]);
+}
 
 void f32_to_bf16(int64_t n, const float* x, uint16_t* y) {
-  int64_t i = 0;
-#ifdef BRIGADE_CVT_AVX512
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), bf16_from_f32x16(_mm512_loadu_ps(x + i)));
-  if (i < n) {
-    const __mmask16 m = __mmask16((1u << (n - i)) - 1u);
-    _mm256_mask_storeu_epi16(y + i, m, bf16_from_f32x16(_mm512_maskz_loadu_ps(m, x + i)));
-    return;
-  }
-#endif
-  for (; i < n; ++i) y[i] = float_to_bf16(x[i]);
+  convert_loop<float_to_bf16>(n, x, y, BRIGADE_CVT_LANES(bf16_from_f32x16));
 }
-
 void f32_to_f16(int64_t n, const float* x, uint16_t* y) {
-  int64_t i = 0;
-#ifdef BRIGADE_CVT_AVX512
-  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), kRound));
-  if (i < n) {
-    const __mmask16 m = __mmask16((1u << (n - i)) - 1u);
-    _mm256_mask_storeu_epi16(y + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i), kRound));
-    return;
-  }
-#endif
-  for (; i < n; ++i) y[i] = float_to_f16(x[i]);
+  convert_loop<float_to_f16>(n, x, y, BRIGADE_CVT_LANES(f16_from_f32x16));
 }
-
 void bf16_to_f32(int64_t n, const uint16_t* x, float* y) {
-  int64_t i = 0;
-#ifdef BRIGADE_CVT_AVX512
-  for (; i + 16 <= n; i += 16) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)));
-    _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-  }
-  if (i < n) {
-    const __mmask16 m = __mmask16((1u << (n - i)) - 1u);
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + i));
-    _mm512_mask_storeu_ps(y + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
-    return;
-  }
-#endif
-  for (; i < n; ++i) y[i] = bf16_to_float(x[i]);
+  convert_loop<bf16_to_float>(n, x, y, BRIGADE_CVT_LANES(f32_from_bf16x16));
 }
-
 void f16_to_f32(int64_t n, const uint16_t* x, float* y) {
-  int64_t i = 0;
-#ifdef BRIGADE_CVT_AVX512
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i))));
-  if (i < n) {
-    const __mmask16 m = __mmask16((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)));
-    return;
-  }
-#endif
-  for (; i < n; ++i) y[i] = f16_to_float(x[i]);
+  convert_loop<f16_to_float>(n, x, y, BRIGADE_CVT_LANES(f32_from_f16x16));
 }
 
 // n contiguous elements, serial.

@@ -179,6 +179,31 @@ Acc blocked_sum(int64_t n, Term term) {
   for (Acc p : part) s += p;
   return s;
 }
+
+// The fast shapes of a contiguous reduction (out strides so: 0 on reduced dims; size-1 dims go
+// either way): Columns, a reduced prefix and a kept suffix, (lead, n / lead) -> (n / lead);
+// Rows, a kept prefix and a reduced suffix, (n / inner, inner) -> (n / inner); else General.
+struct ReduceSplit {
+  enum Kind { Columns, Rows, General } kind = General;
+  int64_t lead = 1, inner = 1;
+};
+ReduceSplit reduce_split(int nd, const int64_t* shape, const int64_t* so) {
+  int p = 0;
+  while (p < nd && (so[p] == 0 || shape[p] == 1)) ++p;
+  int64_t lead = 1;
+  for (int d = 0; d < p; ++d) lead *= shape[d];
+  bool suffix_kept = true;
+  for (int d = p; d < nd; ++d) suffix_kept &= (so[d] != 0 || shape[d] == 1);
+  if (suffix_kept) return {ReduceSplit::Columns, lead, 1};
+  int q = nd;
+  while (q > 0 && (so[q - 1] == 0 || shape[q - 1] == 1)) --q;
+  bool prefix_kept = true;
+  for (int d = 0; d < q; ++d) prefix_kept &= (so[d] != 0 || shape[d] == 1);
+  if (!prefix_kept) return {};
+  int64_t inner = 1;
+  for (int d = q; d < nd; ++d) inner *= shape[d];
+  return {ReduceSplit::Rows, 1, inner};
+}
 }  // namespace
 
 void reduce_sum(int nd, const int64_t* shape, const float* in, const int64_t* si, float* out, const int64_t* so,
@@ -194,24 +219,13 @@ void reduce_sum(int nd, const int64_t* shape, const float* in, const int64_t* si
       return;
     }
     // Split dims into a reduced prefix / kept suffix or a kept prefix / reduced suffix.
-    int p = 0;
-    while (p < nd && (so[p] == 0 || shape[p] == 1)) ++p;
-    int64_t lead = 1;
-    for (int d = 0; d < p; ++d) lead *= shape[d];
-    bool suffix_kept = true;
-    for (int d = p; d < nd; ++d) suffix_kept &= (so[d] != 0 || shape[d] == 1);
-    if (suffix_kept) {  // (lead, rest) -> (rest): column sums
-      column_sum(lead, n / lead, in, out);
+    const ReduceSplit split = reduce_split(nd, shape, so);
+    if (split.kind == ReduceSplit::Columns) {  // (lead, rest) -> (rest): column sums
+      column_sum(split.lead, n / split.lead, in, out);
       return;
     }
-    int q = nd;
-    while (q > 0 && (so[q - 1] == 0 || shape[q - 1] == 1)) --q;
-    bool prefix_kept = true;
-    for (int d = 0; d < q; ++d) prefix_kept &= (so[d] != 0 || shape[d] == 1);
-    if (prefix_kept) {  // (rows, inner) -> (rows): row sums
-      int64_t inner = 1;
-      for (int d = q; d < nd; ++d) inner *= shape[d];
-      const int64_t rows = n / inner;
+    if (split.kind == ReduceSplit::Rows) {  // (rows, inner) -> (rows): row sums
+      const int64_t inner = split.inner, rows = n / inner;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
       for (int64_t r = 0; r < rows; ++r) {
         float s = 0.f;
@@ -596,21 +610,10 @@ void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType
     store_f32(ot, 1, &s, o);
     return;
   }
-  int p = 0;
-  while (p < nd && (so[p] == 0 || shape[p] == 1)) ++p;
-  int64_t lead = 1;
-  for (int d = 0; d < p; ++d) lead *= shape[d];
-  bool suffix_kept = true;
-  for (int d = p; d < nd; ++d) suffix_kept &= (so[d] != 0 || shape[d] == 1);
-  if (suffix_kept) return column_sum16(lead, n / lead, in, ot, out);
-  int q = nd;
-  while (q > 0 && (so[q - 1] == 0 || shape[q - 1] == 1)) --q;
-  bool prefix_kept = true;
-  for (int d = 0; d < q; ++d) prefix_kept &= (so[d] != 0 || shape[d] == 1);
-  if (prefix_kept) {  // row sums, each row widened into a per-thread buffer
-    int64_t inner = 1;
-    for (int d = q; d < nd; ++d) inner *= shape[d];
-    const int64_t rows = n / inner;
+  const ReduceSplit split = reduce_split(nd, shape, so);
+  if (split.kind == ReduceSplit::Columns) return column_sum16(split.lead, n / split.lead, in, ot, out);
+  if (split.kind == ReduceSplit::Rows) {  // row sums, each row widened into a per-thread buffer
+    const int64_t inner = split.inner, rows = n / inner;
 #pragma omp parallel if (n > kParallelMin)
     {
       std::vector<float> row(static_cast<size_t>(inner));

@@ -102,6 +102,38 @@ inline void cross_entropy_backward_row(int64_t V, const float* xr, float g, floa
   for (int64_t j = 0; j < V; ++j) gr[j] = g * fast_exp(xr[j] - l);
   gr[t] -= g;
 }
+
+// The block structure of the layer-norm backward (f32 and native 16-bit): gx row by row, gw / gb
+// partial sums per fixed block of kRows rows, then summed over the blocks in order (so the result
+// does not depend on the thread count). make_row() runs once per thread and gives the function
+// row(n, pw, pb) that writes gx row n and adds its terms into its block's partials pw, pb (C each).
+template <class MakeRow>
+void layer_norm_backward_blocks(int64_t N, int64_t C, float* gw, float* gb, MakeRow make_row) {
+  constexpr int64_t kRows = 32;
+  const int64_t nb = (N + kRows - 1) / kRows;
+  std::vector<float> part(static_cast<size_t>(nb * 2 * C));  // (nb, 2, C): gw, gb partials
+#pragma omp parallel if (N * C > kParallelMin)
+  {
+    auto row = make_row();
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      float* pw = part.data() + blk * 2 * C;
+      float* pb = pw + C;
+      std::fill(pw, pw + 2 * C, 0.f);
+      for (int64_t n = blk * kRows; n < std::min(N, (blk + 1) * kRows); ++n) row(n, pw, pb);
+    }
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      float sw = 0.f, sb = 0.f;
+      for (int64_t blk = 0; blk < nb; ++blk) {
+        sw += part[size_t(blk * 2 * C + c)];
+        sb += part[size_t(blk * 2 * C + C + c)];
+      }
+      gw[c] = sw;
+      gb[c] = sb;
+    }
+  }
+}
 }  // namespace
 
 // ---------------------------------------------------------------- layer norm (Ba et al. 2016)
@@ -116,31 +148,12 @@ void layer_norm(int64_t N, int64_t C, const float* x, const float* w, const floa
 void layer_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* gx, float* gw, float* gb) {
   // Backward of `y = (x - mean) * rstd * w + b` (see ref): rows are independent for gx;
-  // gw/gb partial sums per fixed block of kRows rows, then summed over blocks in order.
-  constexpr int64_t kRows = 32;
-  const int64_t nb = (N + kRows - 1) / kRows;
-  std::vector<float> part(static_cast<size_t>(nb * 2 * C));  // (nb, 2, C): gw, gb partials
-#pragma omp parallel if (N * C > kParallelMin)
-  {
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < nb; ++blk) {
-      float* pw = part.data() + blk * 2 * C;
-      float* pb = pw + C;
-      std::fill(pw, pw + 2 * C, 0.f);
-      for (int64_t n = blk * kRows; n < std::min(N, (blk + 1) * kRows); ++n)
-        layer_norm_backward_row(C, gy + n * C, x + n * C, w, mean[n], rstd[n], gx + n * C, pw, pb);
-    }
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < C; ++c) {
-      float sw = 0.f, sb = 0.f;
-      for (int64_t blk = 0; blk < nb; ++blk) {
-        sw += part[size_t(blk * 2 * C + c)];
-        sb += part[size_t(blk * 2 * C + C + c)];
-      }
-      gw[c] = sw;
-      gb[c] = sb;
-    }
-  }
+  // gw/gb through the fixed row blocks of layer_norm_backward_blocks.
+  layer_norm_backward_blocks(N, C, gw, gb, [&] {
+    return [&](int64_t n, float* pw, float* pb) {
+      layer_norm_backward_row(C, gy + n * C, x + n * C, w, mean[n], rstd[n], gx + n * C, pw, pb);
+    };
+  });
 }
 
 // ---------------------------------------------------------------- softmax (last dim)
@@ -230,39 +243,19 @@ void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const 
 
 void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w,
                            const float* mean, const float* rstd, DType ot, void* gx, float* gw, float* gb) {
-  constexpr int64_t kRows = 32;
-  const int64_t nb = (N + kRows - 1) / kRows;
   const size_t eo = dtype_size(ot);
-  std::vector<float> part(static_cast<size_t>(nb * 2 * C));  // (nb, 2, C): gw, gb partials
-#pragma omp parallel if (N * C > kParallelMin)
-  {
-    std::vector<float> buf(static_cast<size_t>(3 * C));
-    float* gr = buf.data();
-    float* xr = gr + C;
-    float* gxr = xr + C;
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < nb; ++blk) {
-      float* pw = part.data() + blk * 2 * C;
-      float* pb = pw + C;
-      std::fill(pw, pw + 2 * C, 0.f);
-      for (int64_t n = blk * kRows; n < std::min(N, (blk + 1) * kRows); ++n) {
-        gather_f32(gy, n * C, C, gr);
-        gather_f32(x, n * C, C, xr);
-        layer_norm_backward_row(C, gr, xr, w, mean[n], rstd[n], gxr, pw, pb);
-        store_f32(ot, C, gxr, static_cast<char*>(gx) + size_t(n * C) * eo);
-      }
-    }
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < C; ++c) {
-      float sw = 0.f, sb = 0.f;
-      for (int64_t blk = 0; blk < nb; ++blk) {
-        sw += part[size_t(blk * 2 * C + c)];
-        sb += part[size_t(blk * 2 * C + C + c)];
-      }
-      gw[c] = sw;
-      gb[c] = sb;
-    }
-  }
+  layer_norm_backward_blocks(N, C, gw, gb, [&] {
+    // a thread's f32 rows: gy, x and gx
+    return [&, buf = std::vector<float>(static_cast<size_t>(3 * C))](int64_t n, float* pw, float* pb) mutable {
+      float* gr = buf.data();
+      float* xr = gr + C;
+      float* gxr = xr + C;
+      gather_f32(gy, n * C, C, gr);
+      gather_f32(x, n * C, C, xr);
+      layer_norm_backward_row(C, gr, xr, w, mean[n], rstd[n], gxr, pw, pb);
+      store_f32(ot, C, gxr, static_cast<char*>(gx) + size_t(n * C) * eo);
+    };
+  });
 }
 
 void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y) {

@@ -291,30 +291,35 @@ void softmax_backward(int64_t N, int64_t C, const S* gy, const S* y, S* gx) {
 // BH = B*NH independent (T, HS) problems, all contiguous:
 //   s = scale * q k^T (causal: s[i, j] = -inf for j > i); p = softmax(s); out = p v;
 //   lse[i] = log sum_j exp(s[i, j]).
-// The reference forms each full score row explicitly.
-template <typename S>
-void attention(int64_t BH, int64_t T, int64_t HS, const S* q, const S* k, const S* v, bool causal, double scale,
-               S* out, S* lse) {
+// The reference forms each full score row explicitly. attention_rows is the form every
+// attention here shares: in row i of head bh, key j takes part when j < end(i) and
+// key(bh, j) (the other scores are -inf: left out of the max and the sums).
+template <typename S, class End, class Key>
+void attention_rows(int64_t BH, int64_t T, int64_t HS, const S* q, const S* k, const S* v, double scale, End end,
+                    Key key, S* out, S* lse) {
   std::vector<S> s(static_cast<size_t>(T));
   for (int64_t bh = 0; bh < BH; ++bh) {
     const S* qb = q + bh * T * HS;
     const S* kb = k + bh * T * HS;
     const S* vb = v + bh * T * HS;
     for (int64_t i = 0; i < T; ++i) {
-      const int64_t nj = causal ? i + 1 : T;
+      const int64_t nj = end(i);
       S m = -std::numeric_limits<S>::infinity();
       for (int64_t j = 0; j < nj; ++j) {
+        if (!key(bh, j)) continue;
         S acc = S(0);
         for (int64_t d = 0; d < HS; ++d) acc += qb[i * HS + d] * kb[j * HS + d];
         s[size_t(j)] = acc * S(scale);
         m = std::max(m, s[size_t(j)]);
       }
       S sum = S(0);
-      for (int64_t j = 0; j < nj; ++j) sum += std::exp(s[size_t(j)] - m);
+      for (int64_t j = 0; j < nj; ++j)
+        if (key(bh, j)) sum += std::exp(s[size_t(j)] - m);
       lse[bh * T + i] = m + std::log(sum);
       for (int64_t d = 0; d < HS; ++d) {
         S acc = S(0);
-        for (int64_t j = 0; j < nj; ++j) acc += std::exp(s[size_t(j)] - m) / sum * vb[j * HS + d];
+        for (int64_t j = 0; j < nj; ++j)
+          if (key(bh, j)) acc += std::exp(s[size_t(j)] - m) / sum * vb[j * HS + d];
         out[(bh * T + i) * HS + d] = acc;
       }
     }
@@ -322,17 +327,19 @@ void attention(int64_t BH, int64_t T, int64_t HS, const S* q, const S* k, const 
 }
 // Backward of `out = softmax(scale * q k^T) v`, recomputing p[i, j] = exp(s[i, j] - lse[i]):
 //   gv = p^T gout; gp = gout v^T; gs = p * (gp - rowsum(gout * out)); gq = scale gs k; gk = scale gs^T q.
-template <typename S>
-void attention_backward(int64_t BH, int64_t T, int64_t HS, const S* gout, const S* q, const S* k, const S* v,
-                        const S* out, const S* lse, bool causal, double scale, S* gq, S* gk, S* gv) {
+// Over the keys attention_rows lets take part (end, key as there).
+template <typename S, class End, class Key>
+void attention_rows_backward(int64_t BH, int64_t T, int64_t HS, const S* gout, const S* q, const S* k, const S* v,
+                             const S* out, const S* lse, double scale, End end, Key key, S* gq, S* gk, S* gv) {
   for (int64_t i = 0; i < BH * T * HS; ++i) gq[i] = gk[i] = gv[i] = S(0);
   for (int64_t bh = 0; bh < BH; ++bh) {
     const int64_t o = bh * T * HS;
     for (int64_t i = 0; i < T; ++i) {
-      const int64_t nj = causal ? i + 1 : T;
+      const int64_t nj = end(i);
       S D = S(0);
       for (int64_t d = 0; d < HS; ++d) D += gout[o + i * HS + d] * out[o + i * HS + d];
       for (int64_t j = 0; j < nj; ++j) {
+        if (!key(bh, j)) continue;
         S sij = S(0), gp = S(0);
         for (int64_t d = 0; d < HS; ++d) {
           sij += q[o + i * HS + d] * k[o + j * HS + d];
@@ -348,6 +355,21 @@ void attention_backward(int64_t BH, int64_t T, int64_t HS, const S* gout, const 
       }
     }
   }
+}
+// Causal (keys j <= i) or full attention: every key of the row's range takes part.
+template <typename S>
+void attention(int64_t BH, int64_t T, int64_t HS, const S* q, const S* k, const S* v, bool causal, double scale,
+               S* out, S* lse) {
+  attention_rows(
+      BH, T, HS, q, k, v, scale, [=](int64_t i) { return causal ? i + 1 : T; }, [](int64_t, int64_t) { return true; },
+      out, lse);
+}
+template <typename S>
+void attention_backward(int64_t BH, int64_t T, int64_t HS, const S* gout, const S* q, const S* k, const S* v,
+                        const S* out, const S* lse, bool causal, double scale, S* gq, S* gk, S* gv) {
+  attention_rows_backward(
+      BH, T, HS, gout, q, k, v, out, lse, scale, [=](int64_t i) { return causal ? i + 1 : T; },
+      [](int64_t, int64_t) { return true; }, gq, gk, gv);
 }
 
 // Fused log-softmax + cross-entropy (torch.nn.functional.cross_entropy, reduction='mean'):

@@ -1,0 +1,89 @@
+// Pieces shared by the sources of the derivative rules (functions.cpp and the ext_*.cpp beside
+// it): the wants-a-gradient test, the precision policy's dtype for an op, the one-saved-tensor
+// node of the activations, and the node and autocast step common to every attention. Internal
+// to brigade_autograd: model code calls the fn:: functions of functions.h and ext_*.h instead.
+#pragma once
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "brigade/amp/policy.h"
+#include "brigade/autograd/engine.h"
+#include "brigade/ops/ops.h"
+
+namespace brigade::fn::rules {
+
+// Whether input i of n's op wants a gradient (its edge was recorded).
+inline bool wants(const autograd::Node& n, size_t i) { return i < n.next.size() && n.next[i] != nullptr; }
+
+// The dtype the active precision policy (amp/policy.h) gives an op of kind `op` with these
+// inputs; only the defined floating ones count, in order (at most 4).
+DType policy_dtype(amp::Op op, std::initializer_list<const Tensor*> inputs);
+
+// The node of an op whose backward reads one saved tensor (an activation's input or output, a
+// dropout mask): backward = {Backward(g, saved)}.
+template <Tensor (*Backward)(const Tensor&, const Tensor&)>
+struct SavedOneBackward : autograd::Node {
+  explicit SavedOneBackward(const char* node_name) : node_name_(node_name) {}
+  Tensor saved;
+  const char* name() const override { return node_name_; }
+  std::vector<Tensor> backward(const Tensor& g) override { return {Backward(g, saved)}; }
+  void release() override { saved = Tensor(); }
+
+ private:
+  const char* node_name_;
+};
+
+// Records y = op(x) with a SavedOneBackward<Backward> node named `node_name`, which keeps `saved`
+// when x needs a gradient (an output must come in detached: a node may not own its own output).
+template <Tensor (*Backward)(const Tensor&, const Tensor&)>
+Tensor record_saving(const char* node_name, const Tensor& y, const Tensor& x, const Tensor& saved) {
+  auto n = std::make_shared<SavedOneBackward<Backward>>(node_name);
+  if (autograd::needs_grad({x})) n->saved = saved;
+  return autograd::record(y, n, {x});
+}
+
+// What the backward of a normalisation reads: its input, its weight and the statistics the forward
+// normalised with (per row or per channel); save() stores them when an input needs a gradient.
+struct NormNode : autograd::Node {
+  Tensor x, w, mean, rstd;
+  void save(const Tensor& x_, const Tensor& w_, const Tensor& mean_, const Tensor& rstd_) {
+    x = x_;
+    w = w_;
+    mean = mean_;
+    rstd = rstd_;
+  }
+  void release() override { x = w = mean = rstd = Tensor(); }
+};
+
+// q, k, v cast to the dtype the active policy gives attention, and the softmax scale 1/sqrt(HS).
+struct AttentionArgs {
+  Tensor q, k, v;
+  double scale = 1.0;
+};
+AttentionArgs attention_args(const Tensor& q0, const Tensor& k0, const Tensor& v0);
+
+// What the backward of an attention over q, k, v reads: the inputs, the output (detached), the
+// log-sum-exp rows and the scale. Each kind of attention adds its mask and its backward.
+struct AttentionNode : autograd::Node {
+  Tensor q, k, v, out, lse;
+  double scale = 1.0;
+  void release() override { q = k = v = out = lse = Tensor(); }
+};
+
+// Records r.out, the result of an attention on a.q, a.k, a.v, as the output of node n, which
+// saves what its backward reads when an input needs a gradient.
+template <class N>
+Tensor record_attention(std::shared_ptr<N> n, const AttentionArgs& a, const ops::AttentionOut& r) {
+  if (autograd::needs_grad({a.q, a.k, a.v})) {
+    n->q = a.q;
+    n->k = a.k;
+    n->v = a.v;
+    n->out = r.out.detach();  // detached: r.out is the recorded output (no cycle)
+    n->lse = r.lse;
+    n->scale = a.scale;
+  }
+  return autograd::record(r.out, std::move(n), {a.q, a.k, a.v});
+}
+
+}  // namespace brigade::fn::rules
