@@ -35,6 +35,7 @@
 #include "brigade/ops/ext_vision.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/parallel/sync_batch_norm.h"
+#include "support/parity.h"
 
 using namespace brigade;
 using nn::Recompute;
@@ -288,17 +289,7 @@ TEST(ResNetAmp, O2Bf16TrainsLikeFp32) {
 
 // ------------------------------------------------------------------ synchronised batch norm
 
-// max |a - b| / max |b|
-double rel(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to(DType::F32).to_vector(), y = b.to(DType::F32).to_vector();
-  EXPECT_EQ(x.size(), y.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
-    num = std::max(num, std::fabs(double(x[i]) - double(y[i])));
-    den = std::max(den, std::fabs(double(y[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+using brigade::test_support::rel_err;
 
 // A group of one: the sums are already the group's. Counts its calls.
 struct IdentitySync : fn::BatchNormSync {
@@ -333,17 +324,17 @@ TEST(SyncBatchNorm, IdentityReducerMatchesBatchNorm2d) {
       autograd::backward(ys[k], G);
     }
     EXPECT_EQ(sync->calls, 2);  // one allreduce in the forward, one in the backward
-    EXPECT_LT(rel(ys[1], ys[0]), 1e-6) << "output";
-    EXPECT_LT(rel(xs[1].grad(), xs[0].grad()), 1e-6) << "gx";
-    EXPECT_LT(rel(synced.weight.grad(), plain.weight.grad()), 1e-6) << "gw";
-    EXPECT_LT(rel(synced.bias.grad(), plain.bias.grad()), 1e-6) << "gb";
-    EXPECT_LT(rel(synced.running_mean, plain.running_mean), 1e-6) << "running_mean";
-    EXPECT_LT(rel(synced.running_var, plain.running_var), 1e-6) << "running_var";
+    EXPECT_LT(rel_err(ys[1], ys[0]), 1e-6) << "output";
+    EXPECT_LT(rel_err(xs[1].grad(), xs[0].grad()), 1e-6) << "gx";
+    EXPECT_LT(rel_err(synced.weight.grad(), plain.weight.grad()), 1e-6) << "gw";
+    EXPECT_LT(rel_err(synced.bias.grad(), plain.bias.grad()), 1e-6) << "gb";
+    EXPECT_LT(rel_err(synced.running_mean, plain.running_mean), 1e-6) << "running_mean";
+    EXPECT_LT(rel_err(synced.running_var, plain.running_var), 1e-6) << "running_var";
     EXPECT_EQ(synced.num_batches_tracked.to_vector_i64(), plain.num_batches_tracked.to_vector_i64());
     plain.train(false);
     synced.train(false);
     autograd::NoGradGuard ng;
-    EXPECT_LT(rel(synced.forward(xs[0]), plain.forward(xs[0])), 1e-6) << "eval";
+    EXPECT_LT(rel_err(synced.forward(xs[0]), plain.forward(xs[0])), 1e-6) << "eval";
     EXPECT_EQ(sync->calls, 2);  // eval normalises with the running statistics: no allreduce
   }
 }
@@ -363,13 +354,13 @@ TEST(SyncBatchNorm, ResNetOverTheOneRankWorldMatchesThePlainModelAndRecomputesBi
     return std::make_pair(m, loss);
   };
   auto [m, loss] = run(Recompute::None);
-  EXPECT_LT(rel(loss, lp), 1e-6);
+  EXPECT_LT(rel_err(loss, lp), 1e-6);
   auto pp = plain->named_parameters(), pm = m->named_parameters();
-  for (size_t i = 0; i < pp.size(); ++i) EXPECT_LT(rel(pm[i].second.grad(), pp[i].second.grad()), 1e-5) << pp[i].first;
+  for (size_t i = 0; i < pp.size(); ++i) EXPECT_LT(rel_err(pm[i].second.grad(), pp[i].second.grad()), 1e-5) << pp[i].first;
   auto bp = plain->named_buffers(), bm = m->named_buffers();
   for (size_t i = 0; i < bp.size(); ++i)
     if (bp[i].first.find("num_batches") == std::string::npos) {
-      EXPECT_LT(rel(bm[i].second, bp[i].second), 1e-6) << bp[i].first;
+      EXPECT_LT(rel_err(bm[i].second, bp[i].second), 1e-6) << bp[i].first;
     }
   for (Recompute mode : {Recompute::Full, Recompute::Selective}) {
     auto [mr, lr] = run(mode);

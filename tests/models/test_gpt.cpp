@@ -16,6 +16,7 @@
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/train/checkpoint.h"
+#include "support/parity.h"
 
 using namespace brigade;
 namespace fs = std::filesystem;
@@ -24,16 +25,7 @@ namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/gpt2_tiny.safetensors";
 
-double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to_vector(), b = want.to_vector();
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+using brigade::test_support::rel_err;
 
 models::GPTConfig fixture_config(const ckpt::SafetensorsReader& r) {
   auto j = nlohmann::json::parse(r.metadata("config").value());

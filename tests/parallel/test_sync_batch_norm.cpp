@@ -25,6 +25,7 @@
 #include "brigade/dist/process_group.h"
 #include "brigade/models/resnet/resnet.h"
 #include "brigade/parallel/sync_batch_norm.h"
+#include "support/parity.h"
 
 namespace {
 
@@ -36,17 +37,7 @@ std::shared_ptr<ProcessGroup> group() {
   return g;
 }
 
-// max |got - want| / max |want|
-double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to(DType::F32).to_vector(), b = want.to(DType::F32).to_vector();
-  EXPECT_EQ(got.shape(), want.shape());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+using brigade::test_support::rel_err;
 
 Tensor randn(const Shape& s, uint64_t seed, double mean = 0.0) {
   Tensor t = Tensor::empty(s);  // shape s

@@ -41,6 +41,7 @@
 #include "brigade/models/vit/vit.h"
 #include "brigade/ops/ops.h"
 #include "brigade/parallel/tensor_parallel.h"
+#include "support/parity.h"
 
 namespace {
 
@@ -55,17 +56,7 @@ std::shared_ptr<ProcessGroup> group() {
   return g;
 }
 
-// max |got - want| / max |want| (max |got - want| when want is all zero).
-double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to_vector(), b = want.to_vector();
-  EXPECT_EQ(got.shape(), want.shape());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+using brigade::test_support::rel_err;
 
 Tensor randn(const Shape& s, uint64_t seed, double std = 1.0) {
   Tensor t = Tensor::empty(s, DType::F32);  // shape s

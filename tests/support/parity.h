@@ -17,8 +17,8 @@ namespace brigade::test_support {
 // max |got - want| / max |want| over the tensor: an error normalised by the tensor's scale,
 // so it does not depend on where the values sit (max |got - want| when want is all zero).
 inline double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to_vector(), b = want.to_vector();
-  EXPECT_EQ(a.size(), b.size());
+  std::vector<float> a = got.to(DType::F32).to_vector(), b = want.to(DType::F32).to_vector();  // any float dtype
+  EXPECT_EQ(got.shape(), want.shape());
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
     num = std::max(num, std::abs(double(a[i]) - double(b[i])));
