@@ -42,7 +42,7 @@ PARTS = [
     ("GEMM (oneDNN)", r"^\[JIT\]|libdnnl|dnnl::|brgemm|gemm"),
     ("attention (softmax and tile code; its GEMMs count as GEMM)", r"attention|forward_tile|backward_head"),
     ("OpenMP barrier waits (libgomp: load imbalance, serial sections)", r"libgomp"),
-    ("dtype conversions (bf16 <-> f32)", r"bf16_to_f32|f32_to_bf16|f16_to_f32|f32_to_f16"),
+    ("dtype conversions (bf16 <-> f32)", r"bf16_to_f32|f32_to_bf16|f16_to_f32|f32_to_f16|convert_contig|load_f32|store_f32|gather_f32"),
     ("cross-entropy", r"cross_entropy|logsumexp|log_softmax"),
     ("LayerNorm", r"layer_norm"),
     ("GELU", r"gelu|erff|tanhf"),
