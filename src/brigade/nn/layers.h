@@ -18,6 +18,7 @@ namespace brigade::nn {
 using ops::WeightLayout;
 
 class Linear;
+struct LoraAdapter;
 class Embedding;
 
 // A plan's forward for a Linear whose weight (and bias) it replaced by a shard, e.g.
@@ -46,6 +47,11 @@ class Linear : public Module {
   Tensor weight, bias;
   WeightLayout layout;
   std::shared_ptr<const LinearShard> shard;  // set by a plan; null: the plain layer
+  // A low-rank adapter (nn/lora.h, set by apply_lora): the forward adds s B A dropout(x)
+  // unless it is merged into the weight.
+  std::shared_ptr<LoraAdapter> lora;
+  // Installs `a`, registering its A and B as this layer's "lora_A" and "lora_B".
+  void attach_lora(std::shared_ptr<LoraAdapter> a);
 
  protected:
   void parameter_replaced(const std::string& name, const Tensor& t) override;
