@@ -26,6 +26,7 @@
 #include "brigade/ops/ops.h"
 #include "brigade/optim/optimizer.h"
 
+#include "support/fixture_configs.h"
 #include "support/parity.h"
 
 using namespace brigade;
@@ -44,19 +45,7 @@ nlohmann::json config_json(const models::LLaMAConfig& c) {
           {"max_position", c.max_position}, {"rms_norm_eps", c.rms_norm_eps}, {"rope_theta", c.rope_theta}};
 }
 
-models::LLaMAConfig config_from_json(const nlohmann::json& j) {
-  models::LLaMAConfig c;
-  c.vocab_size = j.at("vocab_size");
-  c.hidden_size = j.at("hidden_size");
-  c.intermediate_size = j.at("intermediate_size");
-  c.n_layer = j.at("n_layer");
-  c.n_head = j.at("n_head");
-  c.n_kv_head = j.at("n_kv_head");
-  c.max_position = j.at("max_position");
-  c.rms_norm_eps = j.at("rms_norm_eps");
-  c.rope_theta = j.at("rope_theta");
-  return c;
-}
+models::LLaMAConfig config_from_json(const nlohmann::json& j) { return test_support::llama_config_from_json(j); }
 
 // The Hugging Face LlamaForCausalLM parameter names, in its registration order.
 std::vector<std::string> hf_names(int64_t n_layer) {

@@ -16,6 +16,7 @@
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/train/checkpoint.h"
+#include "support/fixture_configs.h"
 #include "support/parity.h"
 
 using namespace brigade;
@@ -28,15 +29,7 @@ const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/gpt2_tiny.saf
 using brigade::test_support::rel_err;
 
 models::GPTConfig fixture_config(const ckpt::SafetensorsReader& r) {
-  auto j = nlohmann::json::parse(r.metadata("config").value());
-  models::GPTConfig c;
-  c.vocab_size = j.at("vocab_size");
-  c.block_size = j.at("block_size");
-  c.n_layer = j.at("n_layer");
-  c.n_head = j.at("n_head");
-  c.n_embd = j.at("n_embd");
-  c.layer_norm_eps = j.at("layer_norm_eps");
-  return c;
+  return brigade::test_support::gpt_config_from_json(nlohmann::json::parse(r.metadata("config").value()));
 }
 
 void load_fixture_params(const ckpt::SafetensorsReader& r, models::GPT& m) {

@@ -22,6 +22,7 @@
 #include "brigade/models/llama/llama.h"
 #include "brigade/nn/lora.h"
 #include "brigade/optim/optimizer.h"
+#include "support/fixture_configs.h"
 #include "support/parity.h"
 #include "support/test_support.h"
 
@@ -41,28 +42,10 @@ struct Case {
 std::unique_ptr<models::CausalLM> base_model(const ckpt::SafetensorsReader& r) {
   const auto j = nlohmann::json::parse(r.metadata("config").value());
   std::unique_ptr<models::CausalLM> m;
-  if (r.metadata("kind").value() == "lora_gpt2") {
-    models::GPTConfig c;
-    c.vocab_size = j.at("vocab_size");
-    c.block_size = j.at("block_size");
-    c.n_layer = j.at("n_layer");
-    c.n_head = j.at("n_head");
-    c.n_embd = j.at("n_embd");
-    c.layer_norm_eps = j.at("layer_norm_eps");
-    m = std::make_unique<models::GPT>(c);
-  } else {
-    models::LLaMAConfig c;
-    c.vocab_size = j.at("vocab_size");
-    c.hidden_size = j.at("hidden_size");
-    c.intermediate_size = j.at("intermediate_size");
-    c.n_layer = j.at("n_layer");
-    c.n_head = j.at("n_head");
-    c.n_kv_head = j.at("n_kv_head");
-    c.max_position = j.at("max_position");
-    c.rms_norm_eps = j.at("rms_norm_eps");
-    c.rope_theta = j.at("rope_theta");
-    m = std::make_unique<models::LLaMA>(c);
-  }
+  if (r.metadata("kind").value() == "lora_gpt2")
+    m = std::make_unique<models::GPT>(test_support::gpt_config_from_json(j));
+  else
+    m = std::make_unique<models::LLaMA>(test_support::llama_config_from_json(j));
   for (auto& [name, p] : m->named_parameters()) {
     EXPECT_TRUE(r.contains(name)) << name;
     p.copy_(r.get(name));
