@@ -1,0 +1,276 @@
+// Hugging Face model directories in; see hf_dir.h.
+#include "brigade/models/hf/hf_dir.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "brigade/ckpt/checkpoint_dir.h"
+#include "brigade/ckpt/safetensors.h"
+#include "brigade/core/error.h"
+#include "brigade/models/gpt/gpt.h"
+#include "brigade/models/llama/llama.h"
+
+namespace brigade::models {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// The config's fields, each read at most once through these, so the messages name the file.
+struct Config {
+  std::string path;
+  json j;
+  bool has(const char* k) const { return j.contains(k) && !j.at(k).is_null(); }
+  template <class T>
+  T get(const char* k) const {
+    BRIGADE_CHECK(has(k), CheckpointError, "{}: no \"{}\" field", path, k);
+    try {
+      return j.at(k).get<T>();
+    } catch (const json::exception&) {
+      throw CheckpointError(fmt::format("{}: \"{}\" has the wrong type ({})", path, k, j.at(k).dump()));
+    }
+  }
+  template <class T>
+  T get_or(const char* k, T fallback) const {
+    return has(k) ? get<T>(k) : fallback;
+  }
+  // A field the engine's model cannot represent unless it holds `ok`.
+  template <class T>
+  void require(const char* k, T ok, const char* why) const {
+    if (!has(k)) return;
+    BRIGADE_CHECK(get<T>(k) == ok, ConfigError, "{}: {} = {} is not supported: {}", path, k, j.at(k).dump(), why);
+  }
+};
+
+std::unique_ptr<CausalLM> gpt2_from(const Config& c) {
+  GPTConfig g;
+  g.vocab_size = c.get<int64_t>("vocab_size");
+  g.block_size = c.get<int64_t>("n_positions");
+  g.n_layer = c.get<int64_t>("n_layer");
+  g.n_head = c.get<int64_t>("n_head");
+  g.n_embd = c.get<int64_t>("n_embd");
+  g.layer_norm_eps = c.get_or<double>("layer_norm_epsilon", 1e-5);
+  if (c.has("n_inner"))
+    BRIGADE_CHECK(c.get<int64_t>("n_inner") == 4 * g.n_embd, ConfigError,
+                  "{}: n_inner = {} is not supported: this GPT-2's MLP is 4 x n_embd = {} wide", c.path,
+                  c.get<int64_t>("n_inner"), 4 * g.n_embd);
+  c.require<std::string>("activation_function", "gelu_new", "this GPT-2 uses the tanh GELU (\"gelu_new\")");
+  c.require<bool>("tie_word_embeddings", true, "this GPT-2 ties its head to wte");
+  c.require<bool>("scale_attn_by_inverse_layer_idx", false, "attention is scaled by 1/sqrt(head size) only");
+  c.require<bool>("reorder_and_upcast_attn", false, "not implemented");
+  const double attn = c.get_or<double>("attn_pdrop", 0.1), embd = c.get_or<double>("embd_pdrop", 0.1),
+               resid = c.get_or<double>("resid_pdrop", 0.1);
+  BRIGADE_CHECK(attn == embd && embd == resid, ConfigError,
+                "{}: attn_pdrop = {}, embd_pdrop = {}, resid_pdrop = {}: this GPT-2 has one dropout probability; "
+                "set the three equal",
+                c.path, attn, embd, resid);
+  g.dropout = resid;
+  return std::make_unique<GPT>(g);
+}
+
+std::unique_ptr<CausalLM> llama_from(const Config& c) {
+  LLaMAConfig l;
+  l.vocab_size = c.get<int64_t>("vocab_size");
+  l.hidden_size = c.get<int64_t>("hidden_size");
+  l.intermediate_size = c.get<int64_t>("intermediate_size");
+  l.n_layer = c.get<int64_t>("num_hidden_layers");
+  l.n_head = c.get<int64_t>("num_attention_heads");
+  l.n_kv_head = c.get_or<int64_t>("num_key_value_heads", l.n_head);
+  l.max_position = c.get<int64_t>("max_position_embeddings");
+  l.rms_norm_eps = c.get_or<double>("rms_norm_eps", 1e-6);
+  l.rope_theta = c.get_or<double>("rope_theta", 10000.0);
+  BRIGADE_CHECK(l.n_head > 0 && l.hidden_size % l.n_head == 0, ConfigError,
+                "{}: hidden_size = {} is not a multiple of num_attention_heads = {}", c.path, l.hidden_size, l.n_head);
+  if (c.has("head_dim"))
+    BRIGADE_CHECK(c.get<int64_t>("head_dim") == l.hidden_size / l.n_head, ConfigError,
+                  "{}: head_dim = {} is not supported: this LLaMA's head size is hidden_size / num_attention_heads "
+                  "= {}",
+                  c.path, c.get<int64_t>("head_dim"), l.hidden_size / l.n_head);
+  BRIGADE_CHECK(!c.has("rope_scaling"), ConfigError,
+                "{}: rope_scaling = {} is not supported yet (plain RoPE only); remove it only if the model was "
+                "trained without it",
+                c.path, c.has("rope_scaling") ? c.j.at("rope_scaling").dump() : "");
+  c.require<bool>("tie_word_embeddings", false, "this LLaMA has an untied lm_head");
+  c.require<bool>("attention_bias", false, "this LLaMA's projections have no biases");
+  c.require<bool>("mlp_bias", false, "this LLaMA's MLP has no biases");
+  c.require<std::string>("hidden_act", "silu", "this LLaMA's MLP is SwiGLU (silu)");
+  c.require<int64_t>("pretraining_tp", 1, "a pretraining_tp > 1 splits the MLP differently");
+  return std::make_unique<LLaMA>(l);
+}
+
+// The file's key as this engine's parameter name ("" for a key to skip, with `why`).
+std::string engine_name(const std::string& type, const std::string& key, std::string& why) {
+  static const std::regex gpt2_buffer(R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias))");
+  static const std::regex llama_buffer(R"((model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
+  if (type == "gpt2") {
+    if (std::regex_match(key, gpt2_buffer)) return why = "a causal-mask buffer", "";
+    if (key == "lm_head.weight") return why = "the head, tied to wte", "";
+    return key.rfind("transformer.", 0) == 0 ? key : "transformer." + key;
+  }
+  if (std::regex_match(key, llama_buffer)) return why = "a rotary buffer", "";
+  if (key == "lm_head.weight" || key.rfind("model.", 0) == 0) return key;
+  return "model." + key;
+}
+
+}  // namespace
+
+HfModel load_hf_directory(const std::string& dir) {
+  const fs::path root(dir);
+  const fs::path cfg_path = root / "config.json";
+  BRIGADE_CHECK(fs::is_regular_file(cfg_path), CheckpointError,
+                "{}: no config.json; a Hugging Face model directory holds config.json and model.safetensors (or "
+                "its shards and model.safetensors.index.json)",
+                dir);
+  Config c;
+  c.path = cfg_path.string();
+  {
+    std::ifstream f(cfg_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    c.j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    BRIGADE_CHECK(!c.j.is_discarded() && c.j.is_object(), CheckpointError, "{}: not a JSON object", c.path);
+  }
+  HfModel out;
+  out.model_type = c.get<std::string>("model_type");
+  if (out.model_type == "gpt2")
+    out.model = gpt2_from(c);
+  else if (out.model_type == "llama")
+    out.model = llama_from(c);
+  else
+    throw ConfigError(fmt::format("{}: model_type \"{}\" is not supported; supported: \"gpt2\" (GPT2LMHeadModel), "
+                                  "\"llama\" (LlamaForCausalLM)",
+                                  c.path, out.model_type));
+
+  // The weight files: one, or the shards of the index.
+  std::vector<fs::path> files;
+  const fs::path single = root / "model.safetensors", index = root / "model.safetensors.index.json";
+  if (fs::is_regular_file(single)) {
+    files.push_back(single);
+  } else {
+    BRIGADE_CHECK(fs::is_regular_file(index), CheckpointError,
+                  "{}: neither model.safetensors nor model.safetensors.index.json", dir);
+    std::ifstream f(index);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const json ij = json::parse(ss.str(), nullptr, false);
+    BRIGADE_CHECK(!ij.is_discarded() && ij.contains("weight_map") && ij.at("weight_map").is_object(),
+                  CheckpointError, "{}: no \"weight_map\" object", index.string());
+    std::set<std::string> names;
+    for (auto& [key, file] : ij.at("weight_map").items()) names.insert(file.get<std::string>());
+    for (const std::string& n : names) {
+      BRIGADE_CHECK(fs::is_regular_file(root / n), CheckpointError, "{}: lists shard {}, which is missing from {}",
+                    index.string(), n, dir);
+      files.push_back(root / n);
+    }
+  }
+
+  std::map<std::string, Tensor> params;
+  for (auto& [name, p] : out.model->named_parameters()) params.emplace(name, p);
+  std::set<std::string> loaded;
+  for (const fs::path& file : files) {
+    ckpt::SafetensorsReader r(file.string());
+    for (const std::string& key : r.names()) {
+      std::string why;
+      const std::string name = engine_name(out.model_type, key, why);
+      if (name.empty()) {
+        out.skipped.push_back(key + " (" + why + ")");
+        continue;
+      }
+      auto it = params.find(name);
+      BRIGADE_CHECK(it != params.end(), CheckpointError,
+                    "{}: tensor \"{}\" is not a parameter of this {} model (config.json's sizes may not match "
+                    "the weights)",
+                    file.string(), key, out.model_type);
+      BRIGADE_CHECK(!loaded.count(name), CheckpointError, "{}: \"{}\" appears twice in the weight files", dir, name);
+      const ckpt::TensorInfo& info = r.info(key);
+      BRIGADE_CHECK(info.shape == it->second.shape(), CheckpointError,
+                    "{}: \"{}\" has shape {}, this model's {} is {}", file.string(), key, shape_str(info.shape), name,
+                    shape_str(it->second.shape()));
+      BRIGADE_CHECK(info.dtype_name == "F32" || info.dtype_name == "BF16" || info.dtype_name == "F16",
+                    CheckpointError, "{}: \"{}\" is {}; weights load from F32, BF16 or F16", file.string(), key,
+                    info.dtype_name);
+      it->second.copy_(r.get(key));  // to the fp32 parameter; the read tensor is dropped here
+      loaded.insert(name);
+    }
+  }
+  for (auto& [name, p] : params)
+    BRIGADE_CHECK(loaded.count(name), CheckpointError, "{}: no weight for \"{}\" in {}", dir, name,
+                  files.size() == 1 ? files[0].filename().string() : "any shard");
+  return out;
+}
+
+void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype) {
+  BRIGADE_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, ValueError,
+                "save_hf_directory: dtype {} is not a weight dtype; use F32, BF16 or F16", dtype_name(dtype));
+  const char* torch_dtype = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
+  nlohmann::ordered_json j;
+  if (const auto* g = dynamic_cast<const GPT*>(&model)) {
+    const GPTConfig& c = g->config();
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["activation_function"] = "gelu_new";
+    j["attn_pdrop"] = c.dropout;
+    j["embd_pdrop"] = c.dropout;
+    j["resid_pdrop"] = c.dropout;
+    j["initializer_range"] = c.init_std;
+    j["layer_norm_epsilon"] = c.layer_norm_eps;
+    j["n_ctx"] = c.block_size;
+    j["n_embd"] = c.n_embd;
+    j["n_head"] = c.n_head;
+    j["n_inner"] = nullptr;
+    j["n_layer"] = c.n_layer;
+    j["n_positions"] = c.block_size;
+    j["tie_word_embeddings"] = true;
+    j["torch_dtype"] = torch_dtype;
+    j["vocab_size"] = c.vocab_size;
+  } else if (const auto* l = dynamic_cast<const LLaMA*>(&model)) {
+    const LLaMAConfig& c = l->config();
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["attention_bias"] = false;
+    j["head_dim"] = c.hidden_size / c.n_head;
+    j["hidden_act"] = "silu";
+    j["hidden_size"] = c.hidden_size;
+    j["initializer_range"] = c.init_std;
+    j["intermediate_size"] = c.intermediate_size;
+    j["max_position_embeddings"] = c.max_position;
+    j["mlp_bias"] = false;
+    j["num_attention_heads"] = c.n_head;
+    j["num_hidden_layers"] = c.n_layer;
+    j["num_key_value_heads"] = c.n_kv_head;
+    j["rms_norm_eps"] = c.rms_norm_eps;
+    j["rope_scaling"] = nullptr;
+    j["rope_theta"] = c.rope_theta;
+    j["tie_word_embeddings"] = false;
+    j["torch_dtype"] = torch_dtype;
+    j["vocab_size"] = c.vocab_size;
+  } else {
+    throw ValueError(fmt::format("save_hf_directory: a {} model has no Hugging Face layout here; GPT-2 and LLaMA "
+                                 "do",
+                                 model.arch()));
+  }
+  ckpt::NamedTensors weights;
+  for (auto& [name, p] : model.named_parameters()) {
+    BRIGADE_CHECK(name.find(".lora_") == std::string::npos, ValueError,
+                  "save_hf_directory: the model has LoRA adapters ({}); merge them into the base first "
+                  "(nn::merge_lora) or save them with ckpt::save_peft_adapter",
+                  name);
+    weights.emplace_back(name, dtype == DType::F32 ? p : p.to(dtype));
+  }
+  const std::string tmp = ckpt::begin_checkpoint(dir);
+  ckpt::save_safetensors((fs::path(tmp) / "model.safetensors").string(), weights, {{"format", "pt"}});
+  {
+    std::ofstream f(fs::path(tmp) / "config.json");
+    f << j.dump(2) << '\n';
+    BRIGADE_CHECK(f.good(), IoError, "cannot write {}/config.json", tmp);
+  }
+  ckpt::commit_checkpoint(dir);
+}
+
+}  // namespace brigade::models

@@ -1,0 +1,41 @@
+// Hugging Face model directories in: config.json + model.safetensors (or shards listed in
+// model.safetensors.index.json), as transformers saves GPT2LMHeadModel and LlamaForCausalLM.
+//
+// - config.json is read with HF's field names (GPT2Config: n_embd, n_layer, n_head,
+//   n_positions, n_inner, activation_function, layer_norm_epsilon, tie_word_embeddings, the
+//   *_pdrop; LlamaConfig: hidden_size, intermediate_size, num_hidden_layers,
+//   num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
+//   rope_scaling, tie_word_embeddings, attention_bias, mlp_bias, hidden_act). A value this
+//   engine's model cannot represent (a rope_scaling, biases, another activation, a tied
+//   LLaMA head, ...) is refused by name: nothing is silently dropped.
+// - Weights may be F32, BF16 or F16 (converted to the fp32 parameters), with or without the
+//   base-model prefix ("transformer." / "model."). Known buffers (GPT-2's attn.bias /
+//   attn.masked_bias, LLaMA's rotary inv_freq) and a tied GPT-2 lm_head.weight are skipped;
+//   any other unexpected key, a missing one, a wrong shape or a missing shard is a
+//   CheckpointError naming the key or file. Tensors are read one at a time into the model's
+//   parameters, so a sharded model is never held twice.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "brigade/models/causal_lm.h"
+
+namespace brigade::models {
+
+struct HfModel {
+  std::unique_ptr<CausalLM> model;
+  std::string model_type;            // "gpt2" or "llama"
+  std::vector<std::string> skipped;  // file keys skipped as known buffers or the tied head
+};
+
+HfModel load_hf_directory(const std::string& dir);
+
+// Writes `model` (a GPT or a LLaMA) as a Hugging Face directory that load_hf_directory and
+// transformers read: config.json with HF's field names and model.safetensors with HF's keys
+// (GPT-2's head tied, so no lm_head.weight), in F32 or, with dtype = BF16 / F16, rounded to
+// it. The directory is replaced atomically (as a checkpoint is). A model with LoRA adapters
+// is refused: merge them first (nn::merge_lora) or save them with ckpt::save_peft_adapter.
+void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype = DType::F32);
+
+}  // namespace brigade::models
