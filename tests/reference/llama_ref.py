@@ -143,6 +143,18 @@ class LLaMA(nn.Module):
         return logits, loss
 
 
+def init_test_weights(model, seed):
+    """The fixtures' weights: torch.manual_seed(seed), then in named_parameters() order 1-d
+    1 + normal_(0, 0.1), embed_tokens normal_(0, 0.5), other 2-d normal_(0, 0.08)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1.0 + torch.empty_like(p).normal_(0.0, 0.1))
+            else:
+                p.normal_(0.0, 0.5 if n == "model.embed_tokens.weight" else 0.08)
+
+
 def fail(msg):
     print(f"llama_ref: {msg}", file=sys.stderr)
     sys.exit(2)

@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st_io  # noqa: E402
 from gpt2_ref import GPT2  # noqa: E402
-from llama_ref import LLaMA  # noqa: E402
+from llama_ref import LLaMA, init_test_weights  # noqa: E402
 
 MAGIC = {"magic": "brigade-fixture", "version": "1"}
 
@@ -90,14 +90,8 @@ def gpt2(out):
 def llama(out):
     cfg = dict(vocab_size=97, hidden_size=48, intermediate_size=128, n_layer=2, n_head=6, n_kv_head=2,
                max_position=32, rms_norm_eps=1e-6, rope_theta=10000.0)
-    torch.manual_seed(4321)
     m = LLaMA(cfg)
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + torch.empty_like(p).normal_(0.0, 0.1))
-            else:
-                p.normal_(0.0, 0.5 if n == "model.embed_tokens.weight" else 0.08)
+    init_test_weights(m, 4321)
     ids = ids_for(cfg["vocab_size"], 2, 12, 6)
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
               "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 8, "hidden_act": "silu",

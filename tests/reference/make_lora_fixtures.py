@@ -26,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import st_io  # noqa: E402
 from gpt2_ref import GPT2, Conv1D  # noqa: E402
-from llama_ref import LLaMA  # noqa: E402
+from llama_ref import LLaMA, init_test_weights  # noqa: E402
 
 MAGIC = {"magic": "brigade-fixture", "version": "1"}
 LORA = dict(r=4, alpha=8.0, lora_seed=99)
@@ -144,14 +144,8 @@ def main():
 
     lcfg = dict(vocab_size=97, hidden_size=48, intermediate_size=128, n_layer=2, n_head=6, n_kv_head=2,
                 max_position=32, rms_norm_eps=1e-6, rope_theta=10000.0)
-    torch.manual_seed(1234)
     llama = LLaMA(lcfg)
-    with torch.no_grad():
-        for n, p in llama.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + torch.empty_like(p).normal_(0.0, 0.1))
-            else:
-                p.normal_(0.0, 0.5 if n == "model.embed_tokens.weight" else 0.08)
+    init_test_weights(llama, 1234)
     lbase = [(n, p.detach().clone()) for n, p in llama.named_parameters()]
     ids, tgt = batch(lcfg["vocab_size"], 2, 12, 7)
     write(os.path.join(args.out, "lora_llama.safetensors"), "lora_llama", lcfg, lbase, ["q_proj", "v_proj"], llama,
