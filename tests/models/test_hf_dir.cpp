@@ -32,6 +32,10 @@ TEST_P(HfDir, LoadsAndGivesTheReferenceLogits) {
   EXPECT_EQ(m.model_type, std::string(GetParam()).substr(0, 4) == "gpt2" ? "gpt2" : "llama");
   if (m.model_type == "gpt2") {
     EXPECT_EQ(m.skipped.size(), 4u);  // h.<i>.attn.bias and h.<i>.attn.masked_bias, 2 layers
+    ASSERT_EQ(m.notes.size(), 1u);   // the fixture's attn_pdrop = 0.1, said, not applied
+    EXPECT_NE(m.notes[0].find("attn_pdrop = 0.1 is not applied"), std::string::npos) << m.notes[0];
+  } else {
+    EXPECT_TRUE(m.notes.empty());
   }
   m.model->train(false);
   ckpt::SafetensorsReader want((dir / "expected.safetensors").string());
@@ -47,6 +51,7 @@ TEST_P(HfDir, SavedBackItLoadsBitwiseHereAndIntoThePyTorchReference) {
   models::save_hf_directory(*m.model, out.string());
   models::HfModel back = models::load_hf_directory(out.string());
   EXPECT_TRUE(back.skipped.empty());  // no buffers and no tied head written
+  EXPECT_TRUE(back.notes.empty());    // attn_pdrop written as 0, what the model does
   m.model->train(false);
   back.model->train(false);
   ckpt::SafetensorsReader want((src / "expected.safetensors").string());
@@ -128,6 +133,28 @@ TEST_F(HfDirErrors, AnUnexpectedKeyIsNamed) {
   const fs::path d = copy("llama");
   edit_weights(d, [](ckpt::NamedTensors& t) { t.emplace_back("model.layers.0.self_attn.q_proj.bias", Tensor::zeros({48})); });
   expect_error(d, "tensor \"model.layers.0.self_attn.q_proj.bias\" is not a parameter");
+}
+
+TEST_F(HfDirErrors, AnUntiedGpt2HeadIsRefusedAndATiedOneLoads) {
+  const fs::path d = copy("gpt2");
+  Tensor wte;
+  edit_weights(d, [&](ckpt::NamedTensors& t) {
+    for (auto& [n, v] : t)
+      if (n == "wte.weight") wte = v;
+    t.emplace_back("lm_head.weight", wte.clone());  // tied: equal to wte
+  });
+  EXPECT_EQ(models::load_hf_directory(d.string()).skipped.size(), 5u);
+  edit_weights(d, [&](ckpt::NamedTensors& t) {
+    for (auto& [n, v] : t)
+      if (n == "lm_head.weight") v = Tensor::zeros(wte.shape());
+  });
+  expect_error(d, "lm_head.weight differs from wte.weight");
+}
+
+TEST_F(HfDirErrors, UnequalGpt2DropoutsAreRefused) {
+  const fs::path d = copy("gpt2");
+  edit_config(d, [](nlohmann::json& j) { j["embd_pdrop"] = 0.0; });
+  expect_error(d, "embd_pdrop = 0 and resid_pdrop = 0.1");
 }
 
 TEST_F(HfDirErrors, AnUnknownModelTypeOrAnUnsupportedFieldIsRefusedByName) {

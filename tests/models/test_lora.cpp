@@ -18,10 +18,12 @@
 #include "brigade/ckpt/peft.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
+#include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 #include "brigade/nn/lora.h"
 #include "brigade/optim/optimizer.h"
+#include "brigade/parallel/tensor_parallel.h"
 #include "support/fixture_configs.h"
 #include "support/parity.h"
 #include "support/test_support.h"
@@ -183,6 +185,14 @@ TEST(LoraOptions, BadOptionsAreClearErrors) {
   o.dropout = 0;
   EXPECT_EQ(nn::apply_lora(m, o, g), std::vector<std::string>{"transformer.h.0.attn.c_attn"});
   EXPECT_THROW(nn::apply_lora(m, o, g), ConfigError);  // already adapted
+  // Tensor parallelism would shard the base under an unsharded adapter: refused before any change.
+  try {
+    parallel::apply_tensor_parallel(m, models::GPT::tp_plan(), dist::ProcessGroup::world());
+    FAIL() << "tensor parallelism accepted an adapted layer";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("transformer.h.0.attn.c_attn carries a LoRA adapter"), std::string::npos)
+        << e.what();
+  }
 }
 
 

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 bool is_lora_name(const std::string& n) {
-  return n.size() > 15 && (n.ends_with(".lora_A.weight") || n.ends_with(".lora_B.weight"));
+  return n.ends_with(".lora_A.weight") || n.ends_with(".lora_B.weight");
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ std::vector<std::pair<std::string, Linear*>> linears(const Module& root) {
   std::vector<std::pair<std::string, Linear*>> out;
   for (auto& [name, m] : root.named_modules()) {
     auto* l = dynamic_cast<Linear*>(m);
-    const bool own = name.size() > 7 && (name.ends_with(".lora_A") || name.ends_with(".lora_B"));
+    const bool own = name.ends_with(".lora_A") || name.ends_with(".lora_B");
     if (l && !own) out.emplace_back(name, l);
   }
   return out;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "brigade/amp/policy.h"
@@ -263,6 +264,11 @@ const char* check_unsharded(nn::Module* m, const std::string& path, const char* 
                 "apply_tensor_parallel: {} is already sharded (a plan was applied before); build a fresh model to "
                 "shard it again",
                 path);
+  if constexpr (std::is_same_v<L, nn::Linear>)
+    BRIGADE_CHECK(!l->lora, ConfigError,
+                  "apply_tensor_parallel: {} carries a LoRA adapter; LoRA under tensor parallelism is not supported "
+                  "(merge the adapters first, or train without parallel.tp)",
+                  path);
   return nullptr;
 }
 

@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include "brigade/ckpt/checkpoint_dir.h"
 #include "brigade/ckpt/safetensors.h"
@@ -48,7 +47,7 @@ struct Config {
   }
 };
 
-std::unique_ptr<CausalLM> gpt2_from(const Config& c) {
+std::unique_ptr<CausalLM> gpt2_from(const Config& c, std::vector<std::string>& notes) {
   GPTConfig g;
   g.vocab_size = c.get<int64_t>("vocab_size");
   g.block_size = c.get<int64_t>("n_positions");
@@ -62,15 +61,22 @@ std::unique_ptr<CausalLM> gpt2_from(const Config& c) {
                   c.get<int64_t>("n_inner"), 4 * g.n_embd);
   c.require<std::string>("activation_function", "gelu_new", "this GPT-2 uses the tanh GELU (\"gelu_new\")");
   c.require<bool>("tie_word_embeddings", true, "this GPT-2 ties its head to wte");
+  c.require<bool>("scale_attn_weights", true, "attention is scaled by 1/sqrt(head size)");
   c.require<bool>("scale_attn_by_inverse_layer_idx", false, "attention is scaled by 1/sqrt(head size) only");
   c.require<bool>("reorder_and_upcast_attn", false, "not implemented");
+  // This GPT-2 drops out the embeddings and each residual branch with one probability, and has no
+  // dropout on the attention probabilities.
   const double attn = c.get_or<double>("attn_pdrop", 0.1), embd = c.get_or<double>("embd_pdrop", 0.1),
                resid = c.get_or<double>("resid_pdrop", 0.1);
-  BRIGADE_CHECK(attn == embd && embd == resid, ConfigError,
-                "{}: attn_pdrop = {}, embd_pdrop = {}, resid_pdrop = {}: this GPT-2 has one dropout probability; "
-                "set the three equal",
-                c.path, attn, embd, resid);
+  BRIGADE_CHECK(embd == resid, ConfigError,
+                "{}: embd_pdrop = {} and resid_pdrop = {}: this GPT-2 has one dropout probability for both; set "
+                "them equal",
+                c.path, embd, resid);
   g.dropout = resid;
+  if (attn > 0)
+    notes.push_back(fmt::format("attn_pdrop = {} is not applied: this GPT-2 has no dropout on the attention "
+                                "probabilities (embd_pdrop and resid_pdrop = {} are)",
+                                attn, resid));
   return std::make_unique<GPT>(g);
 }
 
@@ -101,6 +107,7 @@ std::unique_ptr<CausalLM> llama_from(const Config& c) {
   c.require<bool>("mlp_bias", false, "this LLaMA's MLP has no biases");
   c.require<std::string>("hidden_act", "silu", "this LLaMA's MLP is SwiGLU (silu)");
   c.require<int64_t>("pretraining_tp", 1, "a pretraining_tp > 1 splits the MLP differently");
+  c.require<double>("attention_dropout", 0.0, "this LLaMA has no dropout");
   return std::make_unique<LLaMA>(l);
 }
 
@@ -110,7 +117,7 @@ std::string engine_name(const std::string& type, const std::string& key, std::st
   static const std::regex llama_buffer(R"((model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
   if (type == "gpt2") {
     if (std::regex_match(key, gpt2_buffer)) return why = "a causal-mask buffer", "";
-    if (key == "lm_head.weight") return why = "the head, tied to wte", "";
+    if (key == "lm_head.weight") return why = "the head, tied to wte (checked equal)", "";
     return key.rfind("transformer.", 0) == 0 ? key : "transformer." + key;
   }
   if (std::regex_match(key, llama_buffer)) return why = "a rotary buffer", "";
@@ -129,17 +136,12 @@ HfModel load_hf_directory(const std::string& dir) {
                 dir);
   Config c;
   c.path = cfg_path.string();
-  {
-    std::ifstream f(cfg_path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    c.j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-    BRIGADE_CHECK(!c.j.is_discarded() && c.j.is_object(), CheckpointError, "{}: not a JSON object", c.path);
-  }
+  c.j = json::parse(ckpt::read_checkpoint_file(cfg_path), nullptr, /*allow_exceptions=*/false);
+  BRIGADE_CHECK(!c.j.is_discarded() && c.j.is_object(), CheckpointError, "{}: not a JSON object", c.path);
   HfModel out;
   out.model_type = c.get<std::string>("model_type");
   if (out.model_type == "gpt2")
-    out.model = gpt2_from(c);
+    out.model = gpt2_from(c, out.notes);
   else if (out.model_type == "llama")
     out.model = llama_from(c);
   else
@@ -155,10 +157,7 @@ HfModel load_hf_directory(const std::string& dir) {
   } else {
     BRIGADE_CHECK(fs::is_regular_file(index), CheckpointError,
                   "{}: neither model.safetensors nor model.safetensors.index.json", dir);
-    std::ifstream f(index);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const json ij = json::parse(ss.str(), nullptr, false);
+    const json ij = json::parse(ckpt::read_checkpoint_file(index), nullptr, /*allow_exceptions=*/false);
     BRIGADE_CHECK(!ij.is_discarded() && ij.contains("weight_map") && ij.at("weight_map").is_object(),
                   CheckpointError, "{}: no \"weight_map\" object", index.string());
     std::set<std::string> names;
@@ -173,6 +172,7 @@ HfModel load_hf_directory(const std::string& dir) {
   std::map<std::string, Tensor> params;
   for (auto& [name, p] : out.model->named_parameters()) params.emplace(name, p);
   std::set<std::string> loaded;
+  std::pair<fs::path, std::string> tied_head;  // a GPT-2 lm_head.weight in the files: it must be wte
   for (const fs::path& file : files) {
     ckpt::SafetensorsReader r(file.string());
     for (const std::string& key : r.names()) {
@@ -180,6 +180,7 @@ HfModel load_hf_directory(const std::string& dir) {
       const std::string name = engine_name(out.model_type, key, why);
       if (name.empty()) {
         out.skipped.push_back(key + " (" + why + ")");
+        if (key == "lm_head.weight") tied_head = {file, key};
         continue;
       }
       auto it = params.find(name);
@@ -202,6 +203,14 @@ HfModel load_hf_directory(const std::string& dir) {
   for (auto& [name, p] : params)
     BRIGADE_CHECK(loaded.count(name), CheckpointError, "{}: no weight for \"{}\" in {}", dir, name,
                   files.size() == 1 ? files[0].filename().string() : "any shard");
+  if (!tied_head.second.empty()) {
+    const Tensor head = ckpt::SafetensorsReader(tied_head.first.string()).get(tied_head.second).to(DType::F32);
+    const Tensor& wte = params.at("transformer.wte.weight");
+    BRIGADE_CHECK(head.shape() == wte.shape() && head.to_vector() == wte.to_vector(), CheckpointError,
+                  "{}: lm_head.weight differs from wte.weight, but GPT-2 ties its head to the token embedding; "
+                  "this checkpoint's untied head cannot load",
+                  tied_head.first.string());
+  }
   return out;
 }
 
@@ -215,7 +224,7 @@ void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtyp
     j["architectures"] = {"GPT2LMHeadModel"};
     j["model_type"] = "gpt2";
     j["activation_function"] = "gelu_new";
-    j["attn_pdrop"] = c.dropout;
+    j["attn_pdrop"] = 0.0;  // no dropout on the attention probabilities here
     j["embd_pdrop"] = c.dropout;
     j["resid_pdrop"] = c.dropout;
     j["initializer_range"] = c.init_std;

@@ -10,7 +10,8 @@
 //   LLaMA head, ...) is refused by name: nothing is silently dropped.
 // - Weights may be F32, BF16 or F16 (converted to the fp32 parameters), with or without the
 //   base-model prefix ("transformer." / "model."). Known buffers (GPT-2's attn.bias /
-//   attn.masked_bias, LLaMA's rotary inv_freq) and a tied GPT-2 lm_head.weight are skipped;
+//   attn.masked_bias, LLaMA's rotary inv_freq) and a GPT-2 lm_head.weight equal to wte (tied)
+//   are skipped;
 //   any other unexpected key, a missing one, a wrong shape or a missing shard is a
 //   CheckpointError naming the key or file. Tensors are read one at a time into the model's
 //   parameters, so a sharded model is never held twice.
@@ -27,6 +28,9 @@ struct HfModel {
   std::unique_ptr<CausalLM> model;
   std::string model_type;            // "gpt2" or "llama"
   std::vector<std::string> skipped;  // file keys skipped as known buffers or the tied head
+  // Settings read but not applied, each with why (GPT-2's attn_pdrop: this GPT-2 has no dropout
+  // on the attention probabilities). Training settings only: the forward is the checkpoint's.
+  std::vector<std::string> notes;
 };
 
 HfModel load_hf_directory(const std::string& dir);
