@@ -196,6 +196,11 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   r.precision.loss_scale = "adaptive";
   r.precision.hysteresis = 3;
   r.precision.init_scale = 1024;
+  r.finetune.method = "lora";
+  r.lora.r = 16;
+  r.lora.alpha = 32.0;
+  r.lora.target_modules = "c_attn,c_proj";
+  r.lora.rslora = true;
   const std::string text = recipe_to_toml(r);
   for (const auto& key : recipe_keys()) {
     std::string k = key.substr(key.find('.') + 1);
@@ -209,8 +214,9 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   Recipe d;
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
   // 86 + model.{depths,window_size,mlp_ratio} (swin), model.{text_layers,text_heads,text_width,projection_dim}
-  // (clip), data.mlm_probability (bert), parallel.sync_batchnorm
-  EXPECT_EQ(recipe_keys().size(), 95u);
+  // (clip), data.mlm_probability (bert), parallel.sync_batchnorm, model.init_from, finetune.method,
+  // lora.{r,alpha,dropout,target_modules,rslora}
+  EXPECT_EQ(recipe_keys().size(), 102u);
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// `brigade`: the command-line front-end. Subcommands: prepare, train, generate, eval, ablate, bench.
+// `brigade`: the command-line front-end. Subcommands: prepare, train, generate, eval, export, ablate, bench.
 // Every error ends in one line "brigade: error: ..." on stderr and a non-zero exit.
 #include <omp.h>
 #include <unistd.h>
@@ -17,6 +17,7 @@
 #include "brigade/cli/bench.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
+#include "brigade/train/finetune.h"
 #include "brigade/train/generate.h"
 #include "brigade/train/memory_plan.h"
 #include "brigade/train/registry.h"
@@ -74,11 +75,13 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
                 "--ckpt {}: a model.type = \"{}\" checkpoint does not generate text; `brigade generate` samples from "
                 "{}; evaluate this one with `brigade eval --ckpt {}`",
                 ckpt, r.model.type, train::model_types_with(&train::Capabilities::sample), ckpt);
-  const std::unique_ptr<models::CausalLM> model = train::make_causal_lm(r.model);
-  train::load_model_weights((fs::path(dir) / "model.safetensors").string(), *model);
-  model->train(false);
+  // The model as the run built it (a LoRA run's adapters included), then the checkpoint's weights.
+  const std::unique_ptr<train::Task> task = train::make_task(r, /*init_weights=*/false);
+  train::load_state((fs::path(dir) / "model.safetensors").string(), task->state_dict());
+  auto& model = dynamic_cast<models::CausalLM&>(task->model());
+  model.train(false);
   data::Tokenizer tok = data::Tokenizer::load((fs::path(dir) / "tokenizer.model").string());
-  fmt::print("{}\n", train::generate_text(*model, tok, prompt, so));
+  fmt::print("{}\n", train::generate_text(model, tok, prompt, so));
   return 0;
 }
 
@@ -166,6 +169,16 @@ int run(int argc, char** argv) {
   ev->add_flag("--json", json, "Print the evaluation's metrics.jsonl fields as one JSON line");
 
   cli::AblateOptions aopts;
+  std::string export_out, export_dtype = "f32";
+  bool export_adapter = false;
+  auto* ex = app.add_subcommand("export", "Write a gpt or llama checkpoint as a Hugging Face model directory "
+                                          "(LoRA adapters merged), or a LoRA run's adapters as PEFT files");
+  ex->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/gpt-kjv/checkpoint)")->required();
+  ex->add_option("--out", export_out, "Output directory (replaced atomically)")->required();
+  ex->add_option("--dtype", export_dtype, "Weight dtype: f32, bf16 or f16")->capture_default_str();
+  ex->add_flag("--adapter", export_adapter, "Only the LoRA adapters, as PEFT's adapter_model.safetensors + "
+                                            "adapter_config.json");
+
   auto* abl = app.add_subcommand("ablate", "Run a recipe under each combination of --vary values and compare "
                                            "tokens/s, peak memory and loss (table + loss-curve plot)");
   abl->add_option("recipe", recipe, "Recipe TOML file")->required();
@@ -209,6 +222,12 @@ int run(int argc, char** argv) {
     }
     if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
     if (ev->parsed()) return finish(cmd_eval(ckpt, threads, json), "");
+    if (ex->parsed()) {
+      const DType dt = dtype_from_name(export_dtype);
+      BRIGADE_CHECK(is_floating(dt), ConfigError, "--dtype {}: weights are f32, bf16 or f16", export_dtype);
+      fmt::print("{}\n", train::export_checkpoint(ckpt, export_out, dt, export_adapter));
+      return finish(0, "");
+    }
     if (bench->parsed()) {
       const train::Recipe r = train::load_recipe(recipe, sets);
       fmt::print("{}\n", cli::bench_json(r, cli::run_bench(r, bopts)));

@@ -56,7 +56,19 @@ TokenizerTrainOptions tokenizer_options(const PrepareOptions& o) {
   return t;
 }
 
-json tokenizer_train_json(const TokenizerTrainOptions& t) {
+// What makes the tokenizer: the training settings, or the given model file's content (size and
+// hash: another tokenizer prepares again; a copy of the same one elsewhere does not).
+json tokenizer_train_json(const TokenizerTrainOptions& t, const std::string& given = "") {
+  if (!given.empty()) {
+    std::ifstream in(given, std::ios::binary);
+    BRIGADE_CHECK(in.good(), DataError, "prepare: cannot read the tokenizer {}; check the path", given);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    const std::string bytes = ss.str();
+    return {{"algorithm", "given"},
+            {"bytes", int64_t(bytes.size())},
+            {"fnv1a64", fnv1a64_hex(bytes)}};
+  }
   return {{"algorithm", "sentencepiece-bpe"},
           {"vocab_size", t.vocab_size},
           {"max_sentence_length", t.max_sentence_length},
@@ -208,7 +220,7 @@ bool up_to_date(const fs::path& dir, const PrepareOptions& o, const std::string&
     if (m.value("format", 0) != kPrepareFormat || m.value("corpus", "") != o.corpus ||
         m.value("corpus_fnv1a64", "") != hash || m.value("corpus_bytes", int64_t(-1)) != bytes ||
         m.value("vocab_size", int64_t(-1)) != o.vocab_size || m.value("val_fraction", -1.0) != o.val_fraction ||
-        m.value("tokenizer_train", json()) != tokenizer_train_json(tokenizer_options(o)))
+        m.value("tokenizer_train", json()) != tokenizer_train_json(tokenizer_options(o), o.tokenizer))
       return false;
     if (!fs::is_regular_file(dir / kTokenizerFile)) return false;
     TokenDataset train((dir / kTrainFile).string(), /*verify_tokens=*/false);
@@ -280,12 +292,22 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
                 ec.message());
   fs::remove(dir / kMetaFile, ec);  // the folder is "unfinished" until meta.json is back
 
-  report("tokenizer", fmt::format("training a {}-token BPE tokenizer", o.vocab_size), 0.1);
   const TokenizerTrainOptions topt = tokenizer_options(o);
-  Tokenizer tok = Tokenizer::train(corpus.text, topt);
+  Tokenizer tok;
+  if (!o.tokenizer.empty()) {
+    report("tokenizer", fmt::format("encoding with the given tokenizer {}", o.tokenizer), 0.1);
+    tok = Tokenizer::load(o.tokenizer);
+    BRIGADE_CHECK(tok.vocab_size() == o.vocab_size, DataError,
+                  "prepare: the tokenizer {} has {} tokens but the model's vocabulary is {}; use the model's own "
+                  "tokenizer",
+                  o.tokenizer, tok.vocab_size(), o.vocab_size);
+  } else {
+    report("tokenizer", fmt::format("training a {}-token BPE tokenizer", o.vocab_size), 0.1);
+    tok = Tokenizer::train(corpus.text, topt);
+    report("tokenizer", fmt::format("tokenizer trained in {:.1f}s", elapsed()), 0.5);
+  }
   tok.save((dir / kTokenizerFile).string());
   r.vocab_size = tok.vocab_size();
-  report("tokenizer", fmt::format("tokenizer trained in {:.1f}s", elapsed()), 0.5);
 
   report("encode", "encoding the corpus", 0.5);
   std::vector<int32_t> ids = encode_corpus(tok, corpus.text);
@@ -324,7 +346,7 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
       {"token_bytes", token_bytes_for_vocab(r.vocab_size)},
       {"tokenizer", {{"type", "sentencepiece-bpe"}, {"file", kTokenizerFile}, {"unk_id", Tokenizer::kUnkId},
                      {"bos_id", Tokenizer::kBosId}, {"eos_id", Tokenizer::kEosId}, {"newline", "eos"}}},
-      {"tokenizer_train", tokenizer_train_json(topt)},
+      {"tokenizer_train", tokenizer_train_json(topt, o.tokenizer)},
       {"split", "val = contiguous tail from a line start"},
       {"created_utc", now_iso8601()},
       {"seconds", r.seconds},
@@ -444,9 +466,9 @@ PreparedStatus check_prepared(const PrepareOptions& o) {
     if (then_val != o.val_fraction)
       return {State::kStale, fmt::format("{} was prepared with val_fraction {}, the recipe asks for {}", dir_s,
                                          then_val, o.val_fraction)};
-    const json then_tok = m.at("tokenizer_train"), now_tok = tokenizer_train_json(tokenizer_options(o));
+    const json then_tok = m.at("tokenizer_train"), now_tok = tokenizer_train_json(tokenizer_options(o), o.tokenizer);
     if (then_tok != now_tok)
-      return {State::kStale, fmt::format("{}'s tokenizer was trained with {}, this build trains it with {}", dir_s,
+      return {State::kStale, fmt::format("{}'s tokenizer was made with {}, the recipe asks for {}", dir_s,
                                          then_tok.dump(), now_tok.dump())};
     for (const char* f : {kTokenizerFile, kTrainFile, kValFile})
       if (!fs::is_regular_file(dir / f, ec))

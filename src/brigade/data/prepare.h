@@ -1,4 +1,4 @@
-// prepare(): corpus -> SentencePiece BPE tokenizer -> token ids -> train/val files.
+// prepare(): corpus -> SentencePiece BPE tokenizer (trained, or given) -> token ids -> train/val files.
 // Writes into out_dir: tokenizer.model, train.bin, val.bin (token_file.h) and
 // meta.json (corpus, vocab, token counts, FNV-1a hash and size of the corpus text,
 // the tokenizer's training settings, the corpus source's files with size, mtime,
@@ -32,6 +32,10 @@ struct PrepareOptions {
   std::string out_dir = "data/kjv";
   int64_t vocab_size = 4096;
   double val_fraction = 0.05;   // in [0, 1); 0 gives an empty val.bin
+  // A SentencePiece model to encode with instead of training one (a pretrained model's own
+  // tokenizer, when fine-tuning); its vocabulary must be vocab_size. It is copied into out_dir,
+  // and meta.json records its size and hash, so another tokenizer prepares again.
+  std::string tokenizer = "";
   bool force = false;           // rebuild even when out_dir is up to date
 };
 

@@ -83,7 +83,7 @@ bool checkpoint_exists(const std::string& dir) {
 
 Recipe checkpoint_recipe(const std::string& dir) {
   const fs::path p = fs::path(open_checkpoint(dir)) / "recipe.toml";
-  return parse_recipe(ckpt::read_checkpoint_file(p), p.string());
+  return parse_recipe(ckpt::read_checkpoint_file(p), p.string(), {}, /*resolve=*/false);
 }
 
 TrainState checkpoint_state(const std::string& dir) {

@@ -5,6 +5,7 @@
 // is one line there plus the struct field (and docs/recipes.md).
 // Not the trainer: this file knows nothing about models or data beyond the values.
 #include "brigade/train/config.h"
+#include "brigade/train/finetune.h"
 #include "brigade/train/registry.h"
 
 #include <algorithm>
@@ -63,6 +64,7 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(model, text_heads, Int),
       BRIGADE_FIELD(model, text_width, Int),
       BRIGADE_FIELD(model, projection_dim, Int),
+      BRIGADE_FIELD(model, init_from, String),
       BRIGADE_FIELD(data, corpus, String),
       BRIGADE_FIELD(data, dir, String),
       BRIGADE_FIELD(data, val_fraction, Float),
@@ -126,6 +128,12 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(precision, min_scale, Float),
       BRIGADE_FIELD(precision, max_scale, Float),
       BRIGADE_FIELD(precision, hysteresis, Int),
+      BRIGADE_FIELD(finetune, method, String),
+      BRIGADE_FIELD(lora, r, Int),
+      BRIGADE_FIELD(lora, alpha, Float),
+      BRIGADE_FIELD(lora, dropout, Float),
+      BRIGADE_FIELD(lora, target_modules, String),
+      BRIGADE_FIELD(lora, rslora, Bool),
       BRIGADE_FIELD(sample, prompt, String),
       BRIGADE_FIELD(sample, tokens, Int),
       BRIGADE_FIELD(sample, temperature, Float),
@@ -135,8 +143,8 @@ const std::vector<Field>& fields() {
 }
 #undef BRIGADE_FIELD
 
-const char* const kSections[] = {"run", "model", "data", "train", "optim", "schedule", "parallel", "memory", "precision",
-                                 "sample"};
+const char* const kSections[] = {"run",    "model",     "data",     "train", "optim", "schedule",
+                                 "parallel", "memory", "precision", "finetune", "lora",  "sample"};
 
 const Field* find_field(std::string_view section, std::string_view key) {
   for (const auto& f : fields())
@@ -325,7 +333,7 @@ void apply_table(Recipe& r, const toml::table& root, const std::string& origin) 
     if (!is_section(sec)) {
       if (v.is_table()) {
         throw ConfigError(fmt::format("{}: unknown section '[{}]'{}; sections are [run] [model] [data] [train] "
-                                      "[optim] [schedule] [parallel] [memory] [sample]",
+                                      "[optim] [schedule] [parallel] [memory] [precision] [finetune] [lora] [sample]",
                                       where, sec, suggest(sec, {std::begin(kSections), std::end(kSections)})));
       }
       std::string hint;
@@ -444,6 +452,7 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
 
   // the model's own keys, data kind, checks and capabilities: its row of the registry
   validate_model(r, fail);
+  validate_finetune(r, fail);
   constexpr int64_t kMinVocab = 16;
   if (r.model.vocab_size < kMinVocab || r.model.vocab_size > (int64_t(1) << 31) - 1)
     fail(fmt::format("model.vocab_size = {} is out of range; use a value between {} and 2^31-1 (4096 suits the KJV)",
@@ -648,7 +657,7 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
 }
 
 Recipe parse_recipe(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, bool resolve) {
   toml::table root;
   try {
     root = toml::parse(toml_text, origin);
@@ -661,6 +670,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& origin,
   r.path = origin;
   apply_table(r, root, origin);
   for (const auto& o : overrides) apply_override(r, o);
+  if (resolve) resolve_init_from(r, origin);
   validate_recipe(r, origin);
   return r;
 }

@@ -50,6 +50,10 @@ struct ModelConfig {
   int64_t text_heads = 0;            // text heads (0 = n_head)
   int64_t text_width = 0;            // text width (0 = n_embd); MLP 4 x text_width
   int64_t projection_dim = 0;        // shared embedding width (0 = n_embd)
+  // Start from pretrained weights (docs/finetuning.md): a Hugging Face model directory (config.json
+  // + safetensors; gpt and llama) or a Brigade checkpoint directory (recipe.toml + model.safetensors;
+  // any model). The model's shape keys are then read from it; "" = train from scratch (run.seed).
+  std::string init_from = "";
   bool operator==(const ModelConfig&) const = default;
 };
 
@@ -158,6 +162,23 @@ struct PrecisionConfig {
   bool operator==(const PrecisionConfig&) const = default;
 };
 
+// Fine-tuning (docs/finetuning.md): which parameters train.
+struct FinetuneConfig {
+  std::string method = "full";       // "full": every parameter | "lora": LoRA adapters only, the rest frozen
+  bool operator==(const FinetuneConfig&) const = default;
+};
+
+// LoRA (finetune.method = "lora"): y = W x + s B A dropout(x), s = alpha / r (rslora: alpha / sqrt(r)).
+struct LoraConfig {
+  int64_t r = 8;                     // adapter rank
+  double alpha = 8.0;                // scale numerator (PEFT's lora_alpha)
+  double dropout = 0.0;              // on the adapter's input
+  std::string target_modules = "";   // comma-separated layer names ("c_attn"; "q_proj,v_proj"); "" = the model's
+                                     // default (gpt: c_attn, llama: q_proj,v_proj)
+  bool rslora = false;               // scale alpha / sqrt(r)
+  bool operator==(const LoraConfig&) const = default;
+};
+
 struct SampleConfig {
   std::string prompt = "In the beginning";
   int64_t tokens = 64;
@@ -177,6 +198,8 @@ struct Recipe {
   ParallelConfig parallel;
   MemoryConfig memory;
   PrecisionConfig precision;
+  FinetuneConfig finetune;
+  LoraConfig lora;
   SampleConfig sample;
   bool operator==(const Recipe&) const = default;  // compares path too
 };
@@ -184,9 +207,11 @@ struct Recipe {
 // Reads `path`, applies `overrides` ("section.key=value", in order), validates
 // ranges and combinations (e.g. n_embd % n_head == 0, seq_len <= block_size).
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
-// Same, from TOML text (for tests); `origin` names the source in messages.
+// Same, from TOML text (for tests); `origin` names the source in messages. `resolve`: fill the
+// model's shape from model.init_from (train/finetune.h); a checkpoint's saved recipe, already
+// resolved, is read without it, so it loads when that directory is gone.
 Recipe parse_recipe(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, bool resolve = true);
 // The recipe as TOML (every key, defaults included), stored beside checkpoints.
 std::string recipe_to_toml(const Recipe& r);
 

@@ -17,6 +17,7 @@ std::vector<parallel::ParamUnit> model_units(const nn::Module& model) {
     block_units[i].module = blocks[i].second;
   }
   for (auto& [name, p] : model.named_parameters()) {
+    if (!p.requires_grad()) continue;  // frozen (fine-tuning): no gradient, no optimizer state, never sharded
     bool placed = false;
     for (size_t i = 0; i < blocks.size() && !placed; ++i)
       if (name.rfind(block_units[i].name + ".", 0) == 0) {
@@ -26,6 +27,7 @@ std::vector<parallel::ParamUnit> model_units(const nn::Module& model) {
     if (!placed) units[0].params.emplace_back(name, p);
   }
   for (auto& u : block_units) units.push_back(std::move(u));
+  std::erase_if(units, [](const parallel::ParamUnit& u) { return u.params.empty(); });
   return units;
 }
 

@@ -82,7 +82,8 @@ std::unique_ptr<StepExecutor> make_model_parallel_executor(const Recipe& r, Task
 
 // The model's units for data parallelism: one unit for everything outside its blocks
 // (embeddings, final norm, head; gathered for the whole step), then one unit per nn::Block
-// (nn::find_blocks), in forward order.
+// (nn::find_blocks), in forward order. Trainable parameters only: a frozen one (requires_grad
+// false, as LoRA leaves the base) belongs to no unit, and a unit left empty is dropped.
 std::vector<parallel::ParamUnit> model_units(const nn::Module& model);
 
 }  // namespace brigade::train

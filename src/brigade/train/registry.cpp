@@ -1,6 +1,7 @@
 // The model registry; see registry.h. Each model type has, below, its config mapping, its
 // recipe checks and its task factory, then one row in model_registry().
 #include "brigade/train/registry.h"
+#include "brigade/train/finetune.h"
 
 #include <algorithm>
 #include <map>
@@ -430,6 +431,10 @@ void validate_model(const Recipe& r, const Fail& fail) {
   e->validate(r, fail);
 }
 
-std::unique_ptr<Task> make_task(const Recipe& r) { return model_entry(r.model.type).make_task(r); }
+std::unique_ptr<Task> make_task(const Recipe& r, bool init_weights) {
+  std::unique_ptr<Task> task = model_entry(r.model.type).make_task(r);
+  task->finetune_line = apply_finetune(r, *task, init_weights);
+  return task;
+}
 
 }  // namespace brigade::train

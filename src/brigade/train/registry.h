@@ -62,7 +62,9 @@ void validate_model(const Recipe& r, const Fail& fail);
 // BatchNorm. ConfigError "model.type = "X" ... ; supported by: ...". Part of validate_model.
 void check_supported(const Recipe& r, const Fail& fail);
 
-// The recipe's task (model built and initialised; data not opened yet: Task::open_data).
-std::unique_ptr<Task> make_task(const Recipe& r);
+// The recipe's task (model built and initialised; data not opened yet: Task::open_data), with
+// fine-tuning applied (train/finetune.h): model.init_from's weights loaded unless `init_weights`
+// is false (a checkpoint replaces every weight next), and finetune.method's adapters added.
+std::unique_ptr<Task> make_task(const Recipe& r, bool init_weights = true);
 
 }  // namespace brigade::train

@@ -27,7 +27,10 @@ std::vector<parallel::ParamUnit> Task::units(int) { return model_units(model());
 
 std::vector<parallel::ParamUnit> single_unit_below_zero3(nn::Module& model, int zero) {
   if (zero == 3) return model_units(model);
-  return {parallel::ParamUnit{"model", model.named_parameters(), nullptr}};
+  nn::NamedTensors trainable;  // frozen parameters (fine-tuning) have no gradient and no optimizer state
+  for (auto& [name, p] : model.named_parameters())
+    if (p.requires_grad()) trainable.emplace_back(name, p);
+  return {parallel::ParamUnit{"model", std::move(trainable), nullptr}};
 }
 
 double Metrics::get(const std::string& key) const {

@@ -205,6 +205,9 @@ class Task {
   // contrastive task encodes its class prompts): for the dry step's evaluation measurement.
   virtual int64_t eval_rows() const = 0;
   virtual void prepare_eval() {}
+
+  // What make_task's fine-tuning did (train/finetune.h), one line for the log; "" = nothing.
+  std::string finetune_line;
 };
 
 }  // namespace brigade::train

@@ -22,11 +22,13 @@
 #include "brigade/data/sampler.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/nn/layers.h"
+#include "brigade/nn/lora.h"
 #include "brigade/parallel/sync_batch_norm.h"
 #include "brigade/train/accumulation.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/early_stop.h"
 #include "brigade/train/executor.h"
+#include "brigade/train/finetune.h"
 #include "brigade/train/memory_plan.h"
 #include "brigade/train/model_configs.h"
 #include "brigade/train/registry.h"
@@ -125,7 +127,7 @@ double median(std::vector<double> v) {
 
 TrainResult train(const Recipe& r, const TrainOptions& opts) {
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
-  std::unique_ptr<Task> task = make_task(r);
+  std::unique_ptr<Task> task = make_task(r, /*init_weights=*/!opts.resume);  // resume: the checkpoint's weights
   return train(r, opts, *task);
 }
 
@@ -312,6 +314,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   ctrl->allreduce(&peak, 1);                          // the job's ceiling: the sum over ranks
   say(fmt::format("model: {} | data: {} | {} threads, {} GEMM peak {:.0f} GFLOP/s", task.describe(),
                   task.data_summary(), omp_get_max_threads(), dtype_name(gemm_dtype), peak));
+  if (!task.finetune_line.empty()) say("finetune: " + task.finetune_line);
   if (policy.level != amp::Level::O0 || scaler.enabled())
     say(fmt::format("precision: {} {} | loss scaling {}{}", r.precision.level,
                     policy.level == amp::Level::O0 ? "fp32" : r.precision.dtype, amp::scale_mode_name(scaler.mode()),
@@ -390,7 +393,8 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     });
     nn::NamedTensors full;
     if (lead) {
-      for (auto& [name, p] : task.model().named_parameters()) full.emplace_back(name, copies.at(name));
+      for (auto& [name, p] : task.model().named_parameters())  // a frozen parameter is in no unit: the model's own
+        full.emplace_back(name, p.requires_grad() ? copies.at(name) : p);
       for (auto& b : buffers) full.push_back(b);
     }
     if (lead) begin_checkpoint(dir);
@@ -401,6 +405,9 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     ctrl->barrier();
     if (lead) {
       write_checkpoint_files(tmp, full, dpo.zero == 0 ? opt.get() : nullptr, state, r, tokenizer_path);
+      // a LoRA run's adapters also as PEFT saves them, for peft.PeftModel.from_pretrained
+      if (r.finetune.method == "lora")
+        save_lora_adapter(r, full, nn::lora_fan_in_fan_out(task.model()), (fs::path(tmp) / "adapter").string());
       if (dpo.zero >= 1) {
         std::vector<std::pair<int64_t, int64_t>> ranges;
         for (int p = 0; p < P; ++p) ranges.push_back(dp.shard_range(p));
@@ -746,12 +753,15 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
 
 EvalReport evaluate_checkpoint(const std::string& ckpt, int threads) {
   const std::string ckpt_dir = open_checkpoint(ckpt);  // repairs a save interrupted between its renames
-  const Recipe r = checkpoint_recipe(ckpt_dir);
+  Recipe r = checkpoint_recipe(ckpt_dir);
+  // A fine-tuned run's text is encoded with its init_from's tokenizer, which the checkpoint holds
+  // a copy of: read it there, so the evaluation needs nothing from the init_from directory.
+  if (!r.model.init_from.empty()) r.model.init_from = ckpt_dir;
   if (threads > 0)
     omp_set_num_threads(threads);
   else if (r.run.threads > 0)
     omp_set_num_threads(r.run.threads);
-  std::unique_ptr<Task> task = make_task(r);
+  std::unique_ptr<Task> task = make_task(r, /*init_weights=*/false);
   load_state((fs::path(ckpt_dir) / "model.safetensors").string(), task->state_dict());
   // The val numbers of a text task only mean something on data encoded with the checkpoint's own
   // tokenizer.

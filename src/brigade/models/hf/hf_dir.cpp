@@ -47,7 +47,7 @@ struct Config {
   }
 };
 
-std::unique_ptr<CausalLM> gpt2_from(const Config& c, std::vector<std::string>& notes) {
+GPTConfig gpt2_from(const Config& c, std::vector<std::string>& notes) {
   GPTConfig g;
   g.vocab_size = c.get<int64_t>("vocab_size");
   g.block_size = c.get<int64_t>("n_positions");
@@ -77,10 +77,10 @@ std::unique_ptr<CausalLM> gpt2_from(const Config& c, std::vector<std::string>& n
     notes.push_back(fmt::format("attn_pdrop = {} is not applied: this GPT-2 has no dropout on the attention "
                                 "probabilities (embd_pdrop and resid_pdrop = {} are)",
                                 attn, resid));
-  return std::make_unique<GPT>(g);
+  return g;
 }
 
-std::unique_ptr<CausalLM> llama_from(const Config& c) {
+LLaMAConfig llama_from(const Config& c) {
   LLaMAConfig l;
   l.vocab_size = c.get<int64_t>("vocab_size");
   l.hidden_size = c.get<int64_t>("hidden_size");
@@ -108,7 +108,7 @@ std::unique_ptr<CausalLM> llama_from(const Config& c) {
   c.require<std::string>("hidden_act", "silu", "this LLaMA's MLP is SwiGLU (silu)");
   c.require<int64_t>("pretraining_tp", 1, "a pretraining_tp > 1 splits the MLP differently");
   c.require<double>("attention_dropout", 0.0, "this LLaMA has no dropout");
-  return std::make_unique<LLaMA>(l);
+  return l;
 }
 
 // The file's key as this engine's parameter name ("" for a key to skip, with `why`).
@@ -127,9 +127,8 @@ std::string engine_name(const std::string& type, const std::string& key, std::st
 
 }  // namespace
 
-HfModel load_hf_directory(const std::string& dir) {
-  const fs::path root(dir);
-  const fs::path cfg_path = root / "config.json";
+HfConfig read_hf_config(const std::string& dir) {
+  const fs::path cfg_path = fs::path(dir) / "config.json";
   BRIGADE_CHECK(fs::is_regular_file(cfg_path), CheckpointError,
                 "{}: no config.json; a Hugging Face model directory holds config.json and model.safetensors (or "
                 "its shards and model.safetensors.index.json)",
@@ -138,17 +137,31 @@ HfModel load_hf_directory(const std::string& dir) {
   c.path = cfg_path.string();
   c.j = json::parse(ckpt::read_checkpoint_file(cfg_path), nullptr, /*allow_exceptions=*/false);
   BRIGADE_CHECK(!c.j.is_discarded() && c.j.is_object(), CheckpointError, "{}: not a JSON object", c.path);
-  HfModel out;
+  HfConfig out;
   out.model_type = c.get<std::string>("model_type");
   if (out.model_type == "gpt2")
-    out.model = gpt2_from(c, out.notes);
+    out.gpt = gpt2_from(c, out.notes);
   else if (out.model_type == "llama")
-    out.model = llama_from(c);
+    out.llama = llama_from(c);
   else
     throw ConfigError(fmt::format("{}: model_type \"{}\" is not supported; supported: \"gpt2\" (GPT2LMHeadModel), "
                                   "\"llama\" (LlamaForCausalLM)",
                                   c.path, out.model_type));
+  return out;
+}
 
+std::unique_ptr<CausalLM> make_hf_model(const HfConfig& c) {
+  if (c.model_type == "gpt2") return std::make_unique<GPT>(c.gpt);
+  return std::make_unique<LLaMA>(c.llama);
+}
+
+std::vector<std::string> load_hf_weights(const std::string& dir, const std::string& model_type, CausalLM& model) {
+  const fs::path root(dir);
+  BRIGADE_CHECK(model_type == "gpt2" || model_type == "llama", ValueError,
+                "load_hf_weights: model_type \"{}\"; \"gpt2\" or \"llama\"", model_type);
+  BRIGADE_CHECK(model_type == (dynamic_cast<const GPT*>(&model) ? "gpt2" : "llama"), ConfigError,
+                "{}: a {} checkpoint cannot load into a {} model", dir, model_type, model.arch());
+  std::vector<std::string> skipped;
   // The weight files: one, or the shards of the index.
   std::vector<fs::path> files;
   const fs::path single = root / "model.safetensors", index = root / "model.safetensors.index.json";
@@ -169,17 +182,19 @@ HfModel load_hf_directory(const std::string& dir) {
     }
   }
 
+  // The base weights only: LoRA adapters (named "...lora_A.weight") are not in HF files.
   std::map<std::string, Tensor> params;
-  for (auto& [name, p] : out.model->named_parameters()) params.emplace(name, p);
+  for (auto& [name, p] : model.named_parameters())
+    if (name.find(".lora_") == std::string::npos) params.emplace(name, p);
   std::set<std::string> loaded;
   std::pair<fs::path, std::string> tied_head;  // a GPT-2 lm_head.weight in the files: it must be wte
   for (const fs::path& file : files) {
     ckpt::SafetensorsReader r(file.string());
     for (const std::string& key : r.names()) {
       std::string why;
-      const std::string name = engine_name(out.model_type, key, why);
+      const std::string name = engine_name(model_type, key, why);
       if (name.empty()) {
-        out.skipped.push_back(key + " (" + why + ")");
+        skipped.push_back(key + " (" + why + ")");
         if (key == "lm_head.weight") tied_head = {file, key};
         continue;
       }
@@ -187,7 +202,7 @@ HfModel load_hf_directory(const std::string& dir) {
       BRIGADE_CHECK(it != params.end(), CheckpointError,
                     "{}: tensor \"{}\" is not a parameter of this {} model (config.json's sizes may not match "
                     "the weights)",
-                    file.string(), key, out.model_type);
+                    file.string(), key, model_type);
       BRIGADE_CHECK(!loaded.count(name), CheckpointError, "{}: \"{}\" appears twice in the weight files", dir, name);
       const ckpt::TensorInfo& info = r.info(key);
       BRIGADE_CHECK(info.shape == it->second.shape(), CheckpointError,
@@ -211,10 +226,21 @@ HfModel load_hf_directory(const std::string& dir) {
                   "this checkpoint's untied head cannot load",
                   tied_head.first.string());
   }
+  return skipped;
+}
+
+HfModel load_hf_directory(const std::string& dir) {
+  const HfConfig c = read_hf_config(dir);
+  HfModel out;
+  out.model_type = c.model_type;
+  out.notes = c.notes;
+  out.model = make_hf_model(c);
+  out.skipped = load_hf_weights(dir, c.model_type, *out.model);
   return out;
 }
 
-void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype) {
+void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype,
+                       const std::vector<std::string>& extra_files) {
   BRIGADE_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, ValueError,
                 "save_hf_directory: dtype {} is not a weight dtype; use F32, BF16 or F16", dtype_name(dtype));
   const char* torch_dtype = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
@@ -278,6 +304,11 @@ void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtyp
     std::ofstream f(fs::path(tmp) / "config.json");
     f << j.dump(2) << '\n';
     BRIGADE_CHECK(f.good(), IoError, "cannot write {}/config.json", tmp);
+  }
+  for (const std::string& file : extra_files) {
+    std::error_code ec;
+    fs::copy_file(file, fs::path(tmp) / fs::path(file).filename(), fs::copy_options::overwrite_existing, ec);
+    BRIGADE_CHECK(!ec, IoError, "cannot copy {} into {}: {}", file, tmp, ec.message());
   }
   ckpt::commit_checkpoint(dir);
 }

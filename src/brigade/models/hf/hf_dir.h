@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "brigade/models/causal_lm.h"
+#include "brigade/models/gpt/gpt.h"
+#include "brigade/models/llama/llama.h"
 
 namespace brigade::models {
 
@@ -35,11 +37,27 @@ struct HfModel {
 
 HfModel load_hf_directory(const std::string& dir);
 
+// The two halves of load_hf_directory, for a caller that builds the model itself (the trainer
+// adds adapters and its own dropout): config.json read and checked, and the weights read into
+// a model of that config (its LoRA adapters, if any, left as they are). load_hf_weights returns
+// what it skipped.
+struct HfConfig {
+  std::string model_type;  // "gpt2" (gpt set) or "llama" (llama set)
+  GPTConfig gpt;
+  LLaMAConfig llama;
+  std::vector<std::string> notes;  // as HfModel::notes
+};
+HfConfig read_hf_config(const std::string& dir);
+std::unique_ptr<CausalLM> make_hf_model(const HfConfig& c);
+std::vector<std::string> load_hf_weights(const std::string& dir, const std::string& model_type, CausalLM& model);
+
 // Writes `model` (a GPT or a LLaMA) as a Hugging Face directory that load_hf_directory and
 // transformers read: config.json with HF's field names and model.safetensors with HF's keys
 // (GPT-2's head tied, so no lm_head.weight), in F32 or, with dtype = BF16 / F16, rounded to
 // it. The directory is replaced atomically (as a checkpoint is). A model with LoRA adapters
 // is refused: merge them first (nn::merge_lora) or save them with ckpt::save_peft_adapter.
-void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype = DType::F32);
+// `extra_files` (the tokenizer) are copied in, by file name, inside the same atomic swap.
+void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype = DType::F32,
+                       const std::vector<std::string>& extra_files = {});
 
 }  // namespace brigade::models

@@ -12,6 +12,7 @@
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 #include "brigade/train/generate.h"
+#include "brigade/train/finetune.h"
 #include "brigade/train/registry.h"
 #include "brigade/data/sampler.h"
 #include "brigade/data/token_file.h"
@@ -28,6 +29,8 @@ data::PrepareOptions prepare_options(const Recipe& r) {
   po.out_dir = r.data.dir;
   po.vocab_size = r.model.vocab_size;
   po.val_fraction = r.data.val_fraction;
+  // a pretrained model reads text through its own tokenizer
+  if (!r.model.init_from.empty()) po.tokenizer = init_from_tokenizer(r);
   return po;
 }
 

@@ -1,0 +1,266 @@
+// Fine-tuning from a recipe: model.init_from and finetune.method; see finetune.h.
+#include "brigade/train/finetune.h"
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "brigade/ckpt/peft.h"
+#include "brigade/core/error.h"
+#include "brigade/models/causal_lm.h"
+#include "brigade/models/hf/hf_dir.h"
+#include "brigade/nn/lora.h"
+#include "brigade/train/checkpoint.h"
+#include "brigade/train/task.h"
+#include "brigade/train/tasks.h"
+#include "brigade/train/trainer.h"
+
+namespace brigade::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+enum class Source { HuggingFace, Checkpoint };
+
+// What kind of directory model.init_from names; ConfigError when it is neither.
+Source source_of(const std::string& dir, const std::string& origin) {
+  std::error_code ec;
+  BRIGADE_CHECK(fs::is_directory(dir, ec), ConfigError,
+                "recipe {}: model.init_from = \"{}\" is not a directory; give a Hugging Face model directory "
+                "(config.json + model.safetensors) or a Brigade checkpoint (e.g. runs/gpt-kjv/checkpoint)",
+                origin, dir);
+  if (fs::is_regular_file(fs::path(dir) / "config.json", ec)) return Source::HuggingFace;
+  if (fs::is_regular_file(fs::path(dir) / "recipe.toml", ec) &&
+      fs::is_regular_file(fs::path(dir) / "model.safetensors", ec))
+    return Source::Checkpoint;
+  throw ConfigError(fmt::format(
+      "recipe {}: model.init_from = \"{}\" holds neither config.json (a Hugging Face model directory) nor recipe.toml "
+      "and model.safetensors (a Brigade checkpoint); point it at one of those",
+      origin, dir));
+}
+
+// The model shape a Hugging Face directory describes, as recipe keys.
+ModelConfig hf_model_config(const models::HfConfig& c) {
+  ModelConfig m;
+  if (c.model_type == "gpt2") {
+    m.type = "gpt";
+    m.vocab_size = c.gpt.vocab_size;
+    m.block_size = c.gpt.block_size;
+    m.n_layer = c.gpt.n_layer;
+    m.n_head = c.gpt.n_head;
+    m.n_embd = c.gpt.n_embd;
+    m.layer_norm_eps = c.gpt.layer_norm_eps;
+  } else {
+    m.type = "llama";
+    m.vocab_size = c.llama.vocab_size;
+    m.block_size = c.llama.max_position;
+    m.n_layer = c.llama.n_layer;
+    m.n_head = c.llama.n_head;
+    m.n_embd = c.llama.hidden_size;
+    m.n_kv_head = c.llama.n_kv_head;
+    m.intermediate_size = c.llama.intermediate_size;
+    m.rope_theta = c.llama.rope_theta;
+    m.layer_norm_eps = c.llama.rms_norm_eps;
+  }
+  return m;
+}
+
+// Keys that are training settings, not the shape of the weights: the recipe keeps its own.
+bool training_setting(const std::string& key) {
+  return key == "model.dropout" || key == "model.init_from" || key == "model.init_std";
+}
+
+}  // namespace
+
+void resolve_init_from(Recipe& r, const std::string& origin) {
+  if (r.model.init_from.empty()) return;
+  const std::string dir = r.model.init_from;
+  Recipe from;
+  if (source_of(dir, origin) == Source::HuggingFace) {
+    from.model = hf_model_config(models::read_hf_config(dir));
+  } else {
+    from.model = checkpoint_recipe(dir).model;
+  }
+  from.model.init_from = dir;
+  // Every model.* key: the directory's value, unless the recipe set another one on purpose.
+  const Recipe defaults;
+  const auto now = recipe_values(r), def = recipe_values(defaults), theirs = recipe_values(from);
+  std::vector<std::string> sets;
+  for (auto& [key, value] : theirs) {
+    if (key.rfind("model.", 0) != 0 || training_setting(key)) continue;
+    if (now.at(key) == value) continue;
+    BRIGADE_CHECK(now.at(key) == def.at(key), ConfigError,
+                  "recipe {}: {} = {}, but model.init_from = \"{}\" holds a model with {} = {}; the weights fix the "
+                  "model's shape, so remove {} from the recipe",
+                  origin, key, now.at(key), dir, key, value, key);
+    sets.push_back(key + "=" + value);
+  }
+  for (const std::string& s : sets) apply_override(r, s);
+}
+
+void validate_finetune(const Recipe& r, const Fail& fail) {
+  const std::string& m = r.finetune.method;
+  if (m != "full" && m != "lora")
+    fail(fmt::format("finetune.method = \"{}\" is not a fine-tuning method; use \"full\" (every parameter trains) or "
+                     "\"lora\" (LoRA adapters only)",
+                     m));
+  if (m != "lora") {
+    const LoraConfig d;
+    if (!(r.lora == d))
+      fail(fmt::format("the recipe sets [lora] keys but finetune.method = \"{}\"; set finetune.method = \"lora\" or "
+                       "remove the [lora] section",
+                       m));
+    return;
+  }
+  if (r.lora.r < 1) fail(fmt::format("lora.r = {} must be at least 1; use e.g. 8", r.lora.r));
+  if (!(r.lora.alpha > 0)) fail(fmt::format("lora.alpha = {} must be > 0; use e.g. 16", r.lora.alpha));
+  if (!(r.lora.dropout >= 0 && r.lora.dropout < 1))
+    fail(fmt::format("lora.dropout = {} must be in [0, 1)", r.lora.dropout));
+  if (r.lora.target_modules.empty() && r.model.type != "gpt" && r.model.type != "llama")
+    fail(fmt::format("finetune.method = \"lora\" on model.type = \"{}\" needs lora.target_modules (comma-separated "
+                     "names of its Linear layers, e.g. \"query,value\"); only gpt and llama have a default",
+                     r.model.type));
+  if (r.parallel.tp > 1 || r.parallel.pp > 1)
+    fail(fmt::format("finetune.method = \"lora\" with parallel.tp = {} / parallel.pp = {}: LoRA runs under data "
+                     "parallelism (parallel.dp, any ZeRO stage) only; set parallel.tp = 1 and parallel.pp = 1",
+                     r.parallel.tp, r.parallel.pp));
+}
+
+std::string init_from_tokenizer(const Recipe& r) {
+  const fs::path dir(r.model.init_from), tok = dir / "tokenizer.model";
+  std::error_code ec;
+  if (fs::is_regular_file(tok, ec)) return tok.string();
+  const bool bpe = fs::is_regular_file(dir / "vocab.json", ec) || fs::is_regular_file(dir / "tokenizer.json", ec);
+  throw ConfigError(fmt::format(
+      "recipe {}: model.init_from = \"{}\" has no tokenizer.model, so its text cannot be encoded as the model "
+      "was trained{}; put the model's SentencePiece tokenizer.model in the directory",
+      r.path, r.model.init_from,
+      bpe ? " (byte-level BPE tokenizers, vocab.json / tokenizer.json, are not read by the data pipeline yet)" : ""));
+}
+
+std::vector<std::string> lora_targets(const Recipe& r) {
+  std::vector<std::string> out;
+  if (r.lora.target_modules.empty()) {
+    if (r.model.type == "gpt") return {"c_attn"};
+    if (r.model.type == "llama") return {"q_proj", "v_proj"};
+    return {};
+  }
+  std::stringstream in(r.lora.target_modules);
+  for (std::string t; std::getline(in, t, ',');) {
+    const size_t b = t.find_first_not_of(" \t"), e = t.find_last_not_of(" \t");
+    BRIGADE_CHECK(b != std::string::npos, ConfigError,
+                  "lora.target_modules = \"{}\" has an empty name; list layer names separated by commas",
+                  r.lora.target_modules);
+    out.push_back(t.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+std::string apply_finetune(const Recipe& r, Task& task, bool load_weights) {
+  std::string line;
+  const std::string& dir = r.model.init_from;
+  if (!dir.empty()) {
+    if (load_weights) {
+      if (source_of(dir, r.path) == Source::HuggingFace) {
+        auto* lm = dynamic_cast<models::CausalLM*>(&task.model());
+        BRIGADE_CHECK(lm, ConfigError, "model.init_from = \"{}\": a Hugging Face directory loads into gpt or llama",
+                      dir);
+        const models::HfConfig c = models::read_hf_config(dir);
+        models::load_hf_weights(dir, c.model_type, *lm);
+        line = fmt::format("init from {} (Hugging Face {})", dir, c.model_type);
+        // the directory's dropout is its own run's training setting; this run trains with model.dropout
+        if (c.model_type == "gpt2" && c.gpt.dropout != r.model.dropout)
+          line += fmt::format("; dropout {:g} (model.dropout), not the directory's resid_pdrop = {:g}: set "
+                              "model.dropout to train with it",
+                              r.model.dropout, c.gpt.dropout);
+      } else {
+        const Recipe saved = checkpoint_recipe(dir);
+        BRIGADE_CHECK(saved.finetune.method != "lora", ConfigError,
+                      "model.init_from = \"{}\" is a LoRA run's checkpoint (base and adapters); merge it first with "
+                      "`brigade export --ckpt {} --out DIR` and start from DIR",
+                      dir, dir);
+        load_state((fs::path(dir) / "model.safetensors").string(), task.state_dict());
+        line = fmt::format("init from {} (a Brigade checkpoint)", dir);
+      }
+    } else {
+      line = fmt::format("init from {} (weights from the checkpoint)", dir);
+    }
+  }
+  if (r.finetune.method == "lora") {
+    nn::LoraOptions o;
+    o.r = r.lora.r;
+    o.alpha = r.lora.alpha;
+    o.dropout = r.lora.dropout;
+    o.rslora = r.lora.rslora;
+    o.target_modules = lora_targets(r);
+    o.dropout_generator = task.dropout_generator();
+    BRIGADE_CHECK(o.dropout == 0 || o.dropout_generator, ConfigError,
+                  "lora.dropout = {}: model.type = \"{}\" has no dropout stream to draw from; set lora.dropout = 0",
+                  o.dropout, r.model.type);
+    Generator init(r.run.seed + 2);  // run.seed: the model, + 1: its dropout
+    const std::vector<std::string> adapted = nn::apply_lora(task.model(), o, init);
+    int64_t trainable = 0, total = 0;
+    for (auto& [name, p] : task.model().named_parameters()) {
+      total += p.numel();
+      if (p.requires_grad()) trainable += p.numel();
+    }
+    std::string targets;
+    for (const std::string& t : o.target_modules) targets += (targets.empty() ? "" : ",") + t;
+    line += fmt::format("{}LoRA r {}, alpha {:g}{} on {} ({} layers): {:.3f}M of {:.2f}M parameters train ({:.2f}%)",
+                        line.empty() ? "" : " | ", o.r, o.alpha, o.rslora ? " (rsLoRA)" : "", targets,
+                        adapted.size(), double(trainable) / 1e6, double(total) / 1e6,
+                        100.0 * double(trainable) / double(total));
+  }
+  return line;
+}
+
+void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan_in_fan_out, const std::string& dir) {
+  ckpt::PeftLoraConfig c;
+  c.r = r.lora.r;
+  c.lora_alpha = r.lora.alpha;
+  c.lora_dropout = r.lora.dropout;
+  c.target_modules = lora_targets(r);
+  c.fan_in_fan_out = fan_in_fan_out;
+  c.use_rslora = r.lora.rslora;
+  c.task_type = r.model.type == "gpt" || r.model.type == "llama" ? "CAUSAL_LM" : "FEATURE_EXTRACTION";
+  c.base_model_name_or_path = r.model.init_from;
+  nn::NamedTensors adapters;
+  for (auto& [name, t] : params)
+    if (name.ends_with(".lora_A.weight") || name.ends_with(".lora_B.weight")) adapters.emplace_back(name, t);
+  ckpt::save_peft_adapter(dir, adapters, c);
+}
+
+std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only) {
+  const std::string dir = open_checkpoint(ckpt);  // repairs a save interrupted between its renames
+  const Recipe r = checkpoint_recipe(dir);
+  const bool lora = r.finetune.method == "lora";
+  BRIGADE_CHECK(!adapter_only || lora, ConfigError,
+                "--ckpt {}: --adapter writes a LoRA run's adapters, but this run has finetune.method = \"{}\"; export "
+                "the whole model without --adapter",
+                ckpt, r.finetune.method);
+  BRIGADE_CHECK(adapter_only || r.model.type == "gpt" || r.model.type == "llama", ConfigError,
+                "--ckpt {}: a model.type = \"{}\" checkpoint has no Hugging Face layout here (gpt and llama do){}", ckpt,
+                r.model.type, lora ? "; --adapter writes its LoRA adapters as PEFT files" : "");
+  const std::unique_ptr<Task> task = make_task(r, /*init_weights=*/false);
+  load_state((fs::path(dir) / "model.safetensors").string(), task->state_dict());
+  if (adapter_only) {
+    save_lora_adapter(r, task->model().named_parameters(), nn::lora_fan_in_fan_out(task->model()), out);
+    return fmt::format("wrote the LoRA adapters of {} as PEFT files to {}", dir, out);
+  }
+  // The base model alone, with the adapters merged into its weights.
+  if (lora) nn::merge_lora(task->model());
+  const std::unique_ptr<models::CausalLM> base = make_causal_lm(r.model);
+  std::map<std::string, Tensor> weights;
+  for (auto& [name, p] : task->model().named_parameters()) weights.emplace(name, p);
+  for (auto& [name, p] : base->named_parameters()) p.copy_(weights.at(name));
+  std::vector<std::string> extra;
+  const fs::path tok = fs::path(dir) / "tokenizer.model";
+  if (fs::is_regular_file(tok)) extra.push_back(tok.string());
+  models::save_hf_directory(*base, out, dtype, extra);
+  return fmt::format("wrote {} as a Hugging Face {} directory ({}{}) to {}", dir,
+                     r.model.type == "gpt" ? "GPT2LMHeadModel" : "LlamaForCausalLM", dtype_name(dtype),
+                     lora ? ", LoRA adapters merged" : "", out);
+}
+
+}  // namespace brigade::train

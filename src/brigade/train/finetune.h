@@ -1,0 +1,57 @@
+// Fine-tuning as a recipe asks for it (docs/finetuning.md):
+//   model.init_from  start from pretrained weights: a Hugging Face model directory (config.json +
+//                    safetensors, GPT-2 / LLaMA) or a Brigade checkpoint directory (recipe.toml +
+//                    model.safetensors, any model). The model's shape keys come from it.
+//   finetune.method  "full" trains every parameter; "lora" adds LoRA adapters (lora.*) to the
+//                    target layers and freezes everything else.
+// The trainer stays the one loop: a frozen parameter is simply not in the data-parallel units
+// (no gradient, no optimizer state, replicated on every rank and never sharded by ZeRO), and the
+// checkpoint's model.safetensors holds the whole model, base and adapters, so resume, eval and
+// generate read it as any other.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "brigade/core/dtype.h"
+#include "brigade/nn/module.h"
+#include "brigade/train/config.h"
+#include "brigade/train/registry.h"
+
+namespace brigade::train {
+
+class Task;
+
+// Fills r.model's shape keys (and model.type) from model.init_from; nothing when it is "". A
+// shape key the recipe set away from its default to another value than the directory's is a
+// ConfigError naming both. Called by parse_recipe before validation.
+void resolve_init_from(Recipe& r, const std::string& origin);
+
+// The finetune.* / lora.* part of validate_recipe.
+void validate_finetune(const Recipe& r, const Fail& fail);
+
+// The tokenizer a text task encodes its data with when model.init_from is set: the directory's
+// tokenizer.model (SentencePiece; Brigade's checkpoints and exports hold one). ConfigError when
+// the directory has none.
+std::string init_from_tokenizer(const Recipe& r);
+
+// The layers LoRA adapts: lora.target_modules, or the model's default (gpt: c_attn; llama:
+// q_proj, v_proj). Other model types need lora.target_modules.
+std::vector<std::string> lora_targets(const Recipe& r);
+
+// On a task just built from the recipe (random weights from run.seed): loads model.init_from's
+// weights when `load_weights` (not when a checkpoint is about to replace them all), then applies
+// finetune.method (LoRA: A drawn from run.seed + 2, dropout from the task's dropout stream).
+// Returns one line for the log ("" when the recipe fine-tunes nothing).
+std::string apply_finetune(const Recipe& r, Task& task, bool load_weights);
+
+// A LoRA run's adapters as PEFT saves them (adapter_model.safetensors + adapter_config.json) in
+// `dir`, from `params`: the model's parameters by name (every rank's view, or gathered copies).
+void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan_in_fan_out, const std::string& dir);
+
+// `brigade export`: a gpt or llama checkpoint as a Hugging Face directory (config.json,
+// model.safetensors in `dtype`, the checkpoint's tokenizer.model), a LoRA run's adapters merged
+// into the base weights; or, with `adapter_only`, a LoRA run's adapters as PEFT files. Returns
+// one line saying what was written.
+std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only);
+
+}  // namespace brigade::train

@@ -1,0 +1,306 @@
+// Fine-tuning through the one trainer (train/finetune.h), for GPT and LLaMA at tiny sizes:
+//   - a recipe with model.init_from takes the model's shape from the directory (a Hugging Face
+//     config.json or a Brigade checkpoint's recipe.toml); a shape key set against it, an
+//     init_from that is no model directory, [lora] keys without finetune.method = "lora", and
+//     LoRA under tensor or pipeline parallelism are clear errors;
+//   - `brigade export` writes a pretrained run as a Hugging Face directory whose logits are the
+//     checkpoint's bitwise; a task built from init_from holds exactly those weights;
+//   - a LoRA run from the export leaves every base weight bitwise as the directory holds it,
+//     keeps optimizer state for the adapters only, writes PEFT's adapter files, and its merged
+//     export gives the adapted model's logits within 1e-5;
+//   - LoRA under dp 2 with ZeRO-1 and ZeRO-3 gives the one-process losses within 1e-5, --resume
+//     is bitwise the uninterrupted run, O2 bf16 trains (finite, the loss falls);
+//   - eval, generate and export read a LoRA checkpoint after the init_from directory is gone.
+// The pretrained model is a 10-step run on the tiny corpus; fine-tuning reads another corpus of
+// the same words in another order.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "brigade/autograd/engine.h"
+#include "brigade/ckpt/peft.h"
+#include "brigade/ckpt/safetensors.h"
+#include "brigade/core/error.h"
+#include "brigade/models/causal_lm.h"
+#include "brigade/models/hf/hf_dir.h"
+#include "brigade/train/checkpoint.h"
+#include "brigade/train/config.h"
+#include "brigade/train/registry.h"
+#include "brigade/train/task.h"
+#include "brigade/train/trainer.h"
+#include "support/parity.h"
+#include "support/test_support.h"
+#include "support/tiny_models.h"
+
+using namespace brigade;
+namespace fs = std::filesystem;
+using test_support::CmdResult;
+using test_support::Curve;
+using test_support::expect_close;
+using test_support::read_curve;
+
+namespace {
+
+const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
+const std::string kMpirun = BRIGADE_MPIRUN;
+const fs::path kHf = fs::path(BRIGADE_FIXTURES_DIR) / "hf";
+
+// The second corpus: the tiny corpus's words in another sentence frame.
+void write_other_corpus(const fs::path& p) {
+  test_support::write_tiny_corpus(p);
+  std::ifstream in(p);
+  std::string text, line;
+  while (std::getline(in, line)) text += "Then" + line.substr(3) + "\n";  // "And ..." -> "Then ..."
+  in.close();
+  std::ofstream(p) << text;
+}
+
+std::string fine_tune_recipe(const fs::path& init_from, const std::string& extra) {
+  return "[run]\nname = \"ft\"\nout_dir = \"ft\"\nseed = 7\nthreads = 1\n[model]\ninit_from = \"" + init_from.string() +
+         "\"\n[data]\ncorpus = \"other.txt\"\ndir = \"data-other\"\nval_fraction = 0.1\n[train]\nsteps = 10\n"
+         "batch_size = 8\nseq_len = 16\neval_every = 5\neval_batches = 1\nlog_every = 1\n[optim]\nlr = 1e-2\n"
+         "weight_decay = 0.01\n[schedule]\nwarmup_steps = 2\nmin_lr = 1e-3\n" +
+         extra;
+}
+
+const char* kLora = "[finetune]\nmethod = \"lora\"\n[lora]\nr = 4\nalpha = 8.0\n";
+
+// Logits of a model on a fixed batch of ids.
+Tensor logits_of(const models::CausalLM& m) {
+  Tensor ids = Tensor::empty({2, 16}, DType::I64);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int64_t>()[i] = (i * 37 + 11) % 128;
+  autograd::NoGradGuard ng;
+  return m.forward(ids);
+}
+
+// A checkpoint's model, built as its run built it.
+struct Loaded {
+  std::unique_ptr<train::Task> task;
+  models::CausalLM& lm() { return dynamic_cast<models::CausalLM&>(task->model()); }
+};
+Loaded load_checkpoint(const fs::path& dir) {
+  Loaded l;
+  l.task = train::make_task(train::checkpoint_recipe(dir.string()), /*init_weights=*/false);
+  train::load_state((dir / "model.safetensors").string(), l.task->state_dict());
+  l.task->model().train(false);
+  return l;
+}
+
+// One pretrained tiny model per type, exported, shared by the cases of that type.
+class FineTune : public ::testing::TestWithParam<std::string> {
+ protected:
+  static std::map<std::string, fs::path>& roots() {
+    static std::map<std::string, fs::path> r;
+    return r;
+  }
+  void SetUp() override {
+    const std::string& type = GetParam();
+    if (!roots().count(type)) {
+      const fs::path root = test_support::fresh_test_dir("brigade_ft_" + type);
+      const test_support::TinyModel* tm = nullptr;
+      for (const auto& m : test_support::tiny_models())
+        if (m.name == type) tm = &m;
+      ASSERT_TRUE(tm);
+      test_support::write_tiny_recipe(root, *tm, 8);
+      const CmdResult pre = test_support::run_in(root, kBin + " train r.toml --quiet --no-sample");
+      ASSERT_EQ(pre.code, 0) << pre.err;
+      const CmdResult ex = test_support::run_in(root, kBin + " export --ckpt run/checkpoint --out hf");
+      ASSERT_EQ(ex.code, 0) << ex.err;
+      write_other_corpus(root / "other.txt");
+      roots()[type] = root;
+    }
+    root_ = roots().at(type);
+    dir_ = test_support::fresh_test_dir("brigade_ft_case");
+    fs::copy_file(root_ / "other.txt", dir_ / "other.txt");
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  void write(const std::string& extra, const std::string& name = "ft.toml") {
+    std::ofstream(dir_ / name) << fine_tune_recipe(root_ / "hf", extra);
+  }
+  CmdResult run(int np, const std::string& args) {
+    return test_support::run_in(dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, np > 1 ? "" : "OMP_NUM_THREADS=1") +
+                                          " " + kBin + " train ft.toml --quiet --no-sample " + args);
+  }
+  Curve ok(int np, const std::string& out, const std::string& args = "") {
+    const CmdResult r = run(np, "--set run.out_dir=" + out + " " + args);
+    EXPECT_EQ(r.code, 0) << GetParam() << " " << args << "\n" << r.err;
+    return read_curve(dir_ / out / "metrics.jsonl");
+  }
+  fs::path root_, dir_;
+};
+
+TEST_P(FineTune, ExportGivesTheCheckpointsLogitsAndInitFromLoadsExactlyThem) {
+  Loaded ck = load_checkpoint(root_ / "run" / "checkpoint");
+  models::HfModel hf = models::load_hf_directory((root_ / "hf").string());
+  hf.model->train(false);
+  EXPECT_EQ(logits_of(*hf.model).to_vector(), logits_of(ck.lm()).to_vector());
+  EXPECT_TRUE(fs::is_regular_file(root_ / "hf" / "tokenizer.model"));
+
+  write("");
+  const train::Recipe r = train::load_recipe((dir_ / "ft.toml").string());
+  EXPECT_EQ(r.model.type, GetParam());
+  EXPECT_EQ(r.model.n_embd, 32);
+  std::unique_ptr<train::Task> t = train::make_task(r);
+  std::map<std::string, Tensor> want;
+  for (auto& [name, p] : hf.model->named_parameters()) want.emplace(name, p);
+  for (auto& [name, p] : t->model().named_parameters()) {
+    ASSERT_TRUE(want.count(name)) << name;
+    EXPECT_EQ(p.to_vector(), want.at(name).to_vector()) << name;
+    EXPECT_TRUE(p.requires_grad()) << name;  // full fine-tuning trains every parameter
+  }
+}
+
+TEST_P(FineTune, LoraTrainsTheAdaptersOnlyAndWritesPeftFiles) {
+  write(kLora);
+  const Curve c = ok(1, "lora");
+  ASSERT_EQ(c.loss.size(), 10u);
+  EXPECT_LT(c.loss.rbegin()->second, c.loss.begin()->second);  // it learns the new corpus
+  const fs::path ck = dir_ / "lora" / "checkpoint";
+  ckpt::SafetensorsReader base((root_ / "hf" / "model.safetensors").string());
+  ckpt::SafetensorsReader got((ck / "model.safetensors").string());
+  int adapters = 0;
+  for (const std::string& name : got.names()) {
+    if (name.find(".lora_") != std::string::npos) {
+      ++adapters;
+      continue;
+    }
+    // the base exactly as the directory holds it (GPT-2's file keys have no prefix)
+    const std::string key = base.contains(name) ? name : name.substr(name.find('.') + 1);
+    ASSERT_TRUE(base.contains(key)) << name;
+    EXPECT_EQ(got.get(name).to_vector(), base.get(key).to_vector()) << name;
+  }
+  const int layers = GetParam() == "gpt" ? 2 : 4;  // c_attn, or q_proj and v_proj, in 2 blocks
+  EXPECT_EQ(adapters, 2 * layers);
+  bool b_moved = false;
+  for (const std::string& name : got.names())
+    if (name.ends_with("lora_B.weight"))
+      for (float v : got.get(name).to_vector()) b_moved = b_moved || v != 0.0f;
+  EXPECT_TRUE(b_moved);
+  ckpt::SafetensorsReader opt((ck / "optimizer.safetensors").string());
+  EXPECT_EQ(opt.names().size(), size_t(2 * 2 * layers));  // exp_avg and exp_avg_sq of each adapter matrix
+  for (const std::string& name : opt.names()) EXPECT_NE(name.find(".lora_"), std::string::npos) << name;
+  const ckpt::PeftAdapter peft = ckpt::read_peft_adapter((ck / "adapter").string());
+  EXPECT_EQ(peft.config.r, 4);
+  EXPECT_EQ(peft.tensors.size(), size_t(2 * layers));
+
+  // Merged into the base and exported, it gives the adapted model's logits.
+  const CmdResult ex = test_support::run_in(dir_, kBin + " export --ckpt lora/checkpoint --out merged");
+  ASSERT_EQ(ex.code, 0) << ex.err;
+  Loaded adapted = load_checkpoint(ck);
+  models::HfModel merged = models::load_hf_directory((dir_ / "merged").string());
+  merged.model->train(false);
+  EXPECT_LT(test_support::rel_err(logits_of(*merged.model), logits_of(adapted.lm())), 1e-5);
+}
+
+TEST_P(FineTune, LoraUnderDataParallelismWithZeroMatchesOneProcess) {
+  if (!test_support::have_mpirun(kMpirun)) GTEST_SKIP() << "no mpirun";
+  write(kLora);
+  const Curve ref = ok(1, "ref");
+  ASSERT_EQ(ref.loss.size(), 10u);
+  for (int zero : {1, 3}) {
+    const Curve d = ok(2, "dp-z" + std::to_string(zero),
+                       "--set train.batch_size=4 --set parallel.dp=2 --set parallel.zero=" + std::to_string(zero));
+    expect_close(d.loss, ref.loss, GetParam() + " LoRA dp 2 ZeRO-" + std::to_string(zero));
+    expect_close(d.val_loss, ref.val_loss, GetParam() + " LoRA dp 2 ZeRO-" + std::to_string(zero) + " (val)");
+  }
+}
+
+TEST_P(FineTune, LoraResumesBitwiseAndTrainsInBf16) {
+  write(kLora);
+  const Curve whole = ok(1, "whole");
+  const Curve first = ok(1, "cut", "--stop-at 5");
+  ASSERT_EQ(first.loss.size(), 5u);
+  const Curve resumed = ok(1, "cut", "--resume");
+  ASSERT_EQ(resumed.loss.size(), 10u);
+  EXPECT_EQ(resumed.loss_text, whole.loss_text);
+  EXPECT_EQ(resumed.val_text, whole.val_text);
+
+  const Curve bf16 = ok(1, "bf16", "--set precision.level=O2 --set precision.dtype=bf16");
+  ASSERT_EQ(bf16.loss.size(), 10u);
+  for (auto& [step, v] : bf16.loss) EXPECT_TRUE(std::isfinite(v)) << step;
+  EXPECT_LT(bf16.loss.rbegin()->second, bf16.loss.begin()->second);
+}
+
+TEST_P(FineTune, ALoraCheckpointEvaluatesGeneratesAndExportsWithoutItsInitFromDirectory) {
+  // a copy of the export as init_from, removed after training
+  fs::copy(root_ / "hf", dir_ / "base");
+  std::ofstream(dir_ / "ft.toml") << fine_tune_recipe(dir_ / "base", kLora);
+  const Curve c = ok(1, "lora");
+  ASSERT_EQ(c.val_text.size(), 2u);
+  fs::remove_all(dir_ / "base");
+  const CmdResult ev = test_support::run_in(dir_, kBin + " eval --ckpt lora/checkpoint --json");
+  ASSERT_EQ(ev.code, 0) << ev.err;
+  EXPECT_EQ(nlohmann::json::parse(ev.out).at("val_loss").dump(), c.val_text.rbegin()->second);
+  const CmdResult gen = test_support::run_in(dir_, kBin + " generate --ckpt lora/checkpoint --tokens 4");
+  EXPECT_EQ(gen.code, 0) << gen.err;
+  const CmdResult ad = test_support::run_in(dir_, kBin + " export --ckpt lora/checkpoint --out ad --adapter");
+  ASSERT_EQ(ad.code, 0) << ad.err;
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "ad" / "adapter_model.safetensors"));
+  EXPECT_TRUE(fs::is_regular_file(dir_ / "ad" / "adapter_config.json"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, FineTune, ::testing::Values("gpt", "llama"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// ---- the recipe surface
+
+std::string error_of(const std::string& toml) {
+  try {
+    train::parse_recipe(toml, "test.toml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(FineTuneRecipe, InitFromFillsTheShapeFromAHuggingFaceConfig) {
+  const fs::path dir = kHf / "llama";
+  const models::HfConfig c = models::read_hf_config(dir.string());
+  const train::Recipe r =
+      train::parse_recipe("[model]\ninit_from = \"" + dir.string() + "\"\n[train]\nseq_len = 8\n", "test.toml");
+  EXPECT_EQ(r.model.type, "llama");
+  EXPECT_EQ(r.model.vocab_size, c.llama.vocab_size);
+  EXPECT_EQ(r.model.n_layer, c.llama.n_layer);
+  EXPECT_EQ(r.model.n_head, c.llama.n_head);
+  EXPECT_EQ(r.model.n_kv_head, c.llama.n_kv_head);
+  EXPECT_EQ(r.model.n_embd, c.llama.hidden_size);
+  EXPECT_EQ(r.model.intermediate_size, c.llama.intermediate_size);
+  EXPECT_EQ(r.model.block_size, c.llama.max_position);
+  EXPECT_EQ(r.model.layer_norm_eps, c.llama.rms_norm_eps);
+  EXPECT_EQ(r.model.rope_theta, c.llama.rope_theta);
+  // the same value stated again is fine; another one is refused, naming both
+  EXPECT_EQ(error_of("[model]\ninit_from = \"" + dir.string() + "\"\nn_layer = " + std::to_string(c.llama.n_layer) +
+                     "\n[train]\nseq_len = 8\n"),
+            "");
+  const std::string e =
+      error_of("[model]\ninit_from = \"" + dir.string() + "\"\nn_layer = 7\n[train]\nseq_len = 8\n");
+  EXPECT_NE(e.find("model.n_layer = 7"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.n_layer = " + std::to_string(c.llama.n_layer)), std::string::npos) << e;
+}
+
+TEST(FineTuneRecipe, BadFineTuningSettingsAreClearErrors) {
+  const std::string nowhere = error_of("[model]\ninit_from = \"/nonexistent/model\"\n");
+  EXPECT_NE(nowhere.find("is not a directory"), std::string::npos) << nowhere;
+  const fs::path empty = test_support::fresh_test_dir("brigade_ft_empty");
+  const std::string neither = error_of("[model]\ninit_from = \"" + empty.string() + "\"\n");
+  EXPECT_NE(neither.find("neither config.json"), std::string::npos) << neither;
+  const std::string stray = error_of("[lora]\nr = 16\n");
+  EXPECT_NE(stray.find("finetune.method = \"full\""), std::string::npos) << stray;
+  const std::string method = error_of("[finetune]\nmethod = \"qlora\"\n");
+  EXPECT_NE(method.find("is not a fine-tuning method"), std::string::npos) << method;
+  const std::string tp = error_of("[finetune]\nmethod = \"lora\"\n[parallel]\ntp = 2\n");
+  EXPECT_NE(tp.find("LoRA runs under data parallelism"), std::string::npos) << tp;
+  const std::string rank = error_of("[finetune]\nmethod = \"lora\"\n[lora]\nr = 0\n");
+  EXPECT_NE(rank.find("lora.r = 0"), std::string::npos) << rank;
+  const std::string vit = error_of(
+      "[model]\ntype = \"vit\"\npatch_size = 7\n[data]\ncorpus = \"fashion-mnist\"\n[finetune]\nmethod = \"lora\"\n");
+  EXPECT_NE(vit.find("needs lora.target_modules"), std::string::npos) << vit;
+  fs::remove_all(empty);
+}
+
+}  // namespace
