@@ -36,6 +36,19 @@ TEST(Corpus, FolderSortedRecursiveSkipsBinaryAndHidden) {
   EXPECT_NE(warnings[0].find("img.bin"), std::string::npos);
 }
 
+// A link to a file of the folder is that file again (Debian's fortunes: cookie.u8 -> cookie): read
+// once. A link to a file outside the folder is the only way its text gets in: read.
+TEST(Corpus, FolderReadsALinkedFileOnce) {
+  TempDir d, outside;
+  write_text(d.file("cookie"), "one\n");
+  std::filesystem::create_symlink("cookie", d.file("cookie.u8"));
+  write_text(outside.file("far.txt"), "far\n");
+  std::filesystem::create_symlink(outside.file("far.txt"), d.file("far"));
+  Corpus c = read_corpus(d.path().string());
+  EXPECT_EQ(c.text, "one\nfar\n");
+  EXPECT_EQ(c.files.size(), 2u);
+}
+
 TEST(Corpus, EmptyAndMissingAreDataErrors) {
   TempDir d;
   write_text(d.file("empty.txt"), " \n\n");

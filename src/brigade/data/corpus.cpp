@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <sstream>
 
@@ -76,7 +77,9 @@ bool is_hidden(const fs::path& root, const fs::path& p) {
   return false;
 }
 
-// Every regular, non-hidden file under `root`, recursively, sorted by path.
+// Every regular, non-hidden file under `root`, recursively, sorted by path. A symbolic link to a
+// file of the folder is skipped, so each text is read once (Debian's fortunes folder links
+// "cookie.u8" to "cookie").
 std::vector<fs::path> list_folder(const fs::path& root, const std::string& spec) {
   std::vector<fs::path> paths;
   std::error_code ec;
@@ -87,6 +90,12 @@ std::vector<fs::path> list_folder(const fs::path& root, const std::string& spec)
   BRIGADE_CHECK(!ec, DataError, "corpus folder '{}' cannot be listed ({}); check its permissions", spec,
                 ec.message());
   std::sort(paths.begin(), paths.end());
+  std::set<fs::path> real;
+  for (const fs::path& p : paths)
+    if (!fs::is_symlink(p, ec)) real.insert(fs::weakly_canonical(p, ec));
+  std::erase_if(paths, [&](const fs::path& p) {
+    return fs::is_symlink(p, ec) && real.count(fs::weakly_canonical(p, ec)) > 0;
+  });
   return paths;
 }
 

@@ -131,6 +131,8 @@ MemoryInputs measured_inputs(const Recipe& r) {
     for (auto& [name, p] : u.params) pu.params.emplace_back(name, p.numel());
     in.units.push_back(std::move(pu));
   }
+  for (auto& [name, p] : task->model().named_parameters())
+    if (!p.requires_grad()) in.frozen.push_back(p.numel());
   // One training micro-step and one evaluation batch of synthetic data, on the allocator's
   // activation and workspace accounting (the rest is the parameter layout, above).
   const amp::Policy policy = precision_policy(r.precision);
@@ -184,7 +186,8 @@ MemoryInputs measured_inputs(const Recipe& r) {
 
 MemoryInputs memory_inputs(const Recipe& r) {
   MemoryInputs in;
-  if (!model_entry(r.model.type).caps.memory_formula) return measured_inputs(r);
+  // the formulas know the whole model's layout; a LoRA run's trainable set comes from its model
+  if (!model_entry(r.model.type).caps.memory_formula || r.finetune.method == "lora") return measured_inputs(r);
   in.units = planned_gpt_units(r.model);
   const int64_t B = r.train.batch_size, T = r.train.seq_len;
   const models::GPTConfig cfg = gpt_config(r.model);
@@ -267,6 +270,15 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
         "shard 4 B x S ({}; {}) + gathered during the step: embeddings+head unit {} + {} block units "
         "(computing + prefetched) x {}",
         mib(params.live), layout_words, mib(unit_bytes(0)), std::min<size_t>(blocks, 2), mib(block));
+  }
+
+  if (!in.frozen.empty()) {
+    int64_t frozen = 0, n = 0;
+    for (int64_t numel : in.frozen) frozen += held(numel), n += numel;
+    params.live += frozen;
+    params.peak += frozen;
+    params.formula += fmt::format(" + the frozen base, whole on every rank: {} tensors, {} parameters, {}",
+                                  in.frozen.size(), n, mib(frozen));
   }
 
   // ---- gradients

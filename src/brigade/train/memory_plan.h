@@ -84,6 +84,9 @@ struct MemoryInputs {
   std::string work_formula;
   std::string recompute;     // per-block modes, "n" / "s" / "f"
   bool measured = false;
+  // Frozen parameters (fine-tuning: LoRA's base), numel per tensor: outside the flat buffers,
+  // held whole on every rank, with no gradient or optimizer state.
+  std::vector<int64_t> frozen;
 };
 MemoryInputs memory_inputs(const Recipe& r);
 
