@@ -3,7 +3,7 @@
 // encoder.json and vocab.bpe), run on node's regex engine, independent of the C++ side and PCRE2.
 //
 //   node bpe_oracle.js gpt2   PKG_DIR IN.json OUT.json
-//   node bpe_oracle.js llama3 PKG_DIR IN.json OUT.json
+//   node bpe_oracle.js llama3 PKG_DIR IN.json OUT.json [DROP.json]
 //
 // IN.json is an array of strings; OUT.json receives {"package": [[ids]...], "fixed": [[ids]...]}
 // (gpt2) or {"ids": [[ids]...]} (llama3). PKG_DIR is the installed package folder
@@ -21,13 +21,15 @@
 // regex) and BPE with ignore_merges, over GPT-2's vocabulary, using the package's bpe() for the
 // merges. Node 20 has no inline (?i:...) group, so the contraction alternatives are written out
 // case-insensitively by Unicode simple case folding ('s also matches 'ſ, U+017F LONG S, which
-// folds to s).
+// folds to s). DROP.json, if given, lists merges ("a b") to remove from GPT-2's table first, so
+// that some pre-tokens that are vocabulary tokens can no longer be reached by merges and
+// ignore_merges decides their ids.
 'use strict';
 const fs = require('fs');
 const path = require('path');
 const Module = require('module');
 
-const [mode, pkgDir, inPath, outPath] = process.argv.slice(2);
+const [mode, pkgDir, inPath, outPath, dropPath] = process.argv.slice(2);
 if (!mode || !pkgDir || !inPath || !outPath) {
   console.error('usage: node bpe_oracle.js gpt2|llama3 PKG_DIR IN.json OUT.json');
   process.exit(2);
@@ -42,7 +44,7 @@ const strings = JSON.parse(fs.readFileSync(inPath, 'utf-8'));
 // Loads Encoder.js as a fresh module, exporting its internals as well as encode/decode.
 function loadEncoder() {
   const src = fs.readFileSync(encoderJs, 'utf-8') +
-      '\nmodule.exports = { encode, decode, bpe, byte_encoder, encoder, encodeStr };\n';
+      '\nmodule.exports = { encode, decode, bpe, bpe_ranks, byte_encoder, encoder, encodeStr };\n';
   const m = new Module(encoderJs, module);
   m.filename = encoderJs;
   m.paths = Module._nodeModulePaths(path.dirname(encoderJs));
@@ -63,6 +65,13 @@ if (mode === 'gpt2') {
   const saved = Array.prototype.toString;
   Array.prototype.toString = function () { return this.join('\u0000'); };
   const enc = loadEncoder();
+  if (dropPath) {
+    for (const m of JSON.parse(fs.readFileSync(dropPath, 'utf-8'))) {
+      const pair = m.split(' ');
+      if (!(pair in enc.bpe_ranks)) { console.error(`merge '${m}' to drop is not in vocab.bpe`); process.exit(2); }
+      delete enc.bpe_ranks[pair];
+    }
+  }
   const contractions = "'[sS\u017F]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]";
   const pat = new RegExp('(?:' + contractions + ')' +
       String.raw`|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`, 'gu');
