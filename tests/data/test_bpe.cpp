@@ -389,6 +389,9 @@ TEST(ByteLevelBpe, TokenizerJsonLlama3StyleMatchesNodeRegexOracle) {
   EXPECT_EQ(with_bos[0], 50257);
   EXPECT_EQ(std::vector<int>(with_bos.begin() + 1, with_bos.end()), plain);
   EXPECT_TRUE(tok.is_special(50257));
+  EXPECT_EQ(tok.token_to_id("<|begin_of_text|>"), 50257);
+  EXPECT_EQ(tok.id_to_token(50257), "<|begin_of_text|>");
+  EXPECT_EQ(tok.decode(std::vector<int>{50257, 15496}), "<|begin_of_text|>Hello");
   BpeEncodeOptions allow;
   allow.allow_special = true;
   EXPECT_EQ(tok.encode("<|begin_of_text|>", allow), std::vector<int>{50257});
@@ -448,6 +451,25 @@ TEST(ByteLevelBpe, InvalidUtf8EncodesByteForByteAndRoundTrips) {
     std::string s(1 + rng() % 40, '\0');
     for (char& c : s) c = char(rng() % 4 == 0 ? rng() % 128 : 128 + rng() % 128);
     EXPECT_EQ(tok.decode(tok.encode(s)), s);
+  }
+}
+
+TEST(ByteLevelBpe, LongInputsEncodeAndRoundTrip) {
+  REQUIRE_ORACLE();
+  TempDir dir;
+  const ByteLevelBpe tok = ByteLevelBpe::from_gpt2_files(kVocab, kMerges);
+  // Long whitespace runs exercise \s+(?!\S) far beyond PCRE2's JIT stack defaults; a long word
+  // and a long digit run make long pre-tokens for the merge loop.
+  std::string letters;
+  for (int i = 0; i < 3000; ++i) letters += char('a' + (i * 7) % 26);
+  const std::vector<std::string> strings = {std::string(50000, ' ') + "x", "x" + std::string(20000, '\n') + " y",
+                                            letters, std::string(4000, '7'), std::string(20000, '\t') + " "};
+  const json out = run_oracle(dir, "gpt2", strings);
+  ASSERT_TRUE(out.is_object());
+  for (size_t i = 0; i < strings.size(); ++i) {
+    const std::vector<int> ids = tok.encode(strings[i]);
+    EXPECT_EQ(ids, ids_of(out["fixed"][i])) << "string " << i;
+    EXPECT_EQ(tok.decode(ids), strings[i]) << "string " << i;
   }
 }
 

@@ -194,7 +194,8 @@ std::string gpt2_byte_to_unicode(unsigned char b) { return byte_map().to_utf8[b]
 struct ByteLevelBpe::Impl {
   std::string origin;  // the file(s) it came from, for messages
 
-  std::unordered_map<std::string, int> vocab;  // byte-mapped token -> id
+  std::unordered_map<std::string, int> vocab;  // the model's tokens (byte-mapped) -> id
+  std::unordered_map<std::string, int> extra;  // added tokens outside the model's vocabulary -> id
   std::vector<std::string> tokens;              // id -> token ("" where no token has the id)
   std::vector<char> has_token;                  // id -> whether it names a token
   int byte_id[256] = {};                        // id of each single-byte token
@@ -224,10 +225,12 @@ struct ByteLevelBpe::Impl {
   mutable std::unordered_map<std::string, std::vector<int>> cache;  // pre-token bytes -> ids
   static constexpr size_t kCacheMax = 1 << 18;
 
-  void add_token(const std::string& tok, int64_t id, const std::string& where) {
+  // A model token (`model` true: merges and ignore_merges see it) or an added token outside the
+  // model's vocabulary (LLaMA-3's specials), which only added-token matching produces.
+  void add_token(const std::string& tok, int64_t id, const std::string& where, bool model = true) {
     BRIGADE_CHECK(id >= 0 && id < (int64_t(1) << 30), DataError, "{}: token {} has id {}, outside [0, 2^30)", where,
                   json(tok).dump(), id);
-    auto [it, fresh] = vocab.emplace(tok, int(id));
+    auto [it, fresh] = (model ? vocab : extra).emplace(tok, int(id));
     BRIGADE_CHECK(fresh, DataError, "{}: token {} appears twice", where, json(tok).dump());
     if (size_t(id) >= tokens.size()) {
       tokens.resize(size_t(id) + 1);
@@ -615,7 +618,9 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
           c.fail(field, fmt::format("content {} has id {} here but {} in model.vocab", json(content).dump(), id,
                                     it->second));
       } else {
-        m.add_token(content, id, "'" + path + "': " + field);
+        BRIGADE_CHECK(!m.extra.count(content), DataError, "'{}': {}: content {} is added twice", path, field,
+                      json(content).dump());
+        m.add_token(content, id, "'" + path + "': " + field, /*model=*/false);
       }
       m.add_added(content, int(id), special, "'" + path + "': " + field);
     }
@@ -739,8 +744,10 @@ int64_t ByteLevelBpe::vocab_size() const {
 
 int ByteLevelBpe::token_to_id(std::string_view token) const {
   BRIGADE_ASSERT(impl_, "token_to_id() on an empty ByteLevelBpe");
-  auto it = impl_->vocab.find(std::string(token));
-  return it == impl_->vocab.end() ? -1 : it->second;
+  const std::string key(token);
+  if (auto it = impl_->vocab.find(key); it != impl_->vocab.end()) return it->second;
+  auto it = impl_->extra.find(key);
+  return it == impl_->extra.end() ? -1 : it->second;
 }
 
 std::string ByteLevelBpe::id_to_token(int id) const {
