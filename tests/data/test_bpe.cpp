@@ -533,6 +533,9 @@ TEST(ByteLevelBpe, AddPrefixSpace) {
   const int space = tok.token_to_id(gpt2_byte_to_unicode(' '));
   EXPECT_EQ(tok.encode("ab"), (std::vector<int>{space, 256}));
   EXPECT_EQ(tok.encode(" ab"), (std::vector<int>{space, 256}));  // already starts with a space
+  // Text right after an invalid byte continues the stretch: no space is inserted there.
+  EXPECT_EQ(tok.encode("ab\xff" "ab"), (std::vector<int>{space, 256, 0xff, 256}));
+  EXPECT_EQ(tok.decode(tok.encode("ab\xff" "ab")), " ab\xff" "ab");
 }
 
 // The message of the DataError that `f` throws ("" and a failure when it throws none).

@@ -344,10 +344,12 @@ struct ByteLevelBpe::Impl {
   // One stretch of text between added tokens: pre-tokenize, then BPE each pre-token.
   void encode_segment(std::string_view seg, std::vector<int>& out) const {
     // A piece is text still to be split by the steps (valid UTF-8), or a raw invalid byte,
-    // which no step touches.
+    // which no step touches. `after_raw`: the piece continues the text right after an invalid
+    // byte, so add_prefix_space (meant for the start of a stretch) leaves it alone.
     struct Piece {
       std::string text;
       bool raw;
+      bool after_raw = false;
     };
     std::vector<Piece> pieces, next;
     for (size_t i = 0, run = 0; i <= seg.size();) {
@@ -356,9 +358,9 @@ struct ByteLevelBpe::Impl {
         i += len;
         continue;
       }
-      if (i > run) pieces.push_back({std::string(seg.substr(run, i - run)), false});
+      if (i > run) pieces.push_back({std::string(seg.substr(run, i - run)), false, run > 0});
       if (i == seg.size()) break;
-      pieces.push_back({std::string(1, seg[i]), true});
+      pieces.push_back({std::string(1, seg[i]), true, run > 0});
       run = ++i;
     }
     for (const Step& st : steps) {
@@ -368,12 +370,17 @@ struct ByteLevelBpe::Impl {
           next.push_back(std::move(p));
           continue;
         }
-        if (st.add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text.insert(p.text.begin(), ' ');
+        if (st.add_prefix_space && !p.after_raw && (p.text.empty() || p.text[0] != ' '))
+          p.text.insert(p.text.begin(), ' ');
         if (!st.regex) {
           next.push_back(std::move(p));
           continue;
         }
-        st.regex->split(p.text, [&](std::string_view s) { next.push_back({std::string(s), false}); });
+        bool first = true;
+        st.regex->split(p.text, [&](std::string_view s) {
+          next.push_back({std::string(s), false, first && p.after_raw});
+          first = false;
+        });
       }
       pieces.swap(next);
     }
