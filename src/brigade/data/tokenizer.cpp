@@ -297,4 +297,83 @@ std::string Tokenizer::id_to_piece(int id) const {
   return impl_->sp.IdToPiece(id);
 }
 
+struct SentencePieceHf::Impl {
+  sentencepiece::SentencePieceProcessor sp;
+  std::string path;
+};
+
+SentencePieceHf::SentencePieceHf() = default;
+SentencePieceHf::~SentencePieceHf() = default;
+SentencePieceHf::SentencePieceHf(SentencePieceHf&&) noexcept = default;
+SentencePieceHf& SentencePieceHf::operator=(SentencePieceHf&&) noexcept = default;
+
+SentencePieceHf SentencePieceHf::load(const std::string& path) {
+  BRIGADE_CHECK(std::filesystem::is_regular_file(path), DataError,
+                "SentencePiece model '{}' not found; check the path (a LLaMA checkpoint folder has tokenizer.model)",
+                path);
+  std::ifstream in(path, std::ios::binary);
+  BRIGADE_CHECK(in.good(), DataError, "SentencePiece model '{}' cannot be opened; check its permissions", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  SentencePieceHf t;
+  t.impl_ = std::make_unique<Impl>();
+  t.impl_->path = path;
+  auto st = t.impl_->sp.LoadFromSerializedProto(ss.str());
+  BRIGADE_CHECK(st.ok(), DataError, "'{}' is not a valid SentencePiece model ({}); re-download tokenizer.model", path,
+                st.ToString());
+  return t;
+}
+
+std::vector<int> SentencePieceHf::encode(std::string_view text, bool add_bos, bool add_eos) const {
+  BRIGADE_ASSERT(impl_, "encode() on an empty SentencePieceHf");
+  const auto& sp = impl_->sp;
+  BRIGADE_CHECK(!add_bos || sp.bos_id() >= 0, ValueError, "'{}' has no BOS token; encode with add_bos = false",
+                impl_->path);
+  BRIGADE_CHECK(!add_eos || sp.eos_id() >= 0, ValueError, "'{}' has no EOS token; encode with add_eos = false",
+                impl_->path);
+  std::vector<int> ids;
+  check_status(sp.Encode(text, &ids), "encode with '" + impl_->path + "'");
+  if (add_bos) ids.insert(ids.begin(), sp.bos_id());
+  if (add_eos) ids.push_back(sp.eos_id());
+  return ids;
+}
+
+std::string SentencePieceHf::decode(std::span<const int> ids) const {
+  BRIGADE_ASSERT(impl_, "decode() on an empty SentencePieceHf");
+  const int n = impl_->sp.GetPieceSize();
+  for (int id : ids)
+    BRIGADE_CHECK(id >= 0 && id < n, ValueError, "decode: token id {} is outside the vocabulary [0, {}) of '{}'", id,
+                  n, impl_->path);
+  std::string out;
+  check_status(impl_->sp.Decode(std::vector<int>(ids.begin(), ids.end()), &out), "decode with '" + impl_->path + "'");
+  return out;
+}
+
+int64_t SentencePieceHf::vocab_size() const {
+  BRIGADE_ASSERT(impl_, "vocab_size() on an empty SentencePieceHf");
+  return impl_->sp.GetPieceSize();
+}
+int SentencePieceHf::bos_id() const {
+  BRIGADE_ASSERT(impl_, "bos_id() on an empty SentencePieceHf");
+  return impl_->sp.bos_id();
+}
+int SentencePieceHf::eos_id() const {
+  BRIGADE_ASSERT(impl_, "eos_id() on an empty SentencePieceHf");
+  return impl_->sp.eos_id();
+}
+int SentencePieceHf::unk_id() const {
+  BRIGADE_ASSERT(impl_, "unk_id() on an empty SentencePieceHf");
+  return impl_->sp.unk_id();
+}
+std::string SentencePieceHf::id_to_piece(int id) const {
+  BRIGADE_ASSERT(impl_, "id_to_piece() on an empty SentencePieceHf");
+  BRIGADE_CHECK(id >= 0 && id < impl_->sp.GetPieceSize(), ValueError,
+                "token id {} is outside the vocabulary [0, {})", id, impl_->sp.GetPieceSize());
+  return impl_->sp.IdToPiece(id);
+}
+int SentencePieceHf::piece_to_id(std::string_view piece) const {
+  BRIGADE_ASSERT(impl_, "piece_to_id() on an empty SentencePieceHf");
+  return impl_->sp.PieceToId(piece);
+}
+
 }  // namespace brigade::data

@@ -65,6 +65,42 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// A SentencePiece model (LLaMA's tokenizer.model, or any other) used the way sentencepiece's own
+// encode() and Hugging Face transformers' LlamaTokenizer use it, for models trained elsewhere:
+// the whole text goes to SentencePiece, newlines included (a model with byte_fallback gives
+// byte tokens such as <0x0A>, one without it UNK), the model's normalizer spec decides
+// add_dummy_prefix and whitespace handling, and BOS (and EOS) are added only when asked. It has
+// none of Tokenizer's rules (newline -> EOS, fixed unk/bos/eos ids), which Brigade's own recipes
+// and token files depend on; the two classes share nothing but the library.
+// encode/decode are const and safe to call concurrently.
+class SentencePieceHf {
+ public:
+  SentencePieceHf();
+  ~SentencePieceHf();
+  SentencePieceHf(SentencePieceHf&&) noexcept;
+  SentencePieceHf& operator=(SentencePieceHf&&) noexcept;
+
+  // DataError naming `path` when it is missing or not a SentencePiece model.
+  static SentencePieceHf load(const std::string& path);
+
+  // sentencepiece's encode(text), with the model's BOS first when `add_bos` (LlamaTokenizer's
+  // default) and its EOS last when `add_eos`. ValueError when the model has no such token.
+  std::vector<int> encode(std::string_view text, bool add_bos = true, bool add_eos = false) const;
+  // sentencepiece's decode(ids): control tokens (BOS, EOS) vanish, byte tokens become their
+  // bytes. Ids outside [0, vocab_size) throw ValueError.
+  std::string decode(std::span<const int> ids) const;
+  int64_t vocab_size() const;
+  int bos_id() const;  // -1 when the model has none
+  int eos_id() const;
+  int unk_id() const;
+  std::string id_to_piece(int id) const;
+  int piece_to_id(std::string_view piece) const;  // unk_id() for an unknown piece, as sentencepiece
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // "'é' (U+00E9), '\t' (U+0009)": the formatting used in unknown-character messages.
 std::string describe_chars(const std::vector<char32_t>& chars);
 
