@@ -24,10 +24,13 @@
 #include "brigade/ckpt/peft.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
+#include "brigade/data/token_file.h"
+#include "brigade/data/tokenizer.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/hf/hf_dir.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
+#include "brigade/train/finetune.h"
 #include "brigade/train/registry.h"
 #include "brigade/train/task.h"
 #include "brigade/train/trainer.h"
@@ -242,6 +245,41 @@ TEST_P(FineTune, ALoraCheckpointEvaluatesGeneratesAndExportsWithoutItsInitFromDi
   ASSERT_EQ(ad.code, 0) << ad.err;
   EXPECT_TRUE(fs::is_regular_file(dir_ / "ad" / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::is_regular_file(dir_ / "ad" / "adapter_config.json"));
+}
+
+// eval --data: a prepared token file and the text it came from score alike; one window's loss is
+// the model's loss on it, computed here directly.
+TEST_P(FineTune, EvalOnAFileScoresEveryTokenOnce) {
+  const std::string ck = (root_ / "run" / "checkpoint").string();
+  const train::TextEval bin = train::evaluate_on_file(ck, (root_ / "data" / "val.bin").string());
+  EXPECT_GT(bin.tokens, 100);
+  EXPECT_NEAR(bin.perplexity, std::exp(bin.loss), 1e-9 * bin.perplexity);
+  // one window of seq_len + 1 = 17 tokens, as a token list the model scores directly
+  Loaded m = load_checkpoint(ck);
+  const data::TokenDataset val((root_ / "data" / "val.bin").string());
+  std::vector<int64_t> ids(17);
+  val.read(0, 17, ids.data());
+  const fs::path one = dir_ / "one.bin";
+  data::write_token_file(one.string(), std::vector<int32_t>(ids.begin(), ids.end()), 128);
+  const train::TextEval e = train::evaluate_on_file(ck, one.string());
+  EXPECT_EQ(e.tokens, 16);
+  EXPECT_EQ(e.windows, 1);
+  Tensor x = Tensor::empty({1, 16}, DType::I64), y = Tensor::empty({1, 16}, DType::I64);
+  for (int t = 0; t < 16; ++t) x.data<int64_t>()[t] = ids[size_t(t)], y.data<int64_t>()[t] = ids[size_t(t + 1)];
+  autograd::NoGradGuard ng;
+  EXPECT_NEAR(e.loss, m.lm().loss(x, y).item(), 1e-6);
+  // text is encoded with the checkpoint's tokenizer: the same score as its ids in a token file
+  const data::Tokenizer tok = data::Tokenizer::load((root_ / "run" / "checkpoint" / "tokenizer.model").string());
+  const std::string text = "And the king went up to the city, and it was good.\nAnd his son built the land.\n";
+  std::ofstream(dir_ / "val.txt") << text;
+  const std::vector<int> enc = tok.encode(text);
+  data::write_token_file((dir_ / "val_txt.bin").string(), std::vector<int32_t>(enc.begin(), enc.end()), 128);
+  const train::TextEval txt = train::evaluate_on_file(ck, (dir_ / "val.txt").string());
+  EXPECT_EQ(txt.tokens, int64_t(enc.size()) - 1);
+  EXPECT_EQ(txt.loss, train::evaluate_on_file(ck, (dir_ / "val_txt.bin").string()).loss);
+  // a token file of another vocabulary is refused
+  data::write_token_file((dir_ / "v.bin").string(), std::vector<int32_t>(ids.begin(), ids.end()), 300);
+  EXPECT_THROW(train::evaluate_on_file(ck, (dir_ / "v.bin").string()), ConfigError);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FineTune, ::testing::Values("gpt", "llama"),

@@ -310,6 +310,28 @@ TEST_F(MemoryPlan, OptimizersAndDropout) {
   }
 }
 
+// LoRA (finetune.method = "lora"): the base frozen (params, whole, but no gradient and no
+// optimizer state), the adapters in the flat buffers; predicted within 15% for each category, at
+// ZeRO-0 and ZeRO-3, and the state of LoRA (params + grads + optimizer) a fraction of full
+// training's: (1 + 2 r (in + out) x 4 / (C x 3C)) / 4 of it for c_attn adapters.
+TEST_F(MemoryPlan, LoraFreezesTheBaseAndIsPredicted) {
+  const std::vector<std::string> lora{"finetune.method=lora", "lora.r=8", "lora.alpha=16"};
+  const Recipe full = recipe("full", kWide.sets);
+  const MemStats m_full = train(full).memory;
+  auto state = [](const MemStats& m) {
+    return m.peak[size_t(MemTag::Params)] + m.peak[size_t(MemTag::Grads)] + m.peak[size_t(MemTag::Optimizer)];
+  };
+  for (int zero : {0, 3}) {
+    std::vector<std::string> sets = lora;
+    sets.push_back("parallel.zero=" + std::to_string(zero));
+    const Recipe r = recipe("lora" + std::to_string(zero), kWide.sets, sets);
+    const MemoryPrediction p = predict_memory(r);
+    const MemStats m = train(r).memory;
+    expect_prediction_matches(p, m, "LoRA ZeRO-" + std::to_string(zero));
+    EXPECT_LE(double(state(m)), 0.35 * double(state(m_full))) << "ZeRO-" << zero;
+  }
+}
+
 // ---------------------------------------------------------------- the `brigade` binary
 
 namespace {

@@ -85,7 +85,19 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
   return 0;
 }
 
-int cmd_eval(const std::string& ckpt, int threads, bool json) {
+int cmd_eval(const std::string& ckpt, int threads, bool json, const std::string& data_file) {
+  if (!data_file.empty()) {  // a language model's loss on a file of the user's
+    if (threads > 0) omp_set_num_threads(threads);
+    const train::TextEval e = train::evaluate_on_file(ckpt, data_file);
+    if (json)
+      fmt::print("{}\n", nlohmann::json{{"loss", e.loss}, {"perplexity", e.perplexity}, {"tokens", e.tokens},
+                                        {"windows", e.windows}, {"data", data_file}}
+                             .dump());
+    else
+      fmt::print("loss {:.4f} | perplexity {:.2f} | {} tokens scored in {} windows of {}\n", e.loss, e.perplexity,
+                 e.tokens, e.windows, data_file);
+    return 0;
+  }
   const train::EvalReport ev = train::evaluate_checkpoint(ckpt, threads);
   if (json) {  // the fields the run's own evaluation writes to metrics.jsonl
     nlohmann::json j = ev.fields;
@@ -167,6 +179,9 @@ int run(int argc, char** argv) {
   ev->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/vit-fashion/checkpoint)")->required();
   ev->add_option("--threads", threads, "OpenMP threads (0 = the recipe's run.threads)");
   ev->add_flag("--json", json, "Print the evaluation's metrics.jsonl fields as one JSON line");
+  std::string eval_data;
+  ev->add_option("--data", eval_data, "A language model's loss and perplexity on this file instead: text (encoded "
+                                      "with the checkpoint's tokenizer) or a prepared .bin token file");
 
   cli::AblateOptions aopts;
   std::string export_out, export_dtype = "f32";
@@ -221,7 +236,7 @@ int run(int argc, char** argv) {
       return finish(cmd_train(recipe, sets, topts, dry_run, json), "");
     }
     if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
-    if (ev->parsed()) return finish(cmd_eval(ckpt, threads, json), "");
+    if (ev->parsed()) return finish(cmd_eval(ckpt, threads, json, eval_data), "");
     if (ex->parsed()) {
       const DType dt = dtype_from_name(export_dtype);
       BRIGADE_CHECK(is_floating(dt), ConfigError, "--dtype {}: weights are f32, bf16 or f16", export_dtype);

@@ -1,11 +1,17 @@
 // Fine-tuning from a recipe: model.init_from and finetune.method; see finetune.h.
 #include "brigade/train/finetune.h"
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
+#include "brigade/amp/policy.h"
+#include "brigade/autograd/engine.h"
 #include "brigade/ckpt/peft.h"
+#include "brigade/data/token_file.h"
+#include "brigade/data/tokenizer.h"
 #include "brigade/core/error.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/hf/hf_dir.h"
@@ -261,6 +267,67 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
   return fmt::format("wrote {} as a Hugging Face {} directory ({}{}) to {}", dir,
                      r.model.type == "gpt" ? "GPT2LMHeadModel" : "LlamaForCausalLM", dtype_name(dtype),
                      lora ? ", LoRA adapters merged" : "", out);
+}
+
+TextEval evaluate_on_file(const std::string& ckpt, const std::string& file) {
+  const std::string dir = open_checkpoint(ckpt);
+  const Recipe r = checkpoint_recipe(dir);
+  BRIGADE_CHECK(r.model.type == "gpt" || r.model.type == "llama", ConfigError,
+                "--data: a model.type = \"{}\" checkpoint is not a language model; --data evaluates gpt and llama "
+                "(evaluate this one on its own data: brigade eval --ckpt {})",
+                r.model.type, ckpt);
+  std::error_code ec;
+  BRIGADE_CHECK(fs::is_regular_file(file, ec), ConfigError, "--data {}: no such file", file);
+  const std::unique_ptr<Task> task = make_task(r, /*init_weights=*/false);
+  load_state((fs::path(dir) / "model.safetensors").string(), task->state_dict());
+  auto& lm = dynamic_cast<models::CausalLM&>(task->model());
+  lm.train(false);
+  std::vector<int64_t> ids;
+  if (fs::path(file).extension() == ".bin") {
+    const data::TokenDataset ds(file);
+    BRIGADE_CHECK(ds.vocab_size() == r.model.vocab_size, ConfigError,
+                  "--data {}: a token file of vocabulary {}, the model's is {}; use a file prepared with the "
+                  "checkpoint's tokenizer, or give text",
+                  file, ds.vocab_size(), r.model.vocab_size);
+    ids.resize(size_t(ds.size()));
+    ds.read(0, ds.size(), ids.data());
+  } else {
+    const data::Tokenizer tok = data::Tokenizer::load((fs::path(dir) / "tokenizer.model").string());
+    std::ifstream in(file, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    for (int id : tok.encode(text)) ids.push_back(id);
+  }
+  const int64_t T = r.train.seq_len, B = r.train.batch_size;
+  BRIGADE_CHECK(ids.size() >= 2, ConfigError, "--data {}: fewer than 2 tokens; nothing to score", file);
+  // windows [k T, k T + T + 1): inputs ids[k T ..], targets shifted by one
+  std::vector<std::pair<int64_t, int64_t>> windows;  // (start, length of inputs)
+  for (int64_t s = 0; s + 1 < int64_t(ids.size()); s += T) windows.emplace_back(s, std::min(T, int64_t(ids.size()) - 1 - s));
+  autograd::NoGradGuard ng;
+  const amp::Policy policy = precision_policy(r.precision);
+  double loss_sum = 0;  // summed over scored tokens
+  int64_t scored = 0;
+  for (size_t w = 0; w < windows.size();) {
+    // a batch of full windows, or the last short one alone
+    const int64_t len = windows[w].second;
+    size_t n = 0;
+    while (w + n < windows.size() && n < size_t(B) && windows[w + n].second == len) ++n;
+    Tensor x = Tensor::empty({int64_t(n), len}, DType::I64), y = Tensor::empty({int64_t(n), len}, DType::I64);
+    for (size_t i = 0; i < n; ++i)
+      for (int64_t t = 0; t < len; ++t) {
+        x.data<int64_t>()[int64_t(i) * len + t] = ids[size_t(windows[w + i].first + t)];
+        y.data<int64_t>()[int64_t(i) * len + t] = ids[size_t(windows[w + i].first + t + 1)];
+      }
+    amp::AutocastScope autocast(policy);
+    loss_sum += lm.loss(x, y).item() * double(int64_t(n) * len);
+    scored += int64_t(n) * len;
+    w += n;
+  }
+  TextEval e;
+  e.tokens = scored;
+  e.windows = int64_t(windows.size());
+  e.loss = loss_sum / double(scored);
+  e.perplexity = std::exp(e.loss);
+  return e;
 }
 
 }  // namespace brigade::train

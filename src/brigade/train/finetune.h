@@ -54,4 +54,15 @@ void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan
 // one line saying what was written.
 std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only);
 
+// `brigade eval --ckpt DIR --data FILE`: a gpt or llama checkpoint's mean next-token loss on a
+// file: a prepared token file (`.bin`, e.g. data/kjv/val.bin; its vocabulary must be the
+// model's) or text, encoded with the checkpoint's tokenizer. Consecutive windows of
+// train.seq_len + 1 tokens (the last one shorter), batch_size windows per forward; every token
+// after the first of a window is scored once. Fields: loss, perplexity, tokens, windows.
+struct TextEval {
+  double loss = 0, perplexity = 0;
+  int64_t tokens = 0, windows = 0;
+};
+TextEval evaluate_on_file(const std::string& ckpt, const std::string& file);
+
 }  // namespace brigade::train
