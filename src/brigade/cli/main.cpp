@@ -40,6 +40,10 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
                     if (e.data == train::DataKind::Text) s += fmt::format("{}{}", s.empty() ? "" : ", ", e.type);
                   return s;
                 }());
+  BRIGADE_CHECK(r.data.format == "text", ConfigError,
+                "{}: data.format = \"{}\" samples are read as they are (encoded when training starts); `brigade "
+                "prepare` builds token files of a text corpus",
+                recipe_path, r.data.format);
   data::prepare(train::prepare_options(r),
                 [](const data::PrepareProgress& p) { fmt::print(stderr, "prepare: {}\n", p.message); });
   return 0;

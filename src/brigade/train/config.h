@@ -64,6 +64,10 @@ struct DataConfig {
   double val_fraction = 0.05;
   bool augment = false;              // fashion-mnist: random crop (pad 2) + horizontal flip per training image
   double mlm_probability = 0.15;     // bert: fraction of positions chosen for masking (80/10/10 rule)
+  // gpt / llama: "text" (a corpus prepared into token files) | "jsonl" (supervised fine-tuning samples
+  // in data.corpus, a JSONL file: {"text"}, {"prompt", "completion"} or {"messages"}; data/sft.h)
+  std::string format = "text";
+  std::string chat_template = "chatml";  // jsonl messages: "chatml" | "llama-2" | "llama-3"
   bool operator==(const DataConfig&) const = default;
 };
 
@@ -73,6 +77,7 @@ struct TrainConfig {
   int64_t seq_len = 128;
   int64_t eval_every = 100;          // 0 = only at the end
   int64_t eval_batches = 16;
+  bool eval_at_start = false;        // also evaluate (the whole val set) before the first step, as step 0
   int64_t log_every = 10;
   int64_t checkpoint_every = 0;      // 0 = only at the end
   bool early_stop = false;           // stop when val loss stops improving; best model in <out_dir>/best
@@ -86,6 +91,8 @@ struct TrainConfig {
   int64_t accumulation_max = 0;      // ceiling of the adaptive modes (0 = accumulation)
   int64_t ramp_steps = 0;            // ramp: steps over which accumulation grows to accumulation_max
   double noise_ema = 0.9;            // noise_scale: moving-average factor of the estimates
+  std::string loss_on = "completion";  // data.format = "jsonl": "completion" (completions / assistant turns
+                                       // only) | "all" (every token)
   bool operator==(const TrainConfig&) const = default;
 };
 

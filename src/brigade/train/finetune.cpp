@@ -106,6 +106,42 @@ void resolve_init_from(Recipe& r, const std::string& origin) {
 }
 
 void validate_finetune(const Recipe& r, const Fail& fail) {
+  // supervised fine-tuning data
+  const Recipe defaults;
+  const std::string& f = r.data.format;
+  if (f != "text" && f != "jsonl")
+    fail(fmt::format("data.format = \"{}\" is not a data format; use \"text\" (a corpus, prepared into token "
+                     "files) or \"jsonl\" (fine-tuning samples)",
+                     f));
+  if (f == "jsonl") {
+    if (r.model.type != "gpt" && r.model.type != "llama")
+      fail(fmt::format("data.format = \"jsonl\" trains a causal language model (gpt, llama), not model.type = "
+                       "\"{}\"",
+                       r.model.type));
+    if (r.data.corpus == defaults.data.corpus || r.data.corpus == "fashion-mnist")
+      fail(fmt::format("data.format = \"jsonl\" reads data.corpus as a JSONL file of samples, not \"{}\"; set "
+                       "data.corpus to the file",
+                       r.data.corpus));
+    if (r.parallel.tp > 1 || r.parallel.pp > 1)
+      fail("data.format = \"jsonl\" runs under data parallelism only; set parallel.tp = 1 and parallel.pp = 1");
+    const std::string& t = r.data.chat_template;
+    if (t != "chatml" && t != "llama-2" && t != "llama-3")
+      fail(fmt::format("data.chat_template = \"{}\" is not a template; use \"chatml\", \"llama-2\" or "
+                       "\"llama-3\"",
+                       t));
+    if (r.train.loss_on != "completion" && r.train.loss_on != "all")
+      fail(fmt::format("train.loss_on = \"{}\": use \"completion\" (completions and assistant turns) or \"all\"",
+                       r.train.loss_on));
+  } else {
+    if (r.data.chat_template != defaults.data.chat_template)
+      fail(fmt::format("data.chat_template = \"{}\" applies to data.format = \"jsonl\" only; remove it",
+                       r.data.chat_template));
+    if (r.train.loss_on != defaults.train.loss_on)
+      fail(fmt::format("train.loss_on = \"{}\" applies to data.format = \"jsonl\" only (a text corpus trains on "
+                       "every token); remove it",
+                       r.train.loss_on));
+  }
+
   const std::string& m = r.finetune.method;
   if (m != "full" && m != "lora")
     fail(fmt::format("finetune.method = \"{}\" is not a fine-tuning method; use \"full\" (every parameter trains) or "

@@ -216,6 +216,7 @@ std::unique_ptr<Task> make_lm_task(const Recipe& r) {
   std::unique_ptr<models::CausalLM> model = make_causal_lm(r.model);
   if (auto* gpt = dynamic_cast<models::GPT*>(model.get())) seeded(*gpt, r);
   if (auto* llama = dynamic_cast<models::LLaMA*>(model.get())) seeded(*llama, r);
+  if (r.data.format == "jsonl") return sft_task(r, std::move(model));
   return causal_lm_task(r, std::move(model));
 }
 

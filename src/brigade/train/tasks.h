@@ -40,6 +40,17 @@ std::string fashion_mnist_dir(const Recipe& r);
 // batch means: the same windows however the batch is split. Sampling at the end: [sample].
 std::unique_ptr<Task> causal_lm_task(const Recipe& r, std::unique_ptr<models::CausalLM> model);
 
+// Supervised fine-tuning (data.format = "jsonl", data/sft.h): one sample per row, its first
+// seq_len + 1 tokens, the rest padding; targets only on trained tokens (completions, assistant
+// turns; train.loss_on = "all": every token), so the loss is the mean over the micro-batch's
+// trained tokens (the trainer weights micro-batches by their counts). No packing: a row holds one
+// sample, so no attention crosses samples. Training rows: the samples in a seeded shuffle per
+// epoch. Evaluation: the val split (the file's last data.val_fraction of samples; periodic ones its
+// first train.eval_batches global batches' worth), its summed
+// loss over trained tokens and its exact matches (every trained token the argmax given the
+// ones before: what greedy decoding from the prompt returns).
+std::unique_ptr<Task> sft_task(const Recipe& r, std::unique_ptr<models::CausalLM> model);
+
 // BERT (vocab = model.vocab_size + 1: the extra id is [MASK]). The step's global batch is drawn
 // and masked whole on every rank (the sampler's rows, masked from a generator seeded by
 // (run.seed, step)), then each micro-batch takes its rows, so masks do not depend on the split.

@@ -65,7 +65,7 @@ std::string resume_differences(const Recipe& saved, const Recipe& now, bool layo
   static const std::set<std::string> harmless{"run.name",         "run.out_dir",        "train.steps",
                                               "train.eval_every", "train.eval_batches", "train.log_every",
                                               "train.checkpoint_every", "train.early_stop", "train.patience",
-                                              "train.min_delta"};
+                                              "train.min_delta", "train.eval_at_start"};
   const auto a = recipe_values(saved), b = recipe_values(now);
   std::string diff;
   for (const auto& [key, value] : b) {
@@ -435,6 +435,19 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   const std::vector<std::string> train_keys = task.train_metric_keys();
   const bool whole_step = task.needs_whole_step();
   auto after_update = [&task](const nn::NamedTensors& master) { task.after_update(master); };
+  // The model as it starts (a pretrained one's numbers before fine-tuning): the whole val set, as
+  // the final evaluation sees it, recorded at step 0; not an early-stopping observation.
+  if (r.train.eval_at_start && state.step == 0) {
+    const Metrics ev = evaluate(/*final=*/true);
+    if (lead) {
+      nlohmann::json j{{"step", 0}};
+      const nlohmann::json fields = task.eval_fields(ev);
+      for (auto& [k, v] : fields.items()) j[k] = v;
+      metrics << j.dump() << '\n';
+      metrics.flush();
+    }
+    say(fmt::format("step {:>5}/{} | {} (before training)", 0, last_step, task.eval_line(ev)));
+  }
   for (int64_t step = state.step; step < last_step; ++step) {
     const auto t0 = Clock::now();
     // Dropout masks: one stream per replica, re-seeded from (seed, step, replica) every step, so a
