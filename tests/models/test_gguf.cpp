@@ -7,14 +7,20 @@
 // - a Python reader (tests/reference/gguf_check.py): every tensor's bytes equal the parameters
 //   after the converter's transforms (GPT-2's Conv1D transpose, LLaMA's q/k rotary permutation,
 //   re-implemented there), rounded for F16 / BF16.
+// - optionally, llama.cpp itself (GgufLlamaCpp, when `scripts/install-deps.sh --with-llama-cpp` has
+//   installed node-llama-cpp's CPU build): it loads each export and gives the engine's next-token
+//   probabilities.
 // And the refusals: LoRA adapters, an unwritable path, a tokenizer bigger than the vocabulary.
-// node, the npm package and python3-torch are requirements here (scripts/install-deps.sh), not
-// reasons to skip.
+// node, @huggingface/gguf and python3-torch are requirements here (scripts/install-deps.sh), not
+// reasons to skip; llama.cpp is the one optional part (skipped, saying how to install it).
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "brigade/autograd/engine.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/data/tokenizer.h"
@@ -34,6 +40,8 @@ const fs::path kHf = fs::path(BRIGADE_FIXTURES_DIR) / "hf";
 const std::string kPkgDir = std::string(BRIGADE_SOURCE_DIR) + "/third_party/npm/node_modules/@huggingface/gguf";
 const std::string kReader = std::string(BRIGADE_SOURCE_DIR) + "/tests/reference/gguf_reader.mjs";
 const std::string kCheck = std::string(BRIGADE_SOURCE_DIR) + "/tests/reference/gguf_check.py";
+const std::string kLlamaCppModules = std::string(BRIGADE_SOURCE_DIR) + "/third_party/npm-llamacpp/node_modules";
+const std::string kLlamaCppRun = std::string(BRIGADE_SOURCE_DIR) + "/tests/reference/gguf_llamacpp.mjs";
 
 constexpr int kString = 8, kU32 = 4, kF32 = 6, kBool = 7, kArray = 9, kI32 = 5;
 
@@ -348,6 +356,59 @@ TEST_F(GgufTokenizer, ATokenizerLargerThanTheVocabularyIsRefused) {
   }
   EXPECT_FALSE(fs::exists(tmp_ / "m.gguf"));
 }
+
+// llama.cpp itself (node-llama-cpp's prebuilt CPU build; optional: `scripts/install-deps.sh
+// --with-llama-cpp`) loads each fixture's export, with a tokenizer so it has a vocabulary, and gives
+// the engine's next-token probabilities at every position of the fixture's sequence.
+class GgufLlamaCpp : public GgufExport {};
+
+TEST_P(GgufLlamaCpp, LlamaCppGivesTheEnginesNextTokenProbabilities) {
+  if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||
+      !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))
+    GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh "
+                    "--with-llama-cpp";
+  REQUIRE_READER();
+  data::TokenizerTrainOptions opt;
+  opt.vocab_size = 96;  // <= both fixtures' vocabularies (LLaMA's 97 gets one [PAD] entry)
+  data::Tokenizer::train(corpus(1500), opt).save((tmp_ / "tokenizer.model").string());
+  models::GgufOptions o;
+  o.dtype = dtype_;
+  o.tokenizer_model = (tmp_ / "tokenizer.model").string();
+  models::save_gguf(*m_.model, file_.string(), o);
+
+  ckpt::SafetensorsReader batch((kHf / std::get<0>(GetParam()) / "expected.safetensors").string());
+  const Tensor ids = batch.get("ids").select(0, 0).unsqueeze(0).contiguous();  // (1, T)
+  m_.model->train(false);
+  Tensor logits;
+  {
+    autograd::NoGradGuard no_grad;
+    logits = m_.model->forward(ids);  // (1, T, V)
+  }
+  const int64_t T = ids.size(1), V = logits.size(2);
+  const std::vector<float> lv = logits.to_vector();
+  json want;
+  want["ids"] = ids.to_vector_i64();
+  for (int64_t t = 0; t < T; ++t) want["logits"].push_back(std::vector<float>(lv.begin() + t * V, lv.begin() + (t + 1) * V));
+  std::ofstream(tmp_ / "expected.json") << want.dump();
+  const auto r = test_support::run_in(tmp_, "node '" + kLlamaCppRun + "' '" + kLlamaCppModules + "' '" +
+                                                file_.string() + "' '" + (tmp_ / "expected.json").string() + "'");
+  ASSERT_EQ(r.code, 0) << "gguf_llamacpp.mjs failed:\n" << r.out << r.err;
+  const json got = json::parse(r.out);
+  std::cout << "[ llama.cpp ] " << file_.filename().string() << " " << got.dump() << "\n";
+  EXPECT_EQ(got["n_probabilities"].get<int64_t>(), V);
+  EXPECT_EQ(got["greedy_agree"].get<int64_t>(), T) << "llama.cpp's greedy next token differs from the engine's";
+  // Measured: F32 8e-6 (LLaMA) and 2e-7 (GPT-2), F16 5e-5, BF16 2e-4; a context that dropped its first
+  // token gave 8e-3.
+  const double tol = dtype_ == DType::F32 ? 1e-4 : dtype_ == DType::F16 ? 5e-4 : 2e-3;
+  EXPECT_LT(got["max_abs_prob_diff"].get<double>(), tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GgufLlamaCpp,
+                         ::testing::Combine(::testing::Values("gpt2", "llama"),
+                                            ::testing::Values(DType::F32, DType::F16, DType::BF16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + dtype_arg(std::get<1>(info.param));
+                         });
 
 TEST(GgufErrors, ALoraAdaptedModelIsRefused) {
   models::HfModel m = models::load_hf_directory((kHf / "gpt2").string());
