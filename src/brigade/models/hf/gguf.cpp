@@ -160,8 +160,8 @@ std::vector<OutTensor> gpt2_tensors(const GPT& g, DType dtype) {
       throw InternalError(fmt::format("save_gguf: GPT-2 parameter {} has no GGUF name", name));
     }
   }
-  // GPT-2's head is tied to wte; llama.cpp's GPT-2 loader reads output.weight, so it is written out
-  // as the converter's GPT-2 path did (a second copy of the embedding).
+  // GPT-2's head is tied to wte. Earlier converters wrote it out again as output.weight and some
+  // llama.cpp builds require it (newer ones fall back to token_embd), so the copy is written.
   BRIGADE_CHECK(wte.defined(), InternalError, "save_gguf: GPT-2 model without transformer.wte.weight");
   out.push_back({"output.weight", wte});
   return out;
