@@ -201,6 +201,27 @@ TEST_P(FineTune, LoraTrainsTheAdaptersOnlyAndWritesPeftFiles) {
   models::HfModel merged = models::load_hf_directory((dir_ / "merged").string());
   merged.model->train(false);
   EXPECT_LT(test_support::rel_err(logits_of(*merged.model), logits_of(adapted.lm())), 1e-5);
+
+  // As one GGUF file for llama.cpp (the writer's own tests check its contents): GGUF v3 with the
+  // architecture's tensors, the adapters merged away.
+  const CmdResult gg =
+      test_support::run_in(dir_, kBin + " export --ckpt lora/checkpoint --out model.gguf --format gguf --dtype f16");
+  ASSERT_EQ(gg.code, 0) << gg.err;
+  std::ifstream g(dir_ / "model.gguf", std::ios::binary);
+  char magic[4];
+  uint32_t version = 0;
+  uint64_t tensors = 0;
+  g.read(magic, 4);
+  g.read(reinterpret_cast<char*>(&version), 4);
+  g.read(reinterpret_cast<char*>(&tensors), 8);
+  EXPECT_EQ(std::string(magic, 4), "GGUF");
+  EXPECT_EQ(version, 3u);
+  // gpt2: token + position embeddings, 12 per block, the final norm's 2, output; llama: 9 per block
+  EXPECT_EQ(tensors, GetParam() == "gpt" ? 2u + 2u * 12u + 2u + 1u : 1u + 2u * 9u + 2u);
+  const CmdResult both =
+      test_support::run_in(dir_, kBin + " export --ckpt lora/checkpoint --out x --format gguf --adapter");
+  EXPECT_NE(both.code, 0);
+  EXPECT_NE(both.err.find("--adapter writes PEFT files"), std::string::npos) << both.err;
 }
 
 TEST_P(FineTune, LoraUnderDataParallelismWithZeroMatchesOneProcess) {

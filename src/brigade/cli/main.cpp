@@ -188,13 +188,15 @@ int run(int argc, char** argv) {
                                       "with the checkpoint's tokenizer) or a prepared .bin token file");
 
   cli::AblateOptions aopts;
-  std::string export_out, export_dtype = "f32";
+  std::string export_out, export_dtype = "f32", export_format = "hf";
   bool export_adapter = false;
   auto* ex = app.add_subcommand("export", "Write a gpt or llama checkpoint as a Hugging Face model directory "
                                           "(LoRA adapters merged), or a LoRA run's adapters as PEFT files");
   ex->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/gpt-kjv/checkpoint)")->required();
   ex->add_option("--out", export_out, "Output directory (replaced atomically)")->required();
   ex->add_option("--dtype", export_dtype, "Weight dtype: f32, bf16 or f16")->capture_default_str();
+  ex->add_option("--format", export_format, "hf (a Hugging Face directory) or gguf (one GGUF v3 file for llama.cpp)")
+      ->capture_default_str();
   ex->add_flag("--adapter", export_adapter, "Only the LoRA adapters, as PEFT's adapter_model.safetensors + "
                                             "adapter_config.json");
 
@@ -244,7 +246,7 @@ int run(int argc, char** argv) {
     if (ex->parsed()) {
       const DType dt = dtype_from_name(export_dtype);
       BRIGADE_CHECK(is_floating(dt), ConfigError, "--dtype {}: weights are f32, bf16 or f16", export_dtype);
-      fmt::print("{}\n", train::export_checkpoint(ckpt, export_out, dt, export_adapter));
+      fmt::print("{}\n", train::export_checkpoint(ckpt, export_out, dt, export_adapter, export_format));
       return finish(0, "");
     }
     if (bench->parsed()) {

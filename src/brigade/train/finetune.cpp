@@ -14,6 +14,7 @@
 #include "brigade/data/tokenizer.h"
 #include "brigade/core/error.h"
 #include "brigade/models/causal_lm.h"
+#include "brigade/models/hf/gguf.h"
 #include "brigade/models/hf/hf_dir.h"
 #include "brigade/nn/lora.h"
 #include "brigade/train/checkpoint.h"
@@ -273,7 +274,12 @@ void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan
   ckpt::save_peft_adapter(dir, adapters, c);
 }
 
-std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only) {
+std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only,
+                              const std::string& format) {
+  BRIGADE_CHECK(format == "hf" || format == "gguf", ConfigError,
+                "--format {}: use hf (a Hugging Face directory) or gguf (one GGUF file for llama.cpp)", format);
+  BRIGADE_CHECK(!(adapter_only && format == "gguf"), ConfigError,
+                "--adapter writes PEFT files; GGUF holds the whole model (the adapters merged): drop one of the two");
   const std::string dir = open_checkpoint(ckpt);  // repairs a save interrupted between its renames
   const Recipe r = checkpoint_recipe(dir);
   const bool lora = r.finetune.method == "lora";
@@ -299,6 +305,16 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
   std::vector<std::string> extra;
   const fs::path tok = fs::path(dir) / "tokenizer.model";
   if (fs::is_regular_file(tok)) extra.push_back(tok.string());
+  if (format == "gguf") {
+    models::GgufOptions g;
+    g.dtype = dtype;
+    g.tokenizer_model = extra.empty() ? "" : extra[0];
+    g.name = r.run.name;
+    models::save_gguf(*base, out, g);
+    return fmt::format("wrote {} as a GGUF v3 file ({} {}{}{}) to {}", dir, r.model.type == "gpt" ? "gpt2" : "llama",
+                       dtype_name(dtype), lora ? ", LoRA adapters merged" : "",
+                       extra.empty() ? ", no tokenizer" : ", tokenizer included", out);
+  }
   models::save_hf_directory(*base, out, dtype, extra);
   return fmt::format("wrote {} as a Hugging Face {} directory ({}{}) to {}", dir,
                      r.model.type == "gpt" ? "GPT2LMHeadModel" : "LlamaForCausalLM", dtype_name(dtype),

@@ -52,7 +52,9 @@ void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan
 // model.safetensors in `dtype`, the checkpoint's tokenizer.model), a LoRA run's adapters merged
 // into the base weights; or, with `adapter_only`, a LoRA run's adapters as PEFT files. Returns
 // one line saying what was written.
-std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only);
+// With format "gguf": one GGUF v3 file at `out` (models/hf/gguf.h) instead of the directory.
+std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only,
+                              const std::string& format = "hf");
 
 // `brigade eval --ckpt DIR --data FILE`: a gpt or llama checkpoint's mean next-token loss on a
 // file: a prepared token file (`.bin`, e.g. data/kjv/val.bin; its vocabulary must be the
