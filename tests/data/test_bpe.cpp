@@ -70,25 +70,7 @@ json run_oracle(const TempDir& dir, const std::string& mode, const std::vector<s
   return json::parse(testing::read_bytes(dir.file("out.json")));
 }
 
-std::string utf8(char32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += char(0xE0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xF0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3F));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
+std::string utf8(char32_t cp) { return encode_utf8(cp); }
 
 // Hand-written edge cases: contractions (GPT-2 only knows lowercase ones), whitespace runs
 // (the \s+(?!\S) rule leaves the last space to the next word), digits, punctuation, the strings

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "brigade/core/error.h"
+#include "brigade/data/corpus.h"
 
 namespace brigade::data {
 
@@ -40,18 +41,8 @@ struct ByteMap {
       const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       to_cp[b] = printable ? char32_t(b) : char32_t(256 + n++);
       from_cp[to_cp[b]] = b;
-      to_utf8[b] = utf8(to_cp[b]);
+      to_utf8[b] = encode_utf8(to_cp[b]);
     }
-  }
-  static std::string utf8(char32_t cp) {
-    std::string s;
-    if (cp < 0x80) {
-      s += char(cp);
-    } else {  // every mapped code point is below 0x800
-      s += char(0xC0 | (cp >> 6));
-      s += char(0x80 | (cp & 0x3F));
-    }
-    return s;
   }
 };
 

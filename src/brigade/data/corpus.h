@@ -42,5 +42,7 @@ std::string read_kjv();
 
 // True when `s` is valid UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
 bool is_valid_utf8(std::string_view s);
+// The UTF-8 bytes of one code point (at most U+10FFFF).
+std::string encode_utf8(char32_t cp);
 
 }  // namespace brigade::data

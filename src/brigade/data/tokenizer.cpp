@@ -13,6 +13,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
+#include "brigade/data/corpus.h"
 
 namespace brigade::data {
 
@@ -64,26 +65,6 @@ class LineIterator : public sentencepiece::SentenceIterator {
   std::string value_;
   bool done_ = false;
 };
-
-std::string encode_utf8(char32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else if (cp < 0x800) {
-    s += char(0xC0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += char(0xE0 | (cp >> 12));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  } else {
-    s += char(0xF0 | (cp >> 18));
-    s += char(0x80 | ((cp >> 12) & 0x3F));
-    s += char(0x80 | ((cp >> 6) & 0x3F));
-    s += char(0x80 | (cp & 0x3F));
-  }
-  return s;
-}
 
 // Decodes UTF-8 leniently (invalid bytes become U+FFFD) — only used for messages.
 std::vector<char32_t> code_points(std::string_view s) {

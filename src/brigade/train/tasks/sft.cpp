@@ -1,6 +1,7 @@
 // Supervised fine-tuning of a causal LM on JSONL samples (data.format = "jsonl"); see tasks.h.
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <optional>
 
@@ -70,6 +71,18 @@ class SftTask : public Task {
                   r_.data.corpus, N);
     train_.assign(std::make_move_iterator(kept.begin()), std::make_move_iterator(kept.end() - n_val));
     val_.assign(std::make_move_iterator(kept.end() - n_val), std::make_move_iterator(kept.end()));
+    // The trivial baseline of a classification-like set: always answering the training set's most
+    // frequent completion (its trained tokens), scored by exact match on the val samples.
+    std::map<std::vector<int>, int64_t> counts;
+    for (const data::SftSample& s : train_) ++counts[trained_ids(s)];
+    const auto top = std::max_element(counts.begin(), counts.end(),
+                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+    int64_t hits = 0;
+    for (const data::SftSample& s : val_) hits += trained_ids(s) == top->first;
+    majority_ = val_.empty() ? 0.0 : double(hits) / double(val_.size());
+    majority_text_ = tok_->decode(top->first);
+    while (!majority_text_.empty() && (majority_text_.back() == '\n' || majority_text_.back() == ' '))
+      majority_text_.pop_back();
     summary_ = fmt::format("{} {} samples{}{}: {} train / {} val{}", N + truncated + d.skipped, shape_,
                            d.skipped ? fmt::format(", {} without a trained token skipped", d.skipped) : "",
                            truncated ? fmt::format(", {} left out (no trained token in their first seq_len + 1 = {} "
@@ -77,6 +90,8 @@ class SftTask : public Task {
                                                    truncated, T + 1)
                                      : "",
                            train_.size(), val_.size(), cut ? fmt::format(" ({} cut to {} tokens)", cut, T + 1) : "");
+    summary_ += fmt::format(" | majority completion \"{}\": {:.2f}% exact match on val", majority_text_,
+                            100.0 * majority_);
   }
   ItemKind item_kind() const override { return ItemKind::Token; }
   int64_t items_per_row() const override { return r_.train.seq_len; }
@@ -143,9 +158,10 @@ class SftTask : public Task {
                        100.0 * m.get("exact") / m.get("samples"));
   }
   std::string final_line(const Metrics& m) const override {
-    return fmt::format("final val loss: {:.4f} | exact match {:.2f}% of {:.0f} held-out samples",
+    return fmt::format("final val loss: {:.4f} | exact match {:.2f}% of {:.0f} held-out samples (always the "
+                       "majority completion: {:.2f}%)",
                        m.get("loss_sum") / m.get("tokens"), 100.0 * m.get("exact") / m.get("samples"),
-                       m.get("samples"));
+                       m.get("samples"), 100.0 * majority_);
   }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
     const int64_t B = rows > 0 ? rows : r_.train.batch_size, T = r_.train.seq_len, V = r_.model.vocab_size;
@@ -187,6 +203,14 @@ class SftTask : public Task {
     b.count = count;
     return b;
   }
+  // A sample's trained tokens (its completion and EOS), within the row's seq_len + 1.
+  std::vector<int> trained_ids(const data::SftSample& s) const {
+    std::vector<int> out;
+    const size_t n = std::min(s.ids.size(), size_t(r_.train.seq_len + 1));
+    for (size_t i = 1; i < n; ++i)
+      if (s.trained[i]) out.push_back(s.ids[i]);
+    return out;
+  }
   // The training samples' order in epoch e (a seeded Fisher-Yates shuffle), cached per epoch.
   const std::vector<int64_t>& order(int64_t e) {
     if (order_epoch_ != e) {
@@ -204,7 +228,8 @@ class SftTask : public Task {
   std::unique_ptr<models::CausalLM> model_;
   std::optional<data::Tokenizer> tok_;
   std::vector<data::SftSample> train_, val_;
-  std::string shape_, summary_;
+  std::string shape_, summary_, majority_text_;
+  double majority_ = 0.0;
   std::vector<int64_t> order_;
   int64_t order_epoch_ = -1;
 };
