@@ -88,7 +88,29 @@ TEST(Recipe, EveryShippedRecipeLoads) {
     ++n;
     SCOPED_TRACE(e.path().string());
     Recipe r;
+    // A fine-tuning recipe starts from the default recipe's model, exported to runs/gpt-kjv/hf:
+    // its config.json as `brigade export` writes it stands in, in a scratch working directory.
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    const Recipe raw = parse_recipe(text, e.path().string(), {}, /*resolve=*/false);
+    const std::filesystem::path cwd = std::filesystem::current_path();
+    std::filesystem::path scratch;
+    if (!raw.model.init_from.empty()) {
+      ASSERT_EQ(raw.model.init_from, "runs/gpt-kjv/hf");
+      scratch = std::filesystem::temp_directory_path() / ("brigade_recipe_" + std::to_string(::getpid()));
+      std::filesystem::create_directories(scratch / raw.model.init_from);
+      std::ofstream(scratch / raw.model.init_from / "config.json")
+          << R"({"model_type": "gpt2", "vocab_size": 4096, "n_positions": 128, "n_layer": 4, "n_head": 4,
+                 "n_embd": 256, "layer_norm_epsilon": 1e-05, "activation_function": "gelu_new",
+                 "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "tie_word_embeddings": true})";
+      std::filesystem::current_path(scratch);
+    }
     ASSERT_NO_THROW(r = load_recipe(e.path().string()));
+    if (!scratch.empty()) {
+      std::filesystem::current_path(cwd);
+      std::filesystem::remove_all(scratch);
+      EXPECT_EQ(r.model.n_embd, 256);  // the shape read from the directory
+    }
     const std::string stem = e.path().stem().string();
     EXPECT_EQ(stem.rfind(r.model.type, 0), 0u) << "recipe " << stem << " has model.type " << r.model.type;
     EXPECT_EQ(r.run.name, stem);

@@ -269,6 +269,17 @@ TEST_P(FineTune, ALoraCheckpointEvaluatesGeneratesAndExportsWithoutItsInitFromDi
   ASSERT_EQ(ad.code, 0) << ad.err;
   EXPECT_TRUE(fs::is_regular_file(dir_ / "ad" / "adapter_model.safetensors"));
   EXPECT_TRUE(fs::is_regular_file(dir_ / "ad" / "adapter_config.json"));
+  // the PEFT folder on the pretrained checkpoint generates what the LoRA checkpoint generates
+  const std::string greedy = " --greedy --tokens 8 --prompt 'And the king'";
+  const CmdResult own = test_support::run_in(dir_, kBin + " generate --ckpt lora/checkpoint" + greedy);
+  const CmdResult on_base = test_support::run_in(
+      dir_, kBin + " generate --ckpt " + (root_ / "run" / "checkpoint").string() + " --adapter ad" + greedy);
+  ASSERT_EQ(own.code, 0) << own.err;
+  ASSERT_EQ(on_base.code, 0) << on_base.err;
+  EXPECT_EQ(on_base.out, own.out);
+  const CmdResult twice = test_support::run_in(dir_, kBin + " generate --ckpt lora/checkpoint --adapter ad" + greedy);
+  EXPECT_NE(twice.code, 0);
+  EXPECT_NE(twice.err.find("has LoRA adapters already"), std::string::npos) << twice.err;
 }
 
 // eval --data: a prepared token file and the text it came from score alike; one window's loss is

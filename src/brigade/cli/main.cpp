@@ -71,7 +71,8 @@ int cmd_train(const std::string& recipe_path, const std::vector<std::string>& se
   return 0;
 }
 
-int cmd_generate(const std::string& ckpt, const std::string& prompt, const train::SampleOptions& so, int threads) {
+int cmd_generate(const std::string& ckpt, const std::string& prompt, const train::SampleOptions& so, int threads,
+                 const std::string& adapter) {
   if (threads > 0) omp_set_num_threads(threads);
   const std::string dir = train::open_checkpoint(ckpt);  // repairs a save interrupted between its renames
   train::Recipe r = train::checkpoint_recipe(dir);
@@ -83,6 +84,7 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
   const std::unique_ptr<train::Task> task = train::make_task(r, /*init_weights=*/false);
   train::load_state((fs::path(dir) / "model.safetensors").string(), task->state_dict());
   auto& model = dynamic_cast<models::CausalLM&>(task->model());
+  if (!adapter.empty()) fmt::print(stderr, "{}\n", train::attach_peft_adapter(model, adapter));
   model.train(false);
   data::Tokenizer tok = data::Tokenizer::load((fs::path(dir) / "tokenizer.model").string());
   fmt::print("{}\n", train::generate_text(model, tok, prompt, so));
@@ -176,6 +178,11 @@ int run(int argc, char** argv) {
   gen->add_option("--top-k", so.top_k, "Sample among the k most likely tokens (0 = all)")->capture_default_str();
   gen->add_option("--seed", so.seed, "Sampling seed")->capture_default_str();
   gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
+  std::string gen_adapter;
+  bool greedy = false;
+  gen->add_option("--adapter", gen_adapter, "A PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) "
+                                            "to apply to the checkpoint's model first");
+  gen->add_flag("--greedy", greedy, "Greedy decoding: the most likely token each step (= --top-k 1)");
 
   auto* ev = app.add_subcommand("eval", "Evaluate a checkpoint as its run's final evaluation: a language model's val "
                                         "loss, bert's masked-LM loss and accuracy, an image classifier's Fashion-MNIST "
@@ -241,7 +248,10 @@ int run(int argc, char** argv) {
       topts.sample = !no_sample;
       return finish(cmd_train(recipe, sets, topts, dry_run, json), "");
     }
-    if (gen->parsed()) return finish(cmd_generate(ckpt, prompt, so, threads), "");
+    if (gen->parsed()) {
+      if (greedy) so.top_k = 1;
+      return finish(cmd_generate(ckpt, prompt, so, threads, gen_adapter), "");
+    }
     if (ev->parsed()) return finish(cmd_eval(ckpt, threads, json, eval_data), "");
     if (ex->parsed()) {
       const DType dt = dtype_from_name(export_dtype);

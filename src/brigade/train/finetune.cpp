@@ -321,6 +321,43 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
                      lora ? ", LoRA adapters merged" : "", out);
 }
 
+std::string attach_peft_adapter(nn::Module& model, const std::string& dir) {
+  const ckpt::PeftAdapter a = ckpt::read_peft_adapter(dir);
+  for (auto& [name, p] : model.named_parameters())
+    BRIGADE_CHECK(name.find(".lora_") == std::string::npos, ConfigError,
+                  "--adapter {}: the checkpoint's model has LoRA adapters already ({}); name a checkpoint without "
+                  "them (its base), or generate from this one without --adapter",
+                  dir, name);
+  nn::LoraOptions o;
+  o.r = a.config.r;
+  o.alpha = a.config.lora_alpha;
+  o.rslora = a.config.use_rslora;
+  o.target_modules = a.config.target_modules;
+  Generator unused(0);  // A is overwritten by the folder's tensors
+  const std::vector<std::string> adapted = nn::apply_lora(model, o, unused);
+  BRIGADE_CHECK(nn::lora_fan_in_fan_out(model) == a.config.fan_in_fan_out, ConfigError,
+                "--adapter {}: adapter_config.json says fan_in_fan_out = {}, but the targeted layers are {}; the "
+                "adapter was trained on another architecture",
+                dir, a.config.fan_in_fan_out, a.config.fan_in_fan_out ? "torch Linear layers" : "HF Conv1D layers");
+  std::map<std::string, Tensor> params;
+  for (auto& [name, p] : nn::lora_parameters(model)) params.emplace(name, p);
+  std::string layers;
+  for (const std::string& l : adapted) layers += (layers.empty() ? "" : ", ") + l;
+  for (auto& [name, t] : a.tensors) {
+    auto it = params.find(name);
+    BRIGADE_CHECK(it != params.end(), ConfigError,
+                  "--adapter {}: tensor {} is not an adapter of this model (its target layers: {})", dir, name,
+                  layers);
+    BRIGADE_CHECK(t.shape() == it->second.shape(), ConfigError, "--adapter {}: {} has shape {}, this model's is {}",
+                  dir, name, shape_str(t.shape()), shape_str(it->second.shape()));
+    it->second.copy_(t);
+    params.erase(it);
+  }
+  BRIGADE_CHECK(params.empty(), ConfigError, "--adapter {}: no tensor for {} in adapter_model.safetensors", dir,
+                params.empty() ? "" : params.begin()->first);
+  return fmt::format("adapter {}: LoRA r {} on {} layers", dir, o.r, adapted.size());
+}
+
 TextEval evaluate_on_file(const std::string& ckpt, const std::string& file) {
   const std::string dir = open_checkpoint(ckpt);
   const Recipe r = checkpoint_recipe(dir);

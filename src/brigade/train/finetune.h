@@ -56,6 +56,13 @@ void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan
 std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only,
                               const std::string& format = "hf");
 
+// `brigade generate --adapter DIR`: a PEFT LoRA folder (ckpt/peft.h) applied to `model` (built
+// without adapters): its r, lora_alpha, use_rslora and target_modules, then its tensors, every
+// one a parameter of the adapted model with its shape. ConfigError when the model already has
+// adapters, when the folder's fan_in_fan_out does not match the model's layers, or for a tensor
+// the model does not have. Returns one line saying what was applied.
+std::string attach_peft_adapter(nn::Module& model, const std::string& dir);
+
 // `brigade eval --ckpt DIR --data FILE`: a gpt or llama checkpoint's mean next-token loss on a
 // file: a prepared token file (`.bin`, e.g. data/kjv/val.bin; its vocabulary must be the
 // model's) or text, encoded with the checkpoint's tokenizer. Consecutive windows of

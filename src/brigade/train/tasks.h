@@ -1,5 +1,6 @@
-// The four tasks the model zoo trains through (task.h has the interface), each made from a model:
+// The five tasks the model zoo trains through (task.h has the interface), each made from a model:
 //   causal_lm_task            GPT, LLaMA: next-token cross-entropy on a prepared text corpus
+//   sft_task                  GPT, LLaMA: the same on JSONL samples, the loss on completions only
 //   masked_lm_task            BERT: masked-token cross-entropy (80/10/10 masking) on the same data
 //   image_classification_task ViT, ResNet, Swin, or any user model: cross-entropy on Fashion-MNIST
 //   contrastive_task          CLIP: symmetric InfoNCE over image-caption pairs, zero-shot evaluation
