@@ -247,6 +247,13 @@ TEST_P(FineTune, LoraResumesBitwiseAndTrainsInBf16) {
   EXPECT_EQ(resumed.loss_text, whole.loss_text);
   EXPECT_EQ(resumed.val_text, whole.val_text);
 
+  // with LoRA dropout: its masks come from the run's dropout stream, so a resumed run still matches
+  const Curve drop_whole = ok(1, "drop-whole", "--set lora.dropout=0.1");
+  ok(1, "drop-cut", "--set lora.dropout=0.1 --stop-at 5");
+  const Curve drop_resumed = ok(1, "drop-cut", "--set lora.dropout=0.1 --resume");
+  EXPECT_EQ(drop_resumed.loss_text, drop_whole.loss_text);
+  EXPECT_NE(drop_whole.loss_text, whole.loss_text);  // the masks change the losses
+
   const Curve bf16 = ok(1, "bf16", "--set precision.level=O2 --set precision.dtype=bf16");
   ASSERT_EQ(bf16.loss.size(), 10u);
   for (auto& [step, v] : bf16.loss) EXPECT_TRUE(std::isfinite(v)) << step;
@@ -429,6 +436,12 @@ TEST_P(FineTune, SftLoraLearnsAndMatchesUnderDataParallelism) {
     const auto j = nlohmann::json::parse(last_eval);
     EXPECT_GE(j.at("exact_match").get<double>(), 0.0);
     EXPECT_LE(j.at("exact_match").get<double>(), 1.0);
+    // `brigade eval` of the checkpoint is the run's final evaluation
+    const CmdResult ev = test_support::run_in(dir_, kBin + " eval --ckpt one/checkpoint --json");
+    ASSERT_EQ(ev.code, 0) << ev.err;
+    const auto e = nlohmann::json::parse(ev.out);
+    EXPECT_EQ(e.at("val_loss").dump(), j.at("val_loss").dump());
+    EXPECT_EQ(e.at("exact_match").dump(), j.at("exact_match").dump());
   }
   if (!test_support::have_mpirun(kMpirun)) GTEST_SKIP() << "no mpirun";
   const Curve two = ok(2, "two", "--set train.batch_size=4 --set parallel.dp=2 --set parallel.zero=1");
