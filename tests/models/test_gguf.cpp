@@ -47,12 +47,7 @@ constexpr int kString = 8, kU32 = 4, kF32 = 6, kBool = 7, kArray = 9, kI32 = 5;
 
 // Empty when node and the npm package are there, else what is missing and what to run.
 std::string reader_missing() {
-  if (std::system("command -v node >/dev/null 2>&1") != 0)
-    return "node is not installed: run scripts/install-deps.sh (it installs nodejs and the npm packages)";
-  if (!fs::is_regular_file(kPkgDir + "/package.json") || !fs::is_regular_file(kPkgDir + "/dist/index.mjs"))
-    return "the GGUF reader " + kPkgDir +
-           " is missing: run scripts/install-deps.sh (npm install @huggingface/gguf@0.4.6 into third_party/npm)";
-  return "";
+  return test_support::npm_oracle_missing("@huggingface/gguf", "0.4.6", {"package.json", "dist/index.mjs"});
 }
 
 #define REQUIRE_READER()                      \

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace brigade::test_support {
 
@@ -89,6 +90,22 @@ inline std::filesystem::path fresh_test_dir(const std::string& prefix) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// The test-time oracles scripts/install-deps.sh installs from npm into third_party/npm/: empty
+// when node and `files` (paths inside the package `pkg`) are there, else what is missing and the
+// command that installs it.
+inline std::string npm_oracle_missing(const std::string& pkg, const std::string& version,
+                                      const std::vector<std::string>& files) {
+  if (std::system("command -v node >/dev/null 2>&1") != 0)
+    return "node is not installed: run scripts/install-deps.sh (it installs nodejs and the npm packages)";
+  const std::filesystem::path dir =
+      std::filesystem::path(BRIGADE_SOURCE_DIR) / "third_party" / "npm" / "node_modules" / pkg;
+  for (const std::string& f : files)
+    if (!std::filesystem::is_regular_file(dir / f))
+      return (dir / f).string() + " is missing: run scripts/install-deps.sh (npm install " + pkg + "@" + version +
+             " into third_party/npm)";
+  return "";
 }
 
 }  // namespace brigade::test_support

@@ -613,6 +613,9 @@ TEST(FineTuneRecipe, BadFineTuningSettingsAreClearErrors) {
   EXPECT_NE(tp.find("LoRA runs under data parallelism"), std::string::npos) << tp;
   const std::string rank = error_of("[finetune]\nmethod = \"lora\"\n[lora]\nr = 0\n");
   EXPECT_NE(rank.find("lora.r = 0"), std::string::npos) << rank;
+  const std::string noval =
+      error_of("[data]\nformat = \"jsonl\"\ncorpus = \"s.jsonl\"\nval_fraction = 0.0\n");
+  EXPECT_NE(noval.find("needs data.val_fraction > 0"), std::string::npos) << noval;
   const std::string vit = error_of(
       "[model]\ntype = \"vit\"\npatch_size = 7\n[data]\ncorpus = \"fashion-mnist\"\n[finetune]\nmethod = \"lora\"\n");
   EXPECT_NE(vit.find("needs lora.target_modules"), std::string::npos) << vit;

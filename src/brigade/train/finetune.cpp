@@ -125,6 +125,9 @@ void validate_finetune(const Recipe& r, const Fail& fail) {
                        r.data.corpus));
     if (r.parallel.tp > 1 || r.parallel.pp > 1)
       fail("data.format = \"jsonl\" runs under data parallelism only; set parallel.tp = 1 and parallel.pp = 1");
+    if (!(r.data.val_fraction > 0))
+      fail("data.format = \"jsonl\" needs data.val_fraction > 0: the file's last samples are the held-out set every "
+           "evaluation scores (e.g. 0.05)");
     const std::string& t = r.data.chat_template;
     if (t != "chatml" && t != "llama-2" && t != "llama-3")
       fail(fmt::format("data.chat_template = \"{}\" is not a template; use \"chatml\", \"llama-2\" or "
