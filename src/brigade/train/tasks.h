@@ -40,6 +40,10 @@ std::string fashion_mnist_dir(const Recipe& r);
 // batch's rows (batch_size x accumulation x dp) of evenly spaced val windows, the mean of the
 // batch means: the same windows however the batch is split. Sampling at the end: [sample].
 std::unique_ptr<Task> causal_lm_task(const Recipe& r, std::unique_ptr<models::CausalLM> model);
+// What both causal-LM tasks share: the model's one-line description, and the synthetic batch of
+// `bench` / `--dry-run` (random ids, every next id a target; rows -1 = train.batch_size).
+std::string causal_lm_description(const Recipe& r, const models::CausalLM& model);
+Batch causal_lm_synthetic_batch(const Recipe& r, uint64_t seed, int64_t rows);
 
 // Supervised fine-tuning (data.format = "jsonl", data/sft.h): one sample per row, its first
 // seq_len + 1 tokens, the rest padding; targets only on trained tokens (completions, assistant

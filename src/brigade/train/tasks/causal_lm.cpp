@@ -34,6 +34,27 @@ data::PrepareOptions prepare_options(const Recipe& r) {
   return po;
 }
 
+std::string causal_lm_description(const Recipe& r, const models::CausalLM& model) {
+  return fmt::format("{} {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters",
+                     std::string(model.arch()) == "gpt" ? "GPT" : "LLaMA", r.model.n_layer, r.model.n_embd,
+                     r.model.n_head, r.model.vocab_size, double(model.num_parameters()) / 1e6);
+}
+
+Batch causal_lm_synthetic_batch(const Recipe& r, uint64_t seed, int64_t rows) {
+  const int64_t B = rows > 0 ? rows : r.train.batch_size, T = r.train.seq_len, V = r.model.vocab_size;
+  // random ids (and targets: the next id), fixed by the seed
+  Tensor ids = Tensor::empty({B, T + 1}, DType::I64);  // (B, T + 1)
+  Generator g(seed);
+  int64_t* p = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) p[i] = std::min<int64_t>(int64_t(g.uniform_double() * double(V)), V - 1);
+  Batch b;
+  b.t["ids"] = ids.narrow(1, 0, T).contiguous();      // (B, T)
+  b.t["targets"] = ids.narrow(1, 1, T).contiguous();  // (B, T)
+  b.rows = B;
+  b.count = B * T;
+  return b;
+}
+
 namespace {
 
 // The causal-LM task as tasks.h describes it (causal_lm_task).
@@ -43,11 +64,7 @@ class CausalLMTask : public Task {
   nn::Module& model() override { return *model_; }
   models::CausalLM& lm() { return *model_; }
   Generator* dropout_generator() override { return &model_->dropout_generator(); }
-  std::string describe() override {
-    return fmt::format("{} {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters",
-                       std::string(model_->arch()) == "gpt" ? "GPT" : "LLaMA", r_.model.n_layer, r_.model.n_embd,
-                       r_.model.n_head, r_.model.vocab_size, double(model_->num_parameters()) / 1e6);
-  }
+  std::string describe() override { return causal_lm_description(r_, *model_); }
   void open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) override {
     const fs::path data_dir(r_.data.dir);
     // Prepared by rank 0 on first use, and again when the folder was made from something else than
@@ -172,18 +189,7 @@ class CausalLMTask : public Task {
     return (fs::path(r_.data.dir) / data::kTokenizerFile).string();
   }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
-    const int64_t B = rows > 0 ? rows : r_.train.batch_size, T = r_.train.seq_len, V = r_.model.vocab_size;
-    // random ids (and targets: the next id), fixed by the seed
-    Tensor ids = Tensor::empty({B, T + 1}, DType::I64);  // (B, T + 1)
-    Generator g(seed);
-    int64_t* p = ids.data<int64_t>();
-    for (int64_t i = 0; i < ids.numel(); ++i) p[i] = std::min<int64_t>(int64_t(g.uniform_double() * double(V)), V - 1);
-    Batch b;
-    b.t["ids"] = ids.narrow(1, 0, T).contiguous();      // (B, T)
-    b.t["targets"] = ids.narrow(1, 1, T).contiguous();  // (B, T)
-    b.rows = B;
-    b.count = B * T;
-    return b;
+    return causal_lm_synthetic_batch(r_, seed, rows);
   }
   int64_t eval_rows() const override { return r_.train.batch_size; }
 

@@ -27,11 +27,7 @@ class SftTask : public Task {
   SftTask(const Recipe& r, std::unique_ptr<models::CausalLM> model) : r_(r), model_(std::move(model)) {}
   nn::Module& model() override { return *model_; }
   Generator* dropout_generator() override { return &model_->dropout_generator(); }
-  std::string describe() override {
-    return fmt::format("{} {} layers, {} dims, {} heads, vocab {}, {:.2f}M parameters",
-                       std::string(model_->arch()) == "gpt" ? "GPT" : "LLaMA", r_.model.n_layer, r_.model.n_embd,
-                       r_.model.n_head, r_.model.vocab_size, double(model_->num_parameters()) / 1e6);
-  }
+  std::string describe() override { return causal_lm_description(r_, *model_); }
   std::string tokenizer_path() const override {
     return r_.model.init_from.empty() ? (fs::path(r_.data.dir) / data::kTokenizerFile).string()
                                       : init_from_tokenizer(r_);
@@ -163,19 +159,9 @@ class SftTask : public Task {
                        m.get("loss_sum") / m.get("tokens"), 100.0 * m.get("exact") / m.get("samples"),
                        m.get("samples"), 100.0 * majority_);
   }
+  // every position a target, as a full row of trained tokens
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
-    const int64_t B = rows > 0 ? rows : r_.train.batch_size, T = r_.train.seq_len, V = r_.model.vocab_size;
-    Generator g(seed);
-    std::vector<data::SftSample> fake(static_cast<size_t>(B));
-    std::vector<const data::SftSample*> ptrs;
-    for (auto& s : fake) {
-      for (int64_t i = 0; i <= T; ++i) {
-        s.ids.push_back(int(std::min<int64_t>(int64_t(g.uniform_double() * double(V)), V - 1)));
-        s.trained.push_back(1);
-      }
-      ptrs.push_back(&s);
-    }
-    return make_batch(ptrs);
+    return causal_lm_synthetic_batch(r_, seed, rows);
   }
   int64_t eval_rows() const override { return r_.train.batch_size; }
 
