@@ -27,6 +27,7 @@
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/data/sft.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/data/token_file.h"
 #include "brigade/data/tokenizer.h"
 #include "brigade/models/causal_lm.h"
@@ -453,8 +454,10 @@ TEST(SftData, ShapesTemplatesAndBadLines) {
   // the tokenizer of a tiny corpus
   const fs::path d = test_support::fresh_test_dir("brigade_sft_data");
   test_support::write_tiny_corpus(d / "c.txt");
-  const data::Tokenizer tok =
-      data::Tokenizer::train(test_support::slurp(d / "c.txt") + "<|>[]/_:STINY\n", data::TokenizerTrainOptions{.vocab_size = 160});
+  const std::unique_ptr<data::TextTokenizer> own = data::brigade_tokenizer(
+      data::Tokenizer::train(test_support::slurp(d / "c.txt") + "<|>[]/_:STINY\n", data::TokenizerTrainOptions{.vocab_size = 160}),
+      d.string());
+  const data::TextTokenizer& tok = *own;
   auto write = [&](const std::string& text) {
     std::ofstream(d / "s.jsonl") << text;
     return (d / "s.jsonl").string();

@@ -11,6 +11,7 @@
 #include "brigade/core/error.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/data/prepare.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/data/tokenizer.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/cli/ablate.h"
@@ -86,8 +87,8 @@ int cmd_generate(const std::string& ckpt, const std::string& prompt, const train
   auto& model = dynamic_cast<models::CausalLM&>(task->model());
   if (!adapter.empty()) fmt::print(stderr, "{}\n", train::attach_peft_adapter(model, adapter));
   model.train(false);
-  data::Tokenizer tok = data::Tokenizer::load((fs::path(dir) / "tokenizer.model").string());
-  fmt::print("{}\n", train::generate_text(model, tok, prompt, so));
+  const std::unique_ptr<data::TextTokenizer> tok = data::load_text_tokenizer(dir);
+  fmt::print("{}\n", train::generate_text(model, *tok, prompt, so));
   return 0;
 }
 

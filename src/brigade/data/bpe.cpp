@@ -755,6 +755,16 @@ std::string ByteLevelBpe::id_to_token(int id) const {
   return impl_->tokens[size_t(id)];
 }
 
+const std::vector<int>& ByteLevelBpe::post_prefix() const {
+  BRIGADE_ASSERT(impl_, "post_prefix() on an empty ByteLevelBpe");
+  return impl_->prefix_ids;
+}
+
+const std::vector<int>& ByteLevelBpe::post_suffix() const {
+  BRIGADE_ASSERT(impl_, "post_suffix() on an empty ByteLevelBpe");
+  return impl_->suffix_ids;
+}
+
 bool ByteLevelBpe::is_special(int id) const {
   BRIGADE_ASSERT(impl_, "is_special() on an empty ByteLevelBpe");
   auto it = impl_->added_by_id.find(id);

@@ -73,6 +73,10 @@ class ByteLevelBpe {
   std::string id_to_token(int id) const;
   // Whether `id` is a special token (GPT-2's <|endoftext|>, tokenizer.json's special added tokens).
   bool is_special(int id) const;
+  // The ids the post-processor puts before and after a text (add_special_tokens); none for
+  // GPT-2's own files.
+  const std::vector<int>& post_prefix() const;
+  const std::vector<int>& post_suffix() const;
 
  private:
   struct Impl;

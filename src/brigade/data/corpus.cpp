@@ -208,6 +208,7 @@ Corpus read_corpus(const std::string& spec, const WarningFn& warn) {
   BRIGADE_CHECK(!spec.empty(), DataError, "data.corpus is empty; set it to \"kjv\", a text file or a folder");
   if (spec == "kjv") {
     c.text = read_kjv();
+    c.file_starts.push_back(0);
   } else {
     fs::path root(spec);
     std::error_code ec;
@@ -223,6 +224,7 @@ Corpus read_corpus(const std::string& spec, const WarningFn& warn) {
           if (warn) warn(fmt::format("skipping '{}': not UTF-8 text (binary?)", p.string()));
           continue;
         }
+        c.file_starts.push_back(c.text.size());
         append_lines(c.text, bytes);
         c.files.push_back(p.string());
       }
@@ -233,6 +235,7 @@ Corpus read_corpus(const std::string& spec, const WarningFn& warn) {
       BRIGADE_CHECK(bytes.find('\0') == std::string::npos && is_valid_utf8(bytes), DataError,
                     "corpus file '{}' is not UTF-8 text (binary?); convert it to UTF-8 or choose another file",
                     spec);
+      c.file_starts.push_back(c.text.size());
       append_lines(c.text, bytes);
       c.files.push_back(root.string());
     }

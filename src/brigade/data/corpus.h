@@ -16,6 +16,7 @@ struct Corpus {
   std::string source;               // the spec as given: "kjv", a file or a folder
   std::string text;                 // UTF-8; lines end with '\n' (CRLF -> LF); files concatenated
   std::vector<std::string> files;   // files read, in order (empty for "kjv")
+  std::vector<size_t> file_starts;  // where each file's text starts in `text` ({0} for "kjv"): documents
   std::vector<std::string> skipped; // files skipped as binary / not UTF-8 (folders only)
   int64_t lines = 0;                // number of '\n' in text
 };

@@ -19,6 +19,7 @@
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
 #include "brigade/data/corpus.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/data/token_file.h"
 #include "brigade/data/tokenizer.h"
 
@@ -60,12 +61,11 @@ TokenizerTrainOptions tokenizer_options(const PrepareOptions& o) {
 // hash: another tokenizer prepares again; a copy of the same one elsewhere does not).
 json tokenizer_train_json(const TokenizerTrainOptions& t, const std::string& given = "") {
   if (!given.empty()) {
-    std::ifstream in(given, std::ios::binary);
-    BRIGADE_CHECK(in.good(), DataError, "prepare: cannot read the tokenizer {}; check the path", given);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    const std::string bytes = ss.str();
+    const std::unique_ptr<TextTokenizer> tok = load_text_tokenizer(given);
+    std::string bytes;
+    for (const auto& [name, content] : tokenizer_contents(*tok)) bytes += name + '\0' + content + '\0';
     return {{"algorithm", "given"},
+            {"kind", tok->kind()},
             {"bytes", int64_t(bytes.size())},
             {"fnv1a64", fnv1a64_hex(bytes)}};
   }
@@ -175,26 +175,42 @@ std::string source_files_change(const std::string& dir, const json& then_src, co
   return fmt::format("corpus {} changed since {} was prepared: {}", now_src.value("path", ""), dir, joined);
 }
 
-// Encodes `text` in chunks of whole lines, in parallel, concatenated in order.
-std::vector<int32_t> encode_corpus(const Tokenizer& tok, std::string_view text) {
+// Encodes the corpus, in parallel, concatenated in order. A tokenizer that encodes line by line
+// gets chunks of whole lines; any other gets one call per document (a file of the corpus), each
+// as document_prefix() + encode(text) + document_suffix().
+std::vector<int32_t> encode_corpus(const TextTokenizer& tok, const Corpus& corpus) {
+  const std::string_view text = corpus.text;
   std::vector<std::string_view> chunks;
-  constexpr size_t kChunkBytes = 64 * 1024;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = std::min(text.size(), pos + kChunkBytes);
-    if (end < text.size()) {
-      size_t nl = text.find('\n', end);
-      end = nl == std::string_view::npos ? text.size() : nl + 1;
+  if (tok.line_separable()) {
+    constexpr size_t kChunkBytes = 64 * 1024;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = std::min(text.size(), pos + kChunkBytes);
+      if (end < text.size()) {
+        size_t nl = text.find('\n', end);
+        end = nl == std::string_view::npos ? text.size() : nl + 1;
+      }
+      chunks.push_back(text.substr(pos, end - pos));
+      pos = end;
     }
-    chunks.push_back(text.substr(pos, end - pos));
-    pos = end;
+  } else {
+    for (size_t i = 0; i < corpus.file_starts.size(); ++i) {
+      const size_t b = corpus.file_starts[i],
+                   e = i + 1 < corpus.file_starts.size() ? corpus.file_starts[i + 1] : text.size();
+      if (e > b) chunks.push_back(text.substr(b, e - b));
+    }
   }
+  const std::vector<int> prefix = tok.line_separable() ? std::vector<int>{} : tok.document_prefix(),
+                         suffix = tok.line_separable() ? std::vector<int>{} : tok.document_suffix();
   std::vector<std::vector<int>> parts(chunks.size());
   std::string first_error;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < int64_t(chunks.size()); ++i) {
     try {
-      parts[size_t(i)] = tok.encode(chunks[size_t(i)]);
+      std::vector<int> ids = tok.encode(chunks[size_t(i)]);
+      ids.insert(ids.begin(), prefix.begin(), prefix.end());
+      ids.insert(ids.end(), suffix.begin(), suffix.end());
+      parts[size_t(i)] = std::move(ids);
     } catch (const std::exception& e) {
 #pragma omp critical
       if (first_error.empty()) first_error = e.what();
@@ -222,7 +238,7 @@ bool up_to_date(const fs::path& dir, const PrepareOptions& o, const std::string&
         m.value("vocab_size", int64_t(-1)) != o.vocab_size || m.value("val_fraction", -1.0) != o.val_fraction ||
         m.value("tokenizer_train", json()) != tokenizer_train_json(tokenizer_options(o), o.tokenizer))
       return false;
-    if (!fs::is_regular_file(dir / kTokenizerFile)) return false;
+    if (detect_tokenizer(dir.string()).empty()) return false;
     TokenDataset train((dir / kTrainFile).string(), /*verify_tokens=*/false);
     TokenDataset val((dir / kValFile).string(), /*verify_tokens=*/false);
     if (train.size() != m.value("train_tokens", int64_t(-1)) || val.size() != m.value("val_tokens", int64_t(-1)) ||
@@ -293,24 +309,28 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
   fs::remove(dir / kMetaFile, ec);  // the folder is "unfinished" until meta.json is back
 
   const TokenizerTrainOptions topt = tokenizer_options(o);
-  Tokenizer tok;
+  std::unique_ptr<TextTokenizer> tok;
   if (!o.tokenizer.empty()) {
-    report("tokenizer", fmt::format("encoding with the given tokenizer {}", o.tokenizer), 0.1);
-    tok = Tokenizer::load(o.tokenizer);
-    BRIGADE_CHECK(tok.vocab_size() == o.vocab_size, DataError,
-                  "prepare: the tokenizer {} has {} tokens but the model's vocabulary is {}; use the model's own "
+    tok = load_text_tokenizer(o.tokenizer);
+    report("tokenizer", fmt::format("encoding with the given {} tokenizer of {}", tok->kind(), o.tokenizer), 0.1);
+    // A pretrained model's embedding may have more rows than its tokenizer has tokens (padding).
+    const bool ok = tok->kind() == "brigade" ? tok->vocab_size() == o.vocab_size : tok->vocab_size() <= o.vocab_size;
+    BRIGADE_CHECK(ok, DataError,
+                  "prepare: the tokenizer of {} has {} tokens but the model's vocabulary is {}; use the model's own "
                   "tokenizer",
-                  o.tokenizer, tok.vocab_size(), o.vocab_size);
+                  o.tokenizer, tok->vocab_size(), o.vocab_size);
+    copy_tokenizer(*tok, o.out_dir);
   } else {
     report("tokenizer", fmt::format("training a {}-token BPE tokenizer", o.vocab_size), 0.1);
-    tok = Tokenizer::train(corpus.text, topt);
+    Tokenizer trained = Tokenizer::train(corpus.text, topt);
     report("tokenizer", fmt::format("tokenizer trained in {:.1f}s", elapsed()), 0.5);
+    trained.save((dir / kTokenizerFile).string());
+    tok = brigade_tokenizer(std::move(trained), o.out_dir);
   }
-  tok.save((dir / kTokenizerFile).string());
-  r.vocab_size = tok.vocab_size();
+  r.vocab_size = o.vocab_size;
 
   report("encode", "encoding the corpus", 0.5);
-  std::vector<int32_t> ids = encode_corpus(tok, corpus.text);
+  std::vector<int32_t> ids = encode_corpus(*tok, corpus);
   const int64_t n = int64_t(ids.size());
   report("encode", fmt::format("{} tokens ({:.2f} bytes/token)", n, n ? double(r.corpus_bytes) / double(n) : 0.0),
          0.85);
@@ -318,7 +338,13 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
   int64_t split = n - int64_t(std::llround(o.val_fraction * double(n)));
   if (split < n) {
     int64_t s = split;
-    while (s < n && !(s > 0 && ids[size_t(s - 1)] == Tokenizer::kEosId)) ++s;
+    // after a token whose text ends a line (this engine's EOS, GPT-2's "\n", a <0x0A> byte)
+    auto ends_line = [&](int32_t id) {
+      const int v = int(id);
+      const std::string t = tok->decode(std::span<const int>(&v, 1));
+      return !t.empty() && t.back() == '\n';
+    };
+    while (s < n && !(s > 0 && ends_line(ids[size_t(s - 1)]))) ++s;
     if (s < n) split = s;  // val starts at a line start; otherwise keep the raw cut
   }
   r.train_tokens = split;
@@ -344,8 +370,12 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
       {"train_tokens", r.train_tokens},
       {"val_tokens", r.val_tokens},
       {"token_bytes", token_bytes_for_vocab(r.vocab_size)},
-      {"tokenizer", {{"type", "sentencepiece-bpe"}, {"file", kTokenizerFile}, {"unk_id", Tokenizer::kUnkId},
-                     {"bos_id", Tokenizer::kBosId}, {"eos_id", Tokenizer::kEosId}, {"newline", "eos"}}},
+      {"tokenizer", tok->kind() == "brigade"
+                        ? json{{"type", "sentencepiece-bpe"}, {"file", kTokenizerFile}, {"unk_id", Tokenizer::kUnkId},
+                               {"bos_id", Tokenizer::kBosId}, {"eos_id", Tokenizer::kEosId}, {"newline", "eos"}}
+                        : json{{"type", tok->kind()}, {"files", tok->files()}, {"tokens", tok->vocab_size()},
+                               {"document_prefix", tok->document_prefix()},
+                               {"document_suffix", tok->document_suffix()}}},
       {"tokenizer_train", tokenizer_train_json(topt, o.tokenizer)},
       {"split", "val = contiguous tail from a line start"},
       {"created_utc", now_iso8601()},
@@ -363,7 +393,8 @@ namespace {
 
 // Names prepare() writes into a folder before meta.json (its AtomicFile temporaries too).
 bool is_prepare_output(const std::string& name) {
-  for (const char* own : {kTokenizerFile, kTrainFile, kValFile, kMetaFile}) {
+  for (const char* own : {kTokenizerFile, kTrainFile, kValFile, kMetaFile, kTokenizerMarker, "vocab.json", "merges.txt",
+                          "tokenizer.json", "tokenizer_config.json"}) {
     const std::string o(own);
     if (name == o || name.rfind(o + ".tmp.", 0) == 0) return true;
   }
@@ -470,9 +501,11 @@ PreparedStatus check_prepared(const PrepareOptions& o) {
     if (then_tok != now_tok)
       return {State::kStale, fmt::format("{}'s tokenizer was made with {}, the recipe asks for {}", dir_s,
                                          then_tok.dump(), now_tok.dump())};
-    for (const char* f : {kTokenizerFile, kTrainFile, kValFile})
+    for (const char* f : {kTrainFile, kValFile})
       if (!fs::is_regular_file(dir / f, ec))
         return {State::kStale, fmt::format("{} is missing", (dir / f).string())};
+    if (detect_tokenizer(dir_s).empty())
+      return {State::kStale, fmt::format("{} has no tokenizer any more", dir_s)};
     if (!now.available)  // the data is still what the recipe asks for; only its source is gone
       return {State::kUpToDate, fmt::format("the corpus {} cannot be read any more ({}); using {} as it was "
                                             "prepared from it",

@@ -1,5 +1,5 @@
 // prepare(): corpus -> SentencePiece BPE tokenizer (trained, or given) -> token ids -> train/val files.
-// Writes into out_dir: tokenizer.model, train.bin, val.bin (token_file.h) and
+// Writes into out_dir: tokenizer.model (or a given tokenizer's files), train.bin, val.bin (token_file.h) and
 // meta.json (corpus, vocab, token counts, FNV-1a hash and size of the corpus text,
 // the tokenizer's training settings, the corpus source's files with size, mtime,
 // ctime and inode, time). Idempotent: when meta.json and the files match the same
@@ -9,7 +9,8 @@
 // missing, empty, or was made from other inputs than the options ask for (corpus,
 // its files' size/mtime, vocab, val split, tokenizer settings), and says why.
 // Split: val is the contiguous tail holding round(val_fraction * N) tokens, moved
-// forward to the next line start (after an EOS) when one exists; train is the rest.
+// forward to the next line start (after a token whose text ends with '\n': this engine's EOS)
+// when one exists; train is the rest.
 // Not the CLI (cli/ prints the progress) and not the sampler (sampler.h).
 #pragma once
 #include <cstdint>
@@ -32,9 +33,12 @@ struct PrepareOptions {
   std::string out_dir = "data/kjv";
   int64_t vocab_size = 4096;
   double val_fraction = 0.05;   // in [0, 1); 0 gives an empty val.bin
-  // A SentencePiece model to encode with instead of training one (a pretrained model's own
-  // tokenizer, when fine-tuning); its vocabulary must be vocab_size. It is copied into out_dir,
-  // and meta.json records its size and hash, so another tokenizer prepares again.
+  // A folder holding the tokenizer to encode with instead of training one (a pretrained model's
+  // own, when fine-tuning; text_tokenizer.h says which files). Its vocabulary must be vocab_size
+  // (this engine's own tokenizer) or at most vocab_size (a Hugging Face one: embeddings may be
+  // padded). Its files are copied into out_dir, and meta.json records their size and hash, so
+  // another tokenizer prepares again. Each corpus file is then one document: the tokenizer's
+  // document tokens (LLaMA's BOS, GPT-2's <|endoftext|>) around its text.
   std::string tokenizer = "";
   bool force = false;           // rebuild even when out_dir is up to date
 };

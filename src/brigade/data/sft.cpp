@@ -1,6 +1,7 @@
 // Supervised fine-tuning data from JSONL; see sft.h.
 #include "brigade/data/sft.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -73,7 +74,12 @@ std::string string_field(const json& j, const char* key, const std::string& wher
 
 }  // namespace
 
-SftData read_sft_jsonl(const std::string& path, const Tokenizer& tok, const SftOptions& o) {
+SftData read_sft_jsonl(const std::string& path, const TextTokenizer& tok, const SftOptions& o) {
+  BRIGADE_CHECK(tok.end_id() >= 0, DataError,
+                "the tokenizer of {} has no end-of-text token to end each sample with; add eos_token to its "
+                "tokenizer_config.json",
+                tok.folder());
+  const std::vector<int> prefix = tok.document_prefix();
   std::ifstream in(path, std::ios::binary);
   BRIGADE_CHECK(in.good(), DataError, "cannot read the SFT data {}; check data.corpus", path);
   SftData out;
@@ -116,9 +122,15 @@ SftData read_sft_jsonl(const std::string& path, const Tokenizer& tok, const SftO
       for (const Piece& p : render_chat(m, o.chat_template, where))
         append(s, tok.encode(p.text), p.trained || o.loss_on_all);
     }
-    // every sample ends with EOS, trained on when its last piece is
-    if (s.ids.empty() || s.ids.back() != Tokenizer::kEosId)
-      append(s, {Tokenizer::kEosId}, s.trained.empty() ? true : s.trained.back() != 0);
+    // the tokenizer's document prefix (LLaMA's BOS; never a target), unless the text began with it
+    // (the llama-2 template's "<s>")
+    if (s.ids.size() < prefix.size() || !std::equal(prefix.begin(), prefix.end(), s.ids.begin())) {
+      s.ids.insert(s.ids.begin(), prefix.begin(), prefix.end());
+      s.trained.insert(s.trained.begin(), prefix.size(), 0);
+    }
+    // every sample ends with the end token, trained on when its last piece is
+    if (s.ids.empty() || s.ids.back() != tok.end_id())
+      append(s, {tok.end_id()}, s.trained.empty() ? true : s.trained.back() != 0);
     bool any = false;
     for (size_t i = 1; i < s.ids.size(); ++i) any = any || s.trained[i];
     if (!any) {

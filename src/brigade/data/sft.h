@@ -5,8 +5,10 @@
 //                                                     rendered by a chat template; the loss is on
 //                                                     the assistant turns only (their end marker
 //                                                     included, so the model learns to stop)
-// Each sample becomes token ids with a per-token flag "trained on"; an EOS ends every sample
-// (trained on when the part before it is). Pieces are encoded one by one (prompt, then
+// Each sample becomes token ids with a per-token flag "trained on": the tokenizer's document
+// prefix (LLaMA's BOS; never trained on; not repeated when the text starts with it, as the llama-2
+// template's "<s>" does), the pieces, and its end token (this engine's EOS,
+// GPT-2's <|endoftext|>, LLaMA's </s>; trained on when the part before it is). Pieces are encoded one by one (prompt, then
 // completion; each template piece alone), so a trained span starts at a token boundary.
 // Templates (what each renders; {x} is a message's content):
 //   chatml   <|im_start|>{role}\n{x}<|im_end|>\n per message; the prompt ends with
@@ -15,13 +17,14 @@
 //            exchange (the system block only in the first one)
 //   llama-3  <|start_header_id|>{role}<|end_header_id|>\n\n{x}<|eot_id|> per message
 // The markers are plain text to this engine's SentencePiece tokenizer (it has no added
-// special tokens), so they cost several tokens each.
+// special tokens), so they cost several tokens each; a Hugging Face tokenizer that has them as
+// special tokens (LLaMA-3's <|eot_id|>, LLaMA-2's <s>) gives their ids.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text_tokenizer.h"
 
 namespace brigade::data {
 
@@ -46,7 +49,7 @@ struct SftData {
 // JSON object, has none or several of the shapes, a non-string field, an unknown role, a
 // messages list without an assistant turn, or a shape other than the file's first line's.
 // Empty lines are skipped.
-SftData read_sft_jsonl(const std::string& path, const Tokenizer& tok, const SftOptions& o);
+SftData read_sft_jsonl(const std::string& path, const TextTokenizer& tok, const SftOptions& o);
 
 // The template's text pieces for a messages list, each with whether it is trained on (for tests
 // and docs: read_sft_jsonl encodes these).

@@ -12,6 +12,7 @@
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
+#include "brigade/data/text_tokenizer.h"
 
 namespace brigade::train {
 
@@ -19,7 +20,7 @@ namespace fs = std::filesystem;
 constexpr int kStateVersion = 1;
 
 void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& params, const optim::Optimizer* opt,
-                            const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path) {
+                            const TrainState& state, const Recipe& recipe, const std::string& tokenizer_dir) {
   const fs::path tmp(tmp_dir);
   const ModelConfig& mc = recipe.model;
   nlohmann::json cfg{{"type", mc.type},       {"vocab_size", mc.vocab_size}, {"block_size", mc.block_size},
@@ -39,16 +40,14 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
                         {"best_val_loss", state.early_stop.best_val_loss},
                         {"evals_since_best", state.early_stop.evals_since_best}};
   const std::string state_text = js.dump(2) + "\n", recipe_text = recipe_to_toml(recipe);
-  std::string tokenizer_bytes;
-  if (!tokenizer_path.empty()) {
-    std::ifstream in(tokenizer_path, std::ios::binary);
-    BRIGADE_CHECK(in.good(), IoError, "could not read tokenizer {} to store it in the checkpoint", tokenizer_path);
-    tokenizer_bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::vector<std::pair<std::string, std::string>> tokenizer;  // (file name, bytes)
+  if (!tokenizer_dir.empty()) tokenizer = data::tokenizer_contents(*data::load_text_tokenizer(tokenizer_dir));
+  uint64_t tokenizer_bytes = 0;
+  for (const auto& f : tokenizer) tokenizer_bytes += f.second.size();
   // Everything this call writes, for the error of a save that runs out of disk.
   const uint64_t needed = ckpt::safetensors_file_bytes(params, meta) +
                           (opt ? ckpt::safetensors_file_bytes(opt_state, {}) : 0) + state_text.size() +
-                          recipe_text.size() + tokenizer_bytes.size();
+                          recipe_text.size() + tokenizer_bytes;
   ckpt::guarded_write(tmp_dir, needed, [&] {
     const fs::path model_file = tmp / "model.safetensors";
     ckpt::save_safetensors(model_file.string(), params, meta);
@@ -62,17 +61,17 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
     ckpt::fault_after_write(tmp, tmp / "state.json");
     data::write_file_atomic((tmp / "recipe.toml").string(), recipe_text);
     ckpt::fault_after_write(tmp, tmp / "recipe.toml");
-    if (!tokenizer_path.empty()) {
-      data::write_file_atomic((tmp / "tokenizer.model").string(), tokenizer_bytes);
-      ckpt::fault_after_write(tmp, tmp / "tokenizer.model");
+    for (const auto& [name, bytes] : tokenizer) {
+      data::write_file_atomic((tmp / name).string(), bytes);
+      ckpt::fault_after_write(tmp, tmp / name);
     }
   });
 }
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,
-                     const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path) {
+                     const TrainState& state, const Recipe& recipe, const std::string& tokenizer_dir) {
   const std::string tmp = begin_checkpoint(dir);
-  write_checkpoint_files(tmp, model.named_parameters(), opt, state, recipe, tokenizer_path);
+  write_checkpoint_files(tmp, model.named_parameters(), opt, state, recipe, tokenizer_dir);
   commit_checkpoint(dir);
 }
 

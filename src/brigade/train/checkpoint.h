@@ -3,7 +3,8 @@
 //   optimizer.safetensors  optimizer state by "<state>.<param name>" (ZeRO: flat shards, ckpt/checkpoint_dir.h)
 //   state.json             step, tokens seen, RNG state, last val loss, early-stopping state, format version
 //   recipe.toml            the full recipe (every key) the run used
-//   tokenizer.model        the SentencePiece model the data was encoded with
+//   tokenizer.model        the tokenizer the data was encoded with (data/text_tokenizer.h: a Hugging Face
+//                          tokenizer's files and brigade_tokenizer.json instead, when the run used one)
 // Saved atomically, repaired after an interrupted save, and a failed save explained, as
 // ckpt/checkpoint_dir.h describes.
 #pragma once
@@ -45,11 +46,12 @@ struct TrainState {
 };
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,
-                     const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path);
+                     const TrainState& state, const Recipe& recipe, const std::string& tokenizer_dir);
 // The files of a save between begin_checkpoint and commit_checkpoint (multi-process saves: rank 0);
 // `params`: the model's parameters by name (model.named_parameters(), or copies gathered from shards).
+// `tokenizer_dir`: the folder whose tokenizer is copied in ("" for none).
 void write_checkpoint_files(const std::string& tmp, const nn::NamedTensors& params, const optim::Optimizer* opt,
-                            const TrainState& state, const Recipe& recipe, const std::string& tokenizer_path);
+                            const TrainState& state, const Recipe& recipe, const std::string& tokenizer_dir);
 
 bool checkpoint_exists(const std::string& dir);  // repairs an interrupted swap first
 // Recipe stored in the checkpoint (the run's own, defaults filled in). Both go through

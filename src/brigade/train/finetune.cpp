@@ -11,7 +11,7 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/ckpt/peft.h"
 #include "brigade/data/token_file.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/core/error.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/hf/gguf.h"
@@ -174,15 +174,12 @@ void validate_finetune(const Recipe& r, const Fail& fail) {
 }
 
 std::string init_from_tokenizer(const Recipe& r) {
-  const fs::path dir(r.model.init_from), tok = dir / "tokenizer.model";
-  std::error_code ec;
-  if (fs::is_regular_file(tok, ec)) return tok.string();
-  const bool bpe = fs::is_regular_file(dir / "vocab.json", ec) || fs::is_regular_file(dir / "tokenizer.json", ec);
+  if (!data::detect_tokenizer(r.model.init_from).empty()) return r.model.init_from;
   throw ConfigError(fmt::format(
-      "recipe {}: model.init_from = \"{}\" has no tokenizer.model, so its text cannot be encoded as the model "
-      "was trained{}; put the model's SentencePiece tokenizer.model in the directory",
-      r.path, r.model.init_from,
-      bpe ? " (byte-level BPE tokenizers, vocab.json / tokenizer.json, are not read by the data pipeline yet)" : ""));
+      "recipe {}: model.init_from = \"{}\" holds no tokenizer, so its text cannot be encoded as the model was "
+      "trained; put the model's tokenizer files in the directory (tokenizer.model, vocab.json + merges.txt, or "
+      "tokenizer.json)",
+      r.path, r.model.init_from));
 }
 
 std::vector<std::string> lora_targets(const Recipe& r) {
@@ -305,18 +302,29 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
   std::map<std::string, Tensor> weights;
   for (auto& [name, p] : task->model().named_parameters()) weights.emplace(name, p);
   for (auto& [name, p] : base->named_parameters()) p.copy_(weights.at(name));
-  std::vector<std::string> extra;
-  const fs::path tok = fs::path(dir) / "tokenizer.model";
-  if (fs::is_regular_file(tok)) extra.push_back(tok.string());
+  // The tokenizer goes along. An HF directory has no meta.json or state.json to tell this engine's
+  // own tokenizer.model from a LlamaTokenizer one, so brigade_tokenizer.json always says which.
+  std::vector<std::pair<std::string, std::string>> extra;
+  std::unique_ptr<data::TextTokenizer> tok;
+  if (!data::detect_tokenizer(dir).empty()) {
+    tok = data::load_text_tokenizer(dir);
+    extra = data::tokenizer_contents(*tok);
+    if (extra.back().first != data::kTokenizerMarker) extra.emplace_back(data::kTokenizerMarker, data::tokenizer_marker(*tok));
+  }
   if (format == "gguf") {
     models::GgufOptions g;
     g.dtype = dtype;
-    g.tokenizer_model = extra.empty() ? "" : extra[0];
+    // GGUF's tokenizer.ggml.* is written for SentencePiece models; a BPE vocabulary is left out
+    const bool sp = tok && (tok->kind() == "brigade" || tok->kind() == "sentencepiece");
+    if (!sp) extra.clear();
+    g.tokenizer_model = sp ? (fs::path(dir) / "tokenizer.model").string() : "";
     g.name = r.run.name;
     models::save_gguf(*base, out, g);
     return fmt::format("wrote {} as a GGUF v3 file ({} {}{}{}) to {}", dir, r.model.type == "gpt" ? "gpt2" : "llama",
                        dtype_name(dtype), lora ? ", LoRA adapters merged" : "",
-                       extra.empty() ? ", no tokenizer" : ", tokenizer included", out);
+                       extra.empty() ? (tok ? ", no tokenizer: GGUF's BPE vocabulary is not written yet" : ", no tokenizer")
+                                     : ", tokenizer included",
+                       out);
   }
   models::save_hf_directory(*base, out, dtype, extra);
   return fmt::format("wrote {} as a Hugging Face {} directory ({}{}) to {}", dir,
@@ -384,10 +392,12 @@ TextEval evaluate_on_file(const std::string& ckpt, const std::string& file) {
     ids.resize(size_t(ds.size()));
     ds.read(0, ds.size(), ids.data());
   } else {
-    const data::Tokenizer tok = data::Tokenizer::load((fs::path(dir) / "tokenizer.model").string());
+    // the text as one document: LLaMA's BOS first, as transformers' tokenizer(text) gives
+    const std::unique_ptr<data::TextTokenizer> tok = data::load_text_tokenizer(dir);
     std::ifstream in(file, std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), {});
-    for (int id : tok.encode(text)) ids.push_back(id);
+    for (int id : tok->document_prefix()) ids.push_back(id);
+    for (int id : tok->encode(text)) ids.push_back(id);
   }
   const int64_t T = r.train.seq_len, B = r.train.batch_size;
   BRIGADE_CHECK(ids.size() >= 2, ConfigError, "--data {}: fewer than 2 tokens; nothing to score", file);

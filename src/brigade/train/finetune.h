@@ -29,9 +29,9 @@ void resolve_init_from(Recipe& r, const std::string& origin);
 // The finetune.* / lora.* part of validate_recipe.
 void validate_finetune(const Recipe& r, const Fail& fail);
 
-// The tokenizer a text task encodes its data with when model.init_from is set: the directory's
-// tokenizer.model (SentencePiece; Brigade's checkpoints and exports hold one). ConfigError when
-// the directory has none.
+// The folder whose tokenizer a text task encodes its data with when model.init_from is set: the
+// directory itself (data/text_tokenizer.h: tokenizer.model, vocab.json + merges.txt or
+// tokenizer.json). ConfigError when it holds none.
 std::string init_from_tokenizer(const Recipe& r);
 
 // The layers LoRA adapts: lora.target_modules, or the model's default (gpt: c_attn; llama:

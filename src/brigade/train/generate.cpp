@@ -10,14 +10,20 @@
 
 namespace brigade::train {
 
-std::string generate_text(const models::CausalLM& model, const data::Tokenizer& tok, const std::string& prompt,
+std::string generate_text(const models::CausalLM& model, const data::TextTokenizer& tok, const std::string& prompt,
                           const SampleOptions& o) {
   BRIGADE_CHECK(o.temperature > 0.0, ValueError, "temperature must be > 0, got {}", o.temperature);
   BRIGADE_CHECK(o.tokens >= 0, ValueError, "number of tokens must be >= 0, got {}", o.tokens);
   BRIGADE_CHECK(o.top_k >= 0, ValueError, "top_k must be >= 0, got {}", o.top_k);
-  std::vector<int> ids = tok.encode_strict(prompt, "prompt");
-  const size_t prompt_len = ids.size();
-  if (ids.empty()) ids.push_back(data::Tokenizer::kEosId);  // start from a line break
+  std::vector<int> ids = tok.document_prefix();
+  const std::vector<int> prompt_ids = tok.encode_strict(prompt, "prompt");
+  ids.insert(ids.end(), prompt_ids.begin(), prompt_ids.end());
+  if (ids.empty()) {
+    BRIGADE_CHECK(tok.begin_id() >= 0, ValueError,
+                  "the tokenizer of {} has no token to start from; give a prompt", tok.folder());
+    ids.push_back(tok.begin_id());
+  }
+  const size_t skip = prompt_ids.empty() && tok.document_prefix().empty() ? 1 : tok.document_prefix().size();
   const int64_t V = model.vocab_size(), block = model.max_seq_len();
   Generator gen(o.seed);
   autograd::NoGradGuard no_grad;
@@ -52,7 +58,7 @@ std::string generate_text(const models::CausalLM& model, const data::Tokenizer& 
     }
     ids.push_back(next);
   }
-  std::vector<int> out(ids.begin() + (prompt_len == 0 ? 1 : 0), ids.end());
+  std::vector<int> out(ids.begin() + int64_t(skip), ids.end());
   return tok.decode(out);
 }
 

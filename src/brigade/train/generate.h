@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/models/causal_lm.h"
 
 namespace brigade::train {
@@ -18,8 +18,10 @@ struct SampleOptions {
 };
 
 // Continues `prompt` (must use only characters the tokenizer knows: DataError
-// otherwise). Returns prompt + continuation, decoded.
-std::string generate_text(const models::CausalLM& model, const data::Tokenizer& tok, const std::string& prompt,
+// otherwise), after the tokenizer's document prefix (LLaMA's BOS); an empty prompt starts from
+// the tokenizer's begin token (this engine's: a line break). Returns prompt + continuation,
+// decoded.
+std::string generate_text(const models::CausalLM& model, const data::TextTokenizer& tok, const std::string& prompt,
                           const SampleOptions& o);
 
 }  // namespace brigade::train

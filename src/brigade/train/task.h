@@ -197,7 +197,7 @@ class Task {
     (void)full;
     return "";
   }
-  virtual std::string tokenizer_path() const { return ""; } // copied into checkpoints
+  virtual std::string tokenizer_dir() const { return ""; }  // the folder whose tokenizer checkpoints copy
   // `brigade bench` and the measured dry step of `--dry-run`: a synthetic batch of the recipe's
   // micro-batch shape (`rows` rows; -1 = train.batch_size), random content, no data read.
   virtual Batch synthetic_batch(uint64_t seed, int64_t rows = -1) = 0;

@@ -19,6 +19,7 @@
 
 #include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/data/sampler.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/nn/layers.h"
@@ -363,7 +364,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     for (auto& [name, t] : buffers) world->broadcast(t.raw_data(), t.nbytes(), 0);
   };
 
-  const std::string tokenizer_path = task.tokenizer_path();
+  const std::string tokenizer_dir = task.tokenizer_dir();
   auto save = [&](const std::string& dir) {  // collective: every rank calls it; dir = ckpt_dir or best_dir
     state.rng_state = task.dropout_generator() ? task.dropout_generator()->state() : std::string();
     state.accumulation_state = accumulation.state();
@@ -377,7 +378,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
       exec->write_optimizer(tmp, *opt);
       ctrl->barrier();
       if (lead) {
-        write_checkpoint_files(tmp, whole, nullptr, state, r, tokenizer_path);
+        write_checkpoint_files(tmp, whole, nullptr, state, r, tokenizer_dir);
         commit_checkpoint(dir);
       }
       ctrl->barrier();
@@ -404,7 +405,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     if (dpo.zero >= 1) write_optimizer_shard(tmp, rank, P, dp.shard_begin(), dp.shard_end(), zshard);
     ctrl->barrier();
     if (lead) {
-      write_checkpoint_files(tmp, full, dpo.zero == 0 ? opt.get() : nullptr, state, r, tokenizer_path);
+      write_checkpoint_files(tmp, full, dpo.zero == 0 ? opt.get() : nullptr, state, r, tokenizer_dir);
       // a LoRA run's adapters also as PEFT saves them, for peft.PeftModel.from_pretrained
       if (r.finetune.method == "lora")
         save_lora_adapter(r, full, nn::lora_fan_in_fan_out(task.model()), (fs::path(tmp) / "adapter").string());
@@ -778,21 +779,20 @@ EvalReport evaluate_checkpoint(const std::string& ckpt, int threads) {
   load_state((fs::path(ckpt_dir) / "model.safetensors").string(), task->state_dict());
   // The val numbers of a text task only mean something on data encoded with the checkpoint's own
   // tokenizer.
-  if (!task->tokenizer_path().empty()) {
-    const fs::path data_tok = task->tokenizer_path(), ckpt_tok = fs::path(ckpt_dir) / "tokenizer.model";
-    auto bytes = [](const fs::path& p) {
-      std::ifstream f(p, std::ios::binary);
-      return std::string(std::istreambuf_iterator<char>(f), {});
-    };
-    BRIGADE_CHECK(fs::exists(data_tok), CheckpointError,
-                  "--ckpt {}: the run's data.dir \"{}\" has no tokenizer.model (relative paths are taken from the "
+  if (!task->tokenizer_dir().empty()) {
+    const std::string data_dir = task->tokenizer_dir();
+    BRIGADE_CHECK(!data::detect_tokenizer(data_dir).empty(), CheckpointError,
+                  "--ckpt {}: the run's data.dir \"{}\" has no tokenizer (relative paths are taken from the "
                   "current directory); run `brigade eval` from the directory the run was started in, or `brigade "
                   "prepare` the run's recipe",
                   ckpt_dir, r.data.dir);
-    BRIGADE_CHECK(fs::exists(ckpt_tok) && bytes(ckpt_tok) == bytes(data_tok), CheckpointError,
-                  "--ckpt {}: {} differs from the checkpoint's tokenizer.model, so its val.bin was encoded with another "
-                  "vocabulary; prepare the run's data again (`brigade prepare` with its recipe.toml)",
-                  ckpt_dir, data_tok.string());
+    BRIGADE_CHECK(!data::detect_tokenizer(ckpt_dir).empty() &&
+                      data::tokenizer_contents(*data::load_text_tokenizer(data_dir)) ==
+                          data::tokenizer_contents(*data::load_text_tokenizer(ckpt_dir)),
+                  CheckpointError,
+                  "--ckpt {}: the tokenizer in {} differs from the checkpoint's, so its val.bin was encoded with "
+                  "another vocabulary; prepare the run's data again (`brigade prepare` with its recipe.toml)",
+                  ckpt_dir, data_dir);
   }
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
   BRIGADE_CHECK(world->size() == 1, ConfigError,

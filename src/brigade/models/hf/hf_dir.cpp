@@ -240,7 +240,7 @@ HfModel load_hf_directory(const std::string& dir) {
 }
 
 void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype,
-                       const std::vector<std::string>& extra_files) {
+                       const std::vector<std::pair<std::string, std::string>>& extra_files) {
   BRIGADE_CHECK(dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16, ValueError,
                 "save_hf_directory: dtype {} is not a weight dtype; use F32, BF16 or F16", dtype_name(dtype));
   const char* torch_dtype = dtype == DType::F32 ? "float32" : dtype == DType::BF16 ? "bfloat16" : "float16";
@@ -305,10 +305,10 @@ void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtyp
     f << j.dump(2) << '\n';
     BRIGADE_CHECK(f.good(), IoError, "cannot write {}/config.json", tmp);
   }
-  for (const std::string& file : extra_files) {
-    std::error_code ec;
-    fs::copy_file(file, fs::path(tmp) / fs::path(file).filename(), fs::copy_options::overwrite_existing, ec);
-    BRIGADE_CHECK(!ec, IoError, "cannot copy {} into {}: {}", file, tmp, ec.message());
+  for (const auto& [name, bytes] : extra_files) {
+    std::ofstream f(fs::path(tmp) / name, std::ios::binary);
+    f << bytes;
+    BRIGADE_CHECK(f.good(), IoError, "cannot write {}/{}", tmp, name);
   }
   ckpt::commit_checkpoint(dir);
 }

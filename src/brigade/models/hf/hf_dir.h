@@ -56,8 +56,8 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
 // (GPT-2's head tied, so no lm_head.weight), in F32 or, with dtype = BF16 / F16, rounded to
 // it. The directory is replaced atomically (as a checkpoint is). A model with LoRA adapters
 // is refused: merge them first (nn::merge_lora) or save them with ckpt::save_peft_adapter.
-// `extra_files` (the tokenizer) are copied in, by file name, inside the same atomic swap.
+// `extra_files` (the tokenizer: file name, bytes) are written inside the same atomic swap.
 void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtype = DType::F32,
-                       const std::vector<std::string>& extra_files = {});
+                       const std::vector<std::pair<std::string, std::string>>& extra_files = {});
 
 }  // namespace brigade::models

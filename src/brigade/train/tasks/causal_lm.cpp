@@ -16,7 +16,7 @@
 #include "brigade/train/registry.h"
 #include "brigade/data/sampler.h"
 #include "brigade/data/token_file.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/train/tasks.h"
 
 namespace brigade::train {
@@ -72,8 +72,10 @@ class CausalLMTask : public Task {
     if (ctrl.rank() == 0)
       data::ensure_prepared(prepare_options(r_), [&](const data::PrepareProgress& p) { say("prepare: " + p.message); });
     ctrl.barrier();
-    tok_.emplace(data::Tokenizer::load((data_dir / data::kTokenizerFile).string()));
-    BRIGADE_CHECK(tok_->vocab_size() == r_.model.vocab_size, ConfigError,
+    tok_ = data::load_text_tokenizer(data_dir.string());
+    const bool own = tok_->kind() == "brigade";  // a pretrained model's embedding may be padded past its tokenizer
+    BRIGADE_CHECK(own ? tok_->vocab_size() == r_.model.vocab_size : tok_->vocab_size() <= r_.model.vocab_size,
+                  ConfigError,
                   "{}: the tokenizer in {} has vocab {} but model.vocab_size is {}; run `brigade prepare` again or set "
                   "data.dir to a fresh folder",
                   r_.path, r_.data.dir, tok_->vocab_size(), r_.model.vocab_size);
@@ -185,9 +187,7 @@ class CausalLMTask : public Task {
     whole->train(false);
     return generate_text(*whole, *tok_, r_.sample.prompt, so);
   }
-  std::string tokenizer_path() const override {
-    return (fs::path(r_.data.dir) / data::kTokenizerFile).string();
-  }
+  std::string tokenizer_dir() const override { return r_.data.dir; }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
     return causal_lm_synthetic_batch(r_, seed, rows);
   }
@@ -196,7 +196,7 @@ class CausalLMTask : public Task {
  private:
   Recipe r_;
   std::unique_ptr<models::CausalLM> model_;
-  std::optional<data::Tokenizer> tok_;
+  std::unique_ptr<data::TextTokenizer> tok_;
   std::optional<data::TokenDataset> train_, val_;
   // the samplers of one split (micro_steps x world parts), rebuilt when the split changes
   std::vector<data::BatchSampler> samplers_;

@@ -249,9 +249,7 @@ class MaskedLMTask : public Task {
     }
     return &*stages_;
   }
-  std::string tokenizer_path() const override {
-    return (fs::path(r_.data.dir) / data::kTokenizerFile).string();
-  }
+  std::string tokenizer_dir() const override { return r_.data.dir; }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
     const int64_t B = rows > 0 ? rows : r_.train.batch_size, T = r_.train.seq_len, V = r_.model.vocab_size;
     Tensor ids = Tensor::empty({B, T}, DType::I64);  // (B, T)

@@ -9,7 +9,7 @@
 #include "brigade/core/error.h"
 #include "brigade/data/sampler.h"
 #include "brigade/data/sft.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text_tokenizer.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/train/finetune.h"
 #include "brigade/train/tasks.h"
@@ -28,20 +28,20 @@ class SftTask : public Task {
   nn::Module& model() override { return *model_; }
   Generator* dropout_generator() override { return &model_->dropout_generator(); }
   std::string describe() override { return causal_lm_description(r_, *model_); }
-  std::string tokenizer_path() const override {
-    return r_.model.init_from.empty() ? (fs::path(r_.data.dir) / data::kTokenizerFile).string()
-                                      : init_from_tokenizer(r_);
+  std::string tokenizer_dir() const override {
+    return r_.model.init_from.empty() ? r_.data.dir : init_from_tokenizer(r_);
   }
   void open_data(dist::ProcessGroup&, const std::function<void(const std::string&)>&) override {
-    const std::string tok_path = tokenizer_path();
-    BRIGADE_CHECK(fs::is_regular_file(tok_path), ConfigError,
+    const std::string tok_dir = tokenizer_dir();
+    BRIGADE_CHECK(!data::detect_tokenizer(tok_dir).empty(), ConfigError,
                   "{}: data.format = \"jsonl\" encodes with an existing tokenizer: set model.init_from to a pretrained "
-                  "model, or data.dir to a prepared folder (no {} here)",
-                  r_.path, tok_path);
-    tok_.emplace(data::Tokenizer::load(tok_path));
-    BRIGADE_CHECK(tok_->vocab_size() == r_.model.vocab_size, ConfigError,
-                  "{}: the tokenizer {} has vocab {} but the model's is {}", r_.path, tok_path, tok_->vocab_size(),
-                  r_.model.vocab_size);
+                  "model, or data.dir to a prepared folder ({} holds no tokenizer)",
+                  r_.path, tok_dir);
+    tok_ = data::load_text_tokenizer(tok_dir);
+    const bool own = tok_->kind() == "brigade";  // a pretrained model's embedding may be padded past its tokenizer
+    BRIGADE_CHECK(own ? tok_->vocab_size() == r_.model.vocab_size : tok_->vocab_size() <= r_.model.vocab_size,
+                  ConfigError, "{}: the tokenizer of {} has vocab {} but the model's is {}", r_.path, tok_dir,
+                  tok_->vocab_size(), r_.model.vocab_size);
     data::SftOptions o;
     o.chat_template = r_.data.chat_template;
     o.loss_on_all = r_.train.loss_on == "all";
@@ -212,7 +212,7 @@ class SftTask : public Task {
 
   Recipe r_;
   std::unique_ptr<models::CausalLM> model_;
-  std::optional<data::Tokenizer> tok_;
+  std::unique_ptr<data::TextTokenizer> tok_;
   std::vector<data::SftSample> train_, val_;
   std::string shape_, summary_, majority_text_;
   double majority_ = 0.0;
