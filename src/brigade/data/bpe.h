@@ -32,6 +32,9 @@ namespace brigade::data {
 // GPT-2's pre-tokenizer regex (also ByteLevel's `use_regex: true` in tokenizers).
 inline constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// LLaMA-3's Split regex (its tokenizer.json), which llama.cpp calls the "llama-bpe" pre-tokenizer.
+inline constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 struct BpeEncodeOptions {
   // Special tokens (`<|endoftext|>`, added tokens marked special) found in the text become
@@ -77,6 +80,13 @@ class ByteLevelBpe {
   // GPT-2's own files.
   const std::vector<int>& post_prefix() const;
   const std::vector<int>& post_suffix() const;
+  // Whether `id` is an added token (special or not) rather than a vocabulary token of the model.
+  bool is_added(int id) const;
+  // The merges as "a b" (vocabulary spellings), lowest rank first (a pair given twice: its last rank).
+  std::vector<std::string> merges() const;
+  // The regex of each pre-tokenizer split step in order ("" for a step that does not split, as
+  // LLaMA-3's ByteLevel(use_regex false)); GPT-2's files give {kGpt2Pattern}.
+  std::vector<std::string> pre_tokenizer_patterns() const;
 
  private:
   struct Impl;

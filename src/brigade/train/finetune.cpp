@@ -314,17 +314,18 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
   if (format == "gguf") {
     models::GgufOptions g;
     g.dtype = dtype;
-    // GGUF's tokenizer.ggml.* is written for SentencePiece models; a BPE vocabulary is left out
-    const bool sp = tok && (tok->kind() == "brigade" || tok->kind() == "sentencepiece");
-    if (!sp) extra.clear();
-    g.tokenizer_model = sp ? (fs::path(dir) / "tokenizer.model").string() : "";
+    if (tok) {
+      const bool sp = tok->kind() == "brigade" || tok->kind() == "sentencepiece";
+      (sp ? g.tokenizer_model : g.bpe_tokenizer_dir) = sp ? (fs::path(dir) / "tokenizer.model").string() : dir;
+      g.add_bos_token = !tok->document_prefix().empty();
+      g.bos_token_id = tok->begin_id();
+      g.eos_token_id = tok->end_id();
+    }
     g.name = r.run.name;
     models::save_gguf(*base, out, g);
     return fmt::format("wrote {} as a GGUF v3 file ({} {}{}{}) to {}", dir, r.model.type == "gpt" ? "gpt2" : "llama",
                        dtype_name(dtype), lora ? ", LoRA adapters merged" : "",
-                       extra.empty() ? (tok ? ", no tokenizer: GGUF's BPE vocabulary is not written yet" : ", no tokenizer")
-                                     : ", tokenizer included",
-                       out);
+                       tok ? ", tokenizer included" : ", no tokenizer", out);
   }
   models::save_hf_directory(*base, out, dtype, extra);
   return fmt::format("wrote {} as a Hugging Face {} directory ({}{}) to {}", dir,

@@ -14,6 +14,7 @@
 #include "brigade/core/error.h"
 #include "brigade/core/tensor.h"
 #include "brigade/data/atomic_file.h"
+#include "brigade/data/bpe.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 
@@ -199,7 +200,7 @@ std::vector<OutTensor> llama_tensors(const LLaMA& l, DType dtype) {
 }
 
 // tokenizer.ggml.* from a SentencePiece model, as the converter's SentencePiece vocabulary.
-void tokenizer_metadata(Metadata& md, const std::string& path, int64_t vocab_size) {
+void tokenizer_metadata(Metadata& md, const std::string& path, int64_t vocab_size, bool add_bos) {
   BRIGADE_CHECK(fs::is_regular_file(path), IoError, "save_gguf: tokenizer model {} does not exist", path);
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;
@@ -239,7 +240,59 @@ void tokenizer_metadata(Metadata& md, const std::string& path, int64_t vocab_siz
   if (sp.unk_id() >= 0) md.u32("tokenizer.ggml.unknown_token_id", sp.unk_id());
   if (sp.pad_id() >= 0) md.u32("tokenizer.ggml.padding_token_id", sp.pad_id());
   // This engine trains without BOS (and ends lines with EOS itself): a runner should not prepend one.
-  md.boolean("tokenizer.ggml.add_bos_token", false);
+  // A LlamaTokenizer model's documents start with BOS (add_bos_token).
+  md.boolean("tokenizer.ggml.add_bos_token", add_bos);
+  md.boolean("tokenizer.ggml.add_eos_token", false);
+}
+
+// tokenizer.ggml.* from a byte-level BPE, as the converter's gpt2 vocabulary: the tokens by id in
+// their byte-mapped spelling, the merges, the token types, and the pre-tokenizer by llama.cpp's name.
+void bpe_tokenizer_metadata(Metadata& md, const GgufOptions& o, int64_t vocab_size) {
+  const fs::path dir(o.bpe_tokenizer_dir);
+  std::error_code ec;
+  const data::ByteLevelBpe bpe =
+      fs::is_regular_file(dir / "vocab.json", ec) && fs::is_regular_file(dir / "merges.txt", ec)
+          ? data::ByteLevelBpe::from_gpt2_files((dir / "vocab.json").string(), (dir / "merges.txt").string())
+          : data::ByteLevelBpe::from_tokenizer_json((dir / "tokenizer.json").string());
+  const std::vector<std::string> pats = bpe.pre_tokenizer_patterns();
+  std::string pre;
+  if (pats == std::vector<std::string>{data::kGpt2Pattern}) pre = "gpt-2";
+  if (pats == std::vector<std::string>{data::kLlama3Pattern, ""}) pre = "llama-bpe";
+  BRIGADE_CHECK(!pre.empty(), ValueError,
+                "save_gguf: the tokenizer of {} splits text with a regex that is neither GPT-2's nor LLaMA-3's, so "
+                "llama.cpp has no pre-tokenizer to match it; export without the tokenizer",
+                o.bpe_tokenizer_dir);
+  const int64_t n = bpe.vocab_size();
+  BRIGADE_CHECK(n <= vocab_size, ValueError,
+                "save_gguf: the tokenizer of {} has {} tokens but the model's vocabulary is {}; they must belong "
+                "together",
+                o.bpe_tokenizer_dir, n, vocab_size);
+  // llama_token_type (gguf-py TokenType)
+  constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5;
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  for (int64_t id = 0; id < vocab_size; ++id) {
+    std::string t;
+    int32_t type = kUnused;
+    if (id < n) {
+      try {
+        t = bpe.id_to_token(int(id));
+        type = bpe.is_special(int(id)) ? kControl : bpe.is_added(int(id)) ? kUserDefined : kNormal;
+      } catch (const ValueError&) {
+        t.clear();  // an id no token has: padding
+      }
+    }
+    tokens.push_back(t.empty() ? "[PAD" + std::to_string(id) + "]" : t);
+    types.push_back(t.empty() ? kUnused : type);
+  }
+  md.str("tokenizer.ggml.model", "gpt2");
+  md.str("tokenizer.ggml.pre", pre);
+  md.strings("tokenizer.ggml.tokens", tokens);
+  md.i32s("tokenizer.ggml.token_type", types);
+  md.strings("tokenizer.ggml.merges", bpe.merges());
+  if (o.bos_token_id >= 0) md.u32("tokenizer.ggml.bos_token_id", o.bos_token_id);
+  if (o.eos_token_id >= 0) md.u32("tokenizer.ggml.eos_token_id", o.eos_token_id);
+  md.boolean("tokenizer.ggml.add_bos_token", o.add_bos_token);
   md.boolean("tokenizer.ggml.add_eos_token", false);
 }
 
@@ -289,7 +342,10 @@ void save_gguf(const CausalLM& model, const std::string& path, const GgufOptions
     md.u32("llama.vocab_size", c.vocab_size);
     tensors = llama_tensors(*llama, o.dtype);
   }
-  if (!o.tokenizer_model.empty()) tokenizer_metadata(md, o.tokenizer_model, model.vocab_size());
+  BRIGADE_CHECK(o.tokenizer_model.empty() || o.bpe_tokenizer_dir.empty(), ValueError,
+                "save_gguf: give tokenizer_model or bpe_tokenizer_dir, not both");
+  if (!o.tokenizer_model.empty()) tokenizer_metadata(md, o.tokenizer_model, model.vocab_size(), o.add_bos_token);
+  if (!o.bpe_tokenizer_dir.empty()) bpe_tokenizer_metadata(md, o, model.vocab_size());
 
   Bytes head;
   head.b = "GGUF";

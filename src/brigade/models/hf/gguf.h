@@ -22,6 +22,11 @@
 // - With `tokenizer_model`: that SentencePiece model as tokenizer.ggml.* (model "llama": pieces,
 //   scores, token types, bos/eos/unk ids, add_bos_token false), padded with "[PADi]" unused tokens
 //   to the model's vocab_size as the converter pads; a tokenizer larger than the model is refused.
+// - With `bpe_tokenizer_dir` (GPT-2's vocab.json + merges.txt, or a byte-level tokenizer.json):
+//   model "gpt2", the tokens by id as the vocabulary spells them, token types (special: control,
+//   other added: user-defined, ids no token has: "[PADi]" unused), the merges, and pre "gpt-2"
+//   or "llama-bpe" by the pre-tokenizer regex (any other regex is a ValueError: llama.cpp would
+//   split text differently).
 // Written atomically (temp file, fsync, rename); IoError when it cannot be. A model with LoRA
 // adapters is a ValueError (merge them first), as is any model other than GPT and LLaMA.
 #pragma once
@@ -35,6 +40,10 @@ namespace brigade::models {
 struct GgufOptions {
   DType dtype = DType::F32;     // F32, F16 or BF16 for the 2-D weight matrices; 1-D tensors stay F32
   std::string tokenizer_model;  // a SentencePiece tokenizer.model to embed as tokenizer.ggml.* ("" = none)
+  std::string bpe_tokenizer_dir;  // or a byte-level BPE's folder ("" = none)
+  int bos_token_id = -1;        // a BPE's BOS and EOS ids (-1 = not written); SentencePiece: the model's own
+  int eos_token_id = -1;
+  bool add_bos_token = false;   // runners prepend BOS (LlamaTokenizer and LLaMA-3 models; not this engine's)
   std::string name;             // general.name ("" = not written)
 };
 
