@@ -54,7 +54,8 @@ struct TrainResult {
   ItemKind item = ItemKind::Token;
   double items_per_s = 0.0;        // median over this run's steps
   double mfu = 0.0;                // items/s * flops/item / measured GEMM peak
-  double gemm_peak_gflops = 0.0;   // summed over ranks, in the GEMM dtype of the precision level
+  double gemm_peak_gflops = 0.0;   // summed over ranks, in the GEMM dtype of the precision level; the higher of
+                                   // the measurements before and after the run
   int64_t skipped_steps = 0;       // optimizer steps skipped on gradient overflow (loss scaling)
   double loss_scale = 1.0;         // at the end (1 without loss scaling)
   double comm_wait_share = 0.0;    // median step: time rank 0 waited on communication / step time
