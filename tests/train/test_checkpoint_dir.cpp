@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 
 #include "brigade/autograd/engine.h"
@@ -284,3 +285,63 @@ TEST_F(CheckpointDir, AFailedShardWriteRemovesTheTmpToo) {
 }
 
 }  // namespace
+
+// checksums.json: a byte flipped in any file of a checkpoint, a file cut short or removed, is an
+// error naming that file when the checkpoint is opened; an untouched copy opens.
+TEST_F(CheckpointDir, AChangedByteInAnyFileIsAnErrorNamingTheFile) {
+  Tiny t;
+  t.step();
+  t.save(ckpt_, 1);
+  const fs::path sums = fs::path(ckpt_) / ckpt::kChecksumFile;
+  ASSERT_TRUE(fs::exists(sums));
+  std::ifstream in(sums);
+  const auto listed = nlohmann::json::parse(in)["files"];
+  std::vector<std::string> files;
+  for (auto& [rel, v] : listed.items()) files.push_back(rel);
+  EXPECT_EQ(files, (std::vector<std::string>{"model.safetensors", "optimizer.safetensors", "recipe.toml",
+                                             "state.json"}));
+  int copies = 0;
+  auto copy = [&]() {
+    const fs::path c = root_ / ("copy" + std::to_string(copies++));
+    fs::copy(ckpt_, c, fs::copy_options::recursive);
+    return c;
+  };
+  auto expect_error = [&](const fs::path& dir, const std::string& file, const std::string& what) {
+    try {
+      open_checkpoint(dir.string());
+      ADD_FAILURE() << "no error for " << file << " (" << what << ")";
+    } catch (const CheckpointError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(file), std::string::npos) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    }
+  };
+  EXPECT_NO_THROW(open_checkpoint(copy().string()));
+  for (const std::string& f : files) {
+    const fs::path c = copy();
+    {
+      std::fstream io(c / f, std::ios::binary | std::ios::in | std::ios::out);
+      const auto size = int64_t(fs::file_size(c / f));
+      io.seekg(size / 2);
+      char b = 0;
+      io.read(&b, 1);
+      b = char(b ^ 0x10);
+      io.seekp(size / 2);
+      io.write(&b, 1);
+    }
+    expect_error(c, f, "does not match its checksum");
+  }
+  const fs::path cut = copy();
+  fs::resize_file(cut / "model.safetensors", fs::file_size(cut / "model.safetensors") - 1);
+  expect_error(cut, "model.safetensors", "the file was cut or changed");
+  const fs::path gone = copy();
+  fs::remove(gone / "optimizer.safetensors");
+  expect_error(gone, "optimizer.safetensors", "is missing");
+  const fs::path bad = copy();
+  std::ofstream(bad / ckpt::kChecksumFile) << "{not json";
+  expect_error(bad, ckpt::kChecksumFile, "is corrupted");
+  // a checkpoint from before checksums opens unverified
+  const fs::path old = copy();
+  fs::remove(old / ckpt::kChecksumFile);
+  EXPECT_NO_THROW(open_checkpoint(old.string()));
+}

@@ -2,12 +2,18 @@
 #include "brigade/ckpt/checkpoint_dir.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
@@ -61,6 +67,122 @@ std::string repair_interrupted_save(const std::string& dir) {
 
 void recover_checkpoint(const std::string& dir) { repair_interrupted_save(strip_slash(dir)); }
 
+// ---- integrity: checksums.json
+
+namespace {
+
+// CRC-32 (zlib's) of a file's bytes, and its size.
+std::pair<uint64_t, uint32_t> file_crc32(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  BRIGADE_CHECK(f.good(), CheckpointError, "checkpoint file {} is missing or unreadable", p.string());
+  std::vector<char> buf(size_t(1) << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  uint64_t n = 0;
+  while (f) {
+    f.read(buf.data(), std::streamsize(buf.size()));
+    const std::streamsize got = f.gcount();
+    if (got <= 0) break;
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), uInt(got));
+    n += uint64_t(got);
+  }
+  BRIGADE_CHECK(f.eof(), CheckpointError, "checkpoint file {} could not be read to the end", p.string());
+  return {n, uint32_t(crc)};
+}
+
+// Every regular file under `dir` but checksums.json, as paths relative to it, sorted.
+std::vector<std::string> checkpoint_files(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    const std::string rel = fs::relative(it->path(), dir, ec).generic_string();
+    if (rel != kChecksumFile) out.push_back(rel);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+namespace {
+std::string checksums_text(const std::vector<std::pair<std::string, uint64_t>>& sizes,
+                           const std::vector<uint32_t>& crcs) {
+  nlohmann::json files = nlohmann::json::object();
+  for (size_t i = 0; i < sizes.size(); ++i)
+    files[sizes[i].first] = {{"bytes", sizes[i].second}, {"crc32", fmt::format("{:08x}", crcs[i])}};
+  return nlohmann::json{{"algorithm", "crc32"}, {"files", files}}.dump(1) + "\n";
+}
+}  // namespace
+
+uint64_t checksums_file_bytes(const std::vector<std::pair<std::string, uint64_t>>& files) {
+  return checksums_text(files, std::vector<uint32_t>(files.size(), 0)).size();  // the CRCs are fixed-width
+}
+
+void write_checksums(const std::string& tmp) {
+  std::vector<std::pair<std::string, uint64_t>> sizes;
+  std::vector<uint32_t> crcs;
+  for (const std::string& rel : checkpoint_files(tmp)) {
+    const auto [bytes, crc] = file_crc32(fs::path(tmp) / rel);
+    sizes.emplace_back(rel, bytes);
+    crcs.push_back(crc);
+  }
+  const std::string text = checksums_text(sizes, crcs);
+  guarded_write(tmp, text.size(), [&] {
+    data::write_file_atomic((fs::path(tmp) / kChecksumFile).string(), text);
+    fault_after_write(tmp, fs::path(tmp) / kChecksumFile);
+  });
+}
+
+void verify_checkpoint(const std::string& dir_in) {
+  const fs::path dir(strip_slash(dir_in)), sums = dir / kChecksumFile;
+  std::error_code ec;
+  if (!fs::exists(sums, ec)) return;  // written before checkpoints had checksums
+  // once per process and checkpoint version (a save replaces checksums.json with a new inode)
+  static std::mutex mu;
+  static std::set<std::string> verified;
+  struct stat st {};
+  const std::string key = fs::weakly_canonical(dir, ec).string() + "|" +
+                          (::stat(sums.c_str(), &st) == 0 ? fmt::format("{}:{}:{}", st.st_ino, st.st_mtim.tv_sec,
+                                                                        st.st_mtim.tv_nsec)
+                                                          : std::string());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (verified.count(key)) return;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_checkpoint_file(sums));
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(fmt::format("{}: {} is corrupted ({}); the checkpoint cannot be trusted: resume from "
+                                      "another one, or delete {} to read it unverified",
+                                      dir.string(), sums.string(), e.what(), kChecksumFile));
+  }
+  BRIGADE_CHECK(j.is_object() && j.value("algorithm", "") == "crc32" && j.contains("files") && j["files"].is_object(),
+                CheckpointError, "{}: {} is not a checksum list this version reads; delete it to read the checkpoint "
+                "unverified",
+                dir.string(), sums.string());
+  for (auto& [rel, want] : j["files"].items()) {
+    const fs::path p = dir / rel;
+    BRIGADE_CHECK(fs::is_regular_file(p, ec), CheckpointError,
+                  "{}: {} is missing (checksums.json lists it); the checkpoint is incomplete: resume from another "
+                  "one",
+                  dir.string(), rel);
+    const auto [bytes, crc] = file_crc32(p);
+    const uint64_t want_bytes = want.value("bytes", uint64_t(0));
+    BRIGADE_CHECK(bytes == want_bytes, CheckpointError,
+                  "{}: {} has {} bytes, {} when it was saved; the file was cut or changed: resume from another "
+                  "checkpoint",
+                  dir.string(), rel, bytes, want_bytes);
+    BRIGADE_CHECK(fmt::format("{:08x}", crc) == want.value("crc32", std::string()), CheckpointError,
+                  "{}: {} does not match its checksum (CRC-32 {:08x}, saved as {}); its bytes changed on disk: "
+                  "resume from another checkpoint",
+                  dir.string(), rel, crc, want.value("crc32", std::string()));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  verified.insert(key);
+}
+
 std::string open_checkpoint(const std::string& dir_in, const std::function<void(const std::string&)>& say) {
   BRIGADE_CHECK(!dir_in.empty(), CheckpointError,
                 "no checkpoint directory given; pass the folder `brigade train` writes, e.g. runs/gpt-kjv/checkpoint");
@@ -93,6 +215,7 @@ std::string open_checkpoint(const std::string& dir_in, const std::function<void(
                                       "written by `brigade train`, e.g. runs/<name>/checkpoint",
                                       dir, parent ? fmt::format("did you mean {}/checkpoint? ", dir) : ""));
   }
+  verify_checkpoint(dir);
   return dir;
 }
 
@@ -212,6 +335,8 @@ void commit_checkpoint(const std::string& dir) {
   // a crash between the renames leaves dir.old, which recover_checkpoint() restores.
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.string() + ".tmp";
+  std::error_code exists_ec;
+  if (fs::exists(tmp / "recipe.toml", exists_ec)) write_checksums(tmp.string());  // a Brigade checkpoint
   const fs::path old = final_dir.string() + ".old";
   const fs::path parent = final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path();
   std::error_code ec;

@@ -6,6 +6,11 @@
 // save needed and how many were free; the previous <dir> is untouched. Errors name the directory
 // and the file. A directory is a Brigade checkpoint when it holds recipe.toml (train/checkpoint.h
 // lists the files a training run writes).
+// Integrity: commit_checkpoint() adds checksums.json to a Brigade checkpoint (every file's size
+// and CRC-32, subfolders included), and open_checkpoint() checks every listed file against it
+// (once per process and save), so a flipped byte or a cut file is a CheckpointError naming the
+// file, never a silently wrong model. A checkpoint without checksums.json (older versions) is
+// read unverified.
 // Test hook: BRIGADE_CKPT_FAIL_AFTER_BYTES=N makes a save fail as a full disk would once the
 // files it has written into <dir>.tmp hold more than N bytes (the file that crosses N is cut at N).
 #pragma once
@@ -24,7 +29,7 @@ namespace brigade::ckpt {
 // A save in two steps around the files (multi-process saves: rank 0 runs begin and commit; every
 // rank may write its files into the returned temporary folder in between).
 std::string begin_checkpoint(const std::string& dir);  // -> "<dir>.tmp", empty and fresh
-void commit_checkpoint(const std::string& dir);        // the atomic swap
+void commit_checkpoint(const std::string& dir);        // checksums.json (with recipe.toml), then the atomic swap
 // Runs `write` (files into the save's folder `tmp` = "<dir>.tmp", `needed` bytes in all). On any
 // failure the partial folder is removed; an I/O failure is rethrown as one IoError that adds the
 // bytes needed, the bytes free, and whether a previous <dir> is intact.
@@ -43,6 +48,14 @@ void recover_checkpoint(const std::string& dir);
 // when there is no checkpoint there (no folder, nothing to restore; or no recipe.toml).
 // A <dir>.tmp beside an existing <dir> is left alone (it may be a save in progress).
 std::string open_checkpoint(const std::string& dir, const std::function<void(const std::string&)>& say = {});
+inline constexpr const char* kChecksumFile = "checksums.json";
+// Writes checksums.json for the files in `tmp` (commit_checkpoint calls it).
+void write_checksums(const std::string& tmp);
+// The size of checksums.json for files of these names and sizes.
+uint64_t checksums_file_bytes(const std::vector<std::pair<std::string, uint64_t>>& files);
+// Checks `dir`'s files against its checksums.json (none: nothing to check). CheckpointError
+// naming the file that is missing, has another size or another CRC-32.
+void verify_checkpoint(const std::string& dir);
 // A checkpoint file's bytes; CheckpointError naming it when missing or unreadable.
 std::string read_checkpoint_file(const std::filesystem::path& p);
 

@@ -44,10 +44,15 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
   if (!tokenizer_dir.empty()) tokenizer = data::tokenizer_contents(*data::load_text_tokenizer(tokenizer_dir));
   uint64_t tokenizer_bytes = 0;
   for (const auto& f : tokenizer) tokenizer_bytes += f.second.size();
-  // Everything this call writes, for the error of a save that runs out of disk.
-  const uint64_t needed = ckpt::safetensors_file_bytes(params, meta) +
-                          (opt ? ckpt::safetensors_file_bytes(opt_state, {}) : 0) + state_text.size() +
-                          recipe_text.size() + tokenizer_bytes;
+  // Everything this call writes, and the checksum list of those files that commit_checkpoint adds,
+  // for the error of a save that runs out of disk.
+  std::vector<std::pair<std::string, uint64_t>> sizes{{"model.safetensors", ckpt::safetensors_file_bytes(params, meta)},
+                                                      {"state.json", state_text.size()},
+                                                      {"recipe.toml", recipe_text.size()}};
+  if (opt) sizes.emplace_back("optimizer.safetensors", ckpt::safetensors_file_bytes(opt_state, {}));
+  for (const auto& f : tokenizer) sizes.emplace_back(f.first, f.second.size());
+  uint64_t needed = ckpt::checksums_file_bytes(sizes);
+  for (const auto& f : sizes) needed += f.second;
   ckpt::guarded_write(tmp_dir, needed, [&] {
     const fs::path model_file = tmp / "model.safetensors";
     ckpt::save_safetensors(model_file.string(), params, meta);
