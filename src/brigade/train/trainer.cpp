@@ -794,13 +794,14 @@ EvalReport evaluate_checkpoint(const std::string& ckpt, int threads) {
                   "current directory); run `brigade eval` from the directory the run was started in, or `brigade "
                   "prepare` the run's recipe",
                   ckpt_dir, r.data.dir);
-    BRIGADE_CHECK(!data::detect_tokenizer(ckpt_dir).empty() &&
-                      data::tokenizer_contents(*data::load_text_tokenizer(data_dir)) ==
-                          data::tokenizer_contents(*data::load_text_tokenizer(ckpt_dir)),
-                  CheckpointError,
-                  "--ckpt {}: the tokenizer in {} differs from the checkpoint's, so its val.bin was encoded with "
-                  "another vocabulary; prepare the run's data again (`brigade prepare` with its recipe.toml)",
-                  ckpt_dir, data_dir);
+    for (const auto& [name, bytes] : data::tokenizer_contents(*data::load_text_tokenizer(data_dir))) {
+      std::ifstream f(fs::path(ckpt_dir) / name, std::ios::binary);
+      const std::string saved = f.good() ? std::string(std::istreambuf_iterator<char>(f), {}) : std::string();
+      BRIGADE_CHECK(f.good() && saved == bytes, CheckpointError,
+                    "--ckpt {}: {} differs from the checkpoint's {}, so its val.bin was encoded with another "
+                    "vocabulary; prepare the run's data again (`brigade prepare` with its recipe.toml)",
+                    ckpt_dir, (fs::path(data_dir) / name).string(), name);
+    }
   }
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
   BRIGADE_CHECK(world->size() == 1, ConfigError,
