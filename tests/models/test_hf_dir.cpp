@@ -1,8 +1,11 @@
 // Hugging Face model directories in (models/hf/hf_dir.h): the tiny directories written by
 // tests/reference/make_hf_dirs.py (GPT-2 as real checkpoints store it: no key prefix, mask
-// buffers, tied head; LLaMA with GQA and an untied head, in F32, in BF16 and in two shards)
-// load and give the reference model's logits within 1e-5; each kind of bad directory gives
-// one error that names what is wrong.
+// buffers, tied head; LLaMA with GQA and an untied head, in F32, in BF16 and in two shards;
+// LLaMA with the legacy {"type": "linear"} rope_scaling; Llama 3.2's layout: llama3 rope_scaling
+// and a tied head without lm_head.weight) load and give the reference model's logits within
+// 1e-5; the llama3 + tied model's loss within 1e-5 and every gradient within 1e-4 (cpu and ref
+// backends), its tied head one parameter; each kind of bad directory gives one error that names
+// what is wrong.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/models/hf/hf_dir.h"
+#include "brigade/ops/ops.h"
 #include "support/parity.h"
 #include "support/test_support.h"
 
@@ -69,8 +73,92 @@ TEST_P(HfDir, SavedBackItLoadsBitwiseHereAndIntoThePyTorchReference) {
   fs::remove_all(out.parent_path());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, HfDir, ::testing::Values("gpt2", "llama", "llama_bf16", "llama_sharded"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, HfDir,
+                         ::testing::Values("gpt2", "llama", "llama_bf16", "llama_sharded", "llama_linear",
+                                           "llama3_tied"),
                          [](const auto& info) { return std::string(info.param); });
+
+TEST(HfDirScaledRope, ConfigsAreReadAsWritten) {
+  const models::HfConfig lin = models::read_hf_config((kHf / "llama_linear").string());
+  EXPECT_EQ(lin.llama.rope_scaling, ops::RopeScaling::Linear);  // from the legacy "type" key
+  EXPECT_EQ(lin.llama.rope_factor, 4.0);
+  EXPECT_FALSE(lin.llama.tie_word_embeddings);
+  const models::HfConfig l3 = models::read_hf_config((kHf / "llama3_tied").string());
+  EXPECT_EQ(l3.llama.rope_scaling, ops::RopeScaling::Llama3);
+  EXPECT_EQ(l3.llama.rope_factor, 8.0);
+  EXPECT_EQ(l3.llama.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(l3.llama.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(l3.llama.rope_original_max_positions, 128.0);
+  EXPECT_TRUE(l3.llama.tie_word_embeddings);
+  EXPECT_TRUE(l3.notes.empty());
+}
+
+// The llama3 + tied fixture against the reference's float64 loss and gradients.
+void check_llama3_tied_parity() {
+  const fs::path dir = kHf / "llama3_tied";
+  models::HfModel m = models::load_hf_directory(dir.string());
+  EXPECT_TRUE(m.skipped.empty());
+  auto& llama = dynamic_cast<models::LLaMA&>(*m.model);
+  EXPECT_EQ(llama.lm_head, nullptr);
+  std::vector<std::string> names;
+  for (auto& [name, p] : llama.named_parameters()) names.push_back(name);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "model.embed_tokens.weight"), 1);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head.weight"), 0);
+  EXPECT_EQ(llama.tied_parameters(), std::vector<std::string>{"model.embed_tokens.weight"});
+  ckpt::SafetensorsReader want((dir / "expected.safetensors").string());
+  const Tensor ids = want.get("ids"), targets = want.get("targets");
+  EXPECT_LT(rel_err(llama.forward(ids), want.get("logits")), 1e-5);
+  const Tensor loss = llama.loss(ids, targets);
+  EXPECT_LT(rel_err(loss, want.get("loss")), 1e-5) << loss.item() << " vs " << want.get("loss").item();
+  autograd::backward(loss);
+  for (auto& [name, p] : llama.named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    // embed_tokens: the lookup's rows and the head's whole matrix, summed in one gradient
+    EXPECT_LT(rel_err(p.grad(), want.get("grad." + name)), 1e-4) << "gradient of " << name;
+  }
+}
+
+TEST(HfDirScaledRope, Llama3TiedLossAndGradientsMatchTorch) { check_llama3_tied_parity(); }
+
+TEST(HfDirScaledRope, Llama3TiedLossAndGradientsMatchTorchOnTheRefBackend) {
+  ops::BackendScope s(ops::Backend::Ref);
+  check_llama3_tied_parity();
+}
+
+// The scaling and the tie matter: without them the same weights give other logits.
+TEST(HfDirScaledRope, DroppingTheScalingChangesTheLogits) {
+  const fs::path dir = kHf / "llama3_tied";
+  models::HfConfig c = models::read_hf_config(dir.string());
+  ckpt::SafetensorsReader want((dir / "expected.safetensors").string());
+  c.llama.rope_scaling = ops::RopeScaling::None;
+  auto plain = models::make_hf_model(c);
+  models::load_hf_weights(dir.string(), "llama", *plain);
+  autograd::NoGradGuard no_grad;
+  EXPECT_GT(rel_err(plain->forward(want.get("ids")), want.get("logits")), 1e-3);
+}
+
+TEST(HfDirScaledRope, SavedConfigHoldsTheScalingAndTheTie) {
+  const fs::path out = test_support::fresh_test_dir("brigade_hf_l3") / "model";
+  models::HfModel m = models::load_hf_directory((kHf / "llama3_tied").string());
+  models::save_hf_directory(*m.model, out.string());
+  const nlohmann::json j = nlohmann::json::parse(test_support::slurp(out / "config.json"));
+  EXPECT_EQ(j.at("tie_word_embeddings"), true);
+  const nlohmann::json& rs = j.at("rope_scaling");
+  EXPECT_EQ(rs.at("rope_type"), "llama3");
+  EXPECT_EQ(rs.at("factor"), 8.0);
+  EXPECT_EQ(rs.at("low_freq_factor"), 1.0);
+  EXPECT_EQ(rs.at("high_freq_factor"), 4.0);
+  EXPECT_EQ(rs.at("original_max_position_embeddings"), 128);
+  ckpt::SafetensorsReader r((out / "model.safetensors").string());
+  EXPECT_FALSE(r.contains("lm_head.weight"));
+  EXPECT_TRUE(r.contains("model.embed_tokens.weight"));
+  models::HfModel lin = models::load_hf_directory((kHf / "llama_linear").string());
+  models::save_hf_directory(*lin.model, out.string());
+  const nlohmann::json jl = nlohmann::json::parse(test_support::slurp(out / "config.json"));
+  EXPECT_EQ(jl.at("rope_scaling"), nlohmann::json({{"factor", 4.0}, {"rope_type", "linear"}}));
+  EXPECT_EQ(jl.at("tie_word_embeddings"), false);
+  fs::remove_all(out.parent_path());
+}
 
 class HfDirErrors : public ::testing::Test {
  protected:
@@ -151,6 +239,59 @@ TEST_F(HfDirErrors, AnUntiedGpt2HeadIsRefusedAndATiedOneLoads) {
   expect_error(d, "lm_head.weight differs from wte.weight");
 }
 
+TEST_F(HfDirErrors, UnsupportedOrBadRopeScalingsAreRefusedByName) {
+  const fs::path d = copy("llama_linear");
+  for (const char* t : {"dynamic", "yarn", "longrope", "su", "ntk"}) {
+    edit_config(d, [&](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", t}, {"factor", 2.0}}; });
+    expect_error(d, fmt::format("rope_scaling rope_type = \"{}\" is not supported", t));
+  }
+  edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; });
+  expect_error(d, "rope_scaling type = \"dynamic\" is not supported");  // the legacy key, named as written
+  edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0.0}}; });
+  expect_error(d, "factor must be > 0, got 0");
+  edit_config(d, [](nlohmann::json& j) {
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
+                         {"high_freq_factor", 1.0}, {"original_max_position_embeddings", 128}};
+  });
+  expect_error(d, "0 < low_freq_factor < high_freq_factor, got 4 and 1");
+  edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"factor", 2.0}}; });
+  expect_error(d, "has no \"rope_type\"");
+  edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = "linear"; });
+  expect_error(d, "neither null nor an object");
+  // "default" is the unscaled RoPE: the weights load, the logits are no longer the fixture's.
+  edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "default"}}; });
+  const models::HfConfig c = models::read_hf_config(d.string());
+  EXPECT_EQ(c.llama.rope_scaling, ops::RopeScaling::None);
+  // An unknown key is said, not silently dropped.
+  edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"beta", 1}}; });
+  const models::HfConfig n = models::read_hf_config(d.string());
+  ASSERT_EQ(n.notes.size(), 1u);
+  EXPECT_NE(n.notes[0].find("rope_scaling's \"beta\" = 1 is not read"), std::string::npos) << n.notes[0];
+}
+
+TEST_F(HfDirErrors, ATiedLlamaHeadInTheFilesMustEqualTheEmbedding) {
+  const fs::path d = copy("llama3_tied");
+  Tensor emb;
+  edit_weights(d, [&](ckpt::NamedTensors& t) {
+    for (auto& [n, v] : t)
+      if (n == "model.embed_tokens.weight") emb = v;
+    t.emplace_back("lm_head.weight", emb.clone());  // older savers keep the tied copy
+  });
+  models::HfModel m = models::load_hf_directory(d.string());
+  ASSERT_EQ(m.skipped.size(), 1u);
+  EXPECT_NE(m.skipped[0].find("tied to embed_tokens"), std::string::npos) << m.skipped[0];
+  edit_weights(d, [&](ckpt::NamedTensors& t) {
+    for (auto& [n, v] : t)
+      if (n == "lm_head.weight") v = Tensor::zeros(emb.shape());
+  });
+  expect_error(d, "lm_head.weight differs from model.embed_tokens.weight, but config.json says "
+                  "tie_word_embeddings = true");
+  // An untied config needs the head.
+  edit_weights(d, [](ckpt::NamedTensors& t) { std::erase_if(t, [](auto& e) { return e.first == "lm_head.weight"; }); });
+  edit_config(d, [](nlohmann::json& j) { j["tie_word_embeddings"] = false; });
+  expect_error(d, "no weight for \"lm_head.weight\"");
+}
+
 TEST_F(HfDirErrors, UnequalGpt2DropoutsAreRefused) {
   const fs::path d = copy("gpt2");
   edit_config(d, [](nlohmann::json& j) { j["embd_pdrop"] = 0.0; });
@@ -163,9 +304,9 @@ TEST_F(HfDirErrors, AnUnknownModelTypeOrAnUnsupportedFieldIsRefusedByName) {
   expect_error(d, "model_type \"mistral\" is not supported");
   edit_config(d, [](nlohmann::json& j) {
     j["model_type"] = "llama";
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};  // llama3 without its other three
   });
-  expect_error(d, "rope_scaling");
+  expect_error(d, "rope_scaling of type \"llama3\" needs a number \"low_freq_factor\"");
   edit_config(d, [](nlohmann::json& j) {
     j["rope_scaling"] = nullptr;
     j["attention_bias"] = true;

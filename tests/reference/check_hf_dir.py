@@ -43,7 +43,8 @@ def main():
                        intermediate_size=cfg["intermediate_size"], n_layer=cfg["num_hidden_layers"],
                        n_head=cfg["num_attention_heads"], n_kv_head=cfg["num_key_value_heads"],
                        max_position=cfg["max_position_embeddings"], rms_norm_eps=cfg["rms_norm_eps"],
-                       rope_theta=cfg["rope_theta"]))
+                       rope_theta=cfg["rope_theta"], rope_scaling=cfg.get("rope_scaling"),
+                       tie_word_embeddings=cfg.get("tie_word_embeddings", False)))
         params = dict(m.named_parameters())
         if set(params) != set(tensors):
             print(f"keys differ: {sorted(set(params) ^ set(tensors))[:5]}", file=sys.stderr)

@@ -5,8 +5,12 @@ the module tree gives exactly HF's parameter names:
   model.embed_tokens.weight, model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,
   model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.layers.{i}.input_layernorm.weight,
   model.layers.{i}.post_attention_layernorm.weight, model.norm.weight, lm_head.weight
-(torch Linear layout (out, in), no biases, untied head). RMSNorm, rotary embeddings with
+(torch Linear layout (out, in), no biases; with cfg["tie_word_embeddings"] there is no
+lm_head and the logits are norm(x) @ embed_tokens.weight^T). RMSNorm, rotary embeddings with
 rotate_half, grouped-query attention with repeat_kv, SwiGLU MLP, causal softmax attention.
+cfg["rope_scaling"] (optional) is HF's LlamaConfig.rope_scaling dict: None, rope_type (or the
+legacy "type") "default", "linear" (inv_freq / factor) or "llama3" (Llama 3.1's blend by
+wavelength, from the formula of transformers' _compute_llama3_parameters), see scaled_inv_freq.
 Runs in whatever dtype the parameters have (the fixture uses float64 for its oracle values).
 
 As a script, checks a Brigade-written model.safetensors against an expected loss:
@@ -47,8 +51,30 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def rope_cos_sin(T, HS, theta, dtype):
+def scaled_inv_freq(inv_freq, rope_scaling):
+    """HF's rope_scaling applied to the unscaled inverse frequencies (HS/2)."""
+    if rope_scaling is None:
+        return inv_freq
+    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+    if kind == "default":
+        return inv_freq
+    factor = float(rope_scaling["factor"])
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "llama3":
+        lo, hi = float(rope_scaling["low_freq_factor"]), float(rope_scaling["high_freq_factor"])
+        L = float(rope_scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        smooth = (L / wavelen - lo) / (hi - lo)
+        medium = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+        out = torch.where(wavelen > L / lo, inv_freq / factor, medium)  # long wavelengths: interpolated
+        return torch.where(wavelen < L / hi, inv_freq, out)             # short ones: kept
+    raise ValueError(f"rope_scaling type {kind!r} is not implemented in this reference")
+
+
+def rope_cos_sin(T, HS, theta, dtype, rope_scaling=None):
     inv_freq = 1.0 / (theta ** (torch.arange(0, HS, 2, dtype=dtype) / HS))  # (HS/2)
+    inv_freq = scaled_inv_freq(inv_freq, rope_scaling)
     t = torch.arange(T, dtype=dtype)
     freqs = torch.outer(t, inv_freq)            # (T, HS/2)
     emb = torch.cat((freqs, freqs), dim=-1)     # (T, HS)
@@ -68,6 +94,7 @@ class Attention(nn.Module):
         C, self.nh, self.nkv = cfg["hidden_size"], cfg["n_head"], cfg["n_kv_head"]
         self.hs = C // self.nh
         self.theta = cfg["rope_theta"]
+        self.rope_scaling = cfg.get("rope_scaling")
         self.q_proj = nn.Linear(C, self.nh * self.hs, bias=False)
         self.k_proj = nn.Linear(C, self.nkv * self.hs, bias=False)
         self.v_proj = nn.Linear(C, self.nkv * self.hs, bias=False)
@@ -78,7 +105,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.nh, self.hs).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)
-        cos, sin = rope_cos_sin(T, self.hs, self.theta, x.dtype)
+        cos, sin = rope_cos_sin(T, self.hs, self.theta, x.dtype, self.rope_scaling)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k, v = repeat_kv(k, self.nh // self.nkv), repeat_kv(v, self.nh // self.nkv)
@@ -128,7 +155,9 @@ class LLaMA(nn.Module):
         assert cfg["hidden_size"] % cfg["n_head"] == 0 and cfg["n_head"] % cfg["n_kv_head"] == 0
         self.cfg = dict(cfg)
         self.model = Model(cfg)
-        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+        self.tied = bool(cfg.get("tie_word_embeddings", False))
+        if not self.tied:
+            self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
 
     def forward(self, ids, targets=None):
         """ids (B, T) -> logits (B, T, V), and the mean cross-entropy when targets are given."""
@@ -136,7 +165,8 @@ class LLaMA(nn.Module):
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x)
-        logits = self.lm_head(self.model.norm(x))
+        h = self.model.norm(x)
+        logits = h @ self.model.embed_tokens.weight.t() if self.tied else self.lm_head(h)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

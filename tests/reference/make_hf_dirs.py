@@ -12,6 +12,12 @@ and beside each an expected.safetensors (ids and the reference model's logits):
   llama_bf16/    the same weights stored in BF16 (the logits are the reference's on the
                  BF16-rounded weights)
   llama_sharded/ the same F32 weights in two shards and an index
+  llama_linear/  LlamaForCausalLM with the legacy rope_scaling {"type": "linear", "factor": 4}
+  llama3_tied/   Llama 3.2's layout: rope_scaling {"rope_type": "llama3", ...} whose
+                 frequencies fall in all three bands of the rule (kept, blended, divided),
+                 tie_word_embeddings true and no lm_head.weight (as transformers saves a tied
+                 model); its expected.safetensors also holds targets, the loss and grad.<name>
+                 of every parameter, computed in float64 from the float32 weights
 The models are tests/reference/gpt2_ref.py and llama_ref.py (plain PyTorch, HF names).
 """
 import argparse
@@ -114,6 +120,58 @@ def llama(out):
     write_dir(os.path.join(out, "llama_bf16"), dict(config, torch_dtype="bfloat16"), tensors16, ids, logits16)
 
 
+def llama_scaled(out):
+    base = dict(vocab_size=89, hidden_size=32, intermediate_size=64, n_layer=2, n_head=2, n_kv_head=1,
+                max_position=256, rms_norm_eps=1e-5, rope_theta=10000.0)
+
+    def hf_config(cfg, rope_scaling, tied):
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+                "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 16,
+                "hidden_act": "silu", "hidden_size": cfg["hidden_size"], "initializer_range": 0.02,
+                "intermediate_size": cfg["intermediate_size"], "max_position_embeddings": cfg["max_position"],
+                "mlp_bias": False, "num_attention_heads": cfg["n_head"], "num_hidden_layers": cfg["n_layer"],
+                "num_key_value_heads": cfg["n_kv_head"], "pretraining_tp": 1, "rms_norm_eps": cfg["rms_norm_eps"],
+                "rope_scaling": rope_scaling, "rope_theta": cfg["rope_theta"], "tie_word_embeddings": tied,
+                "torch_dtype": "float32", "use_cache": True, "vocab_size": cfg["vocab_size"]}
+
+    # linear, legacy "type" key, untied: logits only.
+    linear = {"type": "linear", "factor": 4.0}
+    cfg = dict(base, rope_scaling=linear)
+    m = LLaMA(cfg)
+    init_test_weights(m, 97)
+    ids = ids_for(cfg["vocab_size"], 2, 20, 8)
+    with torch.no_grad():
+        logits, _ = m(ids)
+    tensors = [(n, p.detach().clone()) for n, p in m.named_parameters()]
+    write_dir(os.path.join(out, "llama_linear"), hf_config(cfg, linear, False), tensors, ids, logits)
+
+    # llama3 + tied head: logits, loss and gradients in float64 from the float32 weights.
+    # HS = 16, theta 1e4: wavelengths 2 pi / inv_freq = 6.3, 19.9, 62.8, 199, ...; with
+    # original_max_position_embeddings 128, low 1, high 4 the bands are < 32 (kept), 32..128
+    # (blended) and > 128 (divided by the factor).
+    llama3 = {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+              "original_max_position_embeddings": 128, "rope_type": "llama3"}
+    cfg = dict(base, rope_scaling=llama3, tie_word_embeddings=True)
+    m = LLaMA(cfg)
+    init_test_weights(m, 98)
+    assert "lm_head.weight" not in dict(m.named_parameters())
+    tensors = [(n, p.detach().clone()) for n, p in m.named_parameters()]
+    g = torch.Generator().manual_seed(9)
+    data = torch.randint(0, cfg["vocab_size"], (2, 25), generator=g)  # (B, T+1)
+    ids, targets = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    m = m.double()
+    logits, loss = m(ids, targets)
+    loss.backward()
+    path = os.path.join(out, "llama3_tied")
+    write_dir(path, hf_config(cfg, llama3, True), tensors, ids, logits.detach().float())
+    extra = [("ids", ids), ("logits", logits.detach().float()), ("targets", targets),
+             ("loss", loss.detach().float().reshape(()))]
+    extra += [(f"grad.{n}", p.grad.detach().float()) for n, p in m.named_parameters()]
+    st_io.save(os.path.join(path, "expected.safetensors"), extra,
+               dict(MAGIC, kind="hf_dir_expected", torch=torch.__version__,
+                    oracle="llama_ref.py in float64 on the float32 weights; outputs rounded to float32"))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures", "hf"))
@@ -121,6 +179,7 @@ def main():
     torch.set_num_threads(1)
     gpt2(args.out)
     llama(args.out)
+    llama_scaled(args.out)
     for d in sorted(os.listdir(args.out)):
         print(d, sorted(os.listdir(os.path.join(args.out, d))))
 

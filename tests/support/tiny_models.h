@@ -61,6 +61,13 @@ inline const std::vector<TinyModel>& tiny_models() {
   return c;
 }
 
+// The tiny LLaMA with Llama 3.2's options: a tied head and llama3-scaled RoPE (head size 16:
+// with original_max_positions 16 the first frequency pair is blended, the others divided).
+inline constexpr const char* kTiedScaledLlama =
+    "type = \"llama\"\nvocab_size = 128\nblock_size = 16\nn_layer = 2\nn_head = 2\nn_kv_head = 1\nn_embd = 32\n"
+    "intermediate_size = 64\ntie_embeddings = true\nrope_scaling = \"llama3\"\nrope_scaling_factor = 4.0\n"
+    "rope_low_freq_factor = 1.0\nrope_high_freq_factor = 4.0\nrope_original_max_positions = 16\n";
+
 inline bool have_fashion_mnist() { return std::filesystem::exists(std::filesystem::path(kFashionDir) / "t10k-images-idx3-ubyte.gz"); }
 
 // Fashion-MNIST's first n train / m test images as IDX files (uncompressed: the reader takes

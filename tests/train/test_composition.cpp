@@ -200,4 +200,11 @@ TEST_P(Composition, EarlyStoppingAndPeriodicCheckpoints) {
 INSTANTIATE_TEST_SUITE_P(Models, Composition, ::testing::ValuesIn(brigade::test_support::tiny_models()),
                          [](const ::testing::TestParamInfo<ModelCase>& p) { return p.param.name; });
 
+// Llama 3.2's options on the tiny LLaMA: the head tied to the embedding (one parameter, whose
+// gradient and optimizer state ZeRO shards like any other) and llama3-scaled RoPE frequencies.
+INSTANTIATE_TEST_SUITE_P(TiedScaledLlama, Composition,
+                         ::testing::Values(ModelCase{"llama_tied", brigade::test_support::kTiedScaledLlama, false,
+                                                     false, 4}),
+                         [](const ::testing::TestParamInfo<ModelCase>& p) { return p.param.name; });
+
 }  // namespace

@@ -237,8 +237,10 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
   // 86 + model.{depths,window_size,mlp_ratio} (swin), model.{text_layers,text_heads,text_width,projection_dim}
   // (clip), data.mlm_probability (bert), parallel.sync_batchnorm, model.init_from, finetune.method,
-  // lora.{r,alpha,dropout,target_modules,rslora}, data.{format,chat_template}, train.{loss_on,eval_at_start}
-  EXPECT_EQ(recipe_keys().size(), 106u);
+  // lora.{r,alpha,dropout,target_modules,rslora}, data.{format,chat_template}, train.{loss_on,eval_at_start},
+  // model.{rope_scaling,rope_scaling_factor,rope_low_freq_factor,rope_high_freq_factor,
+  // rope_original_max_positions,tie_embeddings} (llama)
+  EXPECT_EQ(recipe_keys().size(), 112u);
 }
 
 namespace {
@@ -385,6 +387,52 @@ TEST(Recipe, ParallelKeysAreValidated) {
   EXPECT_FALSE(ok.parallel.overlap);
   EXPECT_EQ(ok.parallel.zero, 3);
   EXPECT_EQ(ok.train.accumulation, 2);
+}
+
+TEST(Recipe, RopeScalingAndTiedHeadKeysAreChecked) {
+  const char* base = "";
+  auto err = [&](std::vector<std::string> sets) {
+    sets.insert(sets.begin(), "model.type=llama");
+    return parse_error(base, sets);
+  };
+  auto has = [](const std::string& m, const std::string& n) {
+    EXPECT_NE(m.find(n), std::string::npos) << "missing '" << n << "' in: " << m;
+  };
+  const std::vector<std::string> l3{"model.rope_scaling=llama3", "model.rope_scaling_factor=32.0",
+                                    "model.rope_low_freq_factor=1.0", "model.rope_high_freq_factor=4.0",
+                                    "model.rope_original_max_positions=8192"};
+  EXPECT_EQ(err(l3), "");  // Llama 3.2's values
+  {
+    Recipe r;
+    r.model.type = "llama";
+    r.model.rope_scaling = "llama3";
+    r.model.rope_scaling_factor = 32.0;
+    r.model.rope_low_freq_factor = 1.0;
+    r.model.rope_high_freq_factor = 4.0;
+    r.model.rope_original_max_positions = 8192;
+    r.model.tie_embeddings = true;
+    Recipe back = parse_recipe(recipe_to_toml(r), "saved.toml");
+    r.path = "saved.toml";
+    EXPECT_EQ(back, r);
+  }
+  EXPECT_EQ(err({"model.rope_scaling=linear", "model.rope_scaling_factor=2.0", "model.tie_embeddings=true"}), "");
+  EXPECT_EQ(err({"model.tie_embeddings=true", "model.n_kv_head=2", "parallel.tp=2"}), "");  // the tied plan
+  has(err({"model.rope_scaling=linear"}), "model.rope_scaling_factor = 0 must be > 0 with model.rope_scaling = \"linear\"");
+  has(err({"model.rope_scaling=linear", "model.rope_scaling_factor=-2.0"}), "model.rope_scaling_factor = -2 must be > 0");
+  has(err({"model.rope_scaling_factor=8.0"}), "model.rope_scaling_factor = 8 has no effect with model.rope_scaling = \"none\"");
+  has(err({"model.rope_scaling=linear", "model.rope_scaling_factor=2.0", "model.rope_low_freq_factor=1.0"}),
+      "model.rope_low_freq_factor = 1 has no effect with model.rope_scaling = \"linear\"");
+  has(err({"model.rope_original_max_positions=8192"}), "model.rope_original_max_positions = 8192 has no effect");
+  has(err({"model.rope_scaling=llama3", "model.rope_scaling_factor=8.0"}), "model.rope_low_freq_factor = 0 must be > 0");
+  std::vector<std::string> bad = l3;
+  bad[3] = "model.rope_high_freq_factor=1.0";  // == low
+  has(err(bad), "model.rope_high_freq_factor = 1 must be > model.rope_low_freq_factor = 1");
+  has(err({"model.rope_scaling=yarn"}), "model.rope_scaling = \"yarn\" is not implemented");
+  has(err({"model.rope_scaling=dynamic"}), "model.rope_scaling = \"dynamic\" is not implemented");
+  has(err({"model.rope_scaling=lineer"}), "model.rope_scaling = \"lineer\" is not a RoPE scaling");
+  // llama keys on another model
+  has(parse_error(base, {"model.tie_embeddings=true"}), "model.tie_embeddings = true applies to model.type = \"llama\"");
+  has(parse_error(base, {"model.rope_scaling=linear"}), "model.rope_scaling = \"linear\" applies to model.type = \"llama\"");
 }
 
 TEST(Recipe, PrecisionKeysAreValidated) {

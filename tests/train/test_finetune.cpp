@@ -602,6 +602,55 @@ TEST(FineTuneRecipe, InitFromFillsTheShapeFromAHuggingFaceConfig) {
   EXPECT_NE(e.find("model.n_layer = " + std::to_string(c.llama.n_layer)), std::string::npos) << e;
 }
 
+// Llama 3.2's layout (llama3 rope_scaling, tied head) maps onto the recipe's keys, and the task
+// built from it holds the directory's weights with the head tied (one embedding parameter),
+// under full fine-tuning and under LoRA.
+TEST(FineTuneRecipe, InitFromReadsTheRopeScalingAndTheTiedHead) {
+  const fs::path dir = kHf / "llama3_tied";
+  const std::string head = "[model]\ninit_from = \"" + dir.string() + "\"\n";
+  const std::string tail = "[train]\nseq_len = 8\n";
+  const train::Recipe r = train::parse_recipe(head + tail, "test.toml");
+  EXPECT_EQ(r.model.type, "llama");
+  EXPECT_EQ(r.model.rope_scaling, "llama3");
+  EXPECT_EQ(r.model.rope_scaling_factor, 8.0);
+  EXPECT_EQ(r.model.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(r.model.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(r.model.rope_original_max_positions, 128);
+  EXPECT_TRUE(r.model.tie_embeddings);
+  const std::string e = error_of(head + "rope_scaling_factor = 4.0\n" + tail);
+  EXPECT_NE(e.find("model.rope_scaling_factor = 4"), std::string::npos) << e;
+  EXPECT_NE(e.find("holds a model with model.rope_scaling_factor = 8"), std::string::npos) << e;
+  const std::string t = error_of(head + "tie_embeddings = false\n" + tail);
+  EXPECT_EQ(t, "");  // false is the default: "not set", so the directory's true stands
+  const train::Recipe lin = train::parse_recipe(
+      "[model]\ninit_from = \"" + (kHf / "llama_linear").string() + "\"\n" + tail, "test.toml");
+  EXPECT_EQ(lin.model.rope_scaling, "linear");
+  EXPECT_EQ(lin.model.rope_scaling_factor, 4.0);
+  EXPECT_EQ(lin.model.rope_low_freq_factor, 0.0);
+  EXPECT_FALSE(lin.model.tie_embeddings);
+
+  ckpt::SafetensorsReader want((dir / "expected.safetensors").string());
+  for (const char* method : {"full", "lora"}) {
+    const std::string ft = std::string("[finetune]\nmethod = \"") + method + "\"\n";
+    train::Recipe rr = train::parse_recipe(head + tail + ft, "test.toml");
+    std::unique_ptr<train::Task> task = train::make_task(rr);
+    auto& lm = dynamic_cast<models::LLaMA&>(task->model());
+    EXPECT_EQ(lm.lm_head, nullptr) << method;
+    int embeddings = 0;
+    for (auto& [name, p] : lm.named_parameters()) {
+      EXPECT_NE(name, "lm_head.weight") << method;
+      if (name == "model.embed_tokens.weight") {
+        ++embeddings;
+        EXPECT_EQ(p.requires_grad(), std::string(method) == "full") << method;  // LoRA freezes the base
+      }
+    }
+    EXPECT_EQ(embeddings, 1) << method;
+    lm.train(false);
+    autograd::NoGradGuard ng;
+    EXPECT_LT(test_support::rel_err(lm.forward(want.get("ids")), want.get("logits")), 1e-5) << method;
+  }
+}
+
 TEST(FineTuneRecipe, BadFineTuningSettingsAreClearErrors) {
   const std::string nowhere = error_of("[model]\ninit_from = \"/nonexistent/model\"\n");
   EXPECT_NE(nowhere.find("is not a directory"), std::string::npos) << nowhere;

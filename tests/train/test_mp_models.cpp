@@ -51,6 +51,13 @@ const std::vector<ModelCase>& cases() {
        "type = \"llama\"\nvocab_size = 127\nblock_size = 16\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"
        "intermediate_size = 64\n",
        false},
+      // tied head (vocabulary-parallel through the embedding's shard, summed across pipeline
+      // stages) and llama3-scaled RoPE
+      {"llama_tied",
+       "type = \"llama\"\nvocab_size = 127\nblock_size = 16\nn_layer = 2\nn_head = 4\nn_kv_head = 2\nn_embd = 32\n"
+       "intermediate_size = 64\ntie_embeddings = true\nrope_scaling = \"llama3\"\nrope_scaling_factor = 4.0\n"
+       "rope_low_freq_factor = 1.0\nrope_high_freq_factor = 4.0\nrope_original_max_positions = 16\n",
+       false},
       {"bert",
        "type = \"bert\"\nvocab_size = 127\nblock_size = 16\nn_layer = 2\nn_head = 2\nn_embd = 32\n"
        "intermediate_size = 64\n",

@@ -33,11 +33,11 @@ struct RMSNormBackward : Node {
 };
 
 struct RopeBackward : Node {
-  double theta = 10000.0;
+  ops::RopeSpec spec;
   int64_t pos0 = 0;
   const char* name() const override { return "RopeBackward"; }
   // forward: y = rotate(x, +angle)  ->  gx = rotate(g, -angle)
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::rope_backward(g, theta, pos0)}; }
+  std::vector<Tensor> backward(const Tensor& g) override { return {ops::rope_backward(g, spec, pos0)}; }
 };
 
 struct RepeatKvBackward : Node {
@@ -62,13 +62,15 @@ Tensor rms_norm(const Tensor& x0, const Tensor& w0, double eps) {
   return record(r.y, n, {x, w});
 }
 
-Tensor rope(const Tensor& x0, double theta, int64_t pos0) {
+Tensor rope(const Tensor& x0, const ops::RopeSpec& spec, int64_t pos0) {
   const Tensor x = fn::cast(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
   auto n = std::make_shared<RopeBackward>();
-  n->theta = theta;
+  n->spec = spec;
   n->pos0 = pos0;
-  return record(ops::rope(x, theta, pos0), n, {x});
+  return record(ops::rope(x, spec, pos0), n, {x});
 }
+
+Tensor rope(const Tensor& x, double theta, int64_t pos0) { return fn::rope(x, ops::RopeSpec{.theta = theta}, pos0); }
 
 // forward: y = x * sigmoid(x); the node keeps x
 Tensor silu(const Tensor& x0) {

@@ -19,7 +19,9 @@ namespace brigade::fn {
 // x (..., C), w (C) -> x / sqrt(mean(x^2) + eps) * w (HF LlamaRMSNorm).
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 // x (B, NH, T, HS) with the rotary embedding of positions pos0 .. pos0 + T - 1 (HF LLaMA
-// convention, see ops/ext_llama.h); the backward is the inverse rotation.
+// convention and the frequency scalings, see ops/ext_llama.h); the backward is the inverse
+// rotation. The theta overload is the unscaled RoPE, rope(x, ops::RopeSpec{theta}).
+Tensor rope(const Tensor& x, const ops::RopeSpec& spec, int64_t pos0 = 0);
 Tensor rope(const Tensor& x, double theta, int64_t pos0 = 0);
 // x * sigmoid(x).
 Tensor silu(const Tensor& x);

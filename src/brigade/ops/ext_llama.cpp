@@ -64,10 +64,11 @@ void cpu_rms_norm_backward(int64_t N, int64_t C, const float* gy, const float* x
   }
 }
 
-void cpu_rope(int64_t BH, int64_t T, int64_t HS, double theta, int64_t pos0, double sign, const float* x, float* y) {
+void cpu_rope(int64_t BH, int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0, double sign, const float* x,
+              float* y) {
   const int64_t h = HS / 2;
   std::vector<float> ct(size_t(T * h)), st(size_t(T * h));
-  ref::llama::rope_table<float>(T, HS, theta, pos0, ct.data(), st.data());
+  ref::llama::rope_table<float>(T, HS, spec, pos0, ct.data(), st.data());
   const float sg = float(sign);
 #pragma omp parallel for schedule(static) if (BH * T * HS >= kParallelMin)
   for (int64_t r = 0; r < BH * T; ++r) {
@@ -204,29 +205,59 @@ RMSNormGrads rms_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& 
 
 // ---------------------------------------------------------------- RoPE
 
+const char* rope_scaling_name(RopeScaling s) {
+  switch (s) {
+    case RopeScaling::None: return "none";
+    case RopeScaling::Linear: return "linear";
+    case RopeScaling::Llama3: return "llama3";
+  }
+  return "?";
+}
+
+void check_rope_spec(const RopeSpec& r, const char* op) {
+  BRIGADE_CHECK(r.theta > 0.0, ValueError, "{}: theta must be > 0, got {}", op, r.theta);
+  if (r.scaling == RopeScaling::None) return;
+  const char* name = rope_scaling_name(r.scaling);
+  BRIGADE_CHECK(r.factor > 0.0 && std::isfinite(r.factor), ValueError,
+                "{}: the {} RoPE scaling's factor must be > 0, got {}", op, name, r.factor);
+  if (r.scaling != RopeScaling::Llama3) return;
+  BRIGADE_CHECK(r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor &&
+                    std::isfinite(r.high_freq_factor),
+                ValueError,
+                "{}: the llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got {} and {}", op,
+                r.low_freq_factor, r.high_freq_factor);
+  BRIGADE_CHECK(r.original_max_positions > 0.0 && std::isfinite(r.original_max_positions), ValueError,
+                "{}: the llama3 RoPE scaling's original_max_positions must be > 0, got {}", op,
+                r.original_max_positions);
+}
+
 namespace {
-Tensor rope_impl(const Tensor& x, double theta, int64_t pos0, double sign, const char* op) {
+Tensor rope_impl(const Tensor& x, const RopeSpec& spec, int64_t pos0, double sign, const char* op) {
   check_float(x, op, "x");
   check_heads(x, op, "x");
   const int64_t B = x.size(0), NH = x.size(1), T = x.size(2), HS = x.size(3);
   BRIGADE_CHECK(HS % 2 == 0, ShapeError, "{}: the head size HS = {} of x {} must be even (RoPE rotates pairs)", op,
                 HS, shape_str(x.shape()));
-  BRIGADE_CHECK(theta > 0.0, ValueError, "{}: theta must be > 0, got {}", op, theta);
+  check_rope_spec(spec, op);
   BRIGADE_CHECK(pos0 >= 0, ValueError, "{}: the first position pos0 must be >= 0, got {}", op, pos0);
-  if (needs_widening({&x})) return rounded(rope_impl(f32(x), theta, pos0, sign, op), x.dtype());
+  if (needs_widening({&x})) return rounded(rope_impl(f32(x), spec, pos0, sign, op), x.dtype());
   const Tensor xc = x.contiguous();
   Tensor y = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
   if (cpu_backend())
-    cpu_rope(B * NH, T, HS, theta, pos0, sign, xc.data<float>(), y.data<float>());
+    cpu_rope(B * NH, T, HS, spec, pos0, sign, xc.data<float>(), y.data<float>());
   else
-    ref::llama::rope<float>(B * NH, T, HS, theta, pos0, sign, xc.data<float>(), y.data<float>());
+    ref::llama::rope<float>(B * NH, T, HS, spec, pos0, sign, xc.data<float>(), y.data<float>());
   return y;
 }
 }  // namespace
 
-Tensor rope(const Tensor& x, double theta, int64_t pos0) { return rope_impl(x, theta, pos0, 1.0, "rope"); }
+Tensor rope(const Tensor& x, const RopeSpec& spec, int64_t pos0) { return rope_impl(x, spec, pos0, 1.0, "rope"); }
+Tensor rope_backward(const Tensor& gy, const RopeSpec& spec, int64_t pos0) {
+  return rope_impl(gy, spec, pos0, -1.0, "rope_backward");
+}
+Tensor rope(const Tensor& x, double theta, int64_t pos0) { return rope(x, RopeSpec{.theta = theta}, pos0); }
 Tensor rope_backward(const Tensor& gy, double theta, int64_t pos0) {
-  return rope_impl(gy, theta, pos0, -1.0, "rope_backward");
+  return rope_backward(gy, RopeSpec{.theta = theta}, pos0);
 }
 
 // ---------------------------------------------------------------- SiLU

@@ -33,13 +33,42 @@ RMSNormGrads rms_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& 
 
 // ---------------- rotary position embedding (Su et al. 2021), Hugging Face LLaMA convention:
 // x (B, NH, T, HS), HS even, h = HS / 2; for position p = pos0 + t and i < h,
-//   inv_freq[i] = theta^(-2i / HS), a = p * inv_freq[i],
+//   inv_freq[i] = scaled(theta^(-2i / HS)), a = p * inv_freq[i],
 //   y[i]     = x[i] cos a - x[i + h] sin a
 //   y[i + h] = x[i + h] cos a + x[i] sin a
 // (y = x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1), cos/sin = cat(c, c)).
-// The angles are computed in double and their cos/sin rounded to the kernel's scalar type.
-Tensor rope(const Tensor& x, double theta, int64_t pos0 = 0);
+// The frequencies and angles are computed in double and their cos/sin rounded to the kernel's
+// scalar type.
+//
+// The scalings of the inverse frequencies (transformers' modeling_rope_utils.py, whose
+// attention factor is 1 for both, so cos/sin are not rescaled):
+//   None    inv_freq unchanged (the original RoPE).
+//   Linear  inv_freq / factor: positions interpolated by 1 / factor (Chen et al. 2023,
+//           "Extending Context Window ... via Positional Interpolation").
+//   Llama3  by wavelength w = 2 pi / inv_freq (Meta's Llama 3.1 scaling), with
+//           L = original_max_positions, lo = low_freq_factor, hi = high_freq_factor:
+//             w < L / hi           unchanged (high frequencies)
+//             w > L / lo           inv_freq / factor (low frequencies)
+//             otherwise            (1 - s) inv_freq / factor + s inv_freq, s = (L / w - lo) / (hi - lo).
+enum class RopeScaling : uint8_t { None, Linear, Llama3 };
+const char* rope_scaling_name(RopeScaling s);  // "none", "linear", "llama3"
+struct RopeSpec {
+  double theta = 10000.0;
+  RopeScaling scaling = RopeScaling::None;
+  double factor = 1.0;                   // Linear, Llama3: > 0
+  double low_freq_factor = 1.0;          // Llama3: > 0
+  double high_freq_factor = 4.0;         // Llama3: > low_freq_factor
+  double original_max_positions = 8192;  // Llama3: the pre-training context length, > 0
+  bool operator==(const RopeSpec&) const = default;
+};
+// ValueError naming the bad field unless theta > 0 and the scaling's fields are usable.
+void check_rope_spec(const RopeSpec& spec, const char* op);
+
+Tensor rope(const Tensor& x, const RopeSpec& spec, int64_t pos0 = 0);
 // The backward is the inverse (transposed) rotation: gx = rope with angle -a applied to gy.
+Tensor rope_backward(const Tensor& gy, const RopeSpec& spec, int64_t pos0 = 0);
+// Unscaled RoPE with base theta: rope(x, RopeSpec{theta}).
+Tensor rope(const Tensor& x, double theta, int64_t pos0 = 0);
 Tensor rope_backward(const Tensor& gy, double theta, int64_t pos0 = 0);
 
 // ---------------- SiLU / swish (Elfwing et al. 2017): y = x * sigmoid(x). SwiGLU is
@@ -94,14 +123,35 @@ void rms_norm_backward(int64_t N, int64_t C, const S* gy, const S* x, const S* w
   }
 }
 
-// cos / sin of the RoPE angles, (T, HS/2) each: a = (pos0 + t) * theta^(-2i/HS), in double.
+// RoPE's inverse frequency of pair i < HS/2 under `spec` (see ops::RopeSpec above), in double.
+// The unscaled value is 1 / theta^(2i/HS), exactly as the unscaled table always computed it.
+inline double rope_inv_freq(const RopeSpec& spec, int64_t i, int64_t HS) {
+  const double inv_freq = 1.0 / std::pow(spec.theta, double(2 * i) / double(HS));
+  switch (spec.scaling) {
+    case RopeScaling::None: return inv_freq;
+    case RopeScaling::Linear: return inv_freq / spec.factor;
+    case RopeScaling::Llama3: {
+      const double kPi = 3.14159265358979323846;
+      const double L = spec.original_max_positions, lo = spec.low_freq_factor, hi = spec.high_freq_factor;
+      const double wavelen = 2.0 * kPi / inv_freq;
+      if (wavelen < L / hi) return inv_freq;                   // high frequency: kept
+      if (wavelen > L / lo) return inv_freq / spec.factor;     // low frequency: interpolated
+      const double smooth = (L / wavelen - lo) / (hi - lo);    // in [0, 1] between the two
+      return (1.0 - smooth) * inv_freq / spec.factor + smooth * inv_freq;
+    }
+  }
+  return inv_freq;
+}
+
+// cos / sin of the RoPE angles, (T, HS/2) each: a = (pos0 + t) * rope_inv_freq(spec, i, HS), in double.
 template <typename S>
-void rope_table(int64_t T, int64_t HS, double theta, int64_t pos0, S* cos_t, S* sin_t) {
+void rope_table(int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0, S* cos_t, S* sin_t) {
   const int64_t h = HS / 2;
+  std::vector<double> inv(static_cast<size_t>(h));
+  for (int64_t i = 0; i < h; ++i) inv[size_t(i)] = rope_inv_freq(spec, i, HS);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < h; ++i) {
-      const double inv_freq = 1.0 / std::pow(theta, double(2 * i) / double(HS));
-      const double a = double(pos0 + t) * inv_freq;
+      const double a = double(pos0 + t) * inv[size_t(i)];
       cos_t[t * h + i] = S(std::cos(a));
       sin_t[t * h + i] = S(std::sin(a));
     }
@@ -109,10 +159,10 @@ void rope_table(int64_t T, int64_t HS, double theta, int64_t pos0, S* cos_t, S* 
 // RoPE on BH = B*NH contiguous (T, HS) problems; sign = +1 rotates by +a (forward),
 // -1 by -a (backward).
 template <typename S>
-void rope(int64_t BH, int64_t T, int64_t HS, double theta, int64_t pos0, double sign, const S* x, S* y) {
+void rope(int64_t BH, int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0, double sign, const S* x, S* y) {
   const int64_t h = HS / 2;
   std::vector<S> ct(size_t(T * h)), st(size_t(T * h));
-  rope_table<S>(T, HS, theta, pos0, ct.data(), st.data());
+  rope_table<S>(T, HS, spec, pos0, ct.data(), st.data());
   for (int64_t bh = 0; bh < BH; ++bh)
     for (int64_t t = 0; t < T; ++t) {
       const S* xr = x + (bh * T + t) * HS;

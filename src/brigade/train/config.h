@@ -34,6 +34,15 @@ struct ModelConfig {
   int64_t n_kv_head = 0;             // key/value heads (grouped-query attention); 0 = n_head
   int64_t intermediate_size = 0;     // SwiGLU width; 0 = 8 n_embd / 3 rounded up to a multiple of 64
   double rope_theta = 10000.0;       // rotary embedding base
+  // Scaled rotary frequencies (ops/ext_llama.h): "none" | "linear" (inv_freq / factor) | "llama3"
+  // (Llama 3.1's wavelength-dependent blend). The numbers default to 0 = unset: the chosen
+  // scaling must set each one it reads, and "none" none of them.
+  std::string rope_scaling = "none";
+  double rope_scaling_factor = 0.0;          // linear, llama3: > 0
+  double rope_low_freq_factor = 0.0;         // llama3: > 0
+  double rope_high_freq_factor = 0.0;        // llama3: > rope_low_freq_factor
+  int64_t rope_original_max_positions = 0;   // llama3: the pre-training context length, > 0
+  bool tie_embeddings = false;       // the LM head is the token embedding (no lm_head.weight)
   // image classifiers only (vit: n_layer, n_head, n_embd, intermediate_size (0 = 4 n_embd), dropout,
   // layer_norm_eps and init_std as for the language models):
   int64_t image_size = 28;           // square input side (Fashion-MNIST: 28)

@@ -69,6 +69,16 @@ ModelConfig hf_model_config(const models::HfConfig& c) {
     m.intermediate_size = c.llama.intermediate_size;
     m.rope_theta = c.llama.rope_theta;
     m.layer_norm_eps = c.llama.rms_norm_eps;
+    m.tie_embeddings = c.llama.tie_word_embeddings;
+    if (c.llama.rope_scaling != ops::RopeScaling::None) {
+      m.rope_scaling = ops::rope_scaling_name(c.llama.rope_scaling);
+      m.rope_scaling_factor = c.llama.rope_factor;
+    }
+    if (c.llama.rope_scaling == ops::RopeScaling::Llama3) {
+      m.rope_low_freq_factor = c.llama.rope_low_freq_factor;
+      m.rope_high_freq_factor = c.llama.rope_high_freq_factor;
+      m.rope_original_max_positions = int64_t(c.llama.rope_original_max_positions);
+    }
   }
   return m;
 }

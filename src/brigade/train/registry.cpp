@@ -26,11 +26,28 @@ models::GPTConfig gpt_config(const ModelConfig& m) {
 }
 
 models::LLaMAConfig llama_config(const ModelConfig& m) {
-  return {.vocab_size = m.vocab_size, .hidden_size = m.n_embd,
-          .intermediate_size = or_default(m.intermediate_size, (8 * m.n_embd / 3 + 63) / 64 * 64),
-          .n_layer = m.n_layer, .n_head = m.n_head, .n_kv_head = or_default(m.n_kv_head, m.n_head),
-          .max_position = m.block_size, .rms_norm_eps = m.layer_norm_eps, .rope_theta = m.rope_theta,
-          .init_std = m.init_std};
+  models::LLaMAConfig c{.vocab_size = m.vocab_size, .hidden_size = m.n_embd,
+                        .intermediate_size = or_default(m.intermediate_size, (8 * m.n_embd / 3 + 63) / 64 * 64),
+                        .n_layer = m.n_layer, .n_head = m.n_head, .n_kv_head = or_default(m.n_kv_head, m.n_head),
+                        .max_position = m.block_size, .rms_norm_eps = m.layer_norm_eps, .rope_theta = m.rope_theta,
+                        .init_std = m.init_std, .tie_word_embeddings = m.tie_embeddings};
+  // validate_llama has checked the names and values; a scaling's unset parameters keep the
+  // config's defaults, which that scaling does not read.
+  if (m.rope_scaling == "linear") {
+    c.rope_scaling = ops::RopeScaling::Linear;
+    c.rope_factor = m.rope_scaling_factor;
+  } else if (m.rope_scaling == "llama3") {
+    c.rope_scaling = ops::RopeScaling::Llama3;
+    c.rope_factor = m.rope_scaling_factor;
+    c.rope_low_freq_factor = m.rope_low_freq_factor;
+    c.rope_high_freq_factor = m.rope_high_freq_factor;
+    c.rope_original_max_positions = double(m.rope_original_max_positions);
+  } else {
+    BRIGADE_CHECK(m.rope_scaling == "none", ConfigError,
+                  "model.rope_scaling = \"{}\" is not a RoPE scaling; use \"none\", \"linear\" or \"llama3\"",
+                  m.rope_scaling);
+  }
+  return c;
 }
 
 models::BERTConfig bert_config(const ModelConfig& m) {
@@ -117,6 +134,44 @@ void check_mlp_width(const Recipe& r, const Fail& fail) {
 
 void validate_gpt(const Recipe&, const Fail&) {}
 
+// model.rope_scaling and the numbers it reads: each scaling sets exactly its own, in range.
+void check_rope_scaling(const Recipe& r, const Fail& fail) {
+  const ModelConfig& m = r.model;
+  const ModelConfig d;
+  const std::string& s = m.rope_scaling;
+  if (s != "none" && s != "linear" && s != "llama3") {
+    const bool other = s == "dynamic" || s == "yarn" || s == "longrope" || s == "ntk" || s == "su";
+    fail(fmt::format("model.rope_scaling = \"{}\" is {}; use \"none\", \"linear\" (positions / factor) or "
+                     "\"llama3\" (Llama 3.1-3.3)",
+                     s, other ? "not implemented (only linear and llama3 scalings are)" : "not a RoPE scaling"));
+    return;
+  }
+  // (key, value, whether it is set, whether this scaling reads it)
+  struct Num { const char* key; double v; bool set, read; };
+  const Num nums[] = {
+      {"model.rope_scaling_factor", m.rope_scaling_factor, m.rope_scaling_factor != d.rope_scaling_factor, s != "none"},
+      {"model.rope_low_freq_factor", m.rope_low_freq_factor, m.rope_low_freq_factor != d.rope_low_freq_factor,
+       s == "llama3"},
+      {"model.rope_high_freq_factor", m.rope_high_freq_factor, m.rope_high_freq_factor != d.rope_high_freq_factor,
+       s == "llama3"},
+      {"model.rope_original_max_positions", double(m.rope_original_max_positions),
+       m.rope_original_max_positions != d.rope_original_max_positions, s == "llama3"}};
+  for (const Num& n : nums) {
+    if (n.set && !n.read)
+      fail(fmt::format("{} = {} has no effect with model.rope_scaling = \"{}\"; remove it{}", n.key, n.v, s,
+                       s == "none" ? " or set model.rope_scaling = \"linear\" / \"llama3\"" : ""));
+    if (n.read && !(n.v > 0))
+      fail(fmt::format("{} = {} must be > 0 with model.rope_scaling = \"{}\"; set the value the model was "
+                       "trained with (config.json's rope_scaling; Llama 3.2: factor 32, low_freq_factor 1, "
+                       "high_freq_factor 4, original_max_position_embeddings 8192)",
+                       n.key, n.v, s));
+  }
+  if (s == "llama3" && m.rope_low_freq_factor > 0 && !(m.rope_high_freq_factor > m.rope_low_freq_factor))
+    fail(fmt::format("model.rope_high_freq_factor = {} must be > model.rope_low_freq_factor = {} (the llama3 "
+                     "scaling blends the frequencies between the two wavelengths they give)",
+                     m.rope_high_freq_factor, m.rope_low_freq_factor));
+}
+
 void validate_llama(const Recipe& r, const Fail& fail) {
   const int64_t kv = r.model.n_kv_head == 0 ? r.model.n_head : r.model.n_kv_head;
   if (kv < 1 || r.model.n_head % kv != 0)
@@ -128,6 +183,7 @@ void validate_llama(const Recipe& r, const Fail& fail) {
                      r.model.intermediate_size));
   if (!(r.model.rope_theta > 0))
     fail(fmt::format("model.rope_theta = {} must be > 0; LLaMA uses 10000", r.model.rope_theta));
+  check_rope_scaling(r, fail);
 }
 
 void validate_bert(const Recipe& r, const Fail& fail) {
@@ -287,7 +343,9 @@ std::unique_ptr<Task> make_clip_task(const Recipe& r) {
 // The optional model keys: each row lists those it reads; the others must keep their defaults.
 const std::vector<std::string_view>& optional_keys() {
   static const std::vector<std::string_view> k{
-      "model.n_kv_head",  "model.intermediate_size", "model.rope_theta",  "model.image_size", "model.patch_size",
+      "model.n_kv_head",  "model.intermediate_size", "model.rope_theta",  "model.rope_scaling",
+      "model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+      "model.rope_original_max_positions", "model.tie_embeddings", "model.image_size", "model.patch_size",
       "model.num_classes", "model.in_channels",      "model.width",       "model.depths",     "model.window_size",
       "model.mlp_ratio",  "model.text_layers",       "model.text_heads",  "model.text_width", "model.projection_dim",
       "data.mlm_probability", "data.augment"};
@@ -311,7 +369,9 @@ const std::vector<ModelEntry>& model_registry() {
         .dropout = true, .sample = true},
        validate_gpt, make_lm_task},
       {"llama", "LLaMA causal language model (RMSNorm, RoPE, SwiGLU, grouped-query attention)", DataKind::Text,
-       {"model.n_kv_head", "model.intermediate_size", "model.rope_theta"},
+       {"model.n_kv_head", "model.intermediate_size", "model.rope_theta", "model.rope_scaling",
+        "model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+        "model.rope_original_max_positions", "model.tie_embeddings"},
        {.tensor_parallel = true, .pipeline_parallel = true, .sample = true},
        validate_llama, make_lm_task},
       {"bert", "BERT masked language model", DataKind::Text, {"model.intermediate_size", "data.mlm_probability"},

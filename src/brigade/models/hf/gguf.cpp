@@ -330,6 +330,11 @@ void save_gguf(const CausalLM& model, const std::string& path, const GgufOptions
     tensors = gpt2_tensors(*gpt, o.dtype);
   } else {
     const LLaMAConfig& c = llama->config();
+    BRIGADE_CHECK(c.rope_scaling == ops::RopeScaling::None, ValueError,
+                  "save_gguf: the model's RoPE uses the {} frequency scaling, which this GGUF writer does not "
+                  "record yet (llama.cpp would run it unscaled); export a Hugging Face directory instead "
+                  "(brigade export --format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
+                  ops::rope_scaling_name(c.rope_scaling));
     md.u32("llama.context_length", c.max_position);
     md.u32("llama.embedding_length", c.hidden_size);
     md.u32("llama.feed_forward_length", c.intermediate_size);

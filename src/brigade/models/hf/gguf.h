@@ -13,7 +13,8 @@
 //   (GPT-2 ties them). HF Conv1D weights (in, out) are transposed to (out, in), as the converter
 //   does, so every 2-D weight is (out, in) row-major = GGML {in, out}.
 // - llama: token_embd, blk.N.{attn_norm, attn_q, attn_k, attn_v, attn_output, ffn_norm, ffn_gate,
-//   ffn_up, ffn_down}.weight, output_norm, output. q_proj and k_proj rows are permuted from HF's
+//   ffn_up, ffn_down}.weight, output_norm, output (absent for a tied head: llama.cpp then uses
+//   token_embd, as for the converter's tied Llama 3.2). q_proj and k_proj rows are permuted from HF's
 //   rotary layout (the two halves of each head) back to the interleaved pairs GGML's RoPE rotates:
 //   per head, row (i, h) of the (2, HS/2) split goes to row (h, i) — with n_head heads for q and
 //   n_kv_head for k.
@@ -28,7 +29,8 @@
 //   or "llama-bpe" by the pre-tokenizer regex (any other regex is a ValueError: llama.cpp would
 //   split text differently).
 // Written atomically (temp file, fsync, rename); IoError when it cannot be. A model with LoRA
-// adapters is a ValueError (merge them first), as is any model other than GPT and LLaMA.
+// adapters is a ValueError (merge them first), as is any model other than GPT and LLaMA, and a
+// LLaMA with scaled RoPE frequencies (rope_scaling; not recorded here yet).
 #pragma once
 #include <string>
 

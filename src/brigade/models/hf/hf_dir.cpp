@@ -80,7 +80,54 @@ GPTConfig gpt2_from(const Config& c, std::vector<std::string>& notes) {
   return g;
 }
 
-LLaMAConfig llama_from(const Config& c) {
+// LlamaConfig's rope_scaling (transformers' modeling_rope_utils.py): null, or an object whose
+// "rope_type" (or the legacy "type") is "default" (none), "linear" (needs factor) or "llama3"
+// (needs factor, low_freq_factor, high_freq_factor, original_max_position_embeddings). The
+// other types change the forward in ways this LLaMA does not implement: refused by name.
+void rope_scaling_from(const Config& c, LLaMAConfig& l, std::vector<std::string>& notes) {
+  if (!c.has("rope_scaling")) return;
+  const json& rs = c.j.at("rope_scaling");
+  BRIGADE_CHECK(rs.is_object(), CheckpointError, "{}: rope_scaling = {} is neither null nor an object", c.path,
+                rs.dump());
+  const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
+  BRIGADE_CHECK(rs.contains(type_key) && rs.at(type_key).is_string(), CheckpointError,
+                "{}: rope_scaling = {} has no \"rope_type\" (or \"type\") string", c.path, rs.dump());
+  const std::string type = rs.at(type_key).get<std::string>();
+  if (type == "default") return;
+  BRIGADE_CHECK(type == "linear" || type == "llama3", ConfigError,
+                "{}: rope_scaling {} = \"{}\" is not supported: this LLaMA implements the \"linear\" and "
+                "\"llama3\" RoPE scalings (not dynamic, yarn, longrope or others); the model cannot run correctly "
+                "without its scaling",
+                c.path, type_key, type);
+  std::set<std::string> read{"rope_type", "type"};
+  auto num = [&](const char* k) {
+    read.insert(k);
+    BRIGADE_CHECK(rs.contains(k) && rs.at(k).is_number(), CheckpointError,
+                  "{}: rope_scaling of type \"{}\" needs a number \"{}\" (got {})", c.path, type, k, rs.dump());
+    return rs.at(k).get<double>();
+  };
+  l.rope_factor = num("factor");
+  if (type == "linear") {
+    l.rope_scaling = ops::RopeScaling::Linear;
+  } else {
+    l.rope_scaling = ops::RopeScaling::Llama3;
+    l.rope_low_freq_factor = num("low_freq_factor");
+    l.rope_high_freq_factor = num("high_freq_factor");
+    l.rope_original_max_positions = num("original_max_position_embeddings");
+  }
+  try {
+    ops::check_rope_spec(l.rope(), "rope_scaling");
+  } catch (const ValueError& e) {
+    throw ConfigError(fmt::format("{}: {}", c.path, e.what()));
+  }
+  for (auto& [k, v] : rs.items())
+    if (!read.count(k))
+      notes.push_back(fmt::format("rope_scaling's \"{}\" = {} is not read: the {} scaling has no such parameter "
+                                  "(transformers ignores it too)",
+                                  k, v.dump(), type));
+}
+
+LLaMAConfig llama_from(const Config& c, std::vector<std::string>& notes) {
   LLaMAConfig l;
   l.vocab_size = c.get<int64_t>("vocab_size");
   l.hidden_size = c.get<int64_t>("hidden_size");
@@ -98,11 +145,8 @@ LLaMAConfig llama_from(const Config& c) {
                   "{}: head_dim = {} is not supported: this LLaMA's head size is hidden_size / num_attention_heads "
                   "= {}",
                   c.path, c.get<int64_t>("head_dim"), l.hidden_size / l.n_head);
-  BRIGADE_CHECK(!c.has("rope_scaling"), ConfigError,
-                "{}: rope_scaling = {} is not supported yet (plain RoPE only); remove it only if the model was "
-                "trained without it",
-                c.path, c.has("rope_scaling") ? c.j.at("rope_scaling").dump() : "");
-  c.require<bool>("tie_word_embeddings", false, "this LLaMA has an untied lm_head");
+  rope_scaling_from(c, l, notes);
+  l.tie_word_embeddings = c.get_or<bool>("tie_word_embeddings", false);
   c.require<bool>("attention_bias", false, "this LLaMA's projections have no biases");
   c.require<bool>("mlp_bias", false, "this LLaMA's MLP has no biases");
   c.require<std::string>("hidden_act", "silu", "this LLaMA's MLP is SwiGLU (silu)");
@@ -112,7 +156,7 @@ LLaMAConfig llama_from(const Config& c) {
 }
 
 // The file's key as this engine's parameter name ("" for a key to skip, with `why`).
-std::string engine_name(const std::string& type, const std::string& key, std::string& why) {
+std::string engine_name(const std::string& type, bool tied, const std::string& key, std::string& why) {
   static const std::regex gpt2_buffer(R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias))");
   static const std::regex llama_buffer(R"((model\.)?layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
   if (type == "gpt2") {
@@ -121,6 +165,7 @@ std::string engine_name(const std::string& type, const std::string& key, std::st
     return key.rfind("transformer.", 0) == 0 ? key : "transformer." + key;
   }
   if (std::regex_match(key, llama_buffer)) return why = "a rotary buffer", "";
+  if (key == "lm_head.weight" && tied) return why = "the head, tied to embed_tokens (checked equal)", "";
   if (key == "lm_head.weight" || key.rfind("model.", 0) == 0) return key;
   return "model." + key;
 }
@@ -142,7 +187,7 @@ HfConfig read_hf_config(const std::string& dir) {
   if (out.model_type == "gpt2")
     out.gpt = gpt2_from(c, out.notes);
   else if (out.model_type == "llama")
-    out.llama = llama_from(c);
+    out.llama = llama_from(c, out.notes);
   else
     throw ConfigError(fmt::format("{}: model_type \"{}\" is not supported; supported: \"gpt2\" (GPT2LMHeadModel), "
                                   "\"llama\" (LlamaForCausalLM)",
@@ -161,6 +206,10 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
                 "load_hf_weights: model_type \"{}\"; \"gpt2\" or \"llama\"", model_type);
   BRIGADE_CHECK(model_type == (dynamic_cast<const GPT*>(&model) ? "gpt2" : "llama"), ConfigError,
                 "{}: a {} checkpoint cannot load into a {} model", dir, model_type, model.arch());
+  // The head is tied for every GPT-2 and for a LLaMA with tie_word_embeddings; its embedding:
+  const auto* llama = dynamic_cast<const LLaMA*>(&model);
+  const bool tied = model_type == "gpt2" || (llama && llama->config().tie_word_embeddings);
+  const std::string embedding = model_type == "gpt2" ? "transformer.wte.weight" : "model.embed_tokens.weight";
   std::vector<std::string> skipped;
   // The weight files: one, or the shards of the index.
   std::vector<fs::path> files;
@@ -187,12 +236,12 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
   for (auto& [name, p] : model.named_parameters())
     if (name.find(".lora_") == std::string::npos) params.emplace(name, p);
   std::set<std::string> loaded;
-  std::pair<fs::path, std::string> tied_head;  // a GPT-2 lm_head.weight in the files: it must be wte
+  std::pair<fs::path, std::string> tied_head;  // a tied model's lm_head.weight in the files: it must be the embedding
   for (const fs::path& file : files) {
     ckpt::SafetensorsReader r(file.string());
     for (const std::string& key : r.names()) {
       std::string why;
-      const std::string name = engine_name(model_type, key, why);
+      const std::string name = engine_name(model_type, tied, key, why);
       if (name.empty()) {
         skipped.push_back(key + " (" + why + ")");
         if (key == "lm_head.weight") tied_head = {file, key};
@@ -220,11 +269,14 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
                   files.size() == 1 ? files[0].filename().string() : "any shard");
   if (!tied_head.second.empty()) {
     const Tensor head = ckpt::SafetensorsReader(tied_head.first.string()).get(tied_head.second).to(DType::F32);
-    const Tensor& wte = params.at("transformer.wte.weight");
-    BRIGADE_CHECK(head.shape() == wte.shape() && head.to_vector() == wte.to_vector(), CheckpointError,
-                  "{}: lm_head.weight differs from wte.weight, but GPT-2 ties its head to the token embedding; "
-                  "this checkpoint's untied head cannot load",
-                  tied_head.first.string());
+    const Tensor& emb = params.at(embedding);
+    BRIGADE_CHECK(head.shape() == emb.shape() && head.to_vector() == emb.to_vector(), CheckpointError,
+                  "{}: lm_head.weight differs from {}, but {}; this checkpoint's untied head cannot load{}",
+                  tied_head.first.string(), model_type == "gpt2" ? "wte.weight" : embedding,
+                  model_type == "gpt2" ? "GPT-2 ties its head to the token embedding"
+                                       : "config.json says tie_word_embeddings = true (the head is the token "
+                                         "embedding)",
+                  model_type == "gpt2" ? "" : " as tied; set tie_word_embeddings = false if the head is its own");
   }
   return skipped;
 }
@@ -280,9 +332,21 @@ void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtyp
     j["num_hidden_layers"] = c.n_layer;
     j["num_key_value_heads"] = c.n_kv_head;
     j["rms_norm_eps"] = c.rms_norm_eps;
-    j["rope_scaling"] = nullptr;
+    if (c.rope_scaling == ops::RopeScaling::None) {
+      j["rope_scaling"] = nullptr;
+    } else {
+      nlohmann::ordered_json rs;
+      rs["factor"] = c.rope_factor;
+      if (c.rope_scaling == ops::RopeScaling::Llama3) {
+        rs["high_freq_factor"] = c.rope_high_freq_factor;
+        rs["low_freq_factor"] = c.rope_low_freq_factor;
+        rs["original_max_position_embeddings"] = int64_t(c.rope_original_max_positions);
+      }
+      rs["rope_type"] = ops::rope_scaling_name(c.rope_scaling);
+      j["rope_scaling"] = rs;
+    }
     j["rope_theta"] = c.rope_theta;
-    j["tie_word_embeddings"] = false;
+    j["tie_word_embeddings"] = c.tie_word_embeddings;
     j["torch_dtype"] = torch_dtype;
     j["vocab_size"] = c.vocab_size;
   } else {

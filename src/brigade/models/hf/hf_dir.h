@@ -5,13 +5,15 @@
 //   n_positions, n_inner, activation_function, layer_norm_epsilon, tie_word_embeddings, the
 //   *_pdrop; LlamaConfig: hidden_size, intermediate_size, num_hidden_layers,
 //   num_attention_heads, num_key_value_heads, head_dim, rms_norm_eps, rope_theta,
-//   rope_scaling, tie_word_embeddings, attention_bias, mlp_bias, hidden_act). A value this
-//   engine's model cannot represent (a rope_scaling, biases, another activation, a tied
-//   LLaMA head, ...) is refused by name: nothing is silently dropped.
+//   rope_scaling, tie_word_embeddings, attention_bias, mlp_bias, hidden_act). rope_scaling's
+//   "rope_type" (or legacy "type") may be "default", "linear" or "llama3" (Llama 3.1-3.3) and
+//   tie_word_embeddings true or false. A value this engine's model cannot represent (another
+//   rope_type such as dynamic or yarn, biases, another activation, ...) is refused by name:
+//   nothing is silently dropped.
 // - Weights may be F32, BF16 or F16 (converted to the fp32 parameters), with or without the
 //   base-model prefix ("transformer." / "model."). Known buffers (GPT-2's attn.bias /
-//   attn.masked_bias, LLaMA's rotary inv_freq) and a GPT-2 lm_head.weight equal to wte (tied)
-//   are skipped;
+//   attn.masked_bias, LLaMA's rotary inv_freq) and the lm_head.weight of a tied head (GPT-2, a
+//   tied LLaMA), which must equal the embedding, are skipped;
 //   any other unexpected key, a missing one, a wrong shape or a missing shard is a
 //   CheckpointError naming the key or file. Tensors are read one at a time into the model's
 //   parameters, so a sharded model is never held twice.
@@ -53,7 +55,8 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
 
 // Writes `model` (a GPT or a LLaMA) as a Hugging Face directory that load_hf_directory and
 // transformers read: config.json with HF's field names and model.safetensors with HF's keys
-// (GPT-2's head tied, so no lm_head.weight), in F32 or, with dtype = BF16 / F16, rounded to
+// (a tied head, GPT-2's or a tied LLaMA's, writes tie_word_embeddings = true and no
+// lm_head.weight; a LLaMA's rope_scaling is written with "rope_type"), in F32 or, with dtype = BF16 / F16, rounded to
 // it. The directory is replaced atomically (as a checkpoint is). A model with LoRA adapters
 // is refused: merge them first (nn::merge_lora) or save them with ckpt::save_peft_adapter.
 // `extra_files` (the tokenizer: file name, bytes) are written inside the same atomic swap.

@@ -16,7 +16,7 @@ Tensor RMSNorm::forward(const Tensor& x) const { return F::rms_norm(x, weight, e
 void RMSNorm::parameter_replaced(const std::string&, const Tensor& t) { weight = t; }
 
 LlamaAttention::LlamaAttention(const LLaMAConfig& c)
-    : n_head(c.n_head), n_kv_head(c.n_kv_head), head_dim(c.hidden_size / c.n_head), rope_theta(c.rope_theta) {
+    : n_head(c.n_head), n_kv_head(c.n_kv_head), head_dim(c.hidden_size / c.n_head), rope(c.rope()) {
   const int64_t C = c.hidden_size;
   q_proj = register_module("q_proj", std::make_shared<nn::Linear>(C, n_head * head_dim, false));
   k_proj = register_module("k_proj", std::make_shared<nn::Linear>(C, n_kv_head * head_dim, false));
@@ -29,8 +29,8 @@ Tensor LlamaAttention::forward(const Tensor& x) const {
   auto heads = [&](const Tensor& p, int64_t nh) {  // (B, T, nh * HS) -> (B, nh, T, HS)
     return F::transpose(F::reshape(p, {B, T, nh, HS}), 1, 2);
   };
-  Tensor q = F::rope(heads(q_proj->forward(x), n_head), rope_theta);     // (B, NH, T, HS)
-  Tensor k = F::rope(heads(k_proj->forward(x), n_kv_head), rope_theta);  // (B, NKV, T, HS)
+  Tensor q = F::rope(heads(q_proj->forward(x), n_head), rope);     // (B, NH, T, HS)
+  Tensor k = F::rope(heads(k_proj->forward(x), n_kv_head), rope);  // (B, NKV, T, HS)
   Tensor v = heads(v_proj->forward(x), n_kv_head);                       // (B, NKV, T, HS)
   Tensor y = F::grouped_query_attention(q, k, v, true);                  // (B, NH, T, HS)
   y = F::reshape(F::transpose(y, 1, 2), {B, T, n_head * HS});            // (B, T, NH * HS)
@@ -105,8 +105,14 @@ LLaMA::LLaMA(const LLaMAConfig& c) : cfg_(c) {
   BRIGADE_CHECK(c.rms_norm_eps >= 0 && c.rope_theta > 0 && c.init_std >= 0, ConfigError,
                 "LLaMA config: rms_norm_eps={} and init_std={} must be >= 0 and rope_theta={} > 0", c.rms_norm_eps,
                 c.init_std, c.rope_theta);
+  try {
+    ops::check_rope_spec(c.rope(), "LLaMA config");
+  } catch (const ValueError& e) {
+    throw ConfigError(e.what());
+  }
   model = register_module("model", std::make_shared<LlamaModel>(c));
-  lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size, false));
+  if (!c.tie_word_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size, false));
   name_parameters();
 }
 
@@ -146,16 +152,23 @@ Tensor head_features(const LlamaModel& m, const Tensor& x, int64_t C) {
 
 Tensor LLaMA::forward_flat(const Tensor& ids) const {
   const Tensor x = head_features(*model, run_blocks(embed(ids), 0, cfg_.n_layer), cfg_.hidden_size);  // (B*T, C)
-  return lm_head->forward(x);                                                                        // (B*T, V)
+  return lm_head ? lm_head->forward(x) : model->embed_tokens->attend(x);                              // (B*T, V)
 }
 
 Tensor LLaMA::head_loss(const Tensor& x, const Tensor& targets) const {
-  return lm_head->lm_loss(head_features(*model, x, cfg_.hidden_size), targets.reshape({targets.numel()}));  // 0-d
+  const Tensor h = head_features(*model, x, cfg_.hidden_size);  // (B*T, C)
+  const Tensor t = targets.reshape({targets.numel()});
+  return lm_head ? lm_head->lm_loss(h, t) : model->embed_tokens->lm_loss(h, t);  // 0-d
 }
 
-nn::TpPlan LLaMA::tp_plan() {
+std::vector<std::string> LLaMA::tied_parameters() const {
+  if (cfg_.tie_word_embeddings) return {"model.embed_tokens.weight"};
+  return {};
+}
+
+nn::TpPlan LLaMA::tp_plan(bool tied_head) {
   using nn::TpStyle;
-  return {{{"model.embed_tokens", TpStyle::VocabEmbedding},
+  nn::TpPlan plan{{{"model.embed_tokens", TpStyle::VocabEmbedding},
            {"model.layers.*.self_attn", TpStyle::Heads},
            {"model.layers.*.self_attn.q_proj", TpStyle::Column},
            {"model.layers.*.self_attn.k_proj", TpStyle::Column},
@@ -163,8 +176,9 @@ nn::TpPlan LLaMA::tp_plan() {
            {"model.layers.*.self_attn.o_proj", TpStyle::Row},
            {"model.layers.*.mlp.gate_proj", TpStyle::Column},
            {"model.layers.*.mlp.up_proj", TpStyle::Column},
-           {"model.layers.*.mlp.down_proj", TpStyle::Row},
-           {"lm_head", TpStyle::VocabHead}}};
+           {"model.layers.*.mlp.down_proj", TpStyle::Row}}};
+  if (!tied_head) plan.rules.push_back({"lm_head", TpStyle::VocabHead});
+  return plan;
 }
 
 std::vector<std::pair<std::string, nn::Module*>> LLaMA::blocks() {
@@ -198,7 +212,8 @@ Tensor LLaMA::loss(const Tensor& ids, const Tensor& targets) const {
 }
 
 double LLaMA::flops_per_token(int64_t T) const {
-  const double N = double(num_parameters() - model->embed_tokens->weight.numel());
+  const double N =
+      double(num_parameters() - (cfg_.tie_word_embeddings ? int64_t(0) : model->embed_tokens->weight.numel()));
   return 6.0 * N + 12.0 * double(cfg_.n_layer) * double(T) * double(cfg_.hidden_size);
 }
 

@@ -1,7 +1,9 @@
 // LLaMA (Touvron et al. 2023) as single-device model code, with Hugging Face parameter
 // names and layouts (transformers' LlamaForCausalLM): pre-norm decoder layers with RMSNorm,
 // rotary position embeddings on q and k, grouped-query attention (n_kv_head kv heads shared
-// by n_head / n_kv_head query heads each), a SwiGLU MLP, no biases, and an untied LM head.
+// by n_head / n_kv_head query heads each), a SwiGLU MLP, no biases, and an LM head that is
+// its own lm_head or (tie_word_embeddings, as Llama 3.2 1B/3B) tied to embed_tokens. RoPE may
+// scale its frequencies (rope_scaling: linear, or Llama 3.1's llama3; ops/ext_llama.h).
 //
 //   model.embed_tokens.weight                         (V, C)
 //   model.layers.{i}.self_attn.q_proj.weight          (NH * HS, C)     torch Linear (out, in)
@@ -14,12 +16,14 @@
 //   model.layers.{i}.input_layernorm.weight           (C)
 //   model.layers.{i}.post_attention_layernorm.weight  (C)
 //   model.norm.weight                                 (C)
-//   lm_head.weight                                    (V, C)
+//   lm_head.weight                                    (V, C)     absent when tied
 // (C = hidden_size, I = intermediate_size, HS = C / NH; registration order as in HF.)
 //
 // Layer: h = x + o_proj(gqa(rope(q_proj(n)), rope(k_proj(n)), v_proj(n))), n = input_layernorm(x);
 //        y = h + down_proj(silu(gate_proj(m)) * up_proj(m)), m = post_attention_layernorm(h).
 // Model: logits = lm_head(norm(layers(embed_tokens(ids)))); no dropout (LLaMA trains without).
+// Tied: logits = norm(...) @ embed_tokens.weight^T through Embedding::attend / lm_loss (as GPT-2's
+// wte): one parameter, so one gradient (the lookup's and the head's summed), one optimizer state.
 // Every op goes through fn:: (autograd/ext_llama.h for the new ones), so autocast policies
 // apply as for GPT. Not parallel-aware, no activation recompute plan, no KV cache: those are
 // plans applied from outside, as for GPT.
@@ -30,6 +34,7 @@
 #include "brigade/models/causal_lm.h"
 #include "brigade/nn/layers.h"
 #include "brigade/nn/tp_plan.h"
+#include "brigade/ops/ext_llama.h"
 
 namespace brigade::models {
 
@@ -44,6 +49,19 @@ struct LLaMAConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   double init_std = 0.02;
+  // The rotary frequencies' scaling (ops::RopeSpec: none, linear, llama3) and its parameters
+  // (factor: linear and llama3; the other three: llama3 only). rope_theta is the base either way.
+  ops::RopeScaling rope_scaling = ops::RopeScaling::None;
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  double rope_original_max_positions = 8192;
+  bool tie_word_embeddings = false;  // lm_head is embed_tokens (no lm_head.weight)
+  ops::RopeSpec rope() const {
+    return {.theta = rope_theta, .scaling = rope_scaling, .factor = rope_factor,
+            .low_freq_factor = rope_low_freq_factor, .high_freq_factor = rope_high_freq_factor,
+            .original_max_positions = rope_original_max_positions};
+  }
 };
 
 // HF LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * weight; weight = 1 at construction.
@@ -69,7 +87,7 @@ class LlamaAttention : public nn::Module, public nn::HeadParallel {
   void divide_heads(int64_t parts) override;
   std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
   int64_t n_head, n_kv_head, head_dim;  // the heads this layer computes
-  double rope_theta;
+  ops::RopeSpec rope;
 };
 
 // SwiGLU MLP ("mlp"): down_proj(silu(gate_proj(x)) * up_proj(x)).
@@ -108,7 +126,7 @@ class LlamaModel : public nn::Module {
 class LLaMA : public CausalLM {
  public:
   explicit LLaMA(const LLaMAConfig& c);  // ConfigError on inconsistent sizes
-  // normal(0, init_std) for embed_tokens, every projection and lm_head, in registration
+  // normal(0, init_std) for embed_tokens, every projection and lm_head (if untied), in registration
   // order; ones for every RMSNorm weight. Not torch-identical to HF's init (which draws the
   // same distribution in a different order); parity tests load weights instead.
   void init_weights(Generator& gen);
@@ -125,12 +143,15 @@ class LLaMA : public CausalLM {
   Tensor head_loss(const Tensor& x, const Tensor& targets) const override;      // 0-d
   int64_t hidden_size() const override { return cfg_.hidden_size; }
   // The tensor-parallel plan (nn/tp_plan.h): embed_tokens vocabulary-parallel, lm_head a
-  // vocabulary-parallel head, q/k/v/gate/up column-parallel, o/down row-parallel, each
-  // attention's query and kv heads divided; the RMSNorms replicated.
-  static nn::TpPlan tp_plan();
+  // vocabulary-parallel head (tied: the embedding's shard serves the head too, as GPT-2's wte),
+  // q/k/v/gate/up column-parallel, o/down row-parallel, each attention's query and kv heads
+  // divided; the RMSNorms replicated.
+  static nn::TpPlan tp_plan(bool tied_head = false);
+  // {"model.embed_tokens.weight"} when the head is tied (pipeline stages sum its two gradients).
+  std::vector<std::string> tied_parameters() const override;
   // Model FLOPs per token of one training step (forward + backward), PaLM's MFU count:
-  // 6 N + 12 L T C, with N = all parameters except embed_tokens (a lookup, not a GEMM; the
-  // untied lm_head is counted), and 12 L T C for the attention scores and values (GQA shares
+  // 6 N + 12 L T C, with N = all parameters except an untied embed_tokens (a lookup, not a GEMM;
+  // the lm_head is counted, and a tied embed_tokens is the head's GEMM operand), and 12 L T C for the attention scores and values (GQA shares
   // k and v heads but every query head still runs its own T x T products).
   double flops_per_token(int64_t T) const override;
   const LLaMAConfig& config() const { return cfg_; }
@@ -141,7 +162,7 @@ class LLaMA : public CausalLM {
   void set_recompute(const std::vector<nn::Recompute>& modes) override;
   std::vector<nn::Recompute> recompute_modes() const override;
   std::shared_ptr<LlamaModel> model;
-  std::shared_ptr<nn::Linear> lm_head;
+  std::shared_ptr<nn::Linear> lm_head;  // null when tied (tie_word_embeddings)
 
  private:
   LLaMAConfig cfg_;

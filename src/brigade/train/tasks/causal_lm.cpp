@@ -169,7 +169,8 @@ class CausalLMTask : public Task {
       st.hidden = [T, C](int64_t rows) { return Shape{rows, T, C}; };
       st.tied = lm->tied_parameters();
       if (dynamic_cast<models::GPT*>(lm)) st.tp_plan = models::GPT::tp_plan();
-      if (dynamic_cast<models::LLaMA*>(lm)) st.tp_plan = models::LLaMA::tp_plan();
+      if (auto* llama = dynamic_cast<models::LLaMA*>(lm))
+        st.tp_plan = models::LLaMA::tp_plan(llama->config().tie_word_embeddings);
       stages_ = std::move(st);
     }
     return &*stages_;
