@@ -10,7 +10,11 @@
 //     export gives the adapted model's logits within 1e-5;
 //   - LoRA under dp 2 with ZeRO-1 and ZeRO-3 gives the one-process losses within 1e-5, --resume
 //     is bitwise the uninterrupted run, O2 bf16 trains (finite, the loss falls);
-//   - eval, generate and export read a LoRA checkpoint after the init_from directory is gone.
+//   - eval, generate and export read a LoRA checkpoint after the init_from directory is gone;
+//   - lora.base_dtype = "bf16": at O0 the losses of the f32-base run on the base rounded to bf16
+//     beforehand, the frozen base bf16 and bitwise that rounding after training, resume bitwise,
+//     export merged in f32; under O2 bf16 (either storage) the fp32 run tracked within 1e-3, the
+//     base bitwise, and dp 2 with ZeRO-1 the one-process O2 losses within 2e-4.
 // The pretrained model is a 10-step run on the tiny corpus; fine-tuning reads another corpus of
 // the same words in another order.
 #include <gtest/gtest.h>

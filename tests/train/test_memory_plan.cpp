@@ -8,6 +8,7 @@
 //  - ZeRO-1/2/3 on one rank (shard, gradient buckets, gathered units, reduce-scatter workspace,
 //    checkpoint copies), accumulation (activations follow the micro-batch, not the global
 //    batch), recompute policies, and the optimizers' state counts;
+//  - LoRA, with the frozen base in f32 and in bf16 (lora.base_dtype: the frozen part at 2 bytes);
 //  - memory.json carries the prediction beside the measurement.
 // The predictions are formulas of the recipe; the data is a generated corpus, prepared by the run.
 #include <gtest/gtest.h>

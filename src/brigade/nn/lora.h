@@ -65,7 +65,9 @@ struct FrozenStorage {
 FrozenStorage store_frozen_parameters(Module& root, DType dt);
 
 // Adds s B A into each adapted layer's base weight (merge) or takes it out again (unmerge);
-// the forward follows. Merging twice, or unmerging an unmerged layer, is a ValueError.
+// the forward follows. Merging twice, or unmerging an unmerged layer, is a ValueError. Into a base
+// stored in 16 bits (store_frozen_parameters) each sum is rounded to it, so unmerging does not
+// give the base back bitwise; `brigade export` merges into f32 instead.
 void merge_lora(Module& root);
 void unmerge_lora(Module& root);
 
