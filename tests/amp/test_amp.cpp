@@ -9,7 +9,9 @@
 #include "brigade/amp/loss_scaler.h"
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/ext_llama.h"
 #include "brigade/autograd/functions.h"
+#include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
 #include "brigade/core/rng.h"
 #include "brigade/nn/layers.h"
@@ -125,6 +127,87 @@ TEST(Autocast, DtypesPerLevelAndFp32GradientsForFp32Parameters) {
       EXPECT_EQ(p->grad().dtype(), DType::F32);  // fp32 masters get fp32 gradients at every level
     }
   }
+}
+
+// Frozen parameters (LoRA's base, requires_grad off) read by f32 activations, through the ops GPT
+// and LLaMA use: embedding (token and position tables), add, linear with bias, layer norm, RMS
+// norm and the tied head (matmul against the embedding table).
+struct FrozenRun {
+  std::vector<std::vector<float>> outs;  // each op's output, then the input's gradient
+  std::vector<DType> dtypes;             // each op's output dtype
+  int64_t held = 0;                      // params bytes alive with the graph, above the stored weights
+};
+FrozenRun run_frozen(amp::Policy policy, DType storage, bool trainable) {
+  const int64_t N = 12, C = 64, V = 100;
+  // N(0, 0.5) values, rounded once to bf16 whatever the storage: an f32 weight holds the same values
+  auto weight = [&](const Shape& s, uint64_t seed) {
+    Tensor v = make_param(s, seed).detach().to(DType::BF16);
+    Tensor p = Tensor::empty(s, trainable ? DType::F32 : storage, MemTag::Params);
+    p.copy_(v);
+    p.set_requires_grad(trainable);
+    return p;
+  };
+  Tensor emb = weight({V, C}, 1), w = weight({C, C}, 2), b = weight({C}, 3), lw = weight({C}, 4),
+         lb = weight({C}, 5), rw = weight({C}, 6);
+  std::vector<int64_t> id(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) id[size_t(i)] = (i * 37 + 5) % V;
+  const Tensor ids = Tensor::from_vector_i64(id, {N});
+  Tensor x = make_input({N, C}, 7);
+  x.set_requires_grad(true);
+  FrozenRun r;
+  Tensor loss;
+  {
+    amp::AutocastScope ac(policy);
+    Allocator& a = Allocator::instance();
+    const int64_t p0 = a.stats().live[size_t(MemTag::Params)];
+    const Tensor e = F::embedding(emb, ids);               // (N, C)
+    const Tensor h = F::add(x, e);                         // (N, C)
+    const Tensor l = F::linear(h, w, b, ops::WeightLayout::OutIn);  // (N, C)
+    const Tensor n = F::layer_norm(l, lw, lb, 1e-5);       // (N, C)
+    const Tensor q = F::rms_norm(n, rw, 1e-6);             // (N, C)
+    const Tensor logits = F::matmul(q, emb, false, true);  // (N, V)
+    r.held = a.stats().live[size_t(MemTag::Params)] - p0;
+    for (const Tensor* t : {&e, &h, &l, &n, &q, &logits}) {
+      r.outs.push_back(t->to_vector());
+      r.dtypes.push_back(t->dtype());
+    }
+    loss = F::mean_all(F::mul(logits, logits));
+  }
+  autograd::backward(loss);
+  r.outs.push_back(x.grad().to_vector());
+  r.dtypes.push_back(x.grad().dtype());
+  return r;
+}
+
+// At O0 a frozen bf16 weight computes as an f32 weight holding its values: every output and the
+// input's gradient bitwise, in f32 (the embedding's rows come out widened; the other ops promote
+// the mix). The GEMMs keep no working copy of a frozen weight between forward and backward (they
+// cast it again in the backward): what the graph holds under params is the norms' C-element f32
+// weight copies only, below one 64 x 64 f32 matrix. At O2 a frozen f32 weight gives what a
+// trainable one gives, bitwise, without the bf16 working copies the trainable ones keep.
+TEST(Autocast, FrozenBf16WeightsComputeInF32AtO0) {
+  const amp::Policy o0{Level::O0, DType::BF16}, o2{Level::O2, DType::BF16};
+  const FrozenRun want = run_frozen(o0, DType::F32, false), got = run_frozen(o0, DType::BF16, false);
+  ASSERT_EQ(got.outs.size(), want.outs.size());
+  for (size_t i = 0; i < want.outs.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got.dtypes[i], DType::F32);
+    EXPECT_EQ(got.outs[i], want.outs[i]);
+  }
+  EXPECT_EQ(want.held, 0);  // nothing cast
+  EXPECT_GT(got.held, 0);
+  EXPECT_LT(got.held, 64 * 64 * 4);
+
+  const FrozenRun trained = run_frozen(o2, DType::F32, true), frozen = run_frozen(o2, DType::F32, false);
+  for (size_t i = 0; i < trained.outs.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(frozen.dtypes[i], trained.dtypes[i]);
+    EXPECT_EQ(frozen.outs[i], trained.outs[i]);
+  }
+  EXPECT_EQ(frozen.dtypes[2], DType::BF16);  // the linear runs in bf16 at O2
+  // trainable: the bf16 copies of w (64 x 64) and of the table (100 x 64) saved for the backward
+  EXPECT_GE(trained.held, (64 * 64 + 100 * 64) * 2);
+  EXPECT_LT(frozen.held, 64 * 64 * 2);
 }
 
 TEST(Autocast, LowPrecisionResultsTrackFp32WithinTheDtypesRounding) {

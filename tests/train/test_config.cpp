@@ -223,6 +223,7 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   r.lora.alpha = 32.0;
   r.lora.target_modules = "c_attn,c_proj";
   r.lora.rslora = true;
+  r.lora.base_dtype = "bf16";
   const std::string text = recipe_to_toml(r);
   for (const auto& key : recipe_keys()) {
     std::string k = key.substr(key.find('.') + 1);
@@ -237,10 +238,10 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   EXPECT_EQ(recipe_to_toml(parse_recipe(recipe_to_toml(d), "")), recipe_to_toml(d));
   // 86 + model.{depths,window_size,mlp_ratio} (swin), model.{text_layers,text_heads,text_width,projection_dim}
   // (clip), data.mlm_probability (bert), parallel.sync_batchnorm, model.init_from, finetune.method,
-  // lora.{r,alpha,dropout,target_modules,rslora}, data.{format,chat_template}, train.{loss_on,eval_at_start},
-  // model.{rope_scaling,rope_scaling_factor,rope_low_freq_factor,rope_high_freq_factor,
-  // rope_original_max_positions,tie_embeddings} (llama)
-  EXPECT_EQ(recipe_keys().size(), 112u);
+  // lora.{r,alpha,dropout,target_modules,rslora,base_dtype}, data.{format,chat_template},
+  // train.{loss_on,eval_at_start}, model.{rope_scaling,rope_scaling_factor,rope_low_freq_factor,
+  // rope_high_freq_factor,rope_original_max_positions,tie_embeddings} (llama)
+  EXPECT_EQ(recipe_keys().size(), 113u);
 }
 
 namespace {

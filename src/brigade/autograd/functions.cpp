@@ -82,6 +82,21 @@ Tensor as_dtype(const Tensor& x, DType dt) {
   return record(ops::cast(x, dt), n, {x});
 }
 
+// A parameter that does not train, stored in another floating dtype than the op computes in
+// (LoRA's frozen base: stored in bf16 and computed in f32 at O0, or stored in f32 and computed in
+// 16 bits at O1/O2). It outlives the graph anyway, so a GEMM's node saves it as stored and casts it
+// again in its backward instead of holding the working copy from the forward to the backward.
+bool frozen_cast(const Tensor& p, DType dt) {
+  return p.defined() && is_floating(p.dtype()) && p.dtype() != dt && !p.requires_grad() && p.tag() == MemTag::Params;
+}
+
+// The working copy of a frozen parameter that frozen_cast saved as stored (tagged params, as the
+// forward's cast of a weight is).
+Tensor recast(const Tensor& stored, DType dt) {
+  MemTagScope tag(MemTag::Params);
+  return ops::cast(stored, dt);
+}
+
 // ------------------------------------------------------------------ elementwise
 
 struct AddBackward : Node {
@@ -296,6 +311,10 @@ struct MatmulBackward : Node {
   Tensor a, b;
   bool ta = false, tb = false;
   bool param_a = false, param_b = false;  // the operand is a parameter (deferrable, engine.h)
+  // an operand that is a frozen parameter cast for the op (frozen_cast): saved as stored, in place
+  // of a / b, and cast to dt again in the backward
+  Tensor a_stored, b_stored;
+  DType dt = DType::F32;
   const char* name() const override { return "MatmulBackward"; }
   // forward: out = op(a) @ op(b), op = transpose of the last two dims when ta / tb
   static Tensor grad_a(const Tensor& g, const Tensor& a, const Tensor& b, bool ta, bool tb) {
@@ -310,6 +329,8 @@ struct MatmulBackward : Node {
   }
   std::vector<Tensor> backward(const Tensor& g) override {
     Tensor ga, gb;
+    if (a_stored.defined()) a = recast(a_stored, dt);
+    if (b_stored.defined()) b = recast(b_stored, dt);
     autograd::DeferredGrads* sink = autograd::deferred_weight_grads();
     const bool defer_a = sink && param_a && wants(*this, 0), defer_b = sink && param_b && wants(*this, 1);
     if (wants(*this, 0) && !defer_a) ga = grad_a(g, a, b, ta, tb);
@@ -321,7 +342,7 @@ struct MatmulBackward : Node {
       });
     return {ga, gb};
   }
-  void release() override { a = b = Tensor(); }
+  void release() override { a = b = a_stored = b_stored = Tensor(); }
 };
 
 struct LinearBackward : Node {
@@ -329,9 +350,12 @@ struct LinearBackward : Node {
   WeightLayout layout = WeightLayout::OutIn;
   bool has_bias = false;
   bool param_w = false;  // the weight is a parameter (deferrable, engine.h)
+  Tensor w_stored;       // a frozen weight cast for the op (frozen_cast), saved as stored in place of w
+  DType dt = DType::F32;
   const char* name() const override { return "LinearBackward"; }
   // forward: y = x @ W^T + bias (OutIn) or y = x @ W + bias (InOut)
   std::vector<Tensor> backward(const Tensor& g) override {
+    if (w_stored.defined()) w = recast(w_stored, dt);
     autograd::DeferredGrads* sink = autograd::deferred_weight_grads();
     const bool want_w = wants(*this, 1), want_b = has_bias && wants(*this, 2);
     if (sink && param_w && want_w) {  // the input gradient now, the weight and bias gradients later
@@ -351,7 +375,7 @@ struct LinearBackward : Node {
     if (has_bias) out.push_back(r.gb);
     return out;
   }
-  void release() override { x = w = Tensor(); }
+  void release() override { x = w = w_stored = Tensor(); }
 };
 
 struct EmbeddingBackward : Node {
@@ -428,8 +452,9 @@ Tensor matmul(const Tensor& a0, const Tensor& b0, bool trans_a, bool trans_b) {
   const Tensor a = as_dtype(a0, dt), b = as_dtype(b0, dt);
   auto n = std::make_shared<MatmulBackward>();
   if (needs_grad({a, b})) {
-    n->a = a;
-    n->b = b;
+    n->dt = dt;
+    if (frozen_cast(a0, dt)) n->a_stored = a0; else n->a = a;
+    if (frozen_cast(b0, dt)) n->b_stored = b0; else n->b = b;
     n->ta = trans_a;
     n->tb = trans_b;
     n->param_a = a0.is_leaf() && a0.requires_grad();
@@ -446,7 +471,8 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& b0, WeightLayout
   if (bias.defined()) inputs.push_back(bias);
   if (needs_grad(inputs)) {
     n->x = x;
-    n->w = w;
+    n->dt = dt;
+    if (frozen_cast(w0, dt)) n->w_stored = w0; else n->w = w;
     n->layout = layout;
     n->has_bias = bias.defined();
     n->param_w = w0.is_leaf() && w0.requires_grad();
@@ -461,7 +487,15 @@ Tensor embedding(const Tensor& w0, const Tensor& ids) {
     n->ids = ids;
     n->V = weight.size(0);
   }
-  return record(ops::embedding(weight, ids), n, {weight});
+  Tensor y = record(ops::embedding(weight, ids), n, {weight});
+  // Under rule Keep (O0) a 16-bit table that is a frozen parameter (LoRA's base stored in bf16,
+  // lora.base_dtype) is storage, not a compute dtype: its rows are gathered as stored and widened
+  // to f32, O0's activation dtype, which is exactly what an f32 copy of the table would give,
+  // without copying the V x C table. (Every other op of the model promotes the mix of f32
+  // activations and 16-bit weights to f32 already; a lookup has no activation input to mix with.)
+  if (amp::rule(amp::Op::Embedding, amp::current_policy().level) == amp::Rule::Keep && frozen_cast(w0, DType::F32))
+    y = as_dtype(y, DType::F32);
+  return y;
 }
 
 Tensor layer_norm(const Tensor& x0, const Tensor& w0, const Tensor& b0, double eps) {

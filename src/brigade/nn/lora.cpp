@@ -2,6 +2,7 @@
 #include "brigade/nn/lora.h"
 
 #include <cmath>
+#include <map>
 
 #include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
@@ -87,6 +88,33 @@ std::vector<std::string> apply_lora(Module& root, const LoraOptions& o, Generato
   }
   root.name_parameters();
   return adapted;
+}
+
+FrozenStorage store_frozen_parameters(Module& root, DType dt) {
+  BRIGADE_CHECK(is_floating(dt), ValueError, "store_frozen_parameters: {} is not a floating dtype", dtype_name(dt));
+  std::map<std::string, Module*> modules;
+  for (auto& [name, m] : root.named_modules()) modules.emplace(name, m);
+  FrozenStorage s;
+  for (auto& [name, p] : root.named_parameters()) {
+    if (p.requires_grad() || !is_floating(p.dtype())) continue;
+    ++s.tensors;
+    s.numel += p.numel();
+    s.bytes_before += int64_t(p.nbytes());
+    s.bytes_after += p.numel() * int64_t(dtype_size(dt));
+    if (p.dtype() == dt) continue;
+    const size_t dot = name.rfind('.');
+    Module* owner = &root;  // a parameter of the model itself has no dot
+    if (dot != std::string::npos) {
+      auto it = modules.find(name.substr(0, dot));
+      BRIGADE_CHECK(it != modules.end(), InternalError, "store_frozen_parameters: no module holds {}", name);
+      owner = it->second;
+    }
+    Tensor q = Tensor::empty(p.shape(), dt, MemTag::Params);
+    q.copy_(p);  // round to nearest even (core/dtype.h)
+    owner->set_parameter(dot == std::string::npos ? name : name.substr(dot + 1), q);
+    q.set_requires_grad(false);  // set_parameter marks it trainable; it stays frozen
+  }
+  return s;
 }
 
 NamedTensors lora_parameters(const Module& root) {

@@ -53,8 +53,21 @@ NamedTensors lora_parameters(const Module& root);
 // A ValueError when there are no adapters or when they mix layouts (PEFT has one flag).
 bool lora_fan_in_fan_out(const Module& root);
 
+// Stores every frozen parameter of `root` (requires_grad false: LoRA's base after apply_lora) in
+// `dt`, its values rounded to nearest even: each is replaced through Module::set_parameter (so the
+// layers' member aliases follow) by a `dt` tensor under MemTag::Params, and stays frozen. Trainable
+// parameters (the adapters) are left as they are. The ops read such a weight through the precision
+// policy's casts (docs/finetuning.md, "The frozen base in bf16"). Returns the bytes the frozen
+// parameters take before and after.
+struct FrozenStorage {
+  int64_t tensors = 0, numel = 0, bytes_before = 0, bytes_after = 0;
+};
+FrozenStorage store_frozen_parameters(Module& root, DType dt);
+
 // Adds s B A into each adapted layer's base weight (merge) or takes it out again (unmerge);
-// the forward follows. Merging twice, or unmerging an unmerged layer, is a ValueError.
+// the forward follows. Merging twice, or unmerging an unmerged layer, is a ValueError. Into a base
+// stored in 16 bits (store_frozen_parameters) each sum is rounded to it, so unmerging does not
+// give the base back bitwise; `brigade export` merges into f32 instead.
 void merge_lora(Module& root);
 void unmerge_lora(Module& root);
 

@@ -144,6 +144,7 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(lora, dropout, Float),
       BRIGADE_FIELD(lora, target_modules, String),
       BRIGADE_FIELD(lora, rslora, Bool),
+      BRIGADE_FIELD(lora, base_dtype, String),
       BRIGADE_FIELD(sample, prompt, String),
       BRIGADE_FIELD(sample, tokens, Int),
       BRIGADE_FIELD(sample, temperature, Float),

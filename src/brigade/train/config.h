@@ -192,6 +192,8 @@ struct LoraConfig {
   std::string target_modules = "";   // comma-separated layer names ("c_attn"; "q_proj,v_proj"); "" = the model's
                                      // default (gpt: c_attn, llama: q_proj,v_proj)
   bool rslora = false;               // scale alpha / sqrt(r)
+  std::string base_dtype = "f32";    // "f32" | "bf16": how the frozen base is stored (gpt, llama); the adapters
+                                     // stay fp32 master weights either way
   bool operator==(const LoraConfig&) const = default;
 };
 

@@ -161,14 +161,30 @@ void validate_finetune(const Recipe& r, const Fail& fail) {
     fail(fmt::format("finetune.method = \"{}\" is not a fine-tuning method; use \"full\" (every parameter trains) or "
                      "\"lora\" (LoRA adapters only)",
                      m));
+  const std::string& bd = r.lora.base_dtype;
+  if (bd != "f32" && bd != "bf16")
+    fail(fmt::format("lora.base_dtype = \"{}\" is not a storage dtype for LoRA's frozen base; use \"f32\" or "
+                     "\"bf16\"",
+                     bd));
   if (m != "lora") {
     const LoraConfig d;
-    if (!(r.lora == d))
+    if (bd != d.base_dtype)
+      fail(fmt::format("lora.base_dtype = \"{}\" stores the frozen base of a LoRA run, but finetune.method = \"{}\" "
+                       "freezes nothing (every parameter trains on fp32 master weights); set finetune.method = "
+                       "\"lora\", or remove lora.base_dtype",
+                       bd, m));
+    else if (!(r.lora == d))
       fail(fmt::format("the recipe sets [lora] keys but finetune.method = \"{}\"; set finetune.method = \"lora\" or "
                        "remove the [lora] section",
                        m));
     return;
   }
+  // The precision machinery's handling of a 16-bit frozen weight is checked for the ops GPT and
+  // LLaMA use (linear, embedding, layer / RMS norm, the tied head); the other models' are not.
+  if (bd == "bf16" && r.model.type != "gpt" && r.model.type != "llama")
+    fail(fmt::format("lora.base_dtype = \"bf16\" is supported for model.type = \"gpt\" and \"llama\", not \"{}\"; "
+                     "set lora.base_dtype = \"f32\"",
+                     r.model.type));
   if (r.lora.r < 1) fail(fmt::format("lora.r = {} must be at least 1; use e.g. 8", r.lora.r));
   if (!(r.lora.alpha > 0)) fail(fmt::format("lora.alpha = {} must be > 0; use e.g. 16", r.lora.alpha));
   if (!(r.lora.dropout >= 0 && r.lora.dropout < 1))
@@ -264,6 +280,16 @@ std::string apply_finetune(const Recipe& r, Task& task, bool load_weights) {
                         line.empty() ? "" : " | ", o.r, o.alpha, o.rslora ? " (rsLoRA)" : "", targets,
                         adapted.size(), double(trainable) / 1e6, double(total) / 1e6,
                         100.0 * double(trainable) / double(total));
+    // lora.base_dtype: the frozen base (every non-adapter parameter, norms and embeddings
+    // included, as a PEFT user keeps a bf16 model whole in bf16) rounded once, here, after
+    // init_from's weights are in; a checkpoint's bf16 values then load into it bitwise
+    if (r.lora.base_dtype != "f32") {
+      const DType dt = dtype_from_name(r.lora.base_dtype);
+      const nn::FrozenStorage s = nn::store_frozen_parameters(task.model(), dt);
+      line += fmt::format("; the frozen base in {}: {} tensors, {:.1f} MiB (f32: {:.1f} MiB)", r.lora.base_dtype,
+                          s.tensors, double(s.bytes_after) / double(1 << 20),
+                          double(s.bytes_before) / double(1 << 20));
+    }
   }
   return line;
 }
@@ -291,8 +317,11 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
   BRIGADE_CHECK(!(adapter_only && format == "gguf"), ConfigError,
                 "--adapter writes PEFT files; GGUF holds the whole model (the adapters merged): drop one of the two");
   const std::string dir = open_checkpoint(ckpt);  // repairs a save interrupted between its renames
-  const Recipe r = checkpoint_recipe(dir);
+  Recipe r = checkpoint_recipe(dir);
   const bool lora = r.finetune.method == "lora";
+  // A base stored in bf16 (lora.base_dtype) is read into f32 parameters (exactly: every bf16 value
+  // is an f32 one), so the adapters merge in fp32 and `dtype` alone decides what is written.
+  if (lora) r.lora.base_dtype = "f32";
   BRIGADE_CHECK(!adapter_only || lora, ConfigError,
                 "--ckpt {}: --adapter writes a LoRA run's adapters, but this run has finetune.method = \"{}\"; export "
                 "the whole model without --adapter",

@@ -3,7 +3,8 @@
 //                    safetensors, GPT-2 / LLaMA) or a Brigade checkpoint directory (recipe.toml +
 //                    model.safetensors, any model). The model's shape keys come from it.
 //   finetune.method  "full" trains every parameter; "lora" adds LoRA adapters (lora.*) to the
-//                    target layers and freezes everything else.
+//                    target layers and freezes everything else; lora.base_dtype = "bf16" stores
+//                    the frozen part in bf16 (gpt, llama).
 // The trainer stays the one loop: a frozen parameter is simply not in the data-parallel units
 // (no gradient, no optimizer state, replicated on every rank and never sharded by ZeRO), and the
 // checkpoint's model.safetensors holds the whole model, base and adapters, so resume, eval and
@@ -40,7 +41,8 @@ std::vector<std::string> lora_targets(const Recipe& r);
 
 // On a task just built from the recipe (random weights from run.seed): loads model.init_from's
 // weights when `load_weights` (not when a checkpoint is about to replace them all), then applies
-// finetune.method (LoRA: A drawn from run.seed + 2, dropout from the task's dropout stream).
+// finetune.method (LoRA: A drawn from run.seed + 2, dropout from the task's dropout stream; then
+// the frozen parameters stored in lora.base_dtype).
 // Returns one line for the log ("" when the recipe fine-tunes nothing).
 std::string apply_finetune(const Recipe& r, Task& task, bool load_weights);
 
@@ -50,7 +52,7 @@ void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan
 
 // `brigade export`: a gpt or llama checkpoint as a Hugging Face directory (config.json,
 // model.safetensors in `dtype`, the checkpoint's tokenizer.model), a LoRA run's adapters merged
-// into the base weights; or, with `adapter_only`, a LoRA run's adapters as PEFT files. Returns
+// into the base weights (in f32, also for a base stored in bf16); or, with `adapter_only`, a LoRA run's adapters as PEFT files. Returns
 // one line saying what was written.
 // With format "gguf": one GGUF v3 file at `out` (models/hf/gguf.h) instead of the directory.
 std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only,

@@ -132,13 +132,14 @@ MemoryInputs measured_inputs(const Recipe& r) {
     in.units.push_back(std::move(pu));
   }
   for (auto& [name, p] : task->model().named_parameters())
-    if (!p.requires_grad()) in.frozen.push_back(p.numel());
+    if (!p.requires_grad()) in.frozen.push_back({p.numel(), int64_t(p.element_size())});
   // One training micro-step and one evaluation batch of synthetic data, on the allocator's
   // activation and workspace accounting (the rest is the parameter layout, above).
   const amp::Policy policy = precision_policy(r.precision);
   Allocator& a = Allocator::instance();
   const int64_t act0 = a.stats().live[size_t(MemTag::Activations)];
   const int64_t work0 = a.stats().live[size_t(MemTag::Workspace)];
+  const int64_t params0 = a.stats().live[size_t(MemTag::Params)];
   Batch b = task->synthetic_batch(r.run.seed + 2);
   const int64_t batch_bytes = a.stats().live[size_t(MemTag::Activations)] - act0;
   a.reset_peak();
@@ -157,6 +158,7 @@ MemoryInputs measured_inputs(const Recipe& r) {
   }
   const int64_t train_act = a.stats().peak[size_t(MemTag::Activations)] - act0;
   const int64_t train_work = a.stats().peak[size_t(MemTag::Workspace)] - work0;
+  in.params_work = a.stats().peak[size_t(MemTag::Params)] - params0;
   for (auto& [name, p] : task->model().named_parameters()) p.set_grad(Tensor());
   int64_t eval_act = 0, eval_work = 0;
   {
@@ -273,12 +275,23 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
   }
 
   if (!in.frozen.empty()) {
-    int64_t frozen = 0, n = 0;
-    for (int64_t numel : in.frozen) frozen += held(numel), n += numel;
+    int64_t frozen = 0, n = 0, sixteen = 0;
+    for (const MemoryInputs::Frozen& t : in.frozen) {
+      frozen += held(t.numel, t.element_bytes), n += t.numel;
+      if (t.element_bytes == 2) sixteen += t.numel;
+    }
     params.live += frozen;
     params.peak += frozen;
-    params.formula += fmt::format(" + the frozen base, whole on every rank: {} tensors, {} parameters, {}",
-                                  in.frozen.size(), n, mib(frozen));
+    params.formula += fmt::format(" + the frozen base, whole on every rank: {} tensors, {} parameters{}, {}",
+                                  in.frozen.size(), n,
+                                  sixteen == n ? " at 2 B (lora.base_dtype)"
+                                               : sixteen > 0 ? fmt::format(" ({} of them at 2 B)", sixteen) : "",
+                                  mib(frozen));
+  }
+  if (in.params_work > 0) {
+    params.peak += in.params_work;
+    params.formula += fmt::format(" + the weights' working copies at the step's peak, measured on the dry step: {}",
+                                  mib(in.params_work));
   }
 
   // ---- gradients
@@ -382,12 +395,13 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
   // ---- total: at the activation peak (the head's backward) the steady state is held, plus the
   // embeddings+head unit (ZeRO-3) and the first gradient bucket, armed for the backward (ZeRO >= 2)
   const int64_t unit0 = zero == 3 ? unit_bytes(0) : 0;
-  out.total_peak = params.live + grads.live + optim.live + acts.peak + unit0 + first_bucket;
+  out.total_peak = params.live + grads.live + optim.live + acts.peak + unit0 + first_bucket + in.params_work;
   for (PredictedCategory& c : out.tags)
     if (c.peak_low == 0) c.peak_low = c.peak;
   out.total_formula = "params + grads + optimizer held between steps + the activation peak" +
                       std::string(zero == 3 ? " + the gathered embeddings+head unit" : "") +
-                      (zero >= 2 ? " + the first gradient bucket (armed)" : "");
+                      (zero >= 2 ? " + the first gradient bucket (armed)" : "") +
+                      (in.params_work > 0 ? " + the weights' working copies" : "");
   return out;
 }
 

@@ -84,9 +84,17 @@ struct MemoryInputs {
   std::string work_formula;
   std::string recompute;     // per-block modes, "n" / "s" / "f"
   bool measured = false;
-  // Frozen parameters (fine-tuning: LoRA's base), numel per tensor: outside the flat buffers,
-  // held whole on every rank, with no gradient or optimizer state.
-  std::vector<int64_t> frozen;
+  // Frozen parameters (fine-tuning: LoRA's base), per tensor: outside the flat buffers, held
+  // whole on every rank, with no gradient or optimizer state, in their stored dtype (bf16 with
+  // lora.base_dtype = "bf16").
+  struct Frozen {
+    int64_t numel = 0, element_bytes = 4;
+  };
+  std::vector<Frozen> frozen;
+  // Measured dry steps only: the parameters' working copies at the step's peak, above the stored
+  // parameters (the casts of the weights the ops read in another dtype: a frozen base stored in
+  // bf16 and computed in f32 at O0, one weight at a time; the GEMMs' 16-bit copies at O1-O3).
+  int64_t params_work = 0;
 };
 MemoryInputs memory_inputs(const Recipe& r);
 

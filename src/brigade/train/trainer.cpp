@@ -755,7 +755,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
                       res.steps, res.last_loss, evaluation, res.items_per_s, item_rate_unit(item), 100.0 * res.mfu,
                       peak, format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
                       vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
-      if (policy.level != amp::Level::O0)
+      if (policy.level != amp::Level::O0 && !pred.measured)  // a measured dry step ran at the run's precision
         say(fmt::format("(the prediction is for fp32; at {} params include the {} weight copies and activations are "
                         "smaller: see docs/mixed-precision.md)",
                         r.precision.level, r.precision.dtype));
