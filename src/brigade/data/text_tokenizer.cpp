@@ -98,7 +98,7 @@ class SentencePieceTok final : public TextTokenizer {
                   folder_);
     // The control tokens' text is split out first, as transformers' LlamaTokenizer does.
     for (int id : {sp_.bos_id(), sp_.eos_id(), sp_.unk_id()})
-      if (id >= 0) specials_.emplace_back(sp_.id_to_piece(id), id);
+      if (id >= 0 && !sp_.id_to_piece(id).empty()) specials_.emplace_back(sp_.id_to_piece(id), id);
   }
   std::string kind() const override { return "sentencepiece"; }
   int64_t vocab_size() const override { return sp_.vocab_size(); }
