@@ -8,15 +8,34 @@
 //  - the pieces of synchronised batch norm (batch_norm2d_sums, batch_norm2d_grad_sums,
 //    batch_norm2d_backward_input): cpu equals ref (double sums: to 1e-12), with the local
 //    sums and count they are batch_norm2d's training statistics and backward, 16-bit inputs
-//    are widened exactly.
+//    are widened exactly;
+//  - the ops of ALIGN's EfficientNet tower against PyTorch (tests/fixtures/align_ops.safetensors
+//    from tests/reference/make_align_ops_fixture.py): depthwise convolutions with HF's
+//    asymmetric correct_pad padding and a bias, a grouped convolution and the asymmetric stem,
+//    forward and gradients through fn::conv2d on both backends; label-smoothed cross-entropy
+//    (with ignored rows) through fn::cross_entropy_smoothed; all within 1e-5;
+//  - the direct depthwise kernel above its OpenMP threshold at 1, 2 and 3 threads (cpu vs ref,
+//    bitwise across thread counts), likewise sigmoid, spatial_mean and the smoothed
+//    cross-entropy; conv2d's old signature is bitwise the symmetric Conv2dParams call;
+//  - the precision policy's dtypes for the new functions under O1.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "brigade/amp/policy.h"
+#include "brigade/autograd/engine.h"
+#include "brigade/autograd/ext_vision.h"
+#include "brigade/autograd/functions.h"
+#include "brigade/ckpt/safetensors.h"
+#include "brigade/core/error.h"
 #include "brigade/ops/ext_vision.h"
 #include "brigade/ops/ops.h"
 
@@ -44,6 +63,12 @@ double rel_err(const Tensor& a, const Tensor& b) {
     den = std::max(den, std::fabs(double(y[i])));
   }
   return den > 0 ? num / den : num;
+}
+
+double sum_abs(const Tensor& t) {
+  double s = 0;
+  for (float v : t.to(DType::F32).to_vector()) s += std::fabs(double(v));
+  return s;
 }
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
@@ -168,6 +193,192 @@ TEST(VisionOps, SyncBatchNormPiecesAreBatchNormWithLocalSums) {
   EXPECT_TRUE(bitwise_equal(
       gxb, ops::batch_norm2d_backward_input(gyb.to(DType::F32), xb.to(DType::F32), w, bn[0].mean, bn[0].rstd, gs[0], M)
                .to(DType::BF16)));
+}
+
+// ---------------------------------------------------------------- ALIGN's ops vs PyTorch
+
+const std::string kAlignFixture = std::string(BRIGADE_FIXTURES_DIR) + "/align_ops.safetensors";
+
+class AlignOpsVsTorch : public ::testing::TestWithParam<ops::Backend> {
+ protected:
+  void SetUp() override {
+    r_.open(kAlignFixture);
+    ASSERT_EQ(r_.metadata("magic").value_or(""), "brigade-fixture");
+    ASSERT_EQ(r_.metadata("kind").value_or(""), "align_ops");
+  }
+  ckpt::SafetensorsReader r_;
+};
+
+Tensor leaf(Tensor t) {
+  t.set_requires_grad(true);
+  return t;
+}
+
+TEST_P(AlignOpsVsTorch, GroupedDepthwiseAndAsymmetricConvolutions) {
+  ops::BackendScope be(GetParam());
+  int cases = 0;
+  for (const char* name : {"dw_k5_s2", "dw_k3_s2", "dw_k3_same", "grouped", "stem"}) {
+    SCOPED_TRACE(name);
+    const std::string p = std::string("conv.") + name;
+    const auto j = nlohmann::json::parse(r_.metadata(p).value());
+    const ops::Conv2dParams cp{j.at("stride"), j.at("pad_top"), j.at("pad_bottom"), j.at("pad_left"),
+                               j.at("pad_right"), j.at("groups")};
+    const bool bias = j.at("bias");
+    const Tensor x = leaf(r_.get(p + ".x")), w = leaf(r_.get(p + ".w"));
+    const Tensor b = bias ? leaf(r_.get(p + ".b")) : Tensor();
+    const Tensor y = fn::conv2d(x, w, b, cp);
+    EXPECT_LE(rel_err(y, r_.get(p + ".y")), 1e-5) << "y";
+    autograd::backward(fn::sum_all(fn::mul(y, r_.get(p + ".r"))));
+    EXPECT_LE(rel_err(x.grad(), r_.get(p + ".gx")), 1e-5) << "gx";
+    EXPECT_LE(rel_err(w.grad(), r_.get(p + ".gw")), 1e-5) << "gw";
+    if (bias) EXPECT_LE(rel_err(b.grad(), r_.get(p + ".gb")), 1e-5) << "gb";
+    if (GetParam() == ops::Backend::Cpu) {
+      const bool depthwise = cp.groups == x.size(1) && cp.groups == w.size(0);
+      const std::string impl = ops::last_conv2d_impl();
+      if (depthwise) EXPECT_EQ(impl, "direct_depthwise f32");
+      else EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;  // oneDNN, not its reference kernel
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 5);
+}
+
+TEST_P(AlignOpsVsTorch, LabelSmoothedCrossEntropy) {
+  ops::BackendScope be(GetParam());
+  for (const char* name : {"eps0.1", "eps0.3"}) {
+    SCOPED_TRACE(name);
+    const std::string p = std::string("ce.") + name;
+    const double eps = nlohmann::json::parse(r_.metadata(p).value()).at("eps");
+    const Tensor logits = leaf(r_.get(p + ".logits")), targets = r_.get(p + ".targets");
+    const Tensor loss = fn::cross_entropy_smoothed(logits, targets, eps, -100);
+    EXPECT_NEAR(loss.item(), r_.get(p + ".loss").item(), 1e-5 * std::fabs(r_.get(p + ".loss").item()));
+    autograd::backward(loss);
+    EXPECT_LE(rel_err(logits.grad(), r_.get(p + ".glogits")), 1e-5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, AlignOpsVsTorch, ::testing::Values(ops::Backend::Cpu, ops::Backend::Ref),
+                         [](const ::testing::TestParamInfo<ops::Backend>& i) {
+                           return i.param == ops::Backend::Cpu ? "cpu" : "ref";
+                         });
+
+// ---------------------------------------------------------------- above the OpenMP thresholds
+
+class OmpThreads {
+ public:
+  explicit OmpThreads(int n) : prev_(omp_get_max_threads()) { omp_set_num_threads(n); }
+  ~OmpThreads() { omp_set_num_threads(prev_); }
+ private:
+  int prev_;
+};
+
+using TVec = std::vector<Tensor>;
+
+// run() on Ref once and on Cpu at 1, 2 and 3 threads: cpu within tol of ref, every output
+// bitwise the same at every thread count.
+void check_threads(const std::function<TVec()>& run, double tol, const std::string& what) {
+  TVec want;
+  {
+    ops::BackendScope s(ops::Backend::Ref);
+    want = run();
+  }
+  std::vector<TVec> got;
+  for (int threads : {1, 2, 3}) {
+    OmpThreads t(threads);
+    ops::BackendScope s(ops::Backend::Cpu);
+    got.push_back(run());
+    ASSERT_EQ(got.back().size(), want.size());
+    for (size_t k = 0; k < want.size(); ++k)
+      EXPECT_LE(rel_err(got.back()[k], want[k]), tol) << what << ": output " << k << " at " << threads << " threads";
+  }
+  for (size_t k = 0; k < want.size(); ++k)
+    for (size_t r = 1; r < got.size(); ++r)
+      EXPECT_TRUE(bitwise_equal(got[0][k], got[r][k])) << what << ": output " << k << ", 1 vs " << r + 1 << " threads";
+}
+
+TEST(AlignOps, DepthwiseKernelAtOneTwoAndThreeThreads) {
+  // N C H W = 3 * 16 * 26 * 27 = 33696 > 2^15: the forward's, the data gradient's and the weight
+  // gradient's parallel loops all run
+  const Tensor x = randn({3, 16, 26, 27}, 41), b = randn({16}, 42);
+  for (auto [k, p] : {std::pair{int64_t(5), ops::Conv2dParams{2, 1, 2, 1, 2, 16}},
+                      std::pair{int64_t(3), ops::Conv2dParams::symmetric(1, 1, 16)}}) {
+    const Tensor w = randn({16, 1, k, k}, 43);
+    Shape ys;
+    {
+      ops::BackendScope s(ops::Backend::Ref);
+      ys = ops::conv2d(x, w, b, p).shape();
+    }
+    const Tensor gy = randn(ys, 44);
+    check_threads(
+        [&] {
+          const ops::Conv2dGrads g = ops::conv2d_backward(gy, x, w, p, true, true, true);
+          return TVec{ops::conv2d(x, w, b, p), g.gx, g.gw, g.gb};
+        },
+        1e-5, fmt::format("depthwise k{} s{}", k, p.stride));
+    ops::BackendScope s(ops::Backend::Cpu);
+    ops::conv2d(x, w, b, p);
+    EXPECT_EQ(ops::last_conv2d_impl(), "direct_depthwise f32");
+  }
+}
+
+TEST(AlignOps, SigmoidSpatialMeanAndSmoothedCrossEntropyAtOneTwoAndThreeThreads) {
+  const Tensor x = randn({4, 32, 17, 16}, 51), gy = randn({4, 32, 17, 16}, 52), gm = randn({4, 32}, 53);
+  check_threads(
+      [&] {
+        const Tensor y = ops::sigmoid(x);
+        return TVec{y, ops::sigmoid_backward(gy, y), ops::spatial_mean(x), ops::spatial_mean_backward(gm, x.shape())};
+      },
+      2e-6, "sigmoid, spatial_mean");
+  const int64_t N = 70, V = 300;  // N V > 2^14
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < N; ++i) t.push_back(i % 5 == 2 ? -100 : (i * 37 + 5) % V);
+  const Tensor logits = randn({N, V}, 54), tt = Tensor::from_vector_i64(t, {N});
+  check_threads(
+      [&] {
+        const ops::CrossEntropyOut o = ops::cross_entropy_smoothed(logits, tt, 0.1, -100);
+        return TVec{o.loss, o.lse, ops::cross_entropy_smoothed_backward(0.7, logits, tt, o.lse, 0.1, -100)};
+      },
+      1e-5, "cross_entropy_smoothed");
+}
+
+TEST(AlignOps, OldConvSignatureIsTheSymmetricParams) {
+  const Tensor x = randn({2, 8, 11, 11}, 61), w = randn({8, 8, 3, 3}, 62), b = randn({8}, 63);
+  const Tensor gy = randn({2, 8, 6, 6}, 64);
+  ops::BackendScope s(ops::Backend::Cpu);
+  EXPECT_TRUE(bitwise_equal(ops::conv2d(x, w, b, 2, 1), ops::conv2d(x, w, b, ops::Conv2dParams::symmetric(2, 1))));
+  const ops::Conv2dGrads a = ops::conv2d_backward(gy, x, w, 2, 1);
+  const ops::Conv2dGrads c = ops::conv2d_backward(gy, x, w, ops::Conv2dParams::symmetric(2, 1));
+  EXPECT_TRUE(bitwise_equal(a.gx, c.gx));
+  EXPECT_TRUE(bitwise_equal(a.gw, c.gw));
+  EXPECT_TRUE(bitwise_equal(a.gb, c.gb));
+  // a groups that does not divide the channels, or w of the wrong per-group width, is a ShapeError
+  EXPECT_THROW(ops::conv2d(x, randn({8, 3, 3, 3}, 65), Tensor(), ops::Conv2dParams::symmetric(1, 1, 3)), ShapeError);
+  EXPECT_THROW(ops::conv2d(x, randn({8, 2, 3, 3}, 66), Tensor(), ops::Conv2dParams::symmetric(1, 1, 2)), ShapeError);
+  EXPECT_THROW(ops::conv2d(x, w, Tensor(), ops::Conv2dParams{1, -1, 0, 0, 0, 1}), ValueError);
+  EXPECT_THROW(ops::cross_entropy_smoothed(randn({2, 3}, 67), Tensor::from_vector_i64({0, 1}, {2}), 1.5), ValueError);
+}
+
+TEST(AlignOps, PrecisionPolicyOfTheNewFunctions) {
+  // O1 bf16: conv (also depthwise) low, sigmoid (elementwise) / spatial_mean (reduction) /
+  // smoothed cross-entropy f32; fp32 leaves get fp32 gradients
+  const Tensor x = leaf(randn({2, 4, 6, 6}, 71)), w = leaf(randn({4, 1, 3, 3}, 72));
+  Tensor y, s, m;
+  {
+    amp::AutocastScope o1({amp::Level::O1, DType::BF16});
+    y = fn::conv2d(x, w, Tensor(), ops::Conv2dParams{2, 0, 1, 0, 1, 4});
+    s = fn::sigmoid(y);
+    m = fn::spatial_mean(s, true);
+    EXPECT_EQ(y.dtype(), DType::BF16);
+    EXPECT_EQ(s.dtype(), DType::F32);
+    EXPECT_EQ(m.dtype(), DType::F32);
+    EXPECT_EQ(m.shape(), Shape({2, 4, 1, 1}));
+    const Tensor loss = fn::cross_entropy_smoothed(fn::reshape(m, {2, 4}), Tensor::from_vector_i64({1, 3}, {2}), 0.1);
+    EXPECT_EQ(loss.dtype(), DType::F32);
+    autograd::backward(loss);
+  }
+  EXPECT_EQ(x.grad().dtype(), DType::F32);
+  EXPECT_EQ(w.grad().dtype(), DType::F32);
+  EXPECT_GT(sum_abs(x.grad()), 0.0);
 }
 
 }  // namespace

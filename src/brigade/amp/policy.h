@@ -26,10 +26,11 @@ enum class Level : uint8_t {
 
 // The kinds of op the table distinguishes (each fn:: function maps to one).
 enum class Op : uint8_t {
-  Linear, Matmul, Attention, Conv,      // GEMM-shaped: the allow-list (conv: conv2d)
-  Embedding, Gelu, Elementwise,         // add/sub/mul, relu and scalar ops
+  Linear, Matmul, Attention, Conv,      // GEMM-shaped: the allow-list (conv: conv2d, grouped and depthwise too)
+  Embedding, Gelu, Elementwise,         // add/sub/mul, relu, sigmoid and scalar ops
   Pool,                                 // max_pool2d, avg_pool2d (elementwise rules)
-  LayerNorm, BatchNorm, Softmax, CrossEntropy, Reduction,  // precision-sensitive
+  LayerNorm, BatchNorm, Softmax, CrossEntropy, Reduction,  // precision-sensitive (cross_entropy: with
+                                        // label smoothing too; reduction: sums, means, spatial_mean)
   Dropout,
   kCount
 };

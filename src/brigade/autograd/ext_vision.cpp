@@ -26,13 +26,13 @@ namespace {
 
 struct Conv2dBackward : Node {
   Tensor x, w;
-  int64_t stride = 1, padding = 0;
+  ops::Conv2dParams p;
   bool has_bias = false;
   const char* name() const override { return "Conv2dBackward"; }
   // forward: y = conv2d(x, w) + bias
   std::vector<Tensor> backward(const Tensor& g) override {
-    ops::Conv2dGrads r = ops::conv2d_backward(g, x, w, stride, padding, wants(*this, 0), wants(*this, 1),
-                                              has_bias && wants(*this, 2));
+    ops::Conv2dGrads r =
+        ops::conv2d_backward(g, x, w, p, wants(*this, 0), wants(*this, 1), has_bias && wants(*this, 2));
     std::vector<Tensor> out{r.gx, r.gw};
     if (has_bias) out.push_back(r.gb);
     return out;
@@ -96,6 +96,25 @@ struct AvgPool2dBackward : Node {
   }
 };
 
+struct SpatialMeanBackward : Node {
+  Shape x_shape;
+  const char* name() const override { return "SpatialMeanBackward"; }
+  // forward: y[n, c] = mean over (H, W) of x[n, c]
+  std::vector<Tensor> backward(const Tensor& g) override { return {ops::spatial_mean_backward(g, x_shape)}; }
+};
+
+struct CrossEntropySmoothedBackward : Node {
+  Tensor logits, targets, lse;
+  double eps = 0;
+  int64_t ignore_index = -100;
+  const char* name() const override { return "CrossEntropySmoothedBackward"; }
+  // forward: loss = mean over kept rows of (1 - eps)(lse - x[t]) + eps (lse - mean_v x[v])
+  std::vector<Tensor> backward(const Tensor& g) override {
+    return {ops::cross_entropy_smoothed_backward(g.item(), logits, targets, lse, eps, ignore_index)};
+  }
+  void release() override { logits = targets = lse = Tensor(); }
+};
+
 struct GlobalAvgPoolBackward : Node {
   Shape x_shape;
   const char* name() const override { return "GlobalAvgPoolBackward"; }
@@ -110,6 +129,10 @@ struct GlobalAvgPoolBackward : Node {
 }  // namespace
 
 Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stride, int64_t padding) {
+  return fn::conv2d(x0, w0, b0, ops::Conv2dParams::symmetric(stride, padding));
+}
+
+Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const ops::Conv2dParams& p) {
   const DType dt = policy_dtype(amp::Op::Conv, {&x0, &w0});
   const Tensor x = cast(x0, dt), w = cast(w0, dt), bias = cast(b0, dt);
   std::vector<Tensor> inputs{x, w};
@@ -118,12 +141,11 @@ Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, int64_t stri
   if (needs_grad(inputs)) {
     n->x = x;
     n->w = w;
-    n->stride = stride;
-    n->padding = padding;
+    n->p = p;
     n->has_bias = bias.defined();
   }
   // a GEMM: a selective recompute keeps its output (fn::gemm_output)
-  return record(gemm_output([&] { return ops::conv2d(x, w, bias, stride, padding); }), n, inputs);
+  return record(gemm_output([&] { return ops::conv2d(x, w, bias, p); }), n, inputs);
 }
 
 Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
@@ -225,6 +247,36 @@ Tensor relu(const Tensor& x0) {
   const Tensor x = cast(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
   Tensor y = ops::relu(x);  // x's shape
   return rules::record_saving<ops::relu_backward>("ReluBackward", y, x, y.detach());
+}
+
+// The node keeps the output, detached.
+Tensor sigmoid(const Tensor& x0) {
+  const Tensor x = cast(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
+  Tensor y = ops::sigmoid(x);  // x's shape
+  return rules::record_saving<ops::sigmoid_backward>("SigmoidBackward", y, x, y.detach());
+}
+
+Tensor spatial_mean(const Tensor& x0, bool keepdim) {
+  BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError, "spatial_mean: x must be 4-D (N, C, H, W), got {}",
+                x0.defined() ? x0.str() : "undefined");
+  const Tensor x = cast(x0, policy_dtype(amp::Op::Reduction, {&x0}));
+  auto n = std::make_shared<SpatialMeanBackward>();
+  n->x_shape = x.shape();
+  return record(ops::spatial_mean(x, keepdim), n, {x});  // (N, C) or (N, C, 1, 1)
+}
+
+Tensor cross_entropy_smoothed(const Tensor& logits0, const Tensor& targets, double eps, int64_t ignore_index) {
+  const Tensor logits = cast(logits0, policy_dtype(amp::Op::CrossEntropy, {&logits0}));
+  ops::CrossEntropyOut o = ops::cross_entropy_smoothed(logits, targets, eps, ignore_index);  // loss ()
+  auto n = std::make_shared<CrossEntropySmoothedBackward>();
+  if (needs_grad({logits})) {
+    n->logits = logits;
+    n->targets = targets;
+    n->lse = o.lse;
+    n->eps = eps;
+    n->ignore_index = ignore_index;
+  }
+  return record(o.loss, n, {logits});
 }
 
 }  // namespace brigade::fn

@@ -1,12 +1,16 @@
-// Differentiable vision functions (the fn:: side of ops/ext_vision.h): conv2d,
-// batch_norm2d, sync_batch_norm2d (statistics over a process group, through a reducer
-// interface), max_pool2d, avg_pool2d, adaptive_avg_pool2d (output size 1) and relu.
+// Differentiable vision functions (the fn:: side of ops/ext_vision.h): conv2d (also grouped /
+// depthwise with padding per side), batch_norm2d, sync_batch_norm2d (statistics over a process
+// group, through a reducer interface), max_pool2d, avg_pool2d, adaptive_avg_pool2d (output
+// size 1), relu, sigmoid, spatial_mean and cross_entropy_smoothed (label smoothing).
 // Each runs its raw op and records one Node whose backward is the op's backward, as the
 // rules in functions.cpp do. Precision: the active policy (amp/policy.h) decides the
 // compute dtype: conv2d is amp::Op::Conv (a GEMM: low from O1, like linear), batch_norm2d
 // amp::Op::BatchNorm (precision-sensitive: f32 under O1/O2, low at O3, like LayerNorm),
 // max_pool2d / avg_pool2d amp::Op::Pool (elementwise rules), relu amp::Op::Elementwise,
-// adaptive_avg_pool2d (a mean over the plane) amp::Op::Reduction; outside any AutocastScope
+// adaptive_avg_pool2d and spatial_mean (means over the plane) amp::Op::Reduction, sigmoid
+// amp::Op::Elementwise (like relu; the squeeze-and-excitation gate x * sigmoid(s) is fn::mul,
+// which broadcasts (N, C, 1, 1) over (N, C, H, W)), cross_entropy_smoothed
+// amp::Op::CrossEntropy (f32 from O1, like cross_entropy); outside any AutocastScope
 // (O0) they run in their inputs' dtype. Gradients come back in each input's own dtype
 // (recorded casts, fn::cast), so fp32 parameters get fp32 gradients.
 #pragma once
@@ -14,11 +18,15 @@
 #include <memory>
 
 #include "brigade/core/tensor.h"
+#include "brigade/ops/ext_vision.h"
 
 namespace brigade::fn {
 
 // x (N, C, H, W), w (O, C, KH, KW), bias (O) or undefined -> (N, O, OH, OW).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding);
+// Grouped / depthwise, padding per side (ops::Conv2dParams): w (O, C / groups, KH, KW).
+// conv2d(x, w, b, stride, padding) is this with Conv2dParams::symmetric(stride, padding).
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p);
 // x (N, C, H, W) -> (N, C, H, W). Training: batch statistics, and running_mean /
 // running_var (f32 (C), may be undefined) updated in place with `momentum` (torch's rule);
 // the backward differentiates through the batch statistics. Eval: the running statistics
@@ -72,5 +80,12 @@ Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddi
 // torch.nn.AdaptiveAvgPool2d(1): the mean over (H, W); (N, C, H, W) -> (N, C, 1, 1).
 Tensor adaptive_avg_pool2d(const Tensor& x);
 Tensor relu(const Tensor& x);
+// torch.sigmoid; the backward reads the output (saved detached): g y (1 - y).
+Tensor sigmoid(const Tensor& x);
+// x (N, C, H, W) -> the mean over (H, W): (N, C), or (N, C, 1, 1) with keepdim.
+Tensor spatial_mean(const Tensor& x, bool keepdim = false);
+// torch's F.cross_entropy(logits (N, V), targets (N), ignore_index, label_smoothing=eps),
+// the mean over the rows not ignored.
+Tensor cross_entropy_smoothed(const Tensor& logits, const Tensor& targets, double eps, int64_t ignore_index = -100);
 
 }  // namespace brigade::fn

@@ -1,12 +1,17 @@
 // Vision ops: front-end checks, the widened 16-bit path, and the cpu backend (see
 // ext_vision.h). Convolutions run oneDNN's convolution_forward / _backward_data /
-// _backward_weights primitives on plain NCHW / OIHW memory (no layout reorders), created
-// once per (shape, stride, padding, bias, element type) and cached under a mutex; bf16
-// convolutions run oneDNN's bf16 primitives where it has a non-reference kernel (f32
-// accumulation); the ref backend runs the scalar oracle in ext_vision.h. Batch norm runs one channel per OpenMP iteration, pooling
-// one (H, W) plane per iteration, both with the oracle's own per-element code (double
-// accumulators, fixed order), so cpu and ref agree closely and the cpu results do not
-// depend on the thread count.
+// _backward_weights primitives on plain NCHW / OIHW (grouped: GOIHW) memory (no layout
+// reorders), created once per (shape, stride, padding per side, groups, bias, element type)
+// and cached under a mutex; bf16 convolutions with groups 1 run oneDNN's bf16 primitives where
+// it has a non-reference kernel (f32 accumulation). Depthwise convolutions (groups == C == O)
+// run the direct kernel below instead of oneDNN: for NCHW memory oneDNN 2.6 picks "x64:gemm:jit"
+// for them (im2col, then per channel a GEMM with K = KH KW), slower than the direct loops,
+// most of all in the weight gradient (timings in docs/architecture.md, "Depthwise
+// convolutions").
+// The ref backend runs the scalar oracle in ext_vision.h. Batch norm runs one channel per
+// OpenMP iteration, pooling and the spatial mean one (H, W) plane per iteration, both with the
+// oracle's own per-element code (double accumulators, fixed order), so cpu and ref agree
+// closely and the cpu results do not depend on the thread count.
 #include "brigade/ops/ext_vision.h"
 
 #include <dnnl.hpp>
@@ -80,20 +85,28 @@ std::unordered_map<std::string, ConvPrims>& conv_cache() {
 // Memory descriptors of one geometry. `t` is the element type of the activations and weights
 // (src, wei, dst and their diffs): f32, or bf16 for the native 16-bit path. The bias, its
 // gradient and the weight gradient (gwei) are always f32: the 16-bit path rounds gw / gb once
-// afterwards (ops::cast), as the contract says.
+// afterwards (ops::cast), as the contract says. Grouped weights are (G, O/G, C/G, KH, KW)
+// goihw, the same bytes as our (O, C/G, KH, KW).
 struct ConvMds {
   memory::desc src, wei, bias, dst, gwei;
-  memory::dims strides, pad;
+  memory::dims strides, pad_l, pad_r;
 };
 ConvMds conv_mds(const vr::ConvGeom& g, memory::data_type t = memory::data_type::f32) {
   ConvMds m;
   m.src = memory::desc({g.N, g.C, g.H, g.W}, t, memory::format_tag::nchw);
-  m.wei = memory::desc({g.O, g.C, g.KH, g.KW}, t, memory::format_tag::oihw);
+  if (g.groups == 1) {
+    m.wei = memory::desc({g.O, g.C, g.KH, g.KW}, t, memory::format_tag::oihw);
+    m.gwei = memory::desc({g.O, g.C, g.KH, g.KW}, memory::data_type::f32, memory::format_tag::oihw);
+  } else {
+    const memory::dims wd{g.groups, g.Og(), g.Cg(), g.KH, g.KW};
+    m.wei = memory::desc(wd, t, memory::format_tag::goihw);
+    m.gwei = memory::desc(wd, memory::data_type::f32, memory::format_tag::goihw);
+  }
   m.bias = memory::desc({g.O}, memory::data_type::f32, memory::format_tag::x);
   m.dst = memory::desc({g.N, g.O, g.OH, g.OW}, t, memory::format_tag::nchw);
-  m.gwei = memory::desc({g.O, g.C, g.KH, g.KW}, memory::data_type::f32, memory::format_tag::oihw);
   m.strides = {g.stride, g.stride};
-  m.pad = {g.pad, g.pad};
+  m.pad_l = {g.pt, g.pl};
+  m.pad_r = {g.pb, g.pr};
   return m;
 }
 
@@ -104,18 +117,19 @@ std::string g_last_conv_impl;  // guarded by g_conv_mu
 // g_conv_mu.
 ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, bool want_bwd_w,
                              memory::data_type t = memory::data_type::f32) {
-  const std::string key = fmt::format("{},{},{},{},{},{},{},{},{},{},{}", g.N, g.C, g.H, g.W, g.O, g.KH, g.KW,
-                                      g.stride, g.pad, bias ? 1 : 0, int(t));
+  const std::string key =
+      fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.stride, g.pt,
+                  g.pb, g.pl, g.pr, g.groups, bias ? 1 : 0, int(t));
   auto it = conv_cache().find(key);
   const ConvMds m = conv_mds(g, t);
   if (it == conv_cache().end()) {
     ConvPrims p;
     auto d = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                     dnnl::algorithm::convolution_direct, m.src, m.wei, m.bias, m.dst,
-                                                    m.strides, m.pad, m.pad)
+                                                    m.strides, m.pad_l, m.pad_r)
                   : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                     dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst,
-                                                    m.strides, m.pad, m.pad);
+                                                    m.strides, m.pad_l, m.pad_r);
     p.fwd_pd = dnnl::convolution_forward::primitive_desc(d, engine());
     p.fwd = dnnl::convolution_forward(p.fwd_pd);
     it = conv_cache().emplace(key, std::move(p)).first;
@@ -123,15 +137,15 @@ ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, 
   ConvPrims& p = it->second;
   if (want_bwd_d && !p.have_bwd_d) {
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst, m.strides,
-                                            m.pad, m.pad);
+                                            m.pad_l, m.pad_r);
     p.bwd_d = dnnl::convolution_backward_data(dnnl::convolution_backward_data::primitive_desc(d, engine(), p.fwd_pd));
     p.have_bwd_d = true;
   }
   if (want_bwd_w && !p.have_bwd_w) {
     auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei,
-                                                             m.bias, m.dst, m.strides, m.pad, m.pad)
+                                                             m.bias, m.dst, m.strides, m.pad_l, m.pad_r)
                   : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei,
-                                                             m.dst, m.strides, m.pad, m.pad);
+                                                             m.dst, m.strides, m.pad_l, m.pad_r);
     p.bwd_w =
         dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(d, engine(), p.fwd_pd));
     p.have_bwd_w = true;
@@ -166,7 +180,7 @@ void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, c
   // The weight primitive computes gw and gb together; a gb without gw goes to scratch.
   std::vector<float> gw_scratch;
   if (gb && !gw) {
-    gw_scratch.resize(size_t(g.O * g.C * g.KH * g.KW));
+    gw_scratch.resize(size_t(g.O * g.Cg() * g.KH * g.KW));
     gw = gw_scratch.data();
   }
   dnnl::convolution_backward_data bd;
@@ -199,19 +213,19 @@ bool bf16_conv_available() {
   static bool avail = false;
   std::call_once(once, [] {
     try {
-      const vr::ConvGeom g{2, 8, 8, 8, 8, 3, 3, 1, 1, 8, 8};
+      const vr::ConvGeom g{2, 8, 8, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, 8, 8};
       const ConvMds m = conv_mds(g, memory::data_type::bf16);
       dnnl::convolution_forward::primitive_desc f(
           dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                          m.src, m.wei, m.dst, m.strides, m.pad, m.pad),
+                                          m.src, m.wei, m.dst, m.strides, m.pad_l, m.pad_r),
           engine());
       dnnl::convolution_backward_data::primitive_desc d(
           dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst, m.strides,
-                                                m.pad, m.pad),
+                                                m.pad_l, m.pad_r),
           engine(), f);
       dnnl::convolution_backward_weights::primitive_desc w(
           dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei, m.dst,
-                                                   m.strides, m.pad, m.pad),
+                                                   m.strides, m.pad_l, m.pad_r),
           engine(), f);
       avail = true;
       for (const char* impl : {f.impl_info_str(), d.impl_info_str(), w.impl_info_str()})
@@ -223,17 +237,173 @@ bool bf16_conv_available() {
   return avail;
 }
 
-vr::ConvGeom conv_geom(const Tensor& x, const Tensor& w, int64_t stride, int64_t padding, const char* op) {
+// Output size of a window with padding lo and hi: (in + lo + hi - k) / stride + 1.
+int64_t conv_out_size2(int64_t in, int64_t k, int64_t stride, int64_t lo, int64_t hi, const char* op) {
+  const int64_t span = in + lo + hi - k;
+  const int64_t o = span >= 0 ? span / stride + 1 : 0;
+  BRIGADE_CHECK(o >= 1, ShapeError,
+                "{}: a window of {} with padding {} + {} does not fit an input of size {}; use a larger input or "
+                "padding",
+                op, k, lo, hi, in);
+  return o;
+}
+
+vr::ConvGeom conv_geom(const Tensor& x, const Tensor& w, const Conv2dParams& p, const char* op) {
   check_nchw(x, op, "x");
   check_nchw(w, op, "w");
-  check_window(1, stride, padding, op);
-  BRIGADE_CHECK(w.size(1) == x.size(1), ShapeError,
-                "{}: w {} expects {} input channels but x {} has {}; w must be (O, C, KH, KW)", op,
-                shape_str(w.shape()), w.size(1), shape_str(x.shape()), x.size(1));
-  vr::ConvGeom g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), stride, padding, 0, 0};
-  g.OH = conv_out_size(g.H, g.KH, stride, padding, op);
-  g.OW = conv_out_size(g.W, g.KW, stride, padding, op);
+  BRIGADE_CHECK(p.stride >= 1 && p.pad_top >= 0 && p.pad_bottom >= 0 && p.pad_left >= 0 && p.pad_right >= 0,
+                ValueError, "{}: stride {} must be >= 1 and padding (top {}, bottom {}, left {}, right {}) >= 0", op,
+                p.stride, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right);
+  BRIGADE_CHECK(p.groups >= 1 && x.size(1) % p.groups == 0 && w.size(0) % p.groups == 0, ShapeError,
+                "{}: groups {} must be >= 1 and divide the input channels of x {} and the output channels of w {}", op,
+                p.groups, shape_str(x.shape()), shape_str(w.shape()));
+  BRIGADE_CHECK(w.size(1) * p.groups == x.size(1), ShapeError,
+                "{}: w {} expects {} input channels per group but x {} has {} in {} group(s); w must be "
+                "(O, C / groups, KH, KW)",
+                op, shape_str(w.shape()), w.size(1), shape_str(x.shape()), x.size(1), p.groups);
+  vr::ConvGeom g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), p.stride, p.pad_top,
+                 p.pad_bottom, p.pad_left, p.pad_right, p.groups, 0, 0};
+  g.OH = conv_out_size2(g.H, g.KH, p.stride, p.pad_top, p.pad_bottom, op);
+  g.OW = conv_out_size2(g.W, g.KW, p.stride, p.pad_left, p.pad_right, op);
   return g;
+}
+
+// ---------------------------------------------------------------- direct depthwise convolution
+// groups == C == O on plain NCHW memory. oneDNN 2.6's depthwise jit kernels need blocked or
+// NHWC layouts; for NCHW it runs im2col + a GEMM per channel (x64:gemm:jit), which loses to
+// these loops (docs/architecture.md, "Depthwise convolutions"). Each (n, c) plane is independent: the forward and the data gradient run one
+// plane per OpenMP iteration, accumulating each output row in float over (kh, kw) in order
+// (bias first), vectorised along the row; the weight and bias gradients run one channel per
+// iteration, a float sum per (n, kh, kw) plane added in double over n in order. Every element
+// has one fixed summation order: bitwise reproducible whatever the thread count.
+
+bool is_depthwise(const vr::ConvGeom& g) { return g.groups > 1 && g.groups == g.C && g.O == g.C; }
+
+// Range [lo, hi) of output columns ow whose input column ow s - pl + kw lies in [0, W).
+inline void valid_cols(int64_t W, int64_t OW, int64_t s, int64_t pl, int64_t kw, int64_t& lo, int64_t& hi) {
+  const int64_t a = pl - kw;  // iw = ow s - a >= 0  <=>  ow >= ceil(a / s)
+  lo = a > 0 ? (a + s - 1) / s : 0;
+  const int64_t b = W - 1 + pl - kw;  // iw <= W - 1  <=>  ow <= floor(b / s)
+  hi = b < 0 ? 0 : std::min(OW, b / s + 1);
+  lo = std::min(lo, hi);
+}
+// valid_cols for every kw, computed once per call (the divisions stay out of the row loops).
+struct ColRanges {
+  std::vector<int64_t> lo, hi;
+  explicit ColRanges(const vr::ConvGeom& g) : lo(size_t(g.KW)), hi(size_t(g.KW)) {
+    for (int64_t kw = 0; kw < g.KW; ++kw) valid_cols(g.W, g.OW, g.stride, g.pl, kw, lo[size_t(kw)], hi[size_t(kw)]);
+  }
+};
+
+void depthwise_forward(const vr::ConvGeom& g, const float* x, const float* w, const float* b, float* y) {
+  const ColRanges cr(g);
+  const int64_t P = g.N * g.C, HW = g.H * g.W, OHW = g.OH * g.OW, s = g.stride;
+#pragma omp parallel for schedule(static) if (P * HW > (1 << 15))
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t c = p % g.C;
+    const float* xp = x + p * HW;
+    const float* wc = w + c * g.KH * g.KW;
+    float* yp = y + p * OHW;
+    const float bv = b ? b[c] : 0.f;
+    for (int64_t oh = 0; oh < g.OH; ++oh) {
+      float* yr = yp + oh * g.OW;
+      for (int64_t ow = 0; ow < g.OW; ++ow) yr[ow] = bv;
+      for (int64_t kh = 0; kh < g.KH; ++kh) {
+        const int64_t ih = oh * s - g.pt + kh;
+        if (ih < 0 || ih >= g.H) continue;
+        const float* xr = xp + ih * g.W;
+        for (int64_t kw = 0; kw < g.KW; ++kw) {
+          const int64_t lo = cr.lo[size_t(kw)], hi = cr.hi[size_t(kw)];
+          const float wv = wc[kh * g.KW + kw];
+          const float* xs = xr - g.pl + kw;  // xs[ow s] is x[ih, ow s - pl + kw]
+          if (s == 1) {
+#pragma omp simd
+            for (int64_t ow = lo; ow < hi; ++ow) yr[ow] += wv * xs[ow];
+          } else {  // strided: scalar (gathers measured slower)
+            for (int64_t ow = lo; ow < hi; ++ow) yr[ow] += wv * xs[ow * s];
+          }
+        }
+      }
+    }
+  }
+}
+
+void depthwise_backward_data(const vr::ConvGeom& g, const float* gy, const float* w, float* gx) {
+  const ColRanges cr(g);
+  const int64_t P = g.N * g.C, HW = g.H * g.W, OHW = g.OH * g.OW, s = g.stride;
+#pragma omp parallel for schedule(static) if (P * HW > (1 << 15))
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t c = p % g.C;
+    const float* gp = gy + p * OHW;
+    const float* wc = w + c * g.KH * g.KW;
+    float* xp = gx + p * HW;
+    std::fill(xp, xp + HW, 0.f);
+    // forward: y[oh, ow] += w[kh, kw] x[oh s - pt + kh, ow s - pl + kw]  -> scatter gy back
+    for (int64_t oh = 0; oh < g.OH; ++oh) {
+      const float* gr = gp + oh * g.OW;
+      for (int64_t kh = 0; kh < g.KH; ++kh) {
+        const int64_t ih = oh * s - g.pt + kh;
+        if (ih < 0 || ih >= g.H) continue;
+        float* xr = xp + ih * g.W;
+        for (int64_t kw = 0; kw < g.KW; ++kw) {
+          const int64_t lo = cr.lo[size_t(kw)], hi = cr.hi[size_t(kw)];
+          const float wv = wc[kh * g.KW + kw];
+          float* xs = xr - g.pl + kw;
+          if (s == 1) {
+#pragma omp simd
+            for (int64_t ow = lo; ow < hi; ++ow) xs[ow] += wv * gr[ow];
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) xs[ow * s] += wv * gr[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+// gw (C, 1, KH, KW) and gb (C); either may be null.
+void depthwise_backward_weights(const vr::ConvGeom& g, const float* gy, const float* x, float* gw, float* gb) {
+  const ColRanges cr(g);
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, s = g.stride, K = g.KH * g.KW;
+#pragma omp parallel for schedule(static) if (g.N * g.C * HW > (1 << 15))
+  for (int64_t c = 0; c < g.C; ++c) {
+    std::vector<double> acc(static_cast<size_t>(K), 0.0);
+    double bacc = 0;
+    for (int64_t n = 0; n < g.N; ++n) {
+      const float* gp = gy + (n * g.C + c) * OHW;
+      const float* xp = x + (n * g.C + c) * HW;
+      if (gb) {
+        float sb = 0.f;
+#pragma omp simd reduction(+ : sb)
+        for (int64_t i = 0; i < OHW; ++i) sb += gp[i];
+        bacc += double(sb);
+      }
+      if (!gw) continue;
+      for (int64_t kh = 0; kh < g.KH; ++kh)
+        for (int64_t kw = 0; kw < g.KW; ++kw) {
+          const int64_t lo = cr.lo[size_t(kw)], hi = cr.hi[size_t(kw)];
+          float sum = 0.f;
+          for (int64_t oh = 0; oh < g.OH; ++oh) {
+            const int64_t ih = oh * s - g.pt + kh;
+            if (ih < 0 || ih >= g.H) continue;
+            const float* gr = gp + oh * g.OW;
+            const float* xs = xp + ih * g.W - g.pl + kw;
+            float r = 0.f;
+            if (s == 1) {
+#pragma omp simd reduction(+ : r)
+              for (int64_t ow = lo; ow < hi; ++ow) r += gr[ow] * xs[ow];
+            } else {  // strided: scalar (gathers measured slower)
+              for (int64_t ow = lo; ow < hi; ++ow) r += gr[ow] * xs[ow * s];
+            }
+            sum += r;
+          }
+          acc[size_t(kh * g.KW + kw)] += double(sum);
+        }
+    }
+    if (gw)
+      for (int64_t k = 0; k < K; ++k) gw[c * K + k] = float(acc[size_t(k)]);
+    if (gb) gb[c] = float(bacc);
+  }
 }
 
 // Pooling windows: (N C) planes of x (N, C, H, W).
@@ -277,10 +447,10 @@ std::string last_conv2d_impl() {
   return g_last_conv_impl;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding) {
-  const vr::ConvGeom g = conv_geom(x, w, stride, padding, "conv2d");
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  const vr::ConvGeom g = conv_geom(x, w, p, "conv2d");
   if (bias.defined()) check_vec(bias, g.O, "conv2d", "bias");
-  if (on_cpu() && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 && bf16_conv_available()) {
+  if (on_cpu() && g.groups == 1 && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 && bf16_conv_available()) {
     // native: oneDNN's bf16 convolution, f32 accumulation, the output rounded once to bf16
     const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(f32_of(bias));
     Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, DType::BF16);  // (N, O, OH, OW)
@@ -289,26 +459,35 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stri
   }
   if (is_half(x) || is_half(w) || is_half(bias)) {
     const DType ot = x.dtype() == w.dtype() ? x.dtype() : DType::F32;
-    return round_to(conv2d(f32_of(x), f32_of(w), f32_of(bias), stride, padding), ot);
+    return round_to(conv2d(f32_of(x), f32_of(w), f32_of(bias), p), ot);
   }
   const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(bias);
   Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW});  // (N, O, OH, OW)
-  if (on_cpu())
+  if (on_cpu() && is_depthwise(g)) {
+    depthwise_forward(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>());
+    std::lock_guard<std::mutex> lock(g_conv_mu);
+    g_last_conv_impl = "direct_depthwise f32";
+  } else if (on_cpu()) {
     cpu_conv2d(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>());
-  else
+  } else {
     vr::conv2d<float>(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>());
+  }
   return y;
 }
 
-Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, int64_t stride, int64_t padding,
-                            bool need_gx, bool need_gw, bool need_gb) {
-  const vr::ConvGeom g = conv_geom(x, w, stride, padding, "conv2d_backward");
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding) {
+  return conv2d(x, w, bias, Conv2dParams::symmetric(stride, padding));
+}
+
+Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dParams& p, bool need_gx,
+                            bool need_gw, bool need_gb) {
+  const vr::ConvGeom g = conv_geom(x, w, p, "conv2d_backward");
   check_nchw(gy, "conv2d_backward", "gy");
   BRIGADE_CHECK(gy.shape() == Shape({g.N, g.O, g.OH, g.OW}), ShapeError,
                 "conv2d_backward: gy must be the output's shape {}, got {}", shape_str({g.N, g.O, g.OH, g.OW}),
                 shape_str(gy.shape()));
-  if (on_cpu() && gy.dtype() == DType::BF16 && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 &&
-      bf16_conv_available()) {
+  if (on_cpu() && g.groups == 1 && gy.dtype() == DType::BF16 && x.dtype() == DType::BF16 &&
+      w.dtype() == DType::BF16 && bf16_conv_available()) {
     // native: bf16 operands, f32 accumulation; gx written in bf16 by oneDNN, gw and gb
     // computed in f32 and rounded once to bf16
     const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous();
@@ -325,7 +504,7 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
     return r;
   }
   if (is_half(gy) || is_half(x) || is_half(w)) {
-    Conv2dGrads r = conv2d_backward(f32_of(gy), f32_of(x), f32_of(w), stride, padding, need_gx, need_gw, need_gb);
+    Conv2dGrads r = conv2d_backward(f32_of(gy), f32_of(x), f32_of(w), p, need_gx, need_gw, need_gb);
     r.gx = round_to(r.gx, x.dtype());
     r.gw = round_to(r.gw, w.dtype());
     r.gb = round_to(r.gb, gy.dtype());
@@ -334,16 +513,26 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
   const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous();
   Conv2dGrads r;
   if (need_gx) r.gx = Tensor::empty(x.shape());  // (N, C, H, W)
-  if (need_gw) r.gw = Tensor::empty(w.shape());  // (O, C, KH, KW)
+  if (need_gw) r.gw = Tensor::empty(w.shape());  // (O, C / G, KH, KW)
   if (need_gb) r.gb = Tensor::empty({g.O});      // (O)
   if (!need_gx && !need_gw && !need_gb) return r;
-  if (on_cpu())
+  if (on_cpu() && is_depthwise(g)) {
+    if (need_gx) depthwise_backward_data(g, gyc.data<float>(), wc.data<float>(), r.gx.data<float>());
+    if (need_gw || need_gb)
+      depthwise_backward_weights(g, gyc.data<float>(), xc.data<float>(), fptr_mut(r.gw), fptr_mut(r.gb));
+  } else if (on_cpu()) {
     cpu_conv2d_backward(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx), fptr_mut(r.gw),
                         fptr_mut(r.gb));
-  else
+  } else {
     vr::conv2d_backward<float>(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx),
                                fptr_mut(r.gw), fptr_mut(r.gb));
+  }
   return r;
+}
+
+Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, int64_t stride, int64_t padding,
+                            bool need_gx, bool need_gw, bool need_gb) {
+  return conv2d_backward(gy, x, w, Conv2dParams::symmetric(stride, padding), need_gx, need_gw, need_gb);
 }
 
 // ---------------------------------------------------------------- batch norm
@@ -834,6 +1023,189 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y) {
     vr::relu_backward<float>(n, gp, yp, gxp);
   }
   return gx;
+}
+
+// ---------------------------------------------------------------- sigmoid
+
+Tensor sigmoid(const Tensor& x) {
+  check_float(x, "sigmoid", "x");
+  if (is_half(x)) return round_to(sigmoid(f32_of(x)), x.dtype());
+  const Tensor xc = x.contiguous();
+  Tensor y = Tensor::empty(x.shape());  // x's shape
+  const int64_t n = x.numel();
+  const float* xp = xc.data<float>();
+  float* yp = y.data<float>();
+  if (on_cpu()) {
+#pragma omp parallel for schedule(static) if (n > (1 << 15))
+    for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
+  } else {
+    vr::sigmoid<float>(n, xp, yp);
+  }
+  return y;
+}
+
+Tensor sigmoid_backward(const Tensor& gy, const Tensor& y) {
+  check_float(gy, "sigmoid_backward", "gy");
+  check_float(y, "sigmoid_backward", "y");
+  BRIGADE_CHECK(gy.shape() == y.shape(), ShapeError, "sigmoid_backward: gy {} and y {} must have the same shape",
+                shape_str(gy.shape()), shape_str(y.shape()));
+  if (is_half(gy) || is_half(y)) return round_to(sigmoid_backward(f32_of(gy), f32_of(y)), gy.dtype());
+  const Tensor gc = gy.contiguous(), yc = y.contiguous();
+  Tensor gx = Tensor::empty(y.shape());  // y's shape
+  const int64_t n = y.numel();
+  const float *gp = gc.data<float>(), *yp = yc.data<float>();
+  float* gxp = gx.data<float>();
+  if (on_cpu()) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
+    for (int64_t i = 0; i < n; ++i) gxp[i] = gp[i] * yp[i] * (1.0f - yp[i]);
+  } else {
+    vr::sigmoid_backward<float>(n, gp, yp, gxp);
+  }
+  return gx;
+}
+
+// ---------------------------------------------------------------- spatial mean
+
+Tensor spatial_mean(const Tensor& x, bool keepdim) {
+  check_nchw(x, "spatial_mean", "x");
+  if (is_half(x)) return round_to(spatial_mean(f32_of(x), keepdim), x.dtype());
+  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  BRIGADE_CHECK(HW > 0, ShapeError, "spatial_mean: x {} has no spatial positions", shape_str(x.shape()));
+  const Tensor xc = x.contiguous();
+  Tensor y = keepdim ? Tensor::empty({N, C, 1, 1}) : Tensor::empty({N, C});  // (N, C[, 1, 1])
+  const float* xp = xc.data<float>();
+  float* yp = y.data<float>();
+  // the oracle's own code, one plane per iteration: cpu and ref agree bitwise
+  for_each_plane(N * C, HW, [&](int64_t p) { vr::spatial_mean<float>(1, HW, xp + p * HW, yp + p); });
+  return y;
+}
+
+Tensor spatial_mean_backward(const Tensor& gy, const Shape& x_shape) {
+  check_float(gy, "spatial_mean_backward", "gy");
+  BRIGADE_CHECK(x_shape.size() == 4, ShapeError, "spatial_mean_backward: x must be 4-D (N, C, H, W), got {}",
+                shape_str(x_shape));
+  const int64_t N = x_shape[0], C = x_shape[1], HW = x_shape[2] * x_shape[3];
+  BRIGADE_CHECK(gy.shape() == Shape({N, C}) || gy.shape() == Shape({N, C, 1, 1}), ShapeError,
+                "spatial_mean_backward: gy must be ({}, {}) or ({}, {}, 1, 1) for x {}, got {}", N, C, N, C,
+                shape_str(x_shape), shape_str(gy.shape()));
+  if (is_half(gy)) return round_to(spatial_mean_backward(f32_of(gy), x_shape), gy.dtype());
+  const Tensor gc = gy.contiguous();
+  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
+  const float* gp = gc.data<float>();
+  float* gxp = gx.data<float>();
+  for_each_plane(N * C, HW, [&](int64_t p) { vr::spatial_mean_backward<float>(1, HW, gp + p, gxp + p * HW); });
+  return gx;
+}
+
+// ---------------------------------------------------------------- cross-entropy with label smoothing
+
+namespace {
+
+std::vector<int64_t> smoothed_targets(const Tensor& logits, const Tensor& targets, double eps, int64_t ignore_index,
+                                      const char* op) {
+  check_float(logits, op, "logits");
+  BRIGADE_CHECK(targets.defined() && (targets.dtype() == DType::I32 || targets.dtype() == DType::I64), ShapeError,
+                "{}: 'targets' holds class indices and must be i32 or i64, got {}", op,
+                targets.defined() ? targets.str() : "undefined");
+  BRIGADE_CHECK(logits.dim() == 2, ShapeError, "{}: logits must be (N, V), got {}", op, shape_str(logits.shape()));
+  BRIGADE_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), ShapeError,
+                "{}: targets must be (N) = ({}) to match logits {}, got {}", op, logits.size(0),
+                shape_str(logits.shape()), shape_str(targets.shape()));
+  BRIGADE_CHECK(eps >= 0 && eps <= 1, ValueError, "{}: label smoothing {} must be in [0, 1]", op, eps);
+  const int64_t V = logits.size(1);
+  std::vector<int64_t> t = targets.to_vector_i64();
+  for (size_t i = 0; i < t.size(); ++i)
+    BRIGADE_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), ValueError,
+                  "{}: target {} at row {} is outside [0, V) with V = {} and is not ignore_index ({})", op, t[i], i,
+                  V, ignore_index);
+  return t;
+}
+
+}  // namespace
+
+CrossEntropyOut cross_entropy_smoothed(const Tensor& logits, const Tensor& targets, double eps,
+                                       int64_t ignore_index) {
+  const char* op = "cross_entropy_smoothed";
+  const std::vector<int64_t> t = smoothed_targets(logits, targets, eps, ignore_index, op);
+  if (is_half(logits)) return cross_entropy_smoothed(f32_of(logits), targets, eps, ignore_index);
+  const int64_t N = logits.size(0), V = logits.size(1);
+  const Tensor lc = logits.contiguous();
+  CrossEntropyOut o;
+  o.loss = Tensor::empty({});  // ()
+  o.lse = Tensor::empty({N});  // (N)
+  const float* xp = lc.data<float>();
+  float* lp = o.lse.data<float>();
+  if (!on_cpu()) {
+    vr::cross_entropy_smoothed<float>(N, V, xp, t.data(), eps, ignore_index, o.loss.data<float>(), lp);
+    return o;
+  }
+  // Rows in parallel: max, then sum exp(x - max) and sum x in float lanes (omp simd), each row's
+  // smoothed term in double; the rows' terms summed serially in row order.
+  std::vector<double> row(static_cast<size_t>(N));
+#pragma omp parallel for schedule(static) if (N * V > (1 << 14))
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = xp + n * V;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < V; ++j) m = std::max(m, xr[j]);
+    float se = 0.f, sx = 0.f;
+#pragma omp simd reduction(+ : se, sx)
+    for (int64_t j = 0; j < V; ++j) {
+      se += std::exp(xr[j] - m);
+      sx += xr[j];
+    }
+    const double l = double(m) + std::log(double(se));
+    lp[n] = float(l);
+    if (t[size_t(n)] != ignore_index)
+      row[size_t(n)] = (1 - eps) * (l - double(xr[t[size_t(n)]])) + eps * (l - double(sx) / double(V));
+  }
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    if (t[size_t(n)] == ignore_index) continue;
+    total += row[size_t(n)];
+    ++count;
+  }
+  o.loss.data<float>()[0] = count ? float(total / double(count)) : std::numeric_limits<float>::quiet_NaN();
+  return o;
+}
+
+Tensor cross_entropy_smoothed_backward(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                                       double eps, int64_t ignore_index) {
+  const char* op = "cross_entropy_smoothed_backward";
+  const std::vector<int64_t> t = smoothed_targets(logits, targets, eps, ignore_index, op);
+  const int64_t N = logits.size(0), V = logits.size(1);
+  check_float(lse, op, "lse");
+  BRIGADE_CHECK(lse.shape() == Shape({N}), ShapeError, "{}: lse must be ({}), got {}", op, N, shape_str(lse.shape()));
+  if (is_half(logits) || is_half(lse))
+    return round_to(cross_entropy_smoothed_backward(gloss, f32_of(logits), targets, f32_of(lse), eps, ignore_index),
+                    logits.dtype());
+  const Tensor lc = logits.contiguous(), sc = lse.contiguous();
+  Tensor g = Tensor::empty({N, V});  // (N, V)
+  const float *xp = lc.data<float>(), *sp = sc.data<float>();
+  float* gp = g.data<float>();
+  if (!on_cpu()) {
+    vr::cross_entropy_smoothed_backward<float>(N, V, gloss, xp, t.data(), sp, eps, ignore_index, gp);
+    return g;
+  }
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) count += t[size_t(n)] != ignore_index;
+  // forward: row loss = (1 - eps)(lse - x[t]) + eps (lse - mean_v x[v])
+  //   -> d/dx[v] = softmax[v] - (1 - eps) [v == t] - eps / V, times gloss / count
+#pragma omp parallel for schedule(static) if (N * V > (1 << 14))
+  for (int64_t n = 0; n < N; ++n) {
+    float* gr = gp + n * V;
+    const int64_t tn = t[size_t(n)];
+    if (tn == ignore_index || count == 0) {
+      std::fill(gr, gr + V, 0.f);
+      continue;
+    }
+    const float* xr = xp + n * V;
+    const float gs = float(gloss / double(count)), l = sp[n], off = float(eps / double(V));
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) gr[j] = gs * (std::exp(xr[j] - l) - off);
+    gr[tn] -= gs * float(1 - eps);
+  }
+  return g;
 }
 
 }  // namespace brigade::ops
