@@ -89,7 +89,7 @@ class SentencePieceTok final : public TextTokenizer {
   explicit SentencePieceTok(const fs::path& dir) : sp_(SentencePieceHf::load((dir / "tokenizer.model").string())) {
     folder_ = dir.string();
     const json cfg = tokenizer_config(dir);
-    has_config_ = !cfg.empty() || is_file(dir / "tokenizer_config.json");
+    has_config_ = is_file(dir / "tokenizer_config.json");
     add_bos_ = config_bool(cfg, "add_bos_token", dir).value_or(true);
     add_eos_ = config_bool(cfg, "add_eos_token", dir).value_or(false);
     BRIGADE_CHECK(!add_bos_ || sp_.bos_id() >= 0, DataError,

@@ -355,7 +355,10 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
     g.dtype = dtype;
     if (tok) {
       const bool sp = tok->kind() == "brigade" || tok->kind() == "sentencepiece";
-      (sp ? g.tokenizer_model : g.bpe_tokenizer_dir) = sp ? (fs::path(dir) / "tokenizer.model").string() : dir;
+      if (sp)
+        g.tokenizer_model = (fs::path(dir) / "tokenizer.model").string();
+      else
+        g.bpe_tokenizer_dir = dir;
       g.add_bos_token = !tok->document_prefix().empty();
       g.bos_token_id = tok->begin_id();
       g.eos_token_id = tok->end_id();
