@@ -63,7 +63,7 @@ TEST_P(EveryModel, BenchMeasuresTheRecipesOwnModel) {
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.at("model").get<std::string>(), type());
   const std::string item = j.at("item");
-  EXPECT_EQ(item, is_text() ? "tokens" : type() == "clip" ? "pairs" : "images");
+  EXPECT_EQ(item, is_text() ? "tokens" : type() == "clip" || type() == "align" ? "pairs" : "images");
   EXPECT_GT(j.at("items_per_s").get<double>(), 0.0);
   EXPECT_EQ(j.at(item + "_per_s").get<double>(), j.at("items_per_s").get<double>());
   EXPECT_GT(j.at("flops_per_item").get<double>(), 0.0);
@@ -120,7 +120,7 @@ TEST_P(EveryModel, AblateComparesTwoVariants) {
   const CmdResult a = brigade("ablate r.toml --steps 3 --vary optim.lr=1e-3,2e-3 --out abl --quiet");
   ASSERT_EQ(a.code, 0) << a.err << a.out;
   const std::string md = slurp(dir_ / "abl/ablate.md");
-  const std::string unit = is_text() ? "tokens/s" : type() == "clip" ? "pairs/s" : "images/s";
+  const std::string unit = is_text() ? "tokens/s" : type() == "clip" || type() == "align" ? "pairs/s" : "images/s";
   EXPECT_NE(md.find(unit), std::string::npos) << md;
   const nlohmann::json js = nlohmann::json::parse(slurp(dir_ / "abl/ablate.json"));
   ASSERT_EQ(js.size(), 2u);

@@ -231,7 +231,9 @@ TEST_P(AlignOpsVsTorch, GroupedDepthwiseAndAsymmetricConvolutions) {
     autograd::backward(fn::sum_all(fn::mul(y, r_.get(p + ".r"))));
     EXPECT_LE(rel_err(x.grad(), r_.get(p + ".gx")), 1e-5) << "gx";
     EXPECT_LE(rel_err(w.grad(), r_.get(p + ".gw")), 1e-5) << "gw";
-    if (bias) EXPECT_LE(rel_err(b.grad(), r_.get(p + ".gb")), 1e-5) << "gb";
+    if (bias) {
+      EXPECT_LE(rel_err(b.grad(), r_.get(p + ".gb")), 1e-5) << "gb";
+    }
     if (GetParam() == ops::Backend::Cpu) {
       const bool depthwise = cp.groups == x.size(1) && cp.groups == w.size(0);
       const std::string impl = ops::last_conv2d_impl();

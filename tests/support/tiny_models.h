@@ -57,6 +57,11 @@ inline const std::vector<TinyModel>& tiny_models() {
        "type = \"clip\"\npatch_size = 7\nn_layer = 1\nn_head = 2\nn_embd = 32\nintermediate_size = 64\n"
        "text_layers = 1\ntext_heads = 2\ntext_width = 32\nprojection_dim = 16\n",
        true, false, 8},
+      // two stages (the second expanding, stride 2), width 0.5: 16 stem channels, embedding 16
+      {"align",
+       "type = \"align\"\nn_layer = 1\nn_head = 2\nn_embd = 32\nintermediate_size = 64\nlayer_norm_eps = 1e-12\n"
+       "stages = \"r1_k3_s1_e1_i32_o16, r2_k3_s2_e4_i16_o32\"\nwidth_coefficient = 0.5\n",
+       true, true, 8},
   };
   return c;
 }

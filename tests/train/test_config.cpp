@@ -240,8 +240,9 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // (clip), data.mlm_probability (bert), parallel.sync_batchnorm, model.init_from, finetune.method,
   // lora.{r,alpha,dropout,target_modules,rslora,base_dtype}, data.{format,chat_template},
   // train.{loss_on,eval_at_start}, model.{rope_scaling,rope_scaling_factor,rope_low_freq_factor,
-  // rope_high_freq_factor,rope_original_max_positions,tie_embeddings} (llama)
-  EXPECT_EQ(recipe_keys().size(), 113u);
+  // rope_high_freq_factor,rope_original_max_positions,tie_embeddings} (llama),
+  // model.{stages,width_coefficient,depth_coefficient,depthwise_padding} (align)
+  EXPECT_EQ(recipe_keys().size(), 117u);
 }
 
 namespace {
@@ -275,7 +276,7 @@ TEST(Recipe, VisionKeysAreValidated) {
   // a vision model with a text corpus, and image data with a language model
   EXPECT_NE(parse_error(base, {"model.type=vit"}).find("data.corpus = \"fashion-mnist\""), std::string::npos)
       << parse_error(base, {"model.type=vit"});
-  EXPECT_NE(parse_error(base, fm).find("trains on text; use an image model (vit, resnet18, resnet50, swin, clip)"),
+  EXPECT_NE(parse_error(base, fm).find("trains on text; use an image model (vit, resnet18, resnet50, swin, clip, align)"),
             std::string::npos)
       << parse_error(base, fm);
   EXPECT_NE(parse_error(base, {"data.augment=true"}).find("data.augment"), std::string::npos);
@@ -308,7 +309,7 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(with({"model.type=resnet18", "memory.recompute=budget", "memory.budget_mb=10"}).find("activation estimate"),
             std::string::npos);
   EXPECT_NE(parse_error(base, {"parallel.sync_batchnorm=true"}).find("no BatchNorm (models with BatchNorm: resnet18, "
-                                                                      "resnet50, custom)"),
+                                                                      "resnet50, custom, align)"),
             std::string::npos);
   // and what every model now composes with: accumulation, recompute, precision, data parallelism
   EXPECT_EQ(with({"model.type=vit", "train.accumulation=2", "memory.recompute=full", "parallel.zero=3"}), "");

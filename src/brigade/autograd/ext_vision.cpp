@@ -256,6 +256,13 @@ Tensor sigmoid(const Tensor& x0) {
   return rules::record_saving<ops::sigmoid_backward>("SigmoidBackward", y, x, y.detach());
 }
 
+// The node keeps the output, detached.
+Tensor reciprocal(const Tensor& x0) {
+  const Tensor x = cast(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
+  Tensor y = ops::reciprocal(x);  // x's shape
+  return rules::record_saving<ops::reciprocal_backward>("ReciprocalBackward", y, x, y.detach());
+}
+
 Tensor spatial_mean(const Tensor& x0, bool keepdim) {
   BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError, "spatial_mean: x must be 4-D (N, C, H, W), got {}",
                 x0.defined() ? x0.str() : "undefined");

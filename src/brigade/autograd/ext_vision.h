@@ -82,6 +82,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x);
 Tensor relu(const Tensor& x);
 // torch.sigmoid; the backward reads the output (saved detached): g y (1 - y).
 Tensor sigmoid(const Tensor& x);
+// torch.reciprocal, 1 / x; the backward reads the output (saved detached): -g y^2.
+Tensor reciprocal(const Tensor& x);
 // x (N, C, H, W) -> the mean over (H, W): (N, C), or (N, C, 1, 1) with keepdim.
 Tensor spatial_mean(const Tensor& x, bool keepdim = false);
 // torch's F.cross_entropy(logits (N, V), targets (N), ignore_index, label_smoothing=eps),

@@ -7,15 +7,22 @@
 namespace brigade::nn {
 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t padding, bool has_bias)
-    : in_channels(in), out_channels(out), kernel(kernel), stride(stride), padding(padding) {
-  BRIGADE_CHECK(in >= 1 && out >= 1 && kernel >= 1 && stride >= 1 && padding >= 0, ConfigError,
-                "Conv2d({}, {}, kernel={}, stride={}, padding={}): channels, kernel and stride must be >= 1, "
-                "padding >= 0",
-                in, out, kernel, stride, padding);
-  weight = register_parameter("weight", {out, in, kernel, kernel});
+    : Conv2d(in, out, kernel, ops::Conv2dParams::symmetric(stride, padding), has_bias) {}
+
+Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, const ops::Conv2dParams& p, bool has_bias)
+    : in_channels(in), out_channels(out), kernel(kernel), stride(p.stride), padding(p.pad_top), params(p) {
+  BRIGADE_CHECK(in >= 1 && out >= 1 && kernel >= 1 && p.stride >= 1 && p.pad_top >= 0 && p.pad_bottom >= 0 &&
+                    p.pad_left >= 0 && p.pad_right >= 0 && p.groups >= 1 && in % p.groups == 0 &&
+                    out % p.groups == 0,
+                ConfigError,
+                "Conv2d({}, {}, kernel={}, stride={}, padding (top {}, bottom {}, left {}, right {}), groups={}): "
+                "channels, kernel, stride and groups must be >= 1, padding >= 0, and groups must divide both "
+                "channel counts",
+                in, out, kernel, p.stride, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right, p.groups);
+  weight = register_parameter("weight", {out, in / p.groups, kernel, kernel});
   if (has_bias) bias = register_parameter("bias", {out});
 }
-Tensor Conv2d::forward(const Tensor& x) const { return fn::conv2d(x, weight, bias, stride, padding); }
+Tensor Conv2d::forward(const Tensor& x) const { return fn::conv2d(x, weight, bias, params); }
 void Conv2d::parameter_replaced(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
 
 BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum)
@@ -29,12 +36,32 @@ BatchNorm2d::BatchNorm2d(int64_t channels, double eps, double momentum)
   num_batches_tracked = Tensor::zeros({}, DType::I64);
 }
 
+namespace {
+thread_local bool g_frozen_stats = false;
+}
+
+FrozenBatchNormStats::FrozenBatchNormStats() : prev_(g_frozen_stats) { g_frozen_stats = true; }
+FrozenBatchNormStats::~FrozenBatchNormStats() { g_frozen_stats = prev_; }
+bool FrozenBatchNormStats::active() { return g_frozen_stats; }
+
 Tensor BatchNorm2d::forward(const Tensor& x) const {
   const bool training = is_training();
+  if (training && g_frozen_stats) {  // batch statistics, buffers untouched
+    if (sync) return fn::sync_batch_norm2d(x, weight, bias, Tensor(), Tensor(), momentum, eps, sync);
+    return fn::batch_norm2d(x, weight, bias, Tensor(), Tensor(), true, momentum, eps);
+  }
   // once per real forward: not again when a checkpointed block re-runs it in the backward
   if (training && !autograd::recomputing()) num_batches_tracked.data<int64_t>()[0] += 1;
   if (training && sync) return fn::sync_batch_norm2d(x, weight, bias, running_mean, running_var, momentum, eps, sync);
   return fn::batch_norm2d(x, weight, bias, running_mean, running_var, training, momentum, eps);
+}
+
+NamedTensors batch_norm_buffers(const Module& root) {
+  NamedTensors out;
+  for (auto& [name, m] : root.named_modules())
+    if (auto* bn = dynamic_cast<const BatchNorm2d*>(m))
+      for (auto& b : bn->named_buffers(name + ".")) out.push_back(b);
+  return out;
 }
 
 int64_t set_batch_norm_sync(Module& root, const std::shared_ptr<const fn::BatchNormSync>& sync) {

@@ -18,10 +18,17 @@ namespace brigade::nn {
 
 class Conv2d : public Module {
  public:
+  // `padding` on every side, groups 1 (bitwise the constructor below with
+  // ops::Conv2dParams::symmetric(stride, padding)).
   Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0, bool bias = false);
+  // Any geometry: stride, zero padding per side (torch's ZeroPad2d before a "valid" conv) and
+  // groups (which divide in and out; groups == in == out is depthwise). ConfigError otherwise.
+  Conv2d(int64_t in, int64_t out, int64_t kernel, const ops::Conv2dParams& p, bool bias);
   Tensor forward(const Tensor& x) const;  // (N, in, H, W) -> (N, out, OH, OW)
-  int64_t in_channels, out_channels, kernel, stride, padding;
-  Tensor weight, bias;  // (out, in, kernel, kernel), (out) or undefined
+  int64_t in_channels, out_channels, kernel;
+  int64_t stride, padding;     // the symmetric constructor's; `params` holds the geometry either way
+  ops::Conv2dParams params;
+  Tensor weight, bias;  // (out, in / groups, kernel, kernel), (out) or undefined
 
  protected:
   void parameter_replaced(const std::string& name, const Tensor& t) override;
@@ -50,6 +57,27 @@ class BatchNorm2d : public Module {
  protected:
   void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
+
+// Inside this scope (thread-local, nests) a BatchNorm2d in training mode still normalises with
+// its batch's statistics but leaves running_mean, running_var and num_batches_tracked alone. For
+// a forward that is run a second time for its gradient (the contrastive task's embedding pass
+// before the gradient pass), so the running statistics move once per batch, as without it.
+class FrozenBatchNormStats {
+ public:
+  FrozenBatchNormStats();
+  ~FrozenBatchNormStats();
+  FrozenBatchNormStats(const FrozenBatchNormStats&) = delete;
+  FrozenBatchNormStats& operator=(const FrozenBatchNormStats&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
+// The buffers of every BatchNorm2d at or below `root`, named by the layer's path
+// ("<path>.running_mean", "<path>.running_var", "<path>.num_batches_tracked"), in module order:
+// the live tensors (copy_ into them to load a checkpoint).
+NamedTensors batch_norm_buffers(const Module& root);
 
 // Sets `sync` on every BatchNorm2d at or below `root` (null: back to per-rank statistics);
 // returns how many layers it set. For plans: nn knows the reducer only as an interface.

@@ -1064,6 +1064,45 @@ Tensor sigmoid_backward(const Tensor& gy, const Tensor& y) {
   return gx;
 }
 
+// ---------------------------------------------------------------- reciprocal
+
+Tensor reciprocal(const Tensor& x) {
+  check_float(x, "reciprocal", "x");
+  if (is_half(x)) return round_to(reciprocal(f32_of(x)), x.dtype());
+  const Tensor xc = x.contiguous();
+  Tensor y = Tensor::empty(x.shape());  // x's shape
+  const int64_t n = x.numel();
+  const float* xp = xc.data<float>();
+  float* yp = y.data<float>();
+  if (on_cpu()) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
+    for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / xp[i];
+  } else {
+    vr::reciprocal<float>(n, xp, yp);
+  }
+  return y;
+}
+
+Tensor reciprocal_backward(const Tensor& gy, const Tensor& y) {
+  check_float(gy, "reciprocal_backward", "gy");
+  check_float(y, "reciprocal_backward", "y");
+  BRIGADE_CHECK(gy.shape() == y.shape(), ShapeError, "reciprocal_backward: gy {} and y {} must have the same shape",
+                shape_str(gy.shape()), shape_str(y.shape()));
+  if (is_half(gy) || is_half(y)) return round_to(reciprocal_backward(f32_of(gy), f32_of(y)), gy.dtype());
+  const Tensor gc = gy.contiguous(), yc = y.contiguous();
+  Tensor gx = Tensor::empty(y.shape());  // y's shape
+  const int64_t n = y.numel();
+  const float *gp = gc.data<float>(), *yp = yc.data<float>();
+  float* gxp = gx.data<float>();
+  if (on_cpu()) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
+    for (int64_t i = 0; i < n; ++i) gxp[i] = -(gp[i] * yp[i] * yp[i]);
+  } else {
+    vr::reciprocal_backward<float>(n, gp, yp, gxp);
+  }
+  return gx;
+}
+
 // ---------------------------------------------------------------- spatial mean
 
 Tensor spatial_mean(const Tensor& x, bool keepdim) {

@@ -21,8 +21,8 @@
 //   conv2d: x's dtype when x and w agree, else f32. conv2d_backward: gx x's, gw w's, gb gy's.
 //   batch_norm2d: y x's, mean and rstd always f32; running stats are f32 and updated in
 //   place. batch_norm2d_backward: gx x's, gw gb w's.
-//   max_pool2d: y x's, idx i64. avg_pool2d, relu, sigmoid, spatial_mean: x's. Their
-//   backwards: gy's dtype (sigmoid_backward: gy's). cross_entropy_smoothed: loss and lse
+//   max_pool2d: y x's, idx i64. avg_pool2d, relu, sigmoid, reciprocal, spatial_mean: x's.
+//   Their backwards: gy's dtype. cross_entropy_smoothed: loss and lse
 //   always f32; its backward: logits' dtype.
 // Native 16-bit path: on the cpu backend, conv2d and conv2d_backward with x, w (and gy) all
 // bf16 and groups == 1 run oneDNN's bf16 convolution primitives (AVX512-BF16 / AMX; f32
@@ -142,6 +142,11 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y);
 // squeeze-and-excitation. sigmoid_backward(gy, y) = gy y (1 - y) (from the output).
 Tensor sigmoid(const Tensor& x);
 Tensor sigmoid_backward(const Tensor& gy, const Tensor& y);
+
+// ---------------- reciprocal (torch.reciprocal): y = 1 / x; ALIGN divides its logits by the
+// learned temperature. reciprocal_backward(gy, y) = -gy y^2 (from the output).
+Tensor reciprocal(const Tensor& x);
+Tensor reciprocal_backward(const Tensor& gy, const Tensor& y);
 
 // ---------------- spatial mean: x (N, C, H, W) -> the mean over (H, W) of each plane,
 // (N, C), or (N, C, 1, 1) with keepdim (torch's x.mean((2, 3), keepdim)). Summed in double
@@ -467,6 +472,16 @@ void sigmoid(int64_t n, const T* x, T* y) {
 template <typename T>
 void sigmoid_backward(int64_t n, const T* gy, const T* y, T* gx) {
   for (int64_t i = 0; i < n; ++i) gx[i] = gy[i] * y[i] * (T(1) - y[i]);
+}
+
+template <typename T>
+void reciprocal(int64_t n, const T* x, T* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = T(1) / x[i];
+}
+// gx = -gy y^2
+template <typename T>
+void reciprocal_backward(int64_t n, const T* gy, const T* y, T* gx) {
+  for (int64_t i = 0; i < n; ++i) gx[i] = -(gy[i] * y[i] * y[i]);
 }
 
 // P planes of HW values: y[p] = sum of plane p (double, in order) / HW.

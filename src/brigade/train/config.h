@@ -59,6 +59,15 @@ struct ModelConfig {
   int64_t text_heads = 0;            // text heads (0 = n_head)
   int64_t text_width = 0;            // text width (0 = n_embd); MLP 4 x text_width
   int64_t projection_dim = 0;        // shared embedding width (0 = n_embd)
+  // align (text tower: n_layer, n_head, n_embd, intermediate_size (0 = 4 n_embd) as bert; image
+  // tower: an EfficientNet given by EfficientNet's block strings, one per stage, comma-separated:
+  // "r<repeats>_k<kernel>_s<stride>_e<expand ratio>_i<in>_o<out>" (HF's num_block_repeats,
+  // kernel_sizes, strides, expand_ratios, in_channels, out_channels); "" = the 28x28 default of
+  // registry.cpp (docs/models.md)):
+  std::string stages = "";
+  double width_coefficient = 1.0;    // channel multiplier (HF round_filters, divisor 8)
+  double depth_coefficient = 1.0;    // repeat multiplier (ceil)
+  std::string depthwise_padding = "";  // block indices whose stride-2 conv pads symmetrically, e.g. "4"
   // Start from pretrained weights (docs/finetuning.md): a Hugging Face model directory (config.json
   // + safetensors; gpt and llama) or a Brigade checkpoint directory (recipe.toml + model.safetensors;
   // any model). The model's shape keys are then read from it; "" = train from scratch (run.seed).

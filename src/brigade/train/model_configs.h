@@ -3,6 +3,7 @@
 #pragma once
 #include "brigade/data/ext_captions.h"
 #include "brigade/models/bert/bert.h"
+#include "brigade/models/align/align.h"
 #include "brigade/models/clip/clip.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
@@ -27,5 +28,14 @@ models::ResNetConfig resnet_config(const ModelConfig& m);  // resnet18 / resnet5
 // the image tower's), MLP 4 x text_width, vocabulary and context from the caption tokenizer;
 // projection_dim (0 = n_embd); quick_gelu.
 models::CLIPConfig clip_config(const ModelConfig& m, const data::CaptionTokenizer& tok);
+// The text tower (BERT) from n_layer, n_head, n_embd, intermediate_size (0 = 4 n_embd),
+// layer_norm_eps, vocabulary and context from the caption tokenizer; the image tower from
+// model.stages (EfficientNet block strings; "" = kAlignDefaultStages), width_coefficient,
+// depth_coefficient, depthwise_padding, in_channels, image_size, HF's other defaults (depth_divisor
+// 8, squeeze_expansion_ratio 0.25, batch_norm_eps 1e-3, momentum 0.99) and drop_connect_rate 0;
+// projection_dim (0 = the image tower's pooled width). ConfigError naming the key otherwise.
+models::AlignConfig align_config(const ModelConfig& m, const data::CaptionTokenizer& tok);
+// The 28x28 image tower of recipes/align-fashion.toml (docs/models.md explains the choice).
+extern const char* const kAlignDefaultStages;
 
 }  // namespace brigade::train

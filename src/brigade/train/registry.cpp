@@ -97,6 +97,86 @@ models::CLIPConfig clip_config(const ModelConfig& m, const data::CaptionTokenize
   return c;
 }
 
+const char* const kAlignDefaultStages =
+    "r1_k3_s1_e1_i32_o16, r2_k3_s2_e6_i16_o24, r2_k5_s2_e6_i24_o40, r3_k3_s1_e6_i40_o80, r1_k3_s1_e6_i80_o96";
+
+namespace {
+
+// One EfficientNet block string ("r2_k3_s2_e6_i16_o24"; the stride also as "s22", squeeze
+// "se0.25" allowed) into stage i of the vision config.
+void parse_block_string(const std::string& text, models::AlignVisionConfig& v) {
+  const std::string key = "model.stages";
+  std::map<std::string, double> f;
+  std::stringstream in(text);
+  for (std::string tok; std::getline(in, tok, '_');) {
+    const size_t n = tok.rfind("se", 0) == 0 ? 2 : 1;
+    const std::string name = tok.substr(0, n), num = tok.substr(std::min(n, tok.size()));
+    size_t used = 0;
+    double x = 0;
+    try {
+      x = std::stod(num, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    BRIGADE_CHECK(!num.empty() && used == num.size() && std::string("rkseio").find(name) != std::string::npos,
+                  ConfigError,
+                  "{}: \"{}\" in block \"{}\" is not one of r<repeats>, k<kernel>, s<stride>, e<expand ratio>, "
+                  "i<in channels>, o<out channels>, se<squeeze ratio>; e.g. \"r2_k3_s2_e6_i16_o24\"",
+                  key, tok, text);
+    if (name == "s" && (num == "11" || num == "22")) x = num == "11" ? 1 : 2;  // TF's (sy, sx) pair
+    BRIGADE_CHECK(!f.count(name), ConfigError, "{}: block \"{}\" gives {} twice", key, text, name);
+    f[name] = x;
+  }
+  for (const char* need : {"r", "k", "s", "e", "i", "o"})
+    BRIGADE_CHECK(f.count(need), ConfigError, "{}: block \"{}\" lacks {}<...>; write e.g. \"r2_k3_s2_e6_i16_o24\"", key,
+                  text, need);
+  for (const char* whole : {"r", "k", "s", "e", "i", "o"})
+    BRIGADE_CHECK(f[whole] == std::floor(f[whole]) && f[whole] >= 1, ConfigError,
+                  "{}: block \"{}\": {} must be a whole number >= 1", key, text, whole);
+  if (f.count("se"))
+    BRIGADE_CHECK(f["se"] == 0.25, ConfigError,
+                  "{}: block \"{}\": se{} - HF's ALIGN has one squeeze_expansion_ratio, 0.25, for every block", key,
+                  text, f["se"]);
+  v.num_block_repeats.push_back(int64_t(f["r"]));
+  v.kernel_sizes.push_back(int64_t(f["k"]));
+  v.strides.push_back(int64_t(f["s"]));
+  v.expand_ratios.push_back(int64_t(f["e"]));
+  v.in_channels.push_back(int64_t(f["i"]));
+  v.out_channels.push_back(int64_t(f["o"]));
+}
+
+}  // namespace
+
+models::AlignConfig align_config(const ModelConfig& m, const data::CaptionTokenizer& tok) {
+  models::AlignConfig c;
+  c.text = {.vocab_size = tok.vocab_size(), .max_position_embeddings = tok.max_length(), .type_vocab_size = 2,
+            .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer, .num_attention_heads = m.n_head,
+            .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd), .layer_norm_eps = m.layer_norm_eps,
+            .hidden_dropout = 0.0, .initializer_range = m.init_std};
+  models::AlignVisionConfig& v = c.vision;
+  v.num_channels = m.in_channels;
+  v.image_size = m.image_size;
+  v.width_coefficient = m.width_coefficient;
+  v.depth_coefficient = m.depth_coefficient;
+  v.kernel_sizes.clear(), v.in_channels.clear(), v.out_channels.clear(), v.strides.clear();
+  v.num_block_repeats.clear(), v.expand_ratios.clear();
+  const std::string stages = m.stages.empty() ? kAlignDefaultStages : m.stages;
+  std::stringstream in(stages);
+  for (std::string block; std::getline(in, block, ',');) {
+    block.erase(0, block.find_first_not_of(' '));
+    block.erase(block.find_last_not_of(' ') + 1);
+    BRIGADE_CHECK(!block.empty(), ConfigError, "model.stages = \"{}\": an empty block between commas", stages);
+    parse_block_string(block, v);
+  }
+  v.depthwise_padding = m.depthwise_padding.empty() ? std::vector<int64_t>{}
+                                                    : parse_count_list("model.depthwise_padding", m.depthwise_padding);
+  v.drop_connect_rate = 0.0;  // dropout would differ between the contrastive task's two passes
+  v.initializer_range = m.init_std;
+  c.projection_dim = m.projection_dim > 0 ? m.projection_dim : v.embed_dim();
+  c.validate();
+  return c;
+}
+
 std::unique_ptr<models::CausalLM> make_causal_lm(const ModelConfig& m) {
   if (m.type == "llama") return std::make_unique<models::LLaMA>(llama_config(m));
   BRIGADE_CHECK(m.type == "gpt", ConfigError, "model.type = \"{}\" is not a causal language model (gpt, llama)",
@@ -248,6 +328,18 @@ void validate_clip(const Recipe& r, const Fail& fail) {
   if (th < 1 || tw % th != 0) fail(fmt::format("model.text_width = {} is not divisible by model.text_heads = {}", tw, th));
 }
 
+void validate_align(const Recipe& r, const Fail& fail) {
+  check_image_data(r, fail);
+  check_mlp_width(r, fail);
+  if (r.model.projection_dim < 0)
+    fail("model.projection_dim must be >= 0 (0 = the image tower's pooled width)");
+  try {
+    align_config(r.model, data::CaptionTokenizer());
+  } catch (const ConfigError& e) {
+    fail(e.what());
+  }
+}
+
 void validate_custom(const Recipe&, const Fail&) {}  // the caller's model checks its own settings
 
 // ---------------------------------------------------------------- task factories
@@ -340,6 +432,13 @@ std::unique_ptr<Task> make_clip_task(const Recipe& r) {
   return contrastive_task(r, std::move(clip));
 }
 
+std::unique_ptr<Task> make_align_task(const Recipe& r) {
+  const data::CaptionTokenizer tok;
+  auto align = std::make_unique<models::ALIGN>(align_config(r.model, tok));
+  seeded(*align, r);
+  return contrastive_task(r, std::move(align));
+}
+
 // The optional model keys: each row lists those it reads; the others must keep their defaults.
 const std::vector<std::string_view>& optional_keys() {
   static const std::vector<std::string_view> k{
@@ -348,6 +447,7 @@ const std::vector<std::string_view>& optional_keys() {
       "model.rope_original_max_positions", "model.tie_embeddings", "model.image_size", "model.patch_size",
       "model.num_classes", "model.in_channels",      "model.width",       "model.depths",     "model.window_size",
       "model.mlp_ratio",  "model.text_layers",       "model.text_heads",  "model.text_width", "model.projection_dim",
+      "model.stages", "model.width_coefficient", "model.depth_coefficient", "model.depthwise_padding",
       "data.mlm_probability", "data.augment"};
   return k;
 }
@@ -401,6 +501,12 @@ const std::vector<ModelEntry>& model_registry() {
                      "model.text_width", "model.projection_dim"}),
        {},
        validate_clip, make_clip_task},
+      {"align", "ALIGN contrastive image-text model (EfficientNet image tower, BERT text tower)",
+       DataKind::FashionMnist,
+       with(kImage, {"model.intermediate_size", "model.projection_dim", "model.stages", "model.width_coefficient",
+                     "model.depth_coefficient", "model.depthwise_padding"}),
+       {.batch_norm = true},
+       validate_align, make_align_task},
   };
   return rows;
 }

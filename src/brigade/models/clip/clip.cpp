@@ -271,21 +271,15 @@ Tensor CLIP::encode_text(const Tensor& ids, const Tensor& lengths) const {
 }
 
 Tensor CLIP::logits_from_embeds(const Tensor& img, const Tensor& txt) const {
+  return logits_with_scale(img, txt, logit_scale);
+}
+
+Tensor CLIP::logits_with_scale(const Tensor& img, const Tensor& txt, const Tensor& s) const {
   BRIGADE_CHECK(img.dim() == 2 && txt.dim() == 2 && img.size(1) == txt.size(1), ShapeError,
                 "CLIP.logits: embeddings must be (N, E) and (M, E), got {} and {}", shape_str(img.shape()),
                 shape_str(txt.shape()));
-  const Tensor scale = F::reshape(F::exp(logit_scale), {1, 1});  // (1, 1)
-  return F::mul(scale, F::matmul(img, txt, false, true));         // (N, M)
-}
-
-Tensor CLIP::logits(const Tensor& images, const Tensor& ids, const Tensor& lengths) const {
-  // Text tower first, then vision, as they are registered: the forward then runs the blocks in
-  // nn::find_blocks order, the order ZeRO-3 prefetches units in. (Sequenced here: as two
-  // arguments of one call their order would be the compiler's choice; the numbers do not depend
-  // on it, the towers share nothing.)
-  const Tensor txt = encode_text(ids, lengths);  // (M, E)
-  const Tensor img = encode_image(images);       // (N, E)
-  return logits_from_embeds(img, txt);
+  const Tensor scale = F::reshape(F::exp(s), {1, 1});        // (1, 1)
+  return F::mul(scale, F::matmul(img, txt, false, true));     // (N, M)
 }
 
 Tensor CLIP::contrastive_loss_from_logits(const Tensor& logits_per_image) const {
@@ -304,11 +298,10 @@ Tensor CLIP::contrastive_loss_from_logits(const Tensor& logits_per_image) const 
   return F::mean_all(both);                                                    // 0-d
 }
 
-Tensor CLIP::contrastive_loss(const Tensor& images, const Tensor& ids, const Tensor& lengths) const {
-  BRIGADE_CHECK(images.dim() >= 1 && ids.dim() >= 1 && images.size(0) == ids.size(0), ShapeError,
-                "CLIP.contrastive_loss: images {} and captions {} must pair up one to one",
-                shape_str(images.shape()), shape_str(ids.shape()));
-  return contrastive_loss_from_logits(logits(images, ids, lengths));
+std::string CLIP::describe() const {
+  return fmt::format("CLIP, image tower {} layers x {}, patch {}; text tower {} layers x {}", cfg_.vision.num_hidden_layers,
+                     cfg_.vision.hidden_size, cfg_.vision.patch_size, cfg_.text.num_hidden_layers,
+                     cfg_.text.hidden_size);
 }
 
 Tensor CLIP::zero_shot_predict(const Tensor& images, const Tensor& class_text_embeds) const {

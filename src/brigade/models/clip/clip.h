@@ -29,6 +29,7 @@
 #include <string>
 
 #include "brigade/core/rng.h"
+#include "brigade/models/dual_encoder.h"
 #include "brigade/nn/ext_encoder.h"
 
 namespace brigade::models {
@@ -149,7 +150,7 @@ class CLIPVisionTransformer : public nn::Module {
   std::shared_ptr<nn::LayerNorm> post_layernorm;
 };
 
-class CLIP : public nn::Module {
+class CLIP : public DualEncoder {
  public:
   explicit CLIP(const CLIPConfig& c);
   // Initialisation (documented; HF CLIPPreTrainedModel's stds with factor 1, drawn in
@@ -161,16 +162,24 @@ class CLIP : public nn::Module {
   void init_weights(Generator& gen);
 
   // (N, C, H, W) -> (N, E), each row of unit L2 norm.
-  Tensor encode_image(const Tensor& images) const;
+  Tensor encode_image(const Tensor& images) const override;
   // ids (M, T') and lengths (M) (pooling rule above) -> (M, E), each row of unit L2 norm.
-  Tensor encode_text(const Tensor& ids, const Tensor& lengths) const;
-  // exp(logit_scale) * image_embeds @ text_embeds^T: (N, M), HF's logits_per_image.
-  Tensor logits(const Tensor& images, const Tensor& ids, const Tensor& lengths) const;
-  Tensor logits_from_embeds(const Tensor& image_embeds, const Tensor& text_embeds) const;
+  Tensor encode_text(const Tensor& ids, const Tensor& lengths) const override;
+  // exp(logit_scale) * image_embeds @ text_embeds^T: (N, M), HF's logits_per_image
+  // (logits(images, ids, lengths) composes the towers and this, DualEncoder).
+  Tensor logits_from_embeds(const Tensor& image_embeds, const Tensor& text_embeds) const override;
+  Tensor logits_with_scale(const Tensor& image_embeds, const Tensor& text_embeds, const Tensor& scale) const override;
   // Symmetric InfoNCE over a batch of N matching (image i, caption i) pairs (N == M):
   // (CE(logits_per_image, arange N) + CE(logits_per_text, arange N)) / 2, 0-d.
-  Tensor contrastive_loss(const Tensor& images, const Tensor& ids, const Tensor& lengths) const;
-  Tensor contrastive_loss_from_logits(const Tensor& logits_per_image) const;
+  Tensor contrastive_loss_from_logits(const Tensor& logits_per_image) const override;
+  Tensor& scale_parameter() override { return logit_scale; }
+  const Tensor& scale_parameter() const override { return logit_scale; }
+  std::string scale_name() const override { return "logit_scale"; }
+  // [0, ln 100]: logits at most 100 x the cosine similarity (CLIP's clamp), at least 1 x.
+  double clamp_scale(double s) const override { return s > kMaxLogitScale ? kMaxLogitScale : (s < 0.0 ? 0.0 : s); }
+  int64_t embed_dim() const override { return cfg_.projection_dim; }
+  std::string describe() const override;
+  static constexpr double kMaxLogitScale = 4.605170185988091;  // ln 100
   // Zero-shot classification: argmax over K classes of image_embeds @ class_text_embeds^T
   // (class_text_embeds (K, E), e.g. encode_text of one prompt per class); returns (N) i64.
   // Runs without recording; ties pick the lowest class id.
@@ -181,7 +190,7 @@ class CLIP : public nn::Module {
   // projection Dv*E) + attention (2 S^2 Dv per layer), the same for text with T =
   // max_position_embeddings (causal attention counted in full) and projection Dt*E; the N x N
   // logits are left out (they depend on the batch).
-  double flops_per_pair() const;
+  double flops_per_pair() const override;
   const CLIPConfig& config() const { return cfg_; }
 
   std::shared_ptr<CLIPTextTransformer> text_model;

@@ -1,4 +1,6 @@
-// Contrastive image-caption training (CLIP) with zero-shot evaluation; see tasks.h.
+// Contrastive image-caption training (CLIP, ALIGN) with zero-shot evaluation; see tasks.h.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -8,6 +10,7 @@
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/data/ext_captions.h"
+#include "brigade/nn/ext_vision.h"
 #include "brigade/train/tasks.h"
 #include "brigade/train/tasks/fashion.h"
 
@@ -17,8 +20,6 @@ namespace {
 
 // Test images per evaluation chunk, and per group of test pairs for the contrastive loss.
 constexpr int64_t kEvalChunk = FashionMnistData::kEvalChunk;
-// CLIP clamps logit_scale to ln(100): logits are at most 100 x cosine similarity.
-const double kMaxLogitScale = std::log(100.0);
 
 // Caption seeds: training step s and test chunk c draw from separate streams of run.seed
 // (make_caption_pairs mixes the seed through splitmix64).
@@ -29,6 +30,24 @@ uint64_t test_caption_seed(uint64_t seed, int64_t chunk) {
   return seed * 0x9E3779B97F4A7C15ull + 0x7E57ull * 1000003ull + uint64_t(chunk) + (uint64_t(1) << 40);
 }
 
+// Retrieval recall is reported at these K, per direction.
+constexpr std::array<int64_t, 3> kRecallAt{1, 5, 10};
+std::string recall_key(int dir, int64_t k) {
+  return fmt::format("{}_recall_at_{}", dir == 0 ? "image_to_text" : "text_to_image", k);
+}
+// "recall@1/5/10 image->text 81.2/97.0/99.1%, text->image 80.3/96.2/98.8%" (class-level, per chunk)
+std::string recall_text(const Metrics& m) {
+  const double n = m.get("images");
+  std::string s = "class-level recall@1/5/10";
+  for (int dir = 0; dir < 2; ++dir) {
+    s += dir == 0 ? " image->text " : ", text->image ";
+    for (size_t i = 0; i < kRecallAt.size(); ++i)
+      s += fmt::format("{}{:.1f}", i ? "/" : "", n > 0 ? 100.0 * m.get(recall_key(dir, kRecallAt[i])) / n : 0.0);
+    s += "%";
+  }
+  return s;
+}
+
 }  // namespace
 
 namespace {
@@ -36,18 +55,19 @@ namespace {
 // The contrastive task as tasks.h describes it (contrastive_task).
 class ContrastiveTask : public Task {
  public:
-  ContrastiveTask(const Recipe& r, std::unique_ptr<models::CLIP> model)
+  ContrastiveTask(const Recipe& r, std::unique_ptr<models::DualEncoder> model)
       : r_(r), model_(std::move(model)), data_(r) {}
   nn::Module& model() override { return *model_; }
   std::vector<parallel::ParamUnit> units(int zero) override { return single_unit_below_zero3(*model_, zero); }
-  models::CLIP& clip() { return *model_; }
+  nn::NamedTensors state_dict() override {
+    nn::NamedTensors out = model_->named_parameters();
+    for (auto& b : model_->named_buffers()) out.push_back(b);
+    return out;
+  }
+  nn::NamedTensors buffers() override { return model_->named_buffers(); }
   std::string describe() override {
-    const models::CLIPConfig& c = model_->config();
-    return fmt::format("CLIP, image tower {} layers x {}, patch {}; text tower {} layers x {}, context {}, vocab {}; "
-                       "projection {}; {} parameters",
-                       c.vision.num_hidden_layers, c.vision.hidden_size, c.vision.patch_size, c.text.num_hidden_layers,
-                       c.text.hidden_size, tok_.max_length(), tok_.vocab_size(), c.projection_dim,
-                       model_->num_parameters());
+    return fmt::format("{}, context {}, vocab {}; embedding {}; {} parameters", model_->describe(), tok_.max_length(),
+                       tok_.vocab_size(), model_->embed_dim(), model_->num_parameters());
   }
   void open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) override {
     data_.open(2, ": the contrastive loss needs two pairs at least");
@@ -77,12 +97,15 @@ class ContrastiveTask : public Task {
     cached_grads_ = split_ > 1;
     if (!cached_grads_) return;
     // GradCache: the global batch's embeddings without a graph, gathered from every rank ...
-    const int64_t B = r_.train.batch_size, E = model_->config().projection_dim, G = B * A * D;
+    const int64_t B = r_.train.batch_size, E = model_->embed_dim(), G = B * A * D;
     std::vector<float> mine(size_t(A * 2 * B * E));
     {
       autograd::NoGradGuard ng;
+      // BatchNorm normalises with the same batch statistics in the gradient pass below, which
+      // moves the running statistics; this pass leaves them alone
+      nn::FrozenBatchNormStats frozen;
       for (int64_t m = 0; m < A; ++m) {
-        // the text tower first, as CLIP::logits runs them (ZeRO-3 gathers the blocks in that order)
+        // the text tower first, as DualEncoder::logits runs them (ZeRO-3 gathers the blocks in that order)
         const Tensor txt =
             model_->encode_text(micro[size_t(m)].at("ids"), micro[size_t(m)].at("lengths")).to(DType::F32).contiguous();
         const Tensor img = model_->encode_image(micro[size_t(m)].at("images")).to(DType::F32).contiguous();  // (B, E)
@@ -104,14 +127,13 @@ class ContrastiveTask : public Task {
         std::memcpy(img_all.data<float>() + row * E, src, size_t(B * E) * sizeof(float));
         std::memcpy(txt_all.data<float>() + row * E, src + B * E, size_t(B * E) * sizeof(float));
       }
-    // ... the global loss and its gradient with respect to every embedding and the logit scale (fp32).
+    // ... the global loss and its gradient with respect to every embedding and the scale (fp32).
     amp::AutocastScope fp32(amp::Policy{});
     img_all.set_requires_grad(true);
     txt_all.set_requires_grad(true);
-    Tensor scale = Tensor::full({}, model_->logit_scale.item(), DType::F32);  // 0-d, a leaf copy
+    Tensor scale = Tensor::full({}, model_->scale_parameter().item(), DType::F32);  // 0-d, a leaf copy
     scale.set_requires_grad(true);
-    const Tensor logits =
-        fn::mul(fn::reshape(fn::exp(scale), {1, 1}), fn::matmul(img_all, txt_all, false, true));  // (G, G)
+    const Tensor logits = model_->logits_with_scale(img_all, txt_all, scale);  // (G, G)
     const Tensor loss = model_->contrastive_loss_from_logits(logits);
     autograd::backward(loss);
     global_loss_ = loss.item();
@@ -128,29 +150,27 @@ class ContrastiveTask : public Task {
     if (!cached_grads_) return {model_->contrastive_loss(b.at("images"), b.at("ids"), b.at("lengths")), {}};  // 0-d
     // A surrogate whose gradient is this micro-batch's share of the global loss's: the trainer
     // averages micro-steps and ranks (1 / (A D)), hence the factor A D on the embedding terms; the
-    // logit scale's gradient is the same on every micro-step and rank.
-    const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E); text first, as CLIP::logits
+    // scale's gradient is the same on every micro-step and rank.
+    const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E); text first, as logits()
     const Tensor img = model_->encode_image(b.at("images"));                // (B, E)
     const Tensor dots = fn::add(fn::sum_all(fn::mul(img, img_grad_[size_t(micro)])),
                                 fn::sum_all(fn::mul(txt, txt_grad_[size_t(micro)])));  // ()
     const Tensor surrogate =
-        fn::add(fn::mul_scalar(dots, double(split_)), fn::mul_scalar(model_->logit_scale, scale_grad_));
+        fn::add(fn::mul_scalar(dots, double(split_)), fn::mul_scalar(model_->scale_parameter(), scale_grad_));
     return {surrogate, global_loss_};
   }
   void after_update(const nn::NamedTensors& master) override {
+    // the scale kept in the model's range (CLIP: logit_scale in [0, ln 100]; ALIGN: temperature >= 0.01)
     for (auto [name, p] : master) {
-      if (name != "logit_scale" || p.numel() == 0) continue;
-      const double s = p.item();
-      if (s > kMaxLogitScale)
-        p.fill_(kMaxLogitScale);
-      else if (s < 0.0)
-        p.fill_(0.0);
+      if (name != model_->scale_name() || p.numel() == 0) continue;
+      const double s = p.item(), c = model_->clamp_scale(s);
+      if (c != s) p.fill_(c);
     }
   }
   nlohmann::json train_fields(const Metrics& m, int64_t step) const override {
     nlohmann::json j{{"epoch", data_.epoch(step - 1)}};
     // ZeRO-3 keeps the scale sharded between steps: not logged then
-    if (model_->logit_scale.materialized()) j["logit_scale"] = model_->logit_scale.item();
+    if (model_->scale_parameter().materialized()) j[model_->scale_name()] = model_->scale_parameter().item();
     return j;
   }
   std::string train_progress(const Metrics& m, int64_t step) const override {
@@ -186,29 +206,58 @@ class ContrastiveTask : public Task {
     const int64_t correct = argmax_hits(fn::matmul(img, class_embeds_, false, true), b.at("labels"));  // (m, K)
     // the contrastive loss of this chunk's (image, caption) pairs
     const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (m, E)
-    m.add("loss_sum", model_->contrastive_loss_from_logits(model_->logits_from_embeds(img, txt)).item() * double(b.rows));
+    const Tensor logits = model_->logits_from_embeds(img, txt);            // (m, m)
+    m.add("loss_sum", model_->contrastive_loss_from_logits(logits).item() * double(b.rows));
     m.add("correct", double(correct));
     m.add("images", double(b.rows));
+    // class-level retrieval within the chunk: a hit when one of the K best is of the query's class
+    const std::vector<float> sim = logits.to(DType::F32).contiguous().to_vector();
+    const std::vector<int64_t> cls = b.at("labels").to_vector_i64();
+    const int64_t n = b.rows;
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    for (int dir = 0; dir < 2; ++dir) {  // 0: image -> text (rows), 1: text -> image (columns)
+      for (int64_t q = 0; q < n; ++q) {
+        auto at = [&](int64_t c) { return dir == 0 ? sim[size_t(q * n + c)] : sim[size_t(c * n + q)]; };
+        for (int64_t c = 0; c < n; ++c) order[size_t(c)] = c;
+        const int64_t top = std::min<int64_t>(n, kRecallAt.back());
+        std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int64_t x, int64_t y) {
+          return at(x) > at(y) || (at(x) == at(y) && x < y);  // ties to the lower index
+        });
+        for (int64_t k : kRecallAt) {
+          bool hit = false;
+          for (int64_t i = 0; i < std::min(k, n) && !hit; ++i) hit = cls[size_t(order[size_t(i)])] == cls[size_t(q)];
+          if (hit) m.add(recall_key(dir, k), 1.0);
+        }
+      }
+    }
   }
-  std::vector<std::string> eval_metric_keys() const override { return {"loss_sum", "correct", "images"}; }
+  std::vector<std::string> eval_metric_keys() const override {
+    std::vector<std::string> k{"loss_sum", "correct", "images"};
+    for (int dir = 0; dir < 2; ++dir)
+      for (int64_t at : kRecallAt) k.push_back(recall_key(dir, at));
+    return k;
+  }
   nlohmann::json eval_fields(const Metrics& m) const override {
     const double n = m.get("images");
-    return {{"val_loss", n > 0 ? m.get("loss_sum") / n : 0.0},
-            {"zero_shot_accuracy", n > 0 ? m.get("correct") / n : 0.0},
-            {"test_images", int64_t(n)}};
+    nlohmann::json j{{"val_loss", n > 0 ? m.get("loss_sum") / n : 0.0},
+                     {"zero_shot_accuracy", n > 0 ? m.get("correct") / n : 0.0},
+                     {"test_images", int64_t(n)}};
+    for (int dir = 0; dir < 2; ++dir)
+      for (int64_t at : kRecallAt) j[recall_key(dir, at)] = n > 0 ? m.get(recall_key(dir, at)) / n : 0.0;
+    return j;
   }
   std::string eval_line(const Metrics& m) const override {
     const double n = m.get("images");
     return fmt::format("zero-shot test accuracy: {:.2f}% ({}/{}) over the 10 class captions | test-pair contrastive "
-                       "loss {:.4f}",
+                       "loss {:.4f} | {}",
                        n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
-                       n > 0 ? m.get("loss_sum") / n : 0.0);
+                       n > 0 ? m.get("loss_sum") / n : 0.0, recall_text(m));
   }
   std::string final_line(const Metrics& m) const override {
     const double n = m.get("images");
-    return fmt::format("final zero-shot test accuracy: {:.2f}% ({}/{}) | test-pair contrastive loss {:.4f}",
+    return fmt::format("final zero-shot test accuracy: {:.2f}% ({}/{}) | test-pair contrastive loss {:.4f} | {}",
                        n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
-                       n > 0 ? m.get("loss_sum") / n : 0.0);
+                       n > 0 ? m.get("loss_sum") / n : 0.0, recall_text(m));
   }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
     const int64_t B = rows > 0 ? rows : r_.train.batch_size, ctx = tok_.max_length();
@@ -232,7 +281,7 @@ class ContrastiveTask : public Task {
 
  private:
   Recipe r_;
-  std::unique_ptr<models::CLIP> model_;
+  std::unique_ptr<models::DualEncoder> model_;
   data::CaptionTokenizer tok_;
   FashionMnistData data_;
   int64_t cached_step_ = -1, cached_global_ = 0;
@@ -247,7 +296,7 @@ class ContrastiveTask : public Task {
 
 }  // namespace
 
-std::unique_ptr<Task> contrastive_task(const Recipe& r, std::unique_ptr<models::CLIP> model) {
+std::unique_ptr<Task> contrastive_task(const Recipe& r, std::unique_ptr<models::DualEncoder> model) {
   return std::make_unique<ContrastiveTask>(r, std::move(model));
 }
 
