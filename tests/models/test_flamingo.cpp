@@ -4,7 +4,7 @@
 // images): IDEFICS-layout names and shapes; logits and loss within 1e-5 and every trainable
 // gradient within 1e-4 (max|a - b| / max|b| per tensor), for only_attend_immediate_media true
 // (GELU) and false (ReLU); frozen parameters get no gradient and are bitwise unchanged by AdamW
-// steps; at gates 0 the logits are bitwise the LM's (and GPT's on text); the media mask (tokens
+// steps; bf16 autocast; at gates 0 the logits are bitwise the LM's (and GPT's on text); the media mask (tokens
 // before any image unaffected by images, immediate vs all previous); recompute invariance; a
 // save -> load round trip under the names; Brigade-saved weights loaded into the reference give
 // the same loss (when /usr/bin/python3 has torch); fn::tanh and fn::concat against finite
@@ -20,6 +20,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/ext_flamingo.h"
 #include "brigade/ckpt/safetensors.h"
@@ -247,6 +248,29 @@ TEST_F(FlamingoParity, RefBackendGivesTheSameLoss) {
   EXPECT_LT(rel_err(m.loss(images_, ids_, targets_), r_.get("loss")), 1e-5);
 }
 
+TEST_F(FlamingoParity, RunsUnderAutocastWithF32Gradients) {
+  // bf16 autocast (O1: GEMMs in bf16; O2: also the rest the table allows): the loss stays near
+  // the f32 reference and every trainable parameter gets an f32 gradient, the frozen ones none.
+  for (amp::Level level : {amp::Level::O1, amp::Level::O2}) {
+    models::Flamingo m(cfg_);
+    load(m);
+    Tensor loss;
+    {
+      amp::AutocastScope scope(amp::Policy{level, DType::BF16});
+      loss = m.loss(images_, ids_, targets_);
+    }
+    EXPECT_EQ(loss.dtype(), DType::F32);
+    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
+    autograd::backward(loss);
+    for (auto& [name, p] : m.named_parameters()) {
+      EXPECT_EQ(p.grad().defined(), p.requires_grad()) << name;
+      if (p.requires_grad()) {
+        EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
+      }
+    }
+  }
+}
+
 TEST_F(FlamingoParity, RecomputeGivesBitwiseTheSameGradients) {
   auto grads = [&](nn::Recompute mode) {
     models::Flamingo m(cfg_);
@@ -359,10 +383,11 @@ TEST_F(FlamingoParity, TokensSeeOnlyTheirMedia) {
     const Tensor y1 = xa.forward(x, media2, mm.additive(L), mm.has_media());
     for (int64_t t = 0; t < 12; ++t) {
       const bool sees_image0 = t >= 2 && (t < 6 || !immediate);
-      if (sees_image0)
+      if (sees_image0) {
         EXPECT_NE(row(y0, 0, t), row(y1, 0, t)) << "immediate " << immediate << " t " << t;
-      else
+      } else {
         EXPECT_EQ(row(y0, 0, t), row(y1, 0, t)) << "immediate " << immediate << " t " << t;
+      }
       if (t < 2) {  // no media: exactly 0
         for (float v : row(y0, 0, t)) EXPECT_EQ(v, 0.f);
       }
@@ -388,10 +413,11 @@ TEST_F(FlamingoParity, TrainingLeavesFrozenParametersBitwiseUnchanged) {
   const auto now = m.named_parameters();
   for (size_t i = 0; i < now.size(); ++i) {
     const bool same = bitwise_equal(now[i].second, before[i].second);
-    if (now[i].second.requires_grad())
+    if (now[i].second.requires_grad()) {
       EXPECT_FALSE(same) << now[i].first << " did not train";
-    else
+    } else {
       EXPECT_TRUE(same) << "frozen " << now[i].first << " changed";
+    }
   }
 }
 

@@ -64,6 +64,9 @@
 // Frozen parameters (vision_model.*, transformer.* but the additional embedding) have
 // requires_grad false (nn/lora.h's mechanism): no gradient, no optimizer state; they are
 // ordinary MemTag::Params tensors, so memory accounting counts them.
+// Blocks (nn::Block, reached by plans through nn::find_blocks): the vision layers, the resampler
+// blocks, the gated blocks, the LM blocks, listed in that (registration) order; the forward
+// interleaves the gated and LM blocks, which a ZeRO-3 prefetch order would have to follow.
 //
 // The attentions here are compositions of fn::matmul / softmax (their q and k lengths differ
 // and the media mask is per query), not the tiled attention op; a fused masked cross-attention
