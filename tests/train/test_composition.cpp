@@ -1,8 +1,8 @@
 // The composition matrix: every optimization module with every model type, through the one
-// trainer. For GPT, LLaMA, BERT, ViT, ResNet, Swin and CLIP at tiny sizes (the `brigade` binary,
+// trainer. For GPT, LLaMA, BERT, ViT, ResNet, Swin, CLIP and ALIGN at tiny sizes (the `brigade` binary,
 // one thread per process, under mpirun where the case needs two ranks):
 //   - data parallelism: dp 2 with ZeRO 0, 1, 2 and 3 gives the one-process losses (train and val)
-//     within 1e-5 relative over 10 steps at the same global batch. BatchNorm (ResNet) under the
+//     within 1e-5 relative over 10 steps at the same global batch. BatchNorm (ResNet, ALIGN) under the
 //     default per-rank rule normalises each rank's rows alone, so dp 2 equals one process with
 //     accumulation 2 (each micro-batch normalised alone: train losses; val differs through the
 //     running statistics, which are rank 0's); with parallel.sync_batchnorm it equals one process

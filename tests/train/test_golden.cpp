@@ -9,7 +9,8 @@
 // dropout generator started following the trainer's per-step seeding rule (a stream per
 // (seed, step, replica), so resume and any dp split need no saved per-rank state; before,
 // only the language models did); bert-nodrop and vit-nodrop, the same recipes without
-// dropout, are the pre-merge captures and stay bitwise.
+// dropout, are the pre-merge captures and stay bitwise. align was captured when ALIGN arrived,
+// after the merge (a pin against later changes, not a pre-merge capture).
 // Records are matched by (step, kind): kind "eval" holds val_loss, "early_stop" the stop
 // record, "train" the rest; a record may gain fields, never lose or change one.
 // oneDNN is held to AVX512_CORE_BF16 (the ISA of the machine that captured them), so a CPU with
@@ -118,7 +119,7 @@ TEST_P(Golden, MetricsBitwiseUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Golden,
                          ::testing::Values("gpt-base", "gpt-mixed", "gpt-fp16", "gpt-early", "llama", "bert", "vit",
-                                           "resnet18", "resnet50", "swin", "clip", "bert-nodrop", "vit-nodrop"),
+                                           "resnet18", "resnet50", "swin", "clip", "align", "bert-nodrop", "vit-nodrop"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string s = p.param;
                            for (char& c : s)
