@@ -1025,11 +1025,16 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y) {
   return gx;
 }
 
-// ---------------------------------------------------------------- sigmoid
+// ---------------------------------------------------------------- sigmoid, reciprocal
 
-Tensor sigmoid(const Tensor& x) {
-  check_float(x, "sigmoid", "x");
-  if (is_half(x)) return round_to(sigmoid(f32_of(x)), x.dtype());
+namespace {
+
+// y = f(x) elementwise on f32 (16-bit inputs widened and the result rounded once): the cpu
+// backend's loop (OpenMP over large tensors) or the reference kernel.
+template <class Cpu, class Ref>
+Tensor unary_f32(const Tensor& x, const char* op, Cpu cpu, Ref ref) {
+  check_float(x, op, "x");
+  if (is_half(x)) return round_to(unary_f32(f32_of(x), op, cpu, ref), x.dtype());
   const Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // x's shape
   const int64_t n = x.numel();
@@ -1037,70 +1042,53 @@ Tensor sigmoid(const Tensor& x) {
   float* yp = y.data<float>();
   if (on_cpu()) {
 #pragma omp parallel for schedule(static) if (n > (1 << 15))
-    for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / (1.0f + std::exp(-xp[i]));
+    for (int64_t i = 0; i < n; ++i) yp[i] = cpu(xp[i]);
   } else {
-    vr::sigmoid<float>(n, xp, yp);
+    ref(n, xp, yp);
   }
   return y;
+}
+
+// gx = f(gy, y) elementwise, for backwards that read the output.
+template <class Cpu, class Ref>
+Tensor unary_backward_f32(const Tensor& gy, const Tensor& y, const char* op, Cpu cpu, Ref ref) {
+  check_float(gy, op, "gy");
+  check_float(y, op, "y");
+  BRIGADE_CHECK(gy.shape() == y.shape(), ShapeError, "{}: gy {} and y {} must have the same shape", op,
+                shape_str(gy.shape()), shape_str(y.shape()));
+  if (is_half(gy) || is_half(y)) return round_to(unary_backward_f32(f32_of(gy), f32_of(y), op, cpu, ref), gy.dtype());
+  const Tensor gc = gy.contiguous(), yc = y.contiguous();
+  Tensor gx = Tensor::empty(y.shape());  // y's shape
+  const int64_t n = y.numel();
+  const float *gp = gc.data<float>(), *yp = yc.data<float>();
+  float* gxp = gx.data<float>();
+  if (on_cpu()) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
+    for (int64_t i = 0; i < n; ++i) gxp[i] = cpu(gp[i], yp[i]);
+  } else {
+    ref(n, gp, yp, gxp);
+  }
+  return gx;
+}
+
+}  // namespace
+
+Tensor sigmoid(const Tensor& x) {
+  return unary_f32(x, "sigmoid", [](float v) { return 1.0f / (1.0f + std::exp(-v)); }, vr::sigmoid<float>);
 }
 
 Tensor sigmoid_backward(const Tensor& gy, const Tensor& y) {
-  check_float(gy, "sigmoid_backward", "gy");
-  check_float(y, "sigmoid_backward", "y");
-  BRIGADE_CHECK(gy.shape() == y.shape(), ShapeError, "sigmoid_backward: gy {} and y {} must have the same shape",
-                shape_str(gy.shape()), shape_str(y.shape()));
-  if (is_half(gy) || is_half(y)) return round_to(sigmoid_backward(f32_of(gy), f32_of(y)), gy.dtype());
-  const Tensor gc = gy.contiguous(), yc = y.contiguous();
-  Tensor gx = Tensor::empty(y.shape());  // y's shape
-  const int64_t n = y.numel();
-  const float *gp = gc.data<float>(), *yp = yc.data<float>();
-  float* gxp = gx.data<float>();
-  if (on_cpu()) {
-#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
-    for (int64_t i = 0; i < n; ++i) gxp[i] = gp[i] * yp[i] * (1.0f - yp[i]);
-  } else {
-    vr::sigmoid_backward<float>(n, gp, yp, gxp);
-  }
-  return gx;
+  return unary_backward_f32(gy, y, "sigmoid_backward", [](float g, float v) { return g * v * (1.0f - v); },
+                            vr::sigmoid_backward<float>);
 }
 
-// ---------------------------------------------------------------- reciprocal
-
 Tensor reciprocal(const Tensor& x) {
-  check_float(x, "reciprocal", "x");
-  if (is_half(x)) return round_to(reciprocal(f32_of(x)), x.dtype());
-  const Tensor xc = x.contiguous();
-  Tensor y = Tensor::empty(x.shape());  // x's shape
-  const int64_t n = x.numel();
-  const float* xp = xc.data<float>();
-  float* yp = y.data<float>();
-  if (on_cpu()) {
-#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
-    for (int64_t i = 0; i < n; ++i) yp[i] = 1.0f / xp[i];
-  } else {
-    vr::reciprocal<float>(n, xp, yp);
-  }
-  return y;
+  return unary_f32(x, "reciprocal", [](float v) { return 1.0f / v; }, vr::reciprocal<float>);
 }
 
 Tensor reciprocal_backward(const Tensor& gy, const Tensor& y) {
-  check_float(gy, "reciprocal_backward", "gy");
-  check_float(y, "reciprocal_backward", "y");
-  BRIGADE_CHECK(gy.shape() == y.shape(), ShapeError, "reciprocal_backward: gy {} and y {} must have the same shape",
-                shape_str(gy.shape()), shape_str(y.shape()));
-  if (is_half(gy) || is_half(y)) return round_to(reciprocal_backward(f32_of(gy), f32_of(y)), gy.dtype());
-  const Tensor gc = gy.contiguous(), yc = y.contiguous();
-  Tensor gx = Tensor::empty(y.shape());  // y's shape
-  const int64_t n = y.numel();
-  const float *gp = gc.data<float>(), *yp = yc.data<float>();
-  float* gxp = gx.data<float>();
-  if (on_cpu()) {
-#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
-    for (int64_t i = 0; i < n; ++i) gxp[i] = -(gp[i] * yp[i] * yp[i]);
-  } else {
-    vr::reciprocal_backward<float>(n, gp, yp, gxp);
-  }
-  return gx;
+  return unary_backward_f32(gy, y, "reciprocal_backward", [](float g, float v) { return -(g * v * v); },
+                            vr::reciprocal_backward<float>);
 }
 
 // ---------------------------------------------------------------- spatial mean
