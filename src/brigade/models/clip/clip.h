@@ -179,7 +179,7 @@ class CLIP : public DualEncoder {
   double clamp_scale(double s) const override { return s > kMaxLogitScale ? kMaxLogitScale : (s < 0.0 ? 0.0 : s); }
   int64_t embed_dim() const override { return cfg_.projection_dim; }
   std::string describe() const override;
-  static constexpr double kMaxLogitScale = 4.605170185988091;  // ln 100
+  static inline const double kMaxLogitScale = std::log(100.0);
   // Zero-shot classification: argmax over K classes of image_embeds @ class_text_embeds^T
   // (class_text_embeds (K, E), e.g. encode_text of one prompt per class); returns (N) i64.
   // Runs without recording; ties pick the lowest class id.
