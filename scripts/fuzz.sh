@@ -6,7 +6,8 @@
 # grown in build-fuzz/corpus/<target>, not in the repo) and prints libFuzzer's final stats line
 # (executions, coverage). An input that crashes, leaks, trips a sanitizer or lets an exception
 # other than brigade::Error escape is a finding: it is copied into tests/fuzz/corpus/<target>/
-# as crash-<sha1>, which the test command then replays for good (commit it with the fix).
+# as <kind>-<sha1> (libFuzzer's kind: crash, timeout, leak, oom), which the test command then
+# replays for good (commit it with the fix).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET="${1:-600}"
@@ -45,7 +46,8 @@ for t in "${TARGETS[@]}"; do
     echo "fuzz.sh: fuzz_$t found a failing input (build-fuzz/fuzz_$t.log); kept as a regression input:"
     for f in "$art"*; do
       [ -f "$f" ] || continue
-      dst="tests/fuzz/corpus/$t/crash-$(sha1sum "$f" | cut -c1-12)"
+      kind="$(basename "$f" | cut -d- -f1)"  # libFuzzer's crash / timeout / leak / oom
+      dst="tests/fuzz/corpus/$t/$kind-$(sha1sum "$f" | cut -c1-12)"
       cp "$f" "$dst" && echo "  $dst"
     done
   fi

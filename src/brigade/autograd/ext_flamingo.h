@@ -2,7 +2,7 @@
 // its conventions. tanh records one node on the existing raw op ops::tanh (its op-harness case
 // is in tests/ops/test_ops.cpp); concat only moves values (a copy into two slices of a fresh
 // tensor), so it needs no raw op of its own. Their rules are checked against finite
-// differences in tests/models/test_ext_flamingo.cpp.
+// differences in tests/models/test_flamingo.cpp.
 #pragma once
 #include "brigade/autograd/functions.h"
 

@@ -72,7 +72,7 @@
 // and the media mask is per query), not the tiled attention op; a fused masked cross-attention
 // kernel would be the fast version. No dropout.
 // Parity: tests/reference/flamingo_ref.py (plain PyTorch, same names) and
-// tests/models/test_ext_flamingo.cpp.
+// tests/models/test_flamingo.cpp.
 #pragma once
 #include <string>
 #include <vector>
