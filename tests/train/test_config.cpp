@@ -256,6 +256,33 @@ std::string parse_error(const char* text, const std::vector<std::string>& sets) 
 }
 }  // namespace
 
+TEST(Recipe, AlignStagesAreParsedOrRefusedNamingTheKey) {
+  const char* base = "[model]\ntype = \"align\"\nn_embd = 32\nn_head = 2\n[data]\ncorpus = \"fashion-mnist\"\n";
+  EXPECT_EQ(parse_error(base, {}), "");
+  EXPECT_EQ(parse_error(base, {"model.stages=r2_k3_s22_e4_i32_o24_se0.25, r1_k5_s1_e6_i24_o40"}), "");
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"model.stages=r1_k3_s3_e1_i32_o16", "strides[0] = 3"},
+      {"model.stages=r1_k3_x1_e1_i32_o16", "\"x1\" in block"},
+      {"model.stages=r1_k3_e1_i32_o16", "lacks s<...>"},
+      {"model.stages=r1.5_k3_s1_e1_i32_o16", "r must be a whole number"},
+      {"model.stages=r1_k3_s1_e1_i32_o16_se0.5", "one squeeze_expansion_ratio"},
+      {"model.stages=r1_k3_s1_e1_i32_o16,,r1_k3_s1_e1_i16_o16", "an empty block"},
+      {"model.stages=r1_k3_s1_e1_i32_o16, r1_k3_s1_e1_i24_o16", "in_channels[1] = 24"},
+      {"model.depthwise_padding=x", "model.depthwise_padding"},
+      {"model.projection_dim=50", "projection_dim 50"},
+      {"model.width_coefficient=0", "width_coefficient"},
+  };
+  for (const auto& [set, needle] : bad) {
+    const std::string e = parse_error(base, {set});
+    EXPECT_NE(e.find(needle), std::string::npos) << set << " -> " << e;
+    EXPECT_NE(e.find("p.toml"), std::string::npos) << e;  // names the recipe
+  }
+  // a key only ALIGN reads is refused on another model
+  EXPECT_NE(parse_error("[model]\ntype = \"clip\"\n[data]\ncorpus = \"fashion-mnist\"\n", {"model.stages=r1_k3_s1_e1_i32_o16"})
+                .find("model.stages"),
+            std::string::npos);
+}
+
 TEST(Recipe, VisionKeysAreValidated) {
   const char* base = "[train]\nsteps = 10\n[schedule]\nwarmup_steps = 1\n";
   const std::vector<std::string> fm = {"data.corpus=fashion-mnist"};

@@ -449,11 +449,11 @@ double ALIGN::flops_per_pair() const {
 
 std::string ALIGN::describe() const {
   const AlignVisionConfig& v = cfg_.vision;
-  const std::vector<AlignBlockSpec> blocks = align_blocks(v);
+  const int64_t side = align_final_side(v);
   return fmt::format("ALIGN, EfficientNet image tower {} MBConv blocks in {} stages ({} -> {} channels, final map "
                      "{}x{}); BERT text tower {} layers x {}",
-                     blocks.size(), v.in_channels.size(), v.stem_channels(), v.embed_dim(), align_final_side(v),
-                     align_final_side(v), cfg_.text.num_hidden_layers, cfg_.text.hidden_size);
+                     align_blocks(v).size(), v.in_channels.size(), v.stem_channels(), v.embed_dim(), side, side,
+                     cfg_.text.num_hidden_layers, cfg_.text.hidden_size);
 }
 
 }  // namespace brigade::models
