@@ -92,6 +92,14 @@ TEST(Recipe, EveryShippedRecipeLoads) {
     // its config.json as `brigade export` writes it stands in, in a scratch working directory.
     std::ifstream in(e.path());
     const std::string text((std::istreambuf_iterator<char>(in)), {});
+    if (text.find("type = \"flamingo\"") != std::string::npos) {
+      // its towers are the checkpoints of two other shipped recipes' runs, not present here; its
+      // validation (which opens them) is tested in tests/train/test_flamingo_train.cpp
+      EXPECT_NE(text.find("vision_from = \"runs/clip-fashion/checkpoint\""), std::string::npos);
+      EXPECT_NE(text.find("lm_from = \"runs/gpt-kjv/checkpoint\""), std::string::npos);
+      EXPECT_EQ(e.path().stem().string().rfind("flamingo", 0), 0u);
+      continue;
+    }
     const Recipe raw = parse_recipe(text, e.path().string(), {}, /*resolve=*/false);
     const std::filesystem::path cwd = std::filesystem::current_path();
     std::filesystem::path scratch;
@@ -241,8 +249,9 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // lora.{r,alpha,dropout,target_modules,rslora,base_dtype}, data.{format,chat_template},
   // train.{loss_on,eval_at_start}, model.{rope_scaling,rope_scaling_factor,rope_low_freq_factor,
   // rope_high_freq_factor,rope_original_max_positions,tie_embeddings} (llama),
-  // model.{stages,width_coefficient,depth_coefficient,depthwise_padding} (align)
-  EXPECT_EQ(recipe_keys().size(), 117u);
+  // model.{stages,width_coefficient,depth_coefficient,depthwise_padding} (align),
+  // model.{vision_from,lm_from,resampler_depth,resampler_heads,resampler_latents,cross_attn_every_n_layers} (flamingo)
+  EXPECT_EQ(recipe_keys().size(), 123u);
 }
 
 namespace {
@@ -303,7 +312,7 @@ TEST(Recipe, VisionKeysAreValidated) {
   // a vision model with a text corpus, and image data with a language model
   EXPECT_NE(parse_error(base, {"model.type=vit"}).find("data.corpus = \"fashion-mnist\""), std::string::npos)
       << parse_error(base, {"model.type=vit"});
-  EXPECT_NE(parse_error(base, fm).find("trains on text; use an image model (vit, resnet18, resnet50, swin, clip, align)"),
+  EXPECT_NE(parse_error(base, fm).find("trains on text; use an image model (vit, resnet18, resnet50, swin, clip, align, flamingo)"),
             std::string::npos)
       << parse_error(base, fm);
   EXPECT_NE(parse_error(base, {"data.augment=true"}).find("data.augment"), std::string::npos);

@@ -68,6 +68,15 @@ struct ModelConfig {
   double width_coefficient = 1.0;    // channel multiplier (HF round_filters, divisor 8)
   double depth_coefficient = 1.0;    // repeat multiplier (ceil)
   std::string depthwise_padding = "";  // block indices whose stride-2 conv pads symmetrically, e.g. "4"
+  // flamingo (docs/models.md): the frozen towers are Brigade checkpoint directories, the vision
+  // tower a clip run's (its vision_model.*), the language model a gpt run's (its transformer.*);
+  // their shapes come from the checkpoints' recipes.
+  std::string vision_from = "";      // e.g. "runs/clip-fashion/checkpoint"
+  std::string lm_from = "";          // e.g. "runs/gpt-kjv/checkpoint"
+  int64_t resampler_depth = 2;       // Perceiver resampler layers
+  int64_t resampler_heads = 4;       // its heads (head width = the vision width / heads)
+  int64_t resampler_latents = 16;    // latents per image
+  int64_t cross_attn_every_n_layers = 1;  // a gated cross-attention block before LM layers 0, n, 2n, ...
   // Start from pretrained weights (docs/finetuning.md): a Hugging Face model directory (config.json
   // + safetensors; gpt and llama) or a Brigade checkpoint directory (recipe.toml + model.safetensors;
   // any model). The model's shape keys are then read from it; "" = train from scratch (run.seed).

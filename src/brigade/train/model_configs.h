@@ -5,6 +5,7 @@
 #include "brigade/models/bert/bert.h"
 #include "brigade/models/align/align.h"
 #include "brigade/models/clip/clip.h"
+#include "brigade/models/flamingo/flamingo.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 #include "brigade/models/resnet/resnet.h"
@@ -35,6 +36,11 @@ models::CLIPConfig clip_config(const ModelConfig& m, const data::CaptionTokenize
 // 8, squeeze_expansion_ratio 0.25, batch_norm_eps 1e-3, momentum 0.99) and drop_connect_rate 0;
 // projection_dim (0 = the image tower's pooled width). ConfigError naming the key otherwise.
 models::AlignConfig align_config(const ModelConfig& m, const data::CaptionTokenizer& tok);
+// The vision tower from model.vision_from's recipe (a clip checkpoint), the LM from model.lm_from's (a
+// gpt checkpoint; dropout 0), the resampler from resampler_depth, resampler_heads (head width =
+// vision width / heads), resampler_latents, MLP 4x; gated blocks every cross_attn_every_n_layers,
+// the LM's heads and head width, MLP 4x; init_std. ConfigError naming the key otherwise.
+models::FlamingoConfig flamingo_config(const Recipe& r);
 // The 28x28 image tower of recipes/align-fashion.toml (docs/models.md explains the choice).
 extern const char* const kAlignDefaultStages;
 

@@ -340,6 +340,24 @@ void validate_align(const Recipe& r, const Fail& fail) {
   }
 }
 
+void validate_flamingo(const Recipe& r, const Fail& fail) {
+  check_image_data(r, fail);
+  // the shapes come from the towers' checkpoints: the language-model shape keys must stay unset
+  const Recipe d;
+  const std::map<std::string, std::string> now = recipe_values(r), def = recipe_values(d);
+  for (const char* k : {"model.vocab_size", "model.block_size", "model.n_layer", "model.n_head", "model.n_embd",
+                        "model.layer_norm_eps", "train.seq_len"})
+    if (now.at(k) != def.at(k))
+      fail(fmt::format("{} = {}: a Flamingo's shapes come from model.vision_from and model.lm_from (and its sequences "
+                       "from its chunks); remove it",
+                       k, now.at(k)));
+  try {
+    flamingo_config(r);
+  } catch (const Error& e) {
+    fail(e.what());
+  }
+}
+
 void validate_custom(const Recipe&, const Fail&) {}  // the caller's model checks its own settings
 
 // ---------------------------------------------------------------- task factories
@@ -439,6 +457,13 @@ std::unique_ptr<Task> make_align_task(const Recipe& r) {
   return contrastive_task(r, std::move(align));
 }
 
+std::unique_ptr<Task> make_flamingo_task(const Recipe& r) {
+  auto model = std::make_unique<models::Flamingo>(flamingo_config(r));
+  seeded(*model, r);  // the resampler, gated blocks and new rows; the towers are replaced next
+  load_flamingo_towers(r, *model);
+  return flamingo_task(r, std::move(model));
+}
+
 // The optional model keys: each row lists those it reads; the others must keep their defaults.
 const std::vector<std::string_view>& optional_keys() {
   static const std::vector<std::string_view> k{
@@ -448,7 +473,8 @@ const std::vector<std::string_view>& optional_keys() {
       "model.num_classes", "model.in_channels",      "model.width",       "model.depths",     "model.window_size",
       "model.mlp_ratio",  "model.text_layers",       "model.text_heads",  "model.text_width", "model.projection_dim",
       "model.stages", "model.width_coefficient", "model.depth_coefficient", "model.depthwise_padding",
-      "data.mlm_probability", "data.augment"};
+      "model.vision_from", "model.lm_from", "model.resampler_depth", "model.resampler_heads",
+      "model.resampler_latents", "model.cross_attn_every_n_layers", "data.mlm_probability", "data.augment"};
   return k;
 }
 
@@ -507,6 +533,14 @@ const std::vector<ModelEntry>& model_registry() {
                      "model.depth_coefficient", "model.depthwise_padding"}),
        {.batch_norm = true},
        validate_align, make_align_task},
+      {"flamingo",
+       "Flamingo visual language model (frozen CLIP vision tower and GPT, Perceiver resampler, gated "
+       "cross-attention)",
+       DataKind::FashionMnist,
+       with(kImage, {"model.vision_from", "model.lm_from", "model.resampler_depth", "model.resampler_heads",
+                     "model.resampler_latents", "model.cross_attn_every_n_layers"}),
+       {},
+       validate_flamingo, make_flamingo_task},
   };
   return rows;
 }

@@ -1,9 +1,10 @@
-// The five tasks the model zoo trains through (task.h has the interface), each made from a model:
+// The six tasks the model zoo trains through (task.h has the interface), each made from a model:
 //   causal_lm_task            GPT, LLaMA: next-token cross-entropy on a prepared text corpus
 //   sft_task                  GPT, LLaMA: the same on JSONL samples, the loss on completions only
 //   masked_lm_task            BERT: masked-token cross-entropy (80/10/10 masking) on the same data
 //   image_classification_task ViT, ResNet, Swin, or any user model: cross-entropy on Fashion-MNIST
-//   contrastive_task          CLIP: symmetric InfoNCE over image-caption pairs, zero-shot evaluation
+//   contrastive_task          CLIP, ALIGN: a contrastive loss over image-caption pairs, zero-shot evaluation
+//   flamingo_task             Flamingo: captioning in interleaved image-text sequences, rank classification
 // A user's own model trains through them too (examples/custom_cnn builds an image-classification
 // task around a CNN that is not in the zoo), so the trainer's modules are reusable without editing
 // the engine.
@@ -18,6 +19,7 @@
 #include "brigade/models/bert/bert.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/clip/clip.h"
+#include "brigade/models/flamingo/flamingo.h"
 #include "brigade/train/task.h"
 
 namespace brigade::train {
@@ -106,5 +108,25 @@ int64_t argmax_hits(const Tensor& scores, const Tensor& labels);
 // in chunks of 500, and class-level retrieval recall@1/5/10 within each chunk (image -> text:
 // one of the K most similar captions is of the image's class; text -> image likewise).
 std::unique_ptr<Task> contrastive_task(const Recipe& r, std::unique_ptr<models::DualEncoder> model);
+
+// Flamingo (model.type "flamingo") on interleaved Fashion-MNIST sequences, its language model's
+// tokenizer (model.lm_from's). A training row is k demonstration chunks (k uniform in 0..3, drawn
+// from (run.seed, step, global row), their images uniform over the training split) and a query
+// chunk (the image of the classifier's global batch row), each `<image>{class phrase}<|endofchunk|>`
+// with the phrase data::class_phrase's ("ankle boot"); every phrase token and `<|endofchunk|>` is a
+// target, `<image>` and padding are not (ignore -100). The loss is the mean over the micro-batch's
+// targets (micro-batches hold different counts: the trainer weights them).
+// Evaluation, on the TEST images (periodic: the first eval_batches x global batch; final: all
+// 10,000), split over ranks: rank classification, the class whose `{phrase}<|endofchunk|>` has the
+// highest log-likelihood after the query's `<image>` (ties: the lowest class): 0-shot; 4-shot (four
+// demonstration chunks of training images drawn from (run.seed, query index) before it); and two
+// controls by the same code, 0-shot with every gate forced to 0 (the frozen LM) and with the query
+// images shuffled (a seeded permutation of the evaluated images). val_loss: the correct caption's
+// mean loss per token, 0-shot.
+std::unique_ptr<Task> flamingo_task(const Recipe& r, std::unique_ptr<models::Flamingo> model);
+// Copies the frozen towers' weights into `model`: vision_model.* from model.vision_from's
+// model.safetensors, transformer.* (but the new tokens' rows) from model.lm_from's; ConfigError
+// naming the key for a missing tensor or a shape that differs.
+void load_flamingo_towers(const Recipe& r, models::Flamingo& model);
 
 }  // namespace brigade::train

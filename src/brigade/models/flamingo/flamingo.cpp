@@ -385,18 +385,36 @@ Tensor Flamingo::media_latents(const Tensor& images) const {
 }
 
 Tensor Flamingo::run(const Tensor& images, const Tensor& ids, bool gated, bool check_images) const {
+  return run_media(images, Tensor(), ids, gated, check_images);
+}
+
+Tensor Flamingo::forward_from_latents(const Tensor& latents, const Tensor& ids) const {
+  BRIGADE_CHECK(!latents.defined() || latents.dim() == 3, ShapeError,
+                "Flamingo.forward_from_latents: latents must be (N, L, Dv), got {}", shape_str(latents.shape()));
+  return F::reshape(run_media(Tensor(), latents, ids, !gates_forced_zero_, true),
+                    {ids.size(0), ids.size(1), cfg_.vocab_size()});
+}
+
+Tensor Flamingo::hidden_from_latents(const Tensor& latents, const Tensor& ids) const {
+  BRIGADE_CHECK(!latents.defined() || latents.dim() == 3, ShapeError,
+                "Flamingo.hidden_from_latents: latents must be (N, L, Dv), got {}", shape_str(latents.shape()));
+  return run_media(Tensor(), latents, ids, !gates_forced_zero_, true, /*head=*/false);
+}
+
+Tensor Flamingo::run_media(const Tensor& images, const Tensor& latents, const Tensor& ids, bool gated,
+                           bool check_images, bool head) const {
   const MediaMask mm = MediaMask::build(ids, cfg_.image_token_id(), cfg_.only_attend_immediate_media);
   const int64_t B = mm.B, T = mm.T, C = cfg_.lm.n_embd;
   BRIGADE_CHECK(T >= 1 && T <= cfg_.lm.block_size, ShapeError,
                 "Flamingo.forward: sequence length {} must be in [1, lm.block_size = {}]", T, cfg_.lm.block_size);
-  const int64_t n_images = images.defined() ? images.size(0) : 0;
+  const int64_t n_images = latents.defined() ? latents.size(0) : images.defined() ? images.size(0) : 0;
   BRIGADE_CHECK(!check_images || n_images == mm.num_images, ShapeError,
                 "Flamingo.forward: ids hold {} <image> tokens (id {}) but {} images were given; pass one image per "
                 "<image> token",
                 mm.num_images, cfg_.image_token_id(), n_images);
   Tensor media, additive, has_media;
   if (gated && mm.num_images > 0) {
-    const Tensor lat = media_latents(images);  // (N, L, Dv)
+    const Tensor lat = latents.defined() ? latents : media_latents(images);  // (N, L, Dv)
     const int64_t N = lat.size(0), L = lat.size(1), Dv = lat.size(2);
     const Tensor per_seq = F::matmul(mm.select_matrix(), F::reshape(lat, {N, L * Dv}));  // (B*M, L*Dv), exact gather
     media = F::reshape(per_seq, {B, mm.M * L, Dv});                                       // (B, M*L, Dv)
@@ -412,7 +430,7 @@ Tensor Flamingo::run(const Tensor& images, const Tensor& ids, bool gated, bool c
     x = (*t.h)[size_t(i)].forward(x);  // (B, T, C)
   }
   x = F::reshape(t.ln_f->forward(x), {B * T, C});  // (B*T, C)
-  return t.wte->attend(x);                          // (B*T, V + 2)
+  return head ? t.wte->attend(x) : x;               // (B*T, V + 2) or (B*T, C)
 }
 
 Tensor Flamingo::forward(const Tensor& images, const Tensor& ids) const {

@@ -3,7 +3,7 @@
 // cross-attention blocks inserted before the layers of a frozen GPT-2 language model, and two
 // new tokens whose embedding rows train while the rest of the vocabulary stays frozen. The
 // layout follows Hugging Face's IDEFICS (IdeficsModel) and the masking OpenFlamingo
-// (Awadalla et al. 2023); the model part only: no task, recipe or registry row yet.
+// (Awadalla et al. 2023); trained by the Flamingo task (train/tasks/flamingo.cpp, model.type "flamingo").
 //
 // Parameter names (Brigade <- IDEFICS / OpenFlamingo):
 //   vision_model.*                 HF CLIPModel's vision tower, exactly as models::CLIP names it
@@ -255,6 +255,13 @@ class Flamingo : public nn::Module {
   // Mean cross-entropy of forward's logits against targets (B, T) aligned with them (the next
   // token, as GPT::loss takes them), ignore_index -100 (e.g. the `<image>` positions), 0-d.
   Tensor loss(const Tensor& images, const Tensor& ids, const Tensor& targets) const;
+  // forward with the media latents given (media_latents' output, one (L, Dv) per `<image>` token of
+  // ids in row-major order; undefined when ids hold none): an evaluation that scores several
+  // texts against one image resamples it once. Bitwise forward's result for those images.
+  Tensor forward_from_latents(const Tensor& latents, const Tensor& ids) const;
+  // The same without the head: the final LayerNorm's output (B*T, C), whose rows
+  // transformer->wte->attend turns into logits (an evaluation that needs a few positions' only).
+  Tensor hidden_from_latents(const Tensor& latents, const Tensor& ids) const;
   // The pieces: visual tokens (frozen tower, not recorded) and resampled latents.
   Tensor visual_tokens(const Tensor& images) const;  // (N, C, H, W) -> (N, 1 + P, Dv)
   Tensor media_latents(const Tensor& images) const;  // (N, C, H, W) -> (N, L, Dv)
@@ -280,6 +287,9 @@ class Flamingo : public nn::Module {
  private:
   // (B*T, V + 2); with check_images, one image per <image> token is required.
   Tensor run(const Tensor& images, const Tensor& ids, bool gated, bool check_images) const;
+  // run with either images or their latents (the other undefined).
+  Tensor run_media(const Tensor& images, const Tensor& latents, const Tensor& ids, bool gated,
+                   bool check_images, bool head = true) const;
   FlamingoConfig cfg_;
   bool gates_forced_zero_ = false;
   Generator gen_;  // the LM blocks' dropout generator (dropout is 0: never drawn from)

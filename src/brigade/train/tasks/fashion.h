@@ -66,6 +66,10 @@ class FashionMnistData {
     for (int64_t i = lo; i < hi; ++i) idx[size_t(i - lo)] = i;
     return test_->batch(idx);
   }
+  // Training images at `idx`, not augmented (Flamingo's demonstration chunks), and the split's size.
+  data::FashionMnist::Batch train_images(const std::vector<int64_t>& idx) const { return train_->batch(idx); }
+  int64_t train_size() const { return train_ ? train_->size() : 60000; }
+  data::FashionMnist::Batch test_images(const std::vector<int64_t>& idx) const { return test_->batch(idx); }
   // `rows` random images in [-1, 1) and labels in [0, 10), from `g`.
   static Tensor synthetic_images(Generator& g, int64_t rows, std::vector<int64_t>& labels) {
     Tensor images = Tensor::empty({rows, 1, 28, 28}, DType::F32);  // (rows, 1, 28, 28)
