@@ -388,13 +388,6 @@ Tensor Flamingo::run(const Tensor& images, const Tensor& ids, bool gated, bool c
   return run_media(images, Tensor(), ids, gated, check_images);
 }
 
-Tensor Flamingo::forward_from_latents(const Tensor& latents, const Tensor& ids) const {
-  BRIGADE_CHECK(!latents.defined() || latents.dim() == 3, ShapeError,
-                "Flamingo.forward_from_latents: latents must be (N, L, Dv), got {}", shape_str(latents.shape()));
-  return F::reshape(run_media(Tensor(), latents, ids, !gates_forced_zero_, true),
-                    {ids.size(0), ids.size(1), cfg_.vocab_size()});
-}
-
 Tensor Flamingo::hidden_from_latents(const Tensor& latents, const Tensor& ids) const {
   BRIGADE_CHECK(!latents.defined() || latents.dim() == 3, ShapeError,
                 "Flamingo.hidden_from_latents: latents must be (N, L, Dv), got {}", shape_str(latents.shape()));

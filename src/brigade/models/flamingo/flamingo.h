@@ -255,12 +255,10 @@ class Flamingo : public nn::Module {
   // Mean cross-entropy of forward's logits against targets (B, T) aligned with them (the next
   // token, as GPT::loss takes them), ignore_index -100 (e.g. the `<image>` positions), 0-d.
   Tensor loss(const Tensor& images, const Tensor& ids, const Tensor& targets) const;
-  // forward with the media latents given (media_latents' output, one (L, Dv) per `<image>` token of
-  // ids in row-major order; undefined when ids hold none): an evaluation that scores several
-  // texts against one image resamples it once. Bitwise forward's result for those images.
-  Tensor forward_from_latents(const Tensor& latents, const Tensor& ids) const;
-  // The same without the head: the final LayerNorm's output (B*T, C), whose rows
-  // transformer->wte->attend turns into logits (an evaluation that needs a few positions' only).
+  // forward's final LayerNorm output (B*T, C), before the head, with the media latents given
+  // (media_latents' output, one (L, Dv) per `<image>` token of ids in row-major order; undefined
+  // when ids hold none): an evaluation that scores several texts against one image resamples it
+  // once, and turns only the positions it needs into logits (transformer->wte->attend).
   Tensor hidden_from_latents(const Tensor& latents, const Tensor& ids) const;
   // The pieces: visual tokens (frozen tower, not recorded) and resampled latents.
   Tensor visual_tokens(const Tensor& images) const;  // (N, C, H, W) -> (N, 1 + P, Dv)
