@@ -141,7 +141,7 @@ inline Curve read_curve(const std::filesystem::path& metrics_jsonl) {
     if (j.contains("val_loss")) {
       c.val_loss[step] = j["val_loss"];
       c.val_text[step] = j["val_loss"].dump();
-    } else if (j.contains("loss")) {
+    } else if (j.contains("loss") && j["loss"].is_number()) {  // (a skipped non-finite step logs null)
       c.loss[step] = j["loss"];
       c.loss_text[step] = j["loss"].dump();
       c.records[step] = j;

@@ -16,6 +16,7 @@
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/cli/ablate.h"
 #include "brigade/cli/bench.h"
+#include "brigade/cli/supervise.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
 #include "brigade/train/finetune.h"
@@ -50,9 +51,11 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
   return 0;
 }
 
-int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, const train::TrainOptions& o,
-              bool dry_run, bool json) {
+int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, train::TrainOptions o,
+              bool dry_run, bool json, bool resume_if_any) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
+  BRIGADE_CHECK(!(resume_if_any && o.resume), ConfigError, "--resume-if-any and --resume: give one of them");
+  if (resume_if_any) o.resume = train::checkpoint_exists((fs::path(r.run.out_dir) / "checkpoint").string());
   BRIGADE_CHECK(!json || dry_run, ConfigError, "--json goes with --dry-run (the prediction as JSON); remove it");
   if (dry_run) {  // the plan's memory per category, without training or reading data (memory_plan.h)
     const std::string report = json ? train::dry_run_json(r).dump() + "\n" : train::dry_run_report(r);
@@ -163,6 +166,13 @@ int run(int argc, char** argv) {
   tr->add_option("recipe", recipe, "Recipe TOML file")->required();
   tr->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)");
   tr->add_flag("--resume", topts.resume, "Continue from <run.out_dir>/checkpoint");
+  bool resume_if_any = false;
+  int max_restarts = 0;
+  tr->add_flag("--resume-if-any", resume_if_any,
+               "Continue from <run.out_dir>/checkpoint when there is one, else start (for a launcher loop)");
+  tr->add_option("--max-restarts", max_restarts,
+                 "Restart training from the latest checkpoint up to N times after the process is killed (one "
+                 "process; not under mpirun)");
   tr->add_option("--stop-at", topts.stop_at, "Stop and checkpoint at this step (the schedule still spans train.steps)");
   tr->add_flag("--quiet", topts.quiet, "No progress output");
   tr->add_flag("--no-sample", no_sample, "Skip the text sample at the end");
@@ -247,7 +257,24 @@ int run(int argc, char** argv) {
     if (prep->parsed()) return finish(cmd_prepare(recipe, sets), "");
     if (tr->parsed()) {
       topts.sample = !no_sample;
-      return finish(cmd_train(recipe, sets, topts, dry_run, json), "");
+      if (max_restarts == 0 || dry_run) return finish(cmd_train(recipe, sets, topts, dry_run, json, resume_if_any), "");
+      const train::Recipe r = train::load_recipe(recipe, sets);
+      return cli::supervise(max_restarts, (fs::path(r.run.out_dir) / "checkpoint").string(),
+                            topts.resume || resume_if_any, [&](bool resume) {
+                              train::TrainOptions o = topts;
+                              o.resume = resume;
+                              // the child reports its own errors, as an unsupervised run does
+                              try {
+                                return finish(cmd_train(recipe, sets, o, false, json, false), "");
+                              } catch (const brigade::Error& e) {
+                                return finish(1, e.what());
+                              } catch (const std::bad_alloc&) {
+                                return finish(1, "out of memory; reduce train.batch_size, train.seq_len or the "
+                                                 "model size");
+                              } catch (const std::exception& e) {
+                                return finish(3, fmt::format("internal error: {} (please report this)", e.what()));
+                              }
+                            });
     }
     if (gen->parsed()) {
       if (greedy) so.top_k = 1;

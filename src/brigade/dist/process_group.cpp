@@ -31,6 +31,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/dist/limits.h"
+#include "brigade/dist/watchdog.h"
 
 namespace brigade::dist {
 
@@ -394,6 +395,7 @@ void Env::abort(int code) {
 }
 
 void Env::finalize() {
+  Watchdog::stop();  // its thread makes MPI calls
   if (g_initialized_by_us) {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -442,6 +444,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::world() {
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key) const {
+  const WatchScope watch("split", size_);  // parallel.timeout_s (watchdog.h)
   BRIGADE_CHECK(color >= 0, InternalError, "ProcessGroup::split: color must be >= 0, got {}", color);
   if (comm_ == nullptr) return std::shared_ptr<ProcessGroup>(new ProcessGroup(nullptr, false));
   MPI_Comm nc = MPI_COMM_NULL;
@@ -458,6 +461,7 @@ std::vector<int64_t> ProcessGroup::even_counts(int64_t n, int parts) {
 }
 
 void ProcessGroup::allreduce(float* data, int64_t n, AllreduceAlgo algo) {
+  const WatchScope watch("allreduce", size_);  // parallel.timeout_s (watchdog.h)
   BRIGADE_CHECK(n >= 0, InternalError, "allreduce: n = {} is negative", n);
   if (n == 0 || size_ == 1) return;
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
@@ -480,12 +484,14 @@ void ProcessGroup::allreduce(float* data, int64_t n, AllreduceAlgo algo) {
 }
 
 void ProcessGroup::allreduce(double* data, int64_t n) {
+  const WatchScope watch("allreduce", size_);  // parallel.timeout_s (watchdog.h)
   BRIGADE_CHECK(n >= 0, InternalError, "allreduce: n = {} is negative", n);
   if (n == 0 || size_ == 1) return;
   library_allreduce(Comm{as_comm(comm_), rank_, size_, bytes_sent_}, data, n, MPI_DOUBLE, sizeof(double), MPI_SUM);
 }
 
 void ProcessGroup::allreduce_max(double* data, int64_t n) {
+  const WatchScope watch("allreduce_max", size_);  // parallel.timeout_s (watchdog.h)
   BRIGADE_CHECK(n >= 0, InternalError, "allreduce_max: n = {} is negative", n);
   if (n == 0 || size_ == 1) return;
   library_allreduce(Comm{as_comm(comm_), rank_, size_, bytes_sent_}, data, n, MPI_DOUBLE, sizeof(double), MPI_MAX);
@@ -493,6 +499,7 @@ void ProcessGroup::allreduce_max(double* data, int64_t n) {
 
 void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
                                   AllreduceAlgo algo) {
+  const WatchScope watch("reduce_scatter", size_);  // parallel.timeout_s (watchdog.h)
   const auto [offs, total, mine, own_slot] = slot_layout(counts, size_, rank_, in, out, "reduce_scatter", "in", "out");
   if (size_ == 1) {
     if (!own_slot) std::memcpy(out, in, static_cast<size_t>(mine) * sizeof(float));
@@ -547,6 +554,7 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
 }
 
 void ProcessGroup::allgather(const float* in, float* out, const std::vector<int64_t>& counts) {
+  const WatchScope watch("allgather", size_);  // parallel.timeout_s (watchdog.h)
   const auto [offs, total, mine, in_place] = slot_layout(counts, size_, rank_, out, in, "allgather", "out", "in");
   if (!in_place) std::memcpy(out + offs[static_cast<size_t>(rank_)], in, static_cast<size_t>(mine) * sizeof(float));
   if (size_ == 1 || total == 0) return;
@@ -571,6 +579,7 @@ void ProcessGroup::allgather(const float* in, float* out, const std::vector<int6
 }
 
 void ProcessGroup::broadcast(void* data, int64_t bytes, int root) {
+  const WatchScope watch("broadcast", size_);  // parallel.timeout_s (watchdog.h)
   BRIGADE_CHECK(root >= 0 && root < size_, InternalError, "broadcast: root {} is not a rank of this {}-rank group",
                 root, size_);
   BRIGADE_CHECK(bytes >= 0, InternalError, "broadcast: bytes = {} is negative", bytes);
@@ -584,6 +593,7 @@ void ProcessGroup::broadcast(void* data, int64_t bytes, int root) {
 }
 
 void ProcessGroup::send(const void* data, int64_t bytes, int dst, int tag) {
+  const WatchScope watch("send", size_);  // parallel.timeout_s (watchdog.h)
   check_p2p("send", "destination", "send to", dst, tag, bytes, rank_, size_);
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
   send_pieces(c, data, bytes, MPI_BYTE, 1, dst, tag, g_limits.piece, /*at_least_one=*/true);
@@ -591,6 +601,7 @@ void ProcessGroup::send(const void* data, int64_t bytes, int dst, int tag) {
 }
 
 void ProcessGroup::recv(void* data, int64_t bytes, int src, int tag) {
+  const WatchScope watch("recv", size_);  // parallel.timeout_s (watchdog.h)
   check_p2p("recv", "source", "receive from", src, tag, bytes, rank_, size_);
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
   recv_pieces(c, data, bytes, MPI_BYTE, 1, src, tag, g_limits.piece, /*at_least_one=*/true);
@@ -615,6 +626,7 @@ void ProcessGroup::isend(const void* data, int64_t bytes, int dst, int tag) {
 }
 
 void ProcessGroup::wait_sends() {
+  const WatchScope watch("wait for sends", size_);  // parallel.timeout_s (watchdog.h)
   for (void* h : pending_) {
     MPI_Request req;
     std::memcpy(&req, &h, sizeof(req));
@@ -624,6 +636,7 @@ void ProcessGroup::wait_sends() {
 }
 
 void ProcessGroup::barrier() {
+  const WatchScope watch("barrier", size_);  // parallel.timeout_s (watchdog.h)
   if (size_ == 1) return;
   check_mpi(MPI_Barrier(as_comm(comm_)), "MPI_Barrier");
 }

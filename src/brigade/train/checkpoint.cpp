@@ -35,6 +35,7 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
                                                                          : nlohmann::json(nullptr)},
                     {"accumulation", state.accumulation_state},
                     {"loss_scaler", state.scaler_state}, {"optimizer_steps", state.optimizer_steps}};
+  if (!state.guard_state.empty()) js["step_guard"] = state.guard_state;
   if (state.early_stop.best_step > 0)
     js["early_stop"] = {{"best_step", state.early_stop.best_step},
                         {"best_val_loss", state.early_stop.best_val_loss},
@@ -119,6 +120,7 @@ TrainState checkpoint_state(const std::string& dir) {
     s.accumulation_state = js.value("accumulation", std::string());  // absent in older checkpoints
     s.scaler_state = js.value("loss_scaler", std::string());         // absent in older checkpoints
     s.optimizer_steps = js.value("optimizer_steps", int64_t(-1));     // absent in older checkpoints
+    s.guard_state = js.value("step_guard", std::string());            // absent: nothing to keep
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("checkpoint state {} is missing a field ({})", p.string(), e.what()));
   }

@@ -41,6 +41,7 @@ struct TrainState {
   EarlyStopState early_stop;    // train.early_stop: best so far and evaluations since (absent = none yet)
   std::string accumulation_state;  // adaptive accumulation (AccumulationPolicy::state); "" = none
   std::string scaler_state;     // loss scaler (amp::LossScaler::state); "" = none
+  std::string guard_state;      // non-finite / spike decisions (StepGuard::state); "" = none
   int64_t optimizer_steps = -1; // updates the optimizer made (< step when loss scaling skipped some);
                                 // -1 (absent in older checkpoints) = step
 };

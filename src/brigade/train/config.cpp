@@ -107,6 +107,9 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(train, ramp_steps, Int),
       BRIGADE_FIELD(train, noise_ema, Float),
       BRIGADE_FIELD(train, loss_on, String),
+      BRIGADE_FIELD(train, nonfinite, String),
+      BRIGADE_FIELD(train, spike_zscore, Float),
+      BRIGADE_FIELD(train, spike_window, Int),
       BRIGADE_FIELD(optim, name, String),
       BRIGADE_FIELD(optim, lr, Float),
       BRIGADE_FIELD(optim, weight_decay, Float),
@@ -128,6 +131,7 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(parallel, bucket_mb, Float),
       BRIGADE_FIELD(parallel, overlap, Bool),
       BRIGADE_FIELD(parallel, tp, Int),
+      BRIGADE_FIELD(parallel, timeout_s, Float),
       BRIGADE_FIELD(parallel, pp, Int),
       BRIGADE_FIELD(parallel, microbatches, Int),
       BRIGADE_FIELD(parallel, schedule, String),
@@ -509,6 +513,15 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
     fail(fmt::format("train.patience = {} must be >= 1 (evaluations without improvement before early stopping)",
                      r.train.patience));
   real(r.train.min_delta, "train.min_delta", ">= 0", "; use e.g. 0 (any decrease counts) or 0.01");
+  real(r.parallel.timeout_s, "parallel.timeout_s", ">= 0", " (0 = no watchdog); use e.g. 1800");
+  one_of(r.train.nonfinite, "train.nonfinite", "a non-finite step policy", {"stop", "skip", "rollback"});
+  real(r.train.spike_zscore, "train.spike_zscore", ">= 0", " (0 = off); use e.g. 5 (standard deviations)");
+  if (r.train.spike_window < 2)
+    fail(fmt::format("train.spike_window = {} must be >= 2 (steps of history for train.spike_zscore)",
+                     r.train.spike_window));
+  if (r.train.nonfinite == "rollback" && (r.parallel.tp > 1 || r.parallel.pp > 1))
+    fail("train.nonfinite = \"rollback\" is not supported with tensor or pipeline parallelism (parallel.tp / "
+         "parallel.pp > 1) yet; use \"skip\" or \"stop\"");
   if (r.train.early_stop && r.train.eval_every == 0)
     fail("train.early_stop = true needs periodic evaluations, but train.eval_every = 0 (only at the end); set "
          "train.eval_every to a positive period, e.g. 100");

@@ -120,6 +120,12 @@ struct TrainConfig {
   double noise_ema = 0.9;            // noise_scale: moving-average factor of the estimates
   std::string loss_on = "completion";  // data.format = "jsonl": "completion" (completions / assistant turns
                                        // only) | "all" (every token)
+  // A non-finite loss or gradient norm (train/step_guard.h): "stop" (an error naming the step) |
+  // "skip" (no update that step) | "rollback" (back to the last checkpoint, that step's batch skipped)
+  std::string nonfinite = "stop";
+  double spike_zscore = 0.0;         // skip a step whose loss or grad norm is this many standard deviations
+                                     // above the last spike_window steps' mean; 0 = off
+  int64_t spike_window = 100;        // steps of history for spike_zscore
   bool operator==(const TrainConfig&) const = default;
 };
 
@@ -166,6 +172,9 @@ struct ParallelConfig {
   // (torch DDP's default; rank 0's running statistics are kept), true = statistics over the whole
   // data-parallel group (torch.nn.SyncBatchNorm): dp ranks of B rows then equal one process of dp x B.
   bool sync_batchnorm = false;
+  // A collective that has not completed after this many seconds ends the job, naming the ranks
+  // that did not arrive (dist/watchdog.h; under mpirun with 2+ ranks). 0 = wait for ever.
+  double timeout_s = 1800.0;
   bool operator==(const ParallelConfig&) const = default;
 };
 

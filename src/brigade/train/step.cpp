@@ -111,7 +111,8 @@ void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType
 GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,
                              const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl,
                              const std::function<double(double)>& clip,
-                             const std::function<void(const nn::NamedTensors&)>& after_update) {
+                             const std::function<void(const nn::NamedTensors&)>& after_update,
+                             const std::function<bool(double)>& accept) {
   GradientStep out;
   // Loss scaling: unscale this rank's gradients (whole or ZeRO shards) with the Inf/NaN check
   // fused in; every rank agrees on the verdict, so all skip an overflowing step together.
@@ -135,6 +136,11 @@ GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, 
     opt.set_grad_scale(optim::clip_coefficient(out.grad_norm, t.grad_clip));
   } else {
     out.grad_norm = dp.clip_grad_norm(t.grad_clip);
+  }
+  if (accept && !accept(out.grad_norm)) {
+    out.rejected = true;
+    opt.set_grad_scale(1.0);  // a fused clip coefficient is for this step's gradients only
+    return out;
   }
   // then by value: elementwise, so on this rank's optimizer views (whole parameters or ZeRO shards)
   optim::clip_grad_value(dp.optimizer_params(), t.clip_value);

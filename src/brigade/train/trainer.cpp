@@ -22,6 +22,7 @@
 #include "brigade/data/text_tokenizer.h"
 #include "brigade/data/sampler.h"
 #include "brigade/dist/process_group.h"
+#include "brigade/dist/watchdog.h"
 #include "brigade/nn/layers.h"
 #include "brigade/nn/lora.h"
 #include "brigade/parallel/sync_batch_norm.h"
@@ -34,6 +35,7 @@
 #include "brigade/train/model_configs.h"
 #include "brigade/train/registry.h"
 #include "brigade/train/run_metrics.h"
+#include "brigade/train/step_guard.h"
 
 namespace brigade::train {
 
@@ -66,7 +68,8 @@ std::string resume_differences(const Recipe& saved, const Recipe& now, bool layo
   static const std::set<std::string> harmless{"run.name",         "run.out_dir",        "train.steps",
                                               "train.eval_every", "train.eval_batches", "train.log_every",
                                               "train.checkpoint_every", "train.early_stop", "train.patience",
-                                              "train.min_delta", "train.eval_at_start"};
+                                              "train.min_delta", "train.eval_at_start",
+                                              "train.nonfinite", "parallel.timeout_s"};
   const auto a = recipe_values(saved), b = recipe_values(now);
   std::string diff;
   for (const auto& [key, value] : b) {
@@ -96,27 +99,67 @@ void drop_eval_record(const fs::path& p, int64_t step) {
   for (const std::string& l : keep) out << l << '\n';
 }
 
-// Test hook (docs/distributed.md, docs/mixed-precision.md): BRIGADE_FAULT="<rank>:<step>:<kind>".
-// kill|raise: that rank dies (SIGKILL) or throws in the middle of that step, after its forward
-// pass; inf_grad|nan_grad: that rank's first gradient element becomes +Inf / NaN once the
-// step's gradients are complete (before loss-scaler unscaling and the optimizer).
+// Test hook (docs/distributed.md, docs/mixed-precision.md, docs/reliability.md):
+// BRIGADE_FAULT="<rank>:<step>:<kind>[@<attempt>],..." (one or more, comma-separated).
+// kill|raise|stop: that rank dies (SIGKILL), throws or stops (SIGSTOP) in the middle of that step,
+// after its forward pass; inf_grad|nan_grad: that rank's first gradient element becomes +Inf / NaN once the
+// step's gradients are complete (before loss-scaler unscaling and the optimizer); nan_loss /
+// big_loss: that rank's loss of the step is NaN / 1000 times what it is (the gradients
+// unchanged). "@n": only in attempt n (0 = the first start; each restart after a crash
+// (BRIGADE_ATTEMPT, set by --max-restarts) and each rollback counts one); without it, in every
+// attempt.
 struct Fault {
   int rank = -1;
   int64_t step = -1;
   std::string kind;
+  int attempt = -1;  // -1 = every attempt
 };
-Fault fault_from_env() {
-  Fault f;
+std::vector<Fault> faults_from_env() {
+  std::vector<Fault> out;
   const char* e = std::getenv("BRIGADE_FAULT");
-  if (!e) return f;
-  char kind[16] = {0};
-  long long step = -1;
-  if (std::sscanf(e, "%d:%lld:%15s", &f.rank, &step, kind) == 3) {
-    f.step = step;
-    f.kind = kind;
+  if (!e) return out;
+  const std::string all(e);
+  size_t pos = 0;
+  while (pos <= all.size()) {
+    size_t end = all.find(',', pos);
+    if (end == std::string::npos) end = all.size();
+    const std::string one = all.substr(pos, end - pos);
+    Fault f;
+    char kind[16] = {0};
+    long long step = -1;
+    int attempt = -1;
+    const int n = std::sscanf(one.c_str(), "%d:%lld:%15[a-z_]@%d", &f.rank, &step, kind, &attempt);
+    if (n >= 3) {
+      f.step = step;
+      f.kind = kind;
+      f.attempt = n == 4 ? attempt : -1;
+      out.push_back(f);
+    }
+    pos = end + 1;
   }
-  return f;
+  return out;
 }
+// The attempt this process starts as: restarts by --max-restarts so far.
+int attempt_from_env() {
+  const char* e = std::getenv("BRIGADE_ATTEMPT");
+  return e ? std::atoi(e) : 0;
+}
+
+// train.nonfinite = "rollback": thrown out of an attempt (every rank at the same step, the
+// decision is on global values) for train() to resume from the last checkpoint.
+struct RollbackRequest {
+  int64_t step;
+  std::string reason;
+};
+constexpr int kMaxRollbacks = 10;  // per process: beyond, the run stops (the checkpoint itself is bad)
+
+// What an attempt after a rollback carries over.
+struct Attempt {
+  int index = 0;                    // for BRIGADE_FAULT's "@n"
+  std::set<int64_t> rolled_back;    // steps whose batch the replay skips
+  int64_t from_step = 0;            // the rollback that led here (0: none)
+  std::string reason;
+};
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -132,7 +175,40 @@ TrainResult train(const Recipe& r, const TrainOptions& opts) {
   return train(r, opts, *task);
 }
 
+namespace {
+TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task, const Attempt& attempt);
+}  // namespace
+
 TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
+  // Hung collectives end the job naming the ranks that did not arrive (parallel.timeout_s)
+  const std::string no_watchdog = dist::Watchdog::start(r.parallel.timeout_s);
+  if (!no_watchdog.empty() && dist::Env::world_rank() == 0) fmt::print(stderr, "warning: {}\n", no_watchdog);
+  struct StopWatchdog {
+    ~StopWatchdog() { dist::Watchdog::stop(); }
+  } stop_watchdog;
+  Attempt attempt;
+  attempt.index = attempt_from_env();
+  TrainOptions o = opts;
+  for (int rollbacks = 0;; ++rollbacks) {
+    try {
+      return train_attempt(r, o, task, attempt);
+    } catch (const RollbackRequest& rb) {
+      BRIGADE_CHECK(rollbacks < kMaxRollbacks, ValueError,
+                    "{} at step {}, after {} rollbacks in this run: the checkpoint in {}/checkpoint itself leads to "
+                    "non-finite steps; lower optim.lr or resume from an earlier copy of the run",
+                    rb.reason, rb.step, kMaxRollbacks, r.run.out_dir);
+      attempt.rolled_back.insert(rb.step);
+      attempt.from_step = rb.step;
+      attempt.reason = rb.reason;
+      ++attempt.index;
+      o.resume = true;  // the last checkpoint (one at step 0 is written for this)
+    }
+  }
+}
+
+namespace {
+
+TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task, const Attempt& attempt) {
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
   std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
   const int rank = world->rank(), P = world->size();
@@ -300,6 +376,11 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   amp::LossScaler scaler(loss_scaler_options(r.precision));
   if (opts.resume) scaler.set_state(state.scaler_state);
   if (policy.level == amp::Level::O3) round_state_to_low(dp, *opt, policy.low);  // no fp32 master copy
+  // Non-finite and spiking steps (train.nonfinite, train.spike_*): decided on the global loss
+  // and gradient norm, so every rank agrees; its state travels in state.json.
+  StepGuard guard(r.train);
+  guard.set_state(state.guard_state);
+  for (int64_t s : attempt.rolled_back) guard.mark_rolled_back(s);
 
   const optim::Schedule sched = make_schedule(r);
   std::ofstream metrics;
@@ -369,6 +450,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     state.rng_state = task.dropout_generator() ? task.dropout_generator()->state() : std::string();
     state.accumulation_state = accumulation.state();
     state.scaler_state = scaler.state();
+    state.guard_state = guard.state();
     state.optimizer_steps = opt->steps();
     const std::string tmp = dir + ".tmp";
     if (exec->holds_shards()) {  // the whole model gathered on rank 0 (HF names); the optimizer state per rank of the mesh
@@ -421,7 +503,15 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     ctrl->barrier();
   };
 
-  const Fault fault = fault_from_env();
+  const std::vector<Fault> faults = faults_from_env();
+  // the fault of `kind` (one of kinds) at this rank, step and attempt, if any
+  auto fault_at = [&](int64_t step1, std::initializer_list<const char*> kinds) -> const Fault* {
+    for (const Fault& f : faults)
+      if (f.rank == rank && f.step == step1 && (f.attempt < 0 || f.attempt == attempt.index))
+        for (const char* k : kinds)
+          if (f.kind == k) return &f;
+    return nullptr;
+  };
   std::vector<double> step_times, step_rates, comm_waits;
   double last_loss = 0.0;
   TrainResult res;
@@ -438,7 +528,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   auto after_update = [&task](const nn::NamedTensors& master) { task.after_update(master); };
   // The model as it starts (a pretrained one's numbers before fine-tuning): the whole val set, as
   // the final evaluation sees it, recorded at step 0; not an early-stopping observation.
-  if (r.train.eval_at_start && state.step == 0) {
+  if (r.train.eval_at_start && state.step == 0 && !opts.resume) {
     const Metrics ev = evaluate(/*final=*/true);
     if (lead) {
       nlohmann::json j{{"step", 0}};
@@ -448,6 +538,18 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
       metrics.flush();
     }
     say(fmt::format("step {:>5}/{} | {} (before training)", 0, last_step, task.eval_line(ev)));
+  }
+  if (attempt.from_step > 0) {  // this attempt replays from the last checkpoint after a rollback
+    if (lead) {
+      metrics << nlohmann::json{{"step", state.step}, {"rollback_from", attempt.from_step}, {"reason", attempt.reason}}
+                     .dump()
+              << '\n';
+      metrics.flush();
+    }
+    say(fmt::format("step {}: {}: rolled back to the checkpoint at step {}; the replay skips step {}'s batch",
+                    attempt.from_step, attempt.reason, state.step, attempt.from_step));
+  } else if (r.train.nonfinite == "rollback" && !opts.resume) {
+    save(ckpt_dir);  // a checkpoint to go back to before the first periodic one
   }
   for (int64_t step = state.step; step < last_step; ++step) {
     const auto t0 = Clock::now();
@@ -494,14 +596,17 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
       const double weight = whole_step ? double(b.count) * double(acc * D) / global_count : 1.0;
       const double factor = (scaler.enabled() ? scaler.scale() : 1.0) * weight;
       loss_sum += exec->train_micro(task, b, m, factor, weight, policy, train_metrics, [&] {
-        if (fault.rank == rank && fault.step == step + 1 && fault.kind != "inf_grad" && fault.kind != "nan_grad") {
-          if (fault.kind == "kill") ::raise(SIGKILL);
-          throw ValueError(fmt::format("injected fault at step {} (BRIGADE_FAULT={}:{}:{})", step + 1, fault.rank,
-                                       fault.step, fault.kind));
+        if (const Fault* f = fault_at(step + 1, {"kill", "raise", "stop"})) {
+          if (f->kind == "kill") ::raise(SIGKILL);
+          if (f->kind == "stop") ::raise(SIGSTOP);  // a hung rank, for the watchdog
+          throw ValueError(fmt::format("injected fault at step {} (BRIGADE_FAULT={}:{}:{})", step + 1, f->rank,
+                                       f->step, f->kind));
         }
       });
     }
     micro.clear();
+    if (fault_at(step + 1, {"nan_loss"})) loss_sum = std::numeric_limits<double>::quiet_NaN();
+    if (fault_at(step + 1, {"big_loss"})) loss_sum *= 1000.0;  // an outlier for spike detection
     exec->finish_backward();  // e.g. the tied embedding's two halves, before the dp reduction
     dp.finish_gradients();
     double agreed[2] = {loss_sum / double(acc), stop_requested() ? 1.0 : 0.0};
@@ -512,28 +617,49 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
       if (!exec->reports()) train_metrics = Metrics();
       train_metrics.allreduce(*ctrl, train_keys);
     }
-    BRIGADE_CHECK(std::isfinite(last_loss), ValueError,
-                  "loss became {} at step {}; the run diverged: lower optim.lr, keep train.grad_clip on, or resume "
-                  "from the last checkpoint in {}{}",
-                  last_loss, step + 1, ckpt_dir,
-                  policy.level != amp::Level::O0 && policy.low == DType::F16
-                      ? " (under fp16 the forward itself may have overflowed 65504, which loss scaling cannot "
-                        "fix: try precision.dtype = \"bf16\")"
-                      : "");
-    if (fault.rank == rank && fault.step == step + 1 && (fault.kind == "inf_grad" || fault.kind == "nan_grad")) {
-      for (auto& [name, p] : dp.optimizer_params())
-        if (p.grad().defined() && p.grad().numel() > 0) {
-          p.grad().data<float>()[0] = fault.kind == "inf_grad" ? std::numeric_limits<float>::infinity()
-                                                               : std::numeric_limits<float>::quiet_NaN();
-          break;
-        }
+    StepGuard::Verdict verdict = guard.check_loss(step + 1, last_loss);
+    GradientStep gs;
+    if (verdict.action == StepGuard::Action::Apply) {
+      if (const Fault* f = fault_at(step + 1, {"inf_grad", "nan_grad"})) {
+        for (auto& [name, p] : dp.optimizer_params())
+          if (p.grad().defined() && p.grad().numel() > 0) {
+            p.grad().data<float>()[0] = f->kind == "inf_grad" ? std::numeric_limits<float>::infinity()
+                                                              : std::numeric_limits<float>::quiet_NaN();
+            break;
+          }
+      }
+      gs = apply_gradients(dp, *opt, scaler, policy, r.train, sched.lr_at(step), *ctrl, exec->clip(dp, *ctrl),
+                           after_update, [&](double norm) {
+                             verdict = guard.check_update(step + 1, last_loss, norm);
+                             return verdict.action == StepGuard::Action::Apply;
+                           });
+    }
+    if (verdict.action == StepGuard::Action::Stop)
+      throw ValueError(fmt::format(
+          "{} at step {}; the run diverged: lower optim.lr, keep train.grad_clip on, set train.nonfinite = "
+          "\"skip\" or \"rollback\", or resume from the last checkpoint in {}{}",
+          verdict.reason, step + 1, ckpt_dir,
+          policy.level != amp::Level::O0 && policy.low == DType::F16
+              ? " (under fp16 the forward itself may have overflowed 65504, which loss scaling cannot fix: try "
+                "precision.dtype = \"bf16\")"
+              : ""));
+    if (verdict.action == StepGuard::Action::Rollback) {
+      dp.gather_all();  // ZeRO-3: the parameters whole again, for the checkpoint to load into
+      if (tty) fmt::print(stderr, "\n");
+      throw RollbackRequest{step + 1, verdict.reason};
+    }
+    if (verdict.action == StepGuard::Action::Skip) {
+      if (lead) {
+        metrics << nlohmann::json{{"step", step + 1}, {"skipped_update", verdict.reason}}.dump() << '\n';
+        metrics.flush();
+      }
+      if (tty) fmt::print(stderr, "\n");
+      say(fmt::format("step {}: update skipped: {}", step + 1, verdict.reason));
     }
     const double lr = sched.lr_at(step);
-    const GradientStep gs = apply_gradients(dp, *opt, scaler, policy, r.train, lr, *ctrl, exec->clip(dp, *ctrl),
-                                            after_update);
     sync_buffers();
     const double norm = gs.grad_norm;
-    if (!gs.skipped && accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * D);
+    if (verdict.action == StepGuard::Action::Apply && !gs.skipped && accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * D);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     step_times.push_back(dt);
     comm_waits.push_back(dp.comm_wait_seconds());
@@ -663,6 +789,8 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     res.comm_wait_share = median(comm_waits) / median(step_times);
   }
   res.skipped_steps = scaler.skipped();
+  res.updates_skipped = guard.skipped();
+  res.rollbacks = int64_t(attempt.rolled_back.size());
   res.loss_scale = scaler.scale();
   res.memory = Allocator::instance().stats();
   // The peak again, after the run: on a shared machine one measurement can come out low (MFU over
@@ -763,6 +891,11 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
     if (scaler.enabled())
       say(fmt::format("loss scaling: {} | final scale {:g} | {} of {} steps skipped on overflow",
                       amp::scale_mode_name(scaler.mode()), scaler.scale(), scaler.skipped(), res.steps));
+    if (guard.skipped() > 0 || !attempt.rolled_back.empty())
+      say(fmt::format("non-finite / spike guard: {} update{} skipped, {} rollback{} (train.nonfinite = \"{}\"; "
+                      "metrics.jsonl has each with its reason)",
+                      guard.skipped(), guard.skipped() == 1 ? "" : "s", attempt.rolled_back.size(),
+                      attempt.rolled_back.size() == 1 ? "" : "s", r.train.nonfinite));
     if (P > 1)
       say(fmt::format("communication: {:.1f}% of the median step spent waiting (rank 0)", 100.0 * res.comm_wait_share));
     say("checkpoint: " + ckpt_dir);
@@ -772,6 +905,8 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
   }
   return res;
 }
+
+}  // namespace
 
 EvalReport evaluate_checkpoint(const std::string& ckpt, int threads) {
   const std::string ckpt_dir = open_checkpoint(ckpt);  // repairs a save interrupted between its renames

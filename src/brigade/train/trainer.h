@@ -8,7 +8,9 @@
 // recompute on the model's blocks; BatchNorm statistics across ranks; evaluation every
 // train.eval_every steps and at the end; the progress line, metrics.jsonl, memory.json and
 // loss.svg; checkpoints every train.checkpoint_every steps and at the end (bitwise resume, and
-// resume at another dp size); early stopping (the best model in <out_dir>/best); Ctrl-C
+// resume at another dp size); early stopping (the best model in <out_dir>/best); non-finite and
+// spiking steps (step_guard.h: stop, skip, or roll back to the last checkpoint and replay without
+// that step's batch); Ctrl-C
 // (SIGINT/SIGTERM: the current step finishes, a checkpoint is written, the run returns
 // interrupted; no evaluation); and memory accounting. Rank 0 alone prints and writes logs; the
 // stop decision and the logged loss are agreed by all ranks.
@@ -57,6 +59,9 @@ struct TrainResult {
   double gemm_peak_gflops = 0.0;   // summed over ranks, in the GEMM dtype of the precision level; the higher of
                                    // the measurements before and after the run
   int64_t skipped_steps = 0;       // optimizer steps skipped on gradient overflow (loss scaling)
+  int64_t updates_skipped = 0;     // steps skipped by train.nonfinite = "skip", a spike or a rollback's replay
+                                   // (this process)
+  int64_t rollbacks = 0;           // rollbacks to the last checkpoint in this process
   double loss_scale = 1.0;         // at the end (1 without loss scaling)
   double comm_wait_share = 0.0;    // median step: time rank 0 waited on communication / step time
   double seconds = 0.0;            // wall time of the loop (evaluations included)
@@ -105,15 +110,19 @@ std::vector<nn::Recompute> apply_recompute(const Recipe& r, Task& task);
 // task's hook, before they are shared), and dp.after_optimizer_step() (at O3 after rounding
 // the weights and optimizer state). Collective over dp's group and `ctrl`. `clip`, when given,
 // replaces dp.clip_grad_norm: it returns the global norm and clips (model parallelism's norm
-// over the whole mesh).
+// over the whole mesh). `accept`, when given, sees the global norm before the optimizer runs;
+// false leaves weights and optimizer state untouched, as an overflow does (the trainer's
+// non-finite and spike decisions, step_guard.h).
 struct GradientStep {
-  bool skipped = false;
+  bool skipped = false;   // by the loss scaler (overflow)
+  bool rejected = false;  // by `accept`
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping; NaN when skipped
 };
 GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,
                              const amp::Policy& policy, const TrainConfig& t, double lr, dist::ProcessGroup& ctrl,
                              const std::function<double(double)>& clip = {},
-                             const std::function<void(const nn::NamedTensors&)>& after_update = {});
+                             const std::function<void(const nn::NamedTensors&)>& after_update = {},
+                             const std::function<bool(double)>& accept = {});
 // O3: rounds this rank's optimizer parameters and optimizer state to `low` (no fp32 master
 // copy), then dp.after_optimizer_step() so every rank's full weights follow.
 void round_state_to_low(parallel::DataParallel& dp, optim::Optimizer& opt, DType low);
