@@ -102,8 +102,8 @@ void drop_eval_record(const fs::path& p, int64_t step) {
 // Test hook (docs/distributed.md, docs/mixed-precision.md, docs/reliability.md):
 // BRIGADE_FAULT="<rank>:<step>:<kind>[@<attempt>],..." (one or more, comma-separated).
 // kill|raise|stop: that rank dies (SIGKILL), throws or stops (SIGSTOP) in the middle of that step,
-// after its forward pass; inf_grad|nan_grad: that rank's first gradient element becomes +Inf / NaN once the
-// step's gradients are complete (before loss-scaler unscaling and the optimizer); nan_loss /
+// after its forward pass; inf_grad|nan_grad: that rank's first gradient element becomes +Inf /
+// NaN once the step's gradients are complete (before loss-scaler unscaling and the optimizer); nan_loss /
 // big_loss: that rank's loss of the step is NaN / 1000 times what it is (the gradients
 // unchanged). "@n": only in attempt n (0 = the first start; each restart after a crash
 // (BRIGADE_ATTEMPT, set by --max-restarts) and each rollback counts one); without it, in every

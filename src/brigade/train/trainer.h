@@ -60,7 +60,7 @@ struct TrainResult {
                                    // the measurements before and after the run
   int64_t skipped_steps = 0;       // optimizer steps skipped on gradient overflow (loss scaling)
   int64_t updates_skipped = 0;     // steps skipped by train.nonfinite = "skip", a spike or a rollback's replay
-                                   // (this process)
+                                   // (since this process's last rollback)
   int64_t rollbacks = 0;           // rollbacks to the last checkpoint in this process
   double loss_scale = 1.0;         // at the end (1 without loss scaling)
   double comm_wait_share = 0.0;    // median step: time rank 0 waited on communication / step time
