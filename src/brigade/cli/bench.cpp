@@ -26,7 +26,8 @@ namespace brigade::cli {
 
 using namespace brigade::train;  // the recipes, tasks and trainer these commands drive
 
-BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
+BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
+  const Recipe r = deterministic_split(recipe);  // parallel.deterministic: micro-steps of one atom each
   BRIGADE_CHECK(o.steps >= 1 && o.warmup >= 0, ConfigError, "bench: --steps must be >= 1 and --warmup >= 0, got {} and {}",
                 o.steps, o.warmup);
   BRIGADE_CHECK(r.parallel.dp == 1, ConfigError,
@@ -43,6 +44,7 @@ BenchResult run_bench(const Recipe& r, const BenchOptions& o) {
   apply_recompute(r, *task);
   parallel::DataParallelOptions dpo;
   dpo.accumulation = A;
+  dpo.deterministic = r.parallel.deterministic;
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
   parallel::DataParallel dp(task->units(dpo.zero), world, dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);

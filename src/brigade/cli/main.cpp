@@ -58,6 +58,11 @@ int cmd_train(const std::string& recipe_path, const std::vector<std::string>& se
   if (resume_if_any) o.resume = train::checkpoint_exists((fs::path(r.run.out_dir) / "checkpoint").string());
   BRIGADE_CHECK(!json || dry_run, ConfigError, "--json goes with --dry-run (the prediction as JSON); remove it");
   if (dry_run) {  // the plan's memory per category, without training or reading data (memory_plan.h)
+    BRIGADE_CHECK(!r.parallel.deterministic, ConfigError,
+                  "{}: --dry-run does not model parallel.deterministic = true yet (per-atom activations and the "
+                  "summation tree's log2(atoms per rank) + 1 extra gradient buffers); predict the run without the "
+                  "mode, or measure it with `brigade bench`",
+                  r.path);
     const std::string report = json ? train::dry_run_json(r).dump() + "\n" : train::dry_run_report(r);
     if (dist::Env::world_rank() == 0) fmt::print("{}", report);
     return 0;

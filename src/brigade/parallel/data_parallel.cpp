@@ -19,6 +19,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kAlign = 16;  // floats: every parameter starts on a 64-byte boundary
+// Deterministic mode: shards start on multiples of this many floats, the blocks of the gradient
+// norm, so a block never straddles two ranks' shards whatever the dp size.
+constexpr int64_t kNormBlock = 4096;
 
 int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -51,6 +54,12 @@ void scale(float* p, int64_t n, float s) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
+
+void add_into(float* acc, const float* x, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
+}
+
 
 // "exp_avg.transformer.h.0.ln_1.weight" -> {"exp_avg", "transformer.h.0.ln_1.weight"}
 std::pair<std::string, std::string> split_state_name(const std::string& n) {
@@ -94,7 +103,7 @@ DataParallel::DataParallel(std::vector<ParamUnit> units, std::shared_ptr<dist::P
     units_.push_back(std::move(u));
   }
   numel_ = layout_.empty() ? 0 : layout_.back().offset + layout_.back().numel;
-  S_ = round_up((off + P - 1) / P, kAlign);
+  S_ = round_up((off + P - 1) / P, o_.deterministic ? kNormBlock : kAlign);
   padded_ = S_ * P;
   lo_ = int64_t(pg_->rank()) * S_;
   hi_ = lo_ + S_;
@@ -160,6 +169,9 @@ DataParallel::DataParallel(std::vector<ParamUnit> units, std::shared_ptr<dist::P
     }
     if (!cur.params.empty()) buckets_.push_back(std::move(cur));
   }
+  BRIGADE_CHECK(!o_.deterministic || o_.communicate_in_backward, ConfigError,
+                "parallel.deterministic = true needs gradients reduced as the backward produces them; it does not "
+                "combine with pipeline parallelism");
   BRIGADE_CHECK(o_.communicate_in_backward || o_.zero <= 1, ConfigError,
                 "ZeRO-{} reduces gradients during the backward; it cannot wait for the step's end (use zero 0 or 1)",
                 o_.zero);
@@ -272,10 +284,11 @@ double DataParallel::local_grad_sq() const {
 
 void DataParallel::begin_micro_step(int64_t micro) {
   BRIGADE_ASSERT(micro >= 0 && micro < o_.accumulation, "micro-step {} of {}", micro, o_.accumulation);
-  if (micro > 0 && o_.zero >= 2)  // gradients of parameters the last backward did not reach
+  if (micro > 0 && (o_.zero >= 2 || o_.deterministic))  // gradients of parameters the last backward did not reach
     for (size_t b = 0; b < buckets_.size(); ++b)
       if (!buckets_[b].fired) fire_bucket(b);
   last_micro_ = micro == o_.accumulation - 1;
+  micro_ = micro;
   for (Bucket& b : buckets_) {
     b.ready = 0;
     b.fired = false;
@@ -305,10 +318,11 @@ void DataParallel::arm_bucket(size_t b) {
 
 void DataParallel::on_grad_ready(size_t b) {
   Bucket& bk = buckets_[b];
-  if (++bk.ready == int(bk.params.size()) && (o_.zero >= 2 || last_micro_)) fire_bucket(b);
+  if (++bk.ready == int(bk.params.size()) && (o_.zero >= 2 || last_micro_ || o_.deterministic)) fire_bucket(b);
 }
 
 void DataParallel::fire_bucket(size_t b) {
+  if (o_.deterministic) return fire_deterministic(b);
   Bucket& bk = buckets_[b];
   bk.fired = true;
   const int64_t n = bk.end - bk.begin;
@@ -367,9 +381,78 @@ void DataParallel::fire_bucket(size_t b) {
   in_flight_.push_back(ticket);
 }
 
+// Deterministic mode: the bucket's gradient of this micro-step's atom goes into the tree.
+void DataParallel::fire_deterministic(size_t b) {
+  Bucket& bk = buckets_[b];
+  bk.fired = true;
+  const int64_t n = bk.end - bk.begin;
+  if (o_.zero < 2) {
+    float* g = fptr(flat_grads_) + bk.begin;
+    tree_add(g, bk.begin, n);
+    std::memset(g, 0, size_t(n) * sizeof(float));  // the next atom's backward starts from zero
+    return;
+  }
+  arm_bucket(b);
+  Tensor staging = std::move(bk.buffer);  // (n) flat gradients of the bucket
+  bk.buffer = Tensor();
+  for (size_t i : bk.params) {
+    Tensor p = params_[i].second;  // shares the parameter's TensorImpl
+    Tensor g = p.grad();
+    if (g.defined() && !g.same_storage(staging))
+      std::memcpy(staging.data<float>() + (layout_[i].offset - bk.begin), g.data<float>(),
+                  size_t(g.numel()) * sizeof(float));
+    p.set_grad(Tensor());
+  }
+  if (b + 1 < buckets_.size() && !buckets_[b + 1].fired) arm_bucket(b + 1);
+  if (o_.zero == 3 && units_[size_t(bk.unit)].module && !keep_all_) release_unit(size_t(bk.unit));
+  tree_add(staging.data<float>(), bk.begin, n);
+}
+
+float* DataParallel::tree_level(size_t l) {
+  while (tree_.size() <= l) tree_.push_back(zeroed_storage(padded_, MemTag::Grads));
+  return fptr(tree_[l]);
+}
+
+// The binary counter over atoms: before atom i, level l holds the sum of an aligned block of 2^l
+// atoms exactly when bit l of i is set; atom i carries through those levels (left + right) and
+// lands in the first level whose bit is clear.
+void DataParallel::tree_add(const float* src, int64_t begin, int64_t n) {
+  size_t l = 0;
+  const float* cur = src;
+  while ((micro_ >> l) & 1) {
+    float* left = tree_level(l) + begin;
+    add_into(left, cur, n);
+    cur = left;
+    ++l;
+  }
+  float* dst = tree_level(l) + begin;
+  if (dst != cur) std::memcpy(dst, cur, size_t(n) * sizeof(float));
+}
+
 void DataParallel::finish_gradients() {
   for (size_t b = 0; b < buckets_.size(); ++b)  // parameters the backward did not reach: zero gradients
     if (!buckets_[b].fired) fire_bucket(b);
+  if (o_.deterministic) {
+    const int64_t A = o_.accumulation;
+    BRIGADE_CHECK((A & (A - 1)) == 0, ConfigError,
+                  "parallel.deterministic: {} micro-steps per rank; the canonical tree needs a power of two", A);
+    size_t top = 0;
+    while ((int64_t(1) << top) < A) ++top;
+    float* sum = tree_level(top);  // atom A - 1 (every bit set) carried the whole block up to here
+    if (pg_->size() > 1) {
+      const auto t0 = Clock::now();
+      pg_->allreduce(sum, padded_, dist::AllreduceAlgo::Tree);  // ((r0 + r1) + (r2 + r3)) + ...
+      direct_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    }
+    const float s = float(1.0 / (double(pg_->size()) * double(A)));
+    if (s != 1.0f) scale(sum, padded_, s);
+    if (o_.zero < 2)
+      std::memcpy(fptr(flat_grads_), sum, size_t(padded_) * sizeof(float));
+    else
+      std::memcpy(fptr(grad_shard_), sum + lo_, size_t(S_) * sizeof(float));
+    if (o_.zero == 3) release_persistent();
+    return;
+  }
   queue_->wait_all();
   in_flight_.clear();
   const float s = float(1.0 / (double(pg_->size()) * double(o_.accumulation)));
@@ -385,6 +468,7 @@ void DataParallel::finish_gradients() {
 }
 
 double DataParallel::grad_norm() {
+  if (o_.deterministic) return deterministic_norm();
   if (o_.zero == 0) return optim::grad_norm(params_);  // full gradients on every rank
   const Tensor g = o_.zero == 1 ? view_of(flat_grads_, lo_, {S_}) : view_of(grad_shard_, 0, {S_});
   double sq = ops::sum_squares(g);
@@ -394,7 +478,48 @@ double DataParallel::grad_norm() {
   return std::sqrt(sq);
 }
 
+// The norm of what the optimizer reads (after loss unscaling), independent of dp and threads: the
+// sum of squares of each block of kNormBlock flat elements, in double and in order, by the rank
+// whose shard holds it (ZeRO-0: every rank, all blocks); the blocks' sums gathered (an allreduce
+// of one non-zero per slot is exact) and added in block order.
+double DataParallel::deterministic_norm() {
+  const int64_t blocks = (numel_ + kNormBlock - 1) / kNormBlock;
+  const bool whole = o_.zero == 0;
+  const int64_t lo = whole ? 0 : lo_, hi = whole ? numel_ : std::min(hi_, numel_);
+  std::vector<double> part(size_t(blocks), 0.0);
+  const int64_t b0 = lo / kNormBlock, b1 = hi > lo ? (hi + kNormBlock - 1) / kNormBlock : b0;
+#pragma omp parallel for schedule(static) if (b1 - b0 > 8)
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t begin = b * kNormBlock, n = std::min(hi, begin + kNormBlock) - begin;
+    const float* g = o_.zero < 2 ? fptr(flat_grads_) + begin : fptr(grad_shard_) + (begin - lo_);
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += double(g[i]) * double(g[i]);
+    part[size_t(b)] = s;
+  }
+  if (!whole && pg_->size() > 1) {
+    const auto t0 = Clock::now();
+    pg_->allreduce(part.data(), blocks);
+    direct_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  double total = 0.0;
+  for (double v : part) total += v;
+  return std::sqrt(total);
+}
+
 double DataParallel::clip_grad_norm(double max_norm) {
+  if (o_.deterministic) {  // one elementwise scaling of what the optimizer reads, for every stage
+    const double norm = grad_norm();
+    if (max_norm > 0.0 && norm > max_norm) {
+      const float c = float(optim::clip_coefficient(norm, max_norm));
+      if (o_.zero == 0)
+        scale(fptr(flat_grads_), padded_, c);
+      else if (o_.zero == 1)
+        scale(fptr(flat_grads_) + lo_, S_, c);
+      else
+        scale(fptr(grad_shard_), S_, c);
+    }
+    return norm;
+  }
   if (o_.zero == 0) return optim::clip_grad_norm(params_, max_norm);
   const double norm = grad_norm();
   if (max_norm > 0.0 && norm > max_norm)  // as torch's clip_grad_norm_

@@ -33,6 +33,22 @@
 // Accumulation micro-steps do not communicate under zero 0/1 (gradients add up
 // locally, one allreduce at the last micro-step); under zero 2/3 every micro-step
 // reduce-scatters into the gradient shard (the full gradient is never kept).
+//
+// Deterministic mode (options.deterministic; docs/distributed.md "Deterministic mode"): every
+// micro-step is one fixed-size atom of the global batch, and the result must not depend on how
+// the atoms are spread over ranks and micro-steps. Floating-point addition is not associative,
+// so the gradients are summed in one canonical binary tree over the atoms' global order: a rank
+// holds a contiguous, power-of-two-sized block of atoms (an aligned subtree), sums its atoms'
+// gradients pairwise as they come (a binary counter: level l holds the sum of the last 2^l
+// atoms), and the ranks' subtree sums are combined by the binomial-tree allreduce, whose order
+// ((r0 + r1) + (r2 + r3)) + ... is the same tree one level up. A bucket's atom gradient goes into
+// the tree when it is ready (ZeRO-0/1: taken out of the flat buffer, which is zeroed for the next
+// atom; ZeRO-2/3: the staging buffer, which is then freed as usual), so every stage gives the same
+// sum. Costs: log2(atoms per rank) + 1 full-size gradient buffers per rank, one synchronous tree
+// allreduce at the step's end (no overlap), and the full gradient on every rank whatever the stage
+// (the parameter and optimizer-state sharding of ZeRO-1/3 is kept). The global norm sums fixed
+// blocks of the flat gradient in a fixed order (deterministic_norm; shards are cut on block
+// boundaries), so clipping agrees too.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -66,6 +82,10 @@ struct DataParallelOptions {
   // whole step's backward work (pipeline schedules, whose weight gradients may come late and
   // out of micro-step order, and the tied embedding's cross-stage sum). ZeRO 0 and 1 only.
   bool communicate_in_backward = true;
+  // Gradients summed in a canonical tree over the micro-steps' atoms (see above): the same bits for
+  // every dp size, ZeRO stage and split of the step into micro-steps of equal rows. Needs
+  // communicate_in_backward and a power-of-two accumulation.
+  bool deterministic = false;
 };
 
 // One flat range of a parameter: [flat_begin, flat_end) of the flat space.
@@ -163,6 +183,10 @@ class DataParallel {
 
   void on_grad_ready(size_t bucket);
   void fire_bucket(size_t b);
+  void fire_deterministic(size_t b);
+  void tree_add(const float* src, int64_t begin, int64_t n);  // this micro-step's atom, flat range
+  float* tree_level(size_t l);
+  double deterministic_norm();
   void arm_bucket(size_t b);
   void prefetch(size_t u);
   void ensure_gathered(size_t u);
@@ -188,6 +212,10 @@ class DataParallel {
   std::deque<int64_t> in_flight_;
   static constexpr size_t kMaxInFlight = 2;
   double direct_s_ = 0.0;
+  // deterministic mode: level l of the binary counter over this step's atoms (padded_ floats each,
+  // allocated on first use and kept) and the micro-step being accumulated
+  std::vector<std::shared_ptr<Storage>> tree_;
+  int64_t micro_ = 0;
 };
 
 }  // namespace brigade::parallel

@@ -139,6 +139,8 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(parallel, stage_layers, String),
       BRIGADE_FIELD(parallel, max_in_flight, Int),
       BRIGADE_FIELD(parallel, sync_batchnorm, Bool),
+      BRIGADE_FIELD(parallel, deterministic, Bool),
+      BRIGADE_FIELD(parallel, atom_rows, Int),
       BRIGADE_FIELD(memory, recompute, String),
       BRIGADE_FIELD(memory, every_k, Int),
       BRIGADE_FIELD(memory, budget_mb, Float),
@@ -593,6 +595,38 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
     fail(fmt::format("parallel.schedule = \"interleaved\" runs micro-batches in groups of parallel.pp = {}: "
                      "parallel.microbatches = {} must be a multiple of it",
                      r.parallel.pp, r.parallel.microbatches));
+  if (r.parallel.atom_rows < 1)
+    fail(fmt::format("parallel.atom_rows = {} must be >= 1 (rows per atom of parallel.deterministic)",
+                     r.parallel.atom_rows));
+  if (r.parallel.deterministic) {
+    const int64_t rows = r.train.batch_size * r.train.accumulation, a = r.parallel.atom_rows;
+    const std::string split =
+        fmt::format("train.batch_size x train.accumulation = {} x {} = {} rows per rank", r.train.batch_size,
+                    r.train.accumulation, rows);
+    if (rows % a != 0)
+      fail(fmt::format("parallel.deterministic = true: {} is not a multiple of parallel.atom_rows = {}; every rank "
+                       "must hold whole atoms",
+                       split, a));
+    else if (((rows / a) & (rows / a - 1)) != 0)
+      fail(fmt::format("parallel.deterministic = true: {} make {} atoms of parallel.atom_rows = {} per rank; the "
+                       "canonical summation tree needs a power of two (1, 2, 4, 8, ...): change batch_size, "
+                       "accumulation or atom_rows",
+                       split, rows / a, a));
+    if (r.parallel.tp > 1 || r.parallel.pp > 1)
+      fail(fmt::format("parallel.deterministic = true is for data parallelism; it does not combine with "
+                       "parallel.tp = {} / parallel.pp = {} yet",
+                       r.parallel.tp, r.parallel.pp));
+    if (r.train.accumulation_mode != "static")
+      fail(fmt::format("parallel.deterministic = true needs train.accumulation_mode = \"static\" (the atoms per "
+                       "step are fixed), not \"{}\"",
+                       r.train.accumulation_mode));
+    if (r.parallel.sync_batchnorm)
+      fail("parallel.deterministic = true normalises each atom with its own statistics; it does not combine with "
+           "parallel.sync_batchnorm = true");
+    if (r.parallel.allreduce == "ring")
+      fail("parallel.allreduce = \"ring\" has no effect with parallel.deterministic = true (gradients are summed "
+           "by the binomial tree, in a fixed order); remove it or set \"tree\"");
+  }
   if (r.parallel.tp > 1 || r.parallel.pp > 1) {
     const std::string what = fmt::format("parallel.tp = {}, parallel.pp = {}", r.parallel.tp, r.parallel.pp);
     if (r.parallel.zero > 1)

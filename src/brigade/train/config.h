@@ -175,6 +175,12 @@ struct ParallelConfig {
   // A collective that has not completed after this many seconds ends the job, naming the ranks
   // that did not arrive (dist/watchdog.h; under mpirun with 2+ ranks). 0 = wait for ever.
   double timeout_s = 1800.0;
+  // Results that do not depend on the layout (docs/distributed.md "Deterministic mode"): every
+  // micro-step is an atom of atom_rows rows and gradients are summed in one fixed tree over the
+  // atoms, so dp, ZeRO stage and the batch_size x accumulation split of the same global batch give
+  // bitwise the same run. batch_size x accumulation / atom_rows must be a power of two.
+  bool deterministic = false;
+  int64_t atom_rows = 1;
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -148,6 +148,9 @@ class Task {
   // whose micro-batches hold different item counts (their weights need the global count) or
   // whose loss couples the whole global batch (begin_step). Otherwise each is drawn as it runs.
   virtual bool needs_whole_step() const { return false; }
+  // Whether a micro-batch's loss depends on its own rows only (false: a contrastive loss over
+  // the whole global batch), which deterministic mode's atoms need.
+  virtual bool rows_independent() const { return true; }
   // Before the micro-steps of a step, with all of them drawn (the contrastive task computes the
   // global batch's embedding gradients here when the batch is split). Collective over s.group.
   virtual void begin_step(std::vector<Batch>& micro, const Shard& s) {

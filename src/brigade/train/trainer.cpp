@@ -102,7 +102,10 @@ void drop_eval_record(const fs::path& p, int64_t step) {
 // Test hook (docs/distributed.md, docs/mixed-precision.md, docs/reliability.md):
 // BRIGADE_FAULT="<rank>:<step>:<kind>[@<attempt>],..." (one or more, comma-separated).
 // kill|raise|stop: that rank dies (SIGKILL), throws or stops (SIGSTOP) in the middle of that step,
-// after its forward pass; inf_grad|nan_grad: that rank's first gradient element becomes +Inf /
+// after its forward pass; kill_backward: SIGKILL after the step's first backward (gradient buckets
+// may be in flight); kill_reduce: SIGKILL just before the step's gradient reduction (the other
+// ranks wait in it); kill_save: SIGKILL inside the checkpoint written after that step (its files
+// partly written: rank 0 before the commit, the others after their optimizer shard); inf_grad|nan_grad: that rank's first gradient element becomes +Inf /
 // NaN once the step's gradients are complete (before loss-scaler unscaling and the optimizer); nan_loss /
 // big_loss: that rank's loss of the step is NaN / 1000 times what it is (the gradients
 // unchanged). "@n": only in attempt n (0 = the first start; each restart after a crash
@@ -169,7 +172,18 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-TrainResult train(const Recipe& r, const TrainOptions& opts) {
+Recipe deterministic_split(const Recipe& recipe) {
+  if (!recipe.parallel.deterministic) return recipe;
+  Recipe r = recipe;
+  // validate_recipe checked: a power-of-two number of atoms of atom_rows rows per rank
+  const int64_t rows = r.train.batch_size * r.train.accumulation;
+  r.train.batch_size = r.parallel.atom_rows;
+  r.train.accumulation = rows / r.parallel.atom_rows;
+  return r;
+}
+
+TrainResult train(const Recipe& recipe, const TrainOptions& opts) {
+  const Recipe r = deterministic_split(recipe);
   if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
   std::unique_ptr<Task> task = make_task(r, /*init_weights=*/!opts.resume);  // resume: the checkpoint's weights
   return train(r, opts, *task);
@@ -180,6 +194,9 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
 }  // namespace
 
 TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
+  BRIGADE_CHECK(!r.parallel.deterministic || r.train.batch_size == r.parallel.atom_rows, InternalError,
+                "train(): a deterministic recipe must be split into atoms first (deterministic_split), and the task "
+                "made from the split recipe");
   // Hung collectives end the job naming the ranks that did not arrive (parallel.timeout_s)
   const std::string no_watchdog = dist::Watchdog::start(r.parallel.timeout_s);
   if (!no_watchdog.empty() && dist::Env::world_rank() == 0) fmt::print(stderr, "warning: {}\n", no_watchdog);
@@ -326,6 +343,12 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
   dpo.overlap = r.parallel.overlap;
   dpo.accumulation = A;
   dpo.communicate_in_backward = exec->communicate_in_backward();
+  const bool deterministic = r.parallel.deterministic;  // micro-steps are atoms (deterministic_split)
+  BRIGADE_CHECK(!deterministic || task.rows_independent(), ConfigError,
+                "{}: parallel.deterministic = true cannot split model.type = \"{}\": its loss couples the whole "
+                "global batch (contrastive), so it has no per-atom gradients; set parallel.deterministic = false",
+                r.path, r.model.type);
+  dpo.deterministic = deterministic;
   parallel::DataParallel dp(exec->units(dpo.zero), exec->dp_group(), dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   // BatchNorm over the data-parallel group (parallel.sync_batchnorm): its allreduces go through the
@@ -401,7 +424,11 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     say(fmt::format("precision: {} {} | loss scaling {}{}", r.precision.level,
                     policy.level == amp::Level::O0 ? "fp32" : r.precision.dtype, amp::scale_mode_name(scaler.mode()),
                     scaler.enabled() ? fmt::format(" (scale {:g})", scaler.scale()) : std::string()));
-  if (D > 1 || A > 1)
+  if (deterministic)
+    say(fmt::format("parallel: dp {} x {} atoms of {} row{} = {} rows per step | ZeRO-{} | deterministic: gradients "
+                    "summed in a fixed tree over the atoms (bitwise the same for every dp, ZeRO stage and split)",
+                    D, A, B, B == 1 ? "" : "s", B * A * D, dpo.zero));
+  else if (D > 1 || A > 1)
     say(fmt::format("parallel: dp {} x accumulation {} x batch {} = {} rows per step | ZeRO-{} | allreduce {} | "
                     "buckets {} MiB | overlap {}",
                     D, A, B, B * A * D, dpo.zero, r.parallel.allreduce, r.parallel.bucket_mb,
@@ -446,6 +473,15 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
   };
 
   const std::string tokenizer_dir = task.tokenizer_dir();
+  const std::vector<Fault> faults = faults_from_env();
+  // the fault of `kind` (one of kinds) at this rank, step and attempt, if any
+  auto fault_at = [&](int64_t step1, std::initializer_list<const char*> kinds) -> const Fault* {
+    for (const Fault& f : faults)
+      if (f.rank == rank && f.step == step1 && (f.attempt < 0 || f.attempt == attempt.index))
+        for (const char* k : kinds)
+          if (f.kind == k) return &f;
+    return nullptr;
+  };
   auto save = [&](const std::string& dir) {  // collective: every rank calls it; dir = ckpt_dir or best_dir
     state.rng_state = task.dropout_generator() ? task.dropout_generator()->state() : std::string();
     state.accumulation_state = accumulation.state();
@@ -453,6 +489,7 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     state.guard_state = guard.state();
     state.optimizer_steps = opt->steps();
     const std::string tmp = dir + ".tmp";
+    const bool kill_in_save = fault_at(state.step, {"kill_save"}) != nullptr;
     if (exec->holds_shards()) {  // the whole model gathered on rank 0 (HF names); the optimizer state per rank of the mesh
       const nn::NamedTensors whole = exec->gather_full();
       if (lead) begin_checkpoint(dir);
@@ -485,9 +522,11 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     const std::map<std::string, Tensor> zshard =
         dpo.zero >= 1 ? dp.shard_state(opt->state_tensors()) : std::map<std::string, Tensor>();
     if (dpo.zero >= 1) write_optimizer_shard(tmp, rank, P, dp.shard_begin(), dp.shard_end(), zshard);
+    if (kill_in_save && !lead) ::raise(SIGKILL);
     ctrl->barrier();
     if (lead) {
       write_checkpoint_files(tmp, full, dpo.zero == 0 ? opt.get() : nullptr, state, r, tokenizer_dir);
+      if (kill_in_save) ::raise(SIGKILL);  // the checkpoint's files written, not committed
       // a LoRA run's adapters also as PEFT saves them, for peft.PeftModel.from_pretrained
       if (r.finetune.method == "lora")
         save_lora_adapter(r, full, nn::lora_fan_in_fan_out(task.model()), (fs::path(tmp) / "adapter").string());
@@ -503,15 +542,6 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     ctrl->barrier();
   };
 
-  const std::vector<Fault> faults = faults_from_env();
-  // the fault of `kind` (one of kinds) at this rank, step and attempt, if any
-  auto fault_at = [&](int64_t step1, std::initializer_list<const char*> kinds) -> const Fault* {
-    for (const Fault& f : faults)
-      if (f.rank == rank && f.step == step1 && (f.attempt < 0 || f.attempt == attempt.index))
-        for (const char* k : kinds)
-          if (f.kind == k) return &f;
-    return nullptr;
-  };
   std::vector<double> step_times, step_rates, comm_waits;
   double last_loss = 0.0;
   TrainResult res;
@@ -565,11 +595,18 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     // Micro-batches are drawn as they run, or all first when the task needs the whole step
     // (counts that differ between micro-batches, or a loss over the whole global batch).
     std::vector<Batch> micro;
+    // Deterministic mode: this replica's atoms are the contiguous block [rank x acc, +acc) of the
+    // step's D x acc atoms (an aligned subtree of the canonical sum), drawn as atom = micro-batch.
+    const auto draw = [&](int64_t m) {
+      return deterministic ? task.batch(step, int64_t(shard.rank) * acc + m, D * acc, Shard{0, 1, shard.group})
+                           : task.batch(step, m, acc, shard);
+    };
+    std::vector<double> atom_loss;
     double global_count = double(B * acc * D);  // equal-count tasks: rows; otherwise measured
     if (whole_step) {
       double local = 0.0;
       for (int64_t m = 0; m < acc; ++m) {
-        micro.push_back(task.batch(step, m, acc, shard));
+        micro.push_back(draw(m));
         local += double(micro.back().count);
       }
       // every rank of a replica holds the same rows: the sum over the job counts each replica's
@@ -590,12 +627,15 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
         small_sq /= double(D) * scaler.scale() * scaler.scale();  // the loss scale is still in these gradients
       }
       dp.begin_micro_step(m);
-      const Batch b = whole_step ? micro[size_t(m)] : task.batch(step, m, acc, shard);
+      const Batch b = whole_step ? micro[size_t(m)] : draw(m);
+      if (Generator* g = deterministic ? task.dropout_generator() : nullptr)  // masks follow the atom, not the rank
+        g->manual_seed(data::splitmix64(r.run.seed ^ data::splitmix64((uint64_t(step) << 24) +
+                                                                      uint64_t(int64_t(shard.rank) * acc + m))));
       // The micro-batch's share of the global batch's mean: 1 when every micro-batch holds the
       // same number of items.
       const double weight = whole_step ? double(b.count) * double(acc * D) / global_count : 1.0;
       const double factor = (scaler.enabled() ? scaler.scale() : 1.0) * weight;
-      loss_sum += exec->train_micro(task, b, m, factor, weight, policy, train_metrics, [&] {
+      const double micro_loss = exec->train_micro(task, b, m, factor, weight, policy, train_metrics, [&] {
         if (const Fault* f = fault_at(step + 1, {"kill", "raise", "stop"})) {
           if (f->kind == "kill") ::raise(SIGKILL);
           if (f->kind == "stop") ::raise(SIGSTOP);  // a hung rank, for the watchdog
@@ -603,16 +643,35 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
                                        f->step, f->kind));
         }
       });
+      if (m == 0 && fault_at(step + 1, {"kill_backward"})) ::raise(SIGKILL);
+      loss_sum += micro_loss;
+      if (deterministic) atom_loss.push_back(micro_loss);
     }
     micro.clear();
     if (fault_at(step + 1, {"nan_loss"})) loss_sum = std::numeric_limits<double>::quiet_NaN();
     if (fault_at(step + 1, {"big_loss"})) loss_sum *= 1000.0;  // an outlier for spike detection
+    if (deterministic && !atom_loss.empty()) {
+      if (fault_at(step + 1, {"nan_loss"})) atom_loss[0] = std::numeric_limits<double>::quiet_NaN();
+      if (fault_at(step + 1, {"big_loss"}))
+        for (double& v : atom_loss) v *= 1000.0;
+    }
     exec->finish_backward();  // e.g. the tied embedding's two halves, before the dp reduction
+    if (fault_at(step + 1, {"kill_reduce"})) ::raise(SIGKILL);
     dp.finish_gradients();
     double agreed[2] = {loss_sum / double(acc), stop_requested() ? 1.0 : 0.0};
     ctrl->allreduce(agreed, 1);          // the global batch's mean loss (x replicas)
     ctrl->allreduce_max(agreed + 1, 1);  // stop when any rank was asked to
     last_loss = agreed[0] / double(D);   // one reporting rank per replica
+    if (deterministic) {
+      // every atom's loss in its slot (an allreduce over zeros elsewhere is an exact gather), summed
+      // in the atoms' order: the same number whatever the layout
+      std::vector<double> all(size_t(D * acc), 0.0);
+      for (int64_t m = 0; m < acc; ++m) all[size_t(int64_t(shard.rank) * acc + m)] = atom_loss[size_t(m)];
+      ctrl->allreduce(all.data(), int64_t(all.size()));
+      double sum = 0.0;
+      for (double v : all) sum += v;
+      last_loss = sum / double(D * acc);
+    }
     if (!train_keys.empty()) {
       if (!exec->reports()) train_metrics = Metrics();
       train_metrics.allreduce(*ctrl, train_keys);

@@ -76,6 +76,11 @@ struct TrainResult {
 
 // Trains the recipe's model (its registry row builds the task). Collective under mpirun.
 TrainResult train(const Recipe& recipe, const TrainOptions& opts);
+// parallel.deterministic: the same recipe with every micro-step one atom (train.batch_size =
+// parallel.atom_rows, train.accumulation = this rank's atoms), which the trainer and the task then
+// use; the global batch is unchanged. The recipe as given when deterministic mode is off, and
+// idempotent. A task for train(recipe, opts, task) must be made from this recipe.
+Recipe deterministic_split(const Recipe& recipe);
 // Trains a task the caller built (a model outside the zoo: examples/); the recipe supplies
 // everything else. The task must have been made for this recipe.
 TrainResult train(const Recipe& recipe, const TrainOptions& opts, Task& task);

@@ -91,6 +91,7 @@ class ContrastiveTask : public Task {
     return G == B ? cached_ : cached_.narrow((micro * s.world + s.rank) * B, B);
   }
   bool needs_whole_step() const override { return true; }  // the loss couples the whole global batch
+  bool rows_independent() const override { return false; }
   void begin_step(std::vector<Batch>& micro, const Shard& s) override {
     const int64_t A = int64_t(micro.size()), D = s.world;
     split_ = A * D;

@@ -1,0 +1,143 @@
+// parallel.deterministic, end to end through the `brigade` binary: one global batch of 16 rows
+// trained for 20 steps (dropout, gradient clipping and weight decay on) as dp 1, 2, 4 x ZeRO 0-3 x
+// accumulation 1, 2, 4 gives one loss curve and one set of final weights, bitwise. The expected
+// values come from the single-process run with the whole batch in one micro-step; the claim is
+// equality of bits, so there is no tolerance. Also: the recipe errors of the mode.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "support/test_support.h"
+#include "support/tiny_models.h"
+
+namespace fs = std::filesystem;
+using namespace brigade;
+
+namespace {
+
+using test_support::CmdResult;
+using test_support::slurp;
+
+const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
+const std::string kMpirun = BRIGADE_MPIRUN;
+constexpr int64_t kGlobalRows = 16;
+
+const char* kRecipe = R"(
+[run]
+name = "tiny"
+out_dir = "run"
+seed = 11
+threads = 1
+[model]
+vocab_size = 128
+block_size = 16
+n_layer = 2
+n_head = 2
+n_embd = 32
+dropout = 0.1
+[data]
+corpus = "corpus.txt"
+dir = "data"
+val_fraction = 0.1
+[train]
+steps = 20
+batch_size = 16
+seq_len = 16
+eval_every = 0
+eval_batches = 1
+log_every = 1
+checkpoint_every = 0
+grad_clip = 0.5
+[optim]
+lr = 3e-3
+weight_decay = 0.1
+[schedule]
+warmup_steps = 2
+min_lr = 3e-4
+[parallel]
+deterministic = true
+)";
+
+class Deterministic : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // (fresh_test_dir names the folder after the running test, which a suite set-up has not)
+    dir_ = new fs::path(fs::temp_directory_path() / ("brigade_deterministic_" + std::to_string(::getpid())));
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_);
+    test_support::write_tiny_corpus(*dir_ / "corpus.txt");
+    std::ofstream(*dir_ / "tiny.toml") << kRecipe;
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+  // `brigade train tiny.toml` into run.out_dir = out (one process when np = 1).
+  static CmdResult train(const std::string& out, int np, const std::string& args) {
+    return test_support::run_in(*dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, "", 300) + " " + kBin +
+                                           " train tiny.toml --quiet --no-sample --set run.out_dir=" + out + " " +
+                                           args);
+  }
+  static fs::path* dir_;
+};
+fs::path* Deterministic::dir_ = nullptr;
+
+TEST_F(Deterministic, EveryDpZeroStageAndSplitGivesTheSameBits) {
+  if (!test_support::have_mpirun(kMpirun)) GTEST_SKIP() << "no mpirun";
+  const CmdResult ref = train("ref", 1, "");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  const test_support::Curve want = test_support::read_curve(*dir_ / "ref/metrics.jsonl");
+  ASSERT_EQ(want.loss.size(), 20u);
+  const std::string weights = slurp(*dir_ / "ref/checkpoint/model.safetensors");
+  ASSERT_FALSE(weights.empty());
+  int runs = 0;
+  for (int dp : {1, 2, 4})
+    for (int zero : {0, 1, 2, 3})
+      for (int acc : {1, 2, 4}) {
+        if (dp == 1 && zero == 0 && acc == 1) continue;  // the reference
+        const int64_t rows = kGlobalRows / (dp * acc);
+        const std::string out = "dp" + std::to_string(dp) + "_zero" + std::to_string(zero) + "_acc" +
+                                std::to_string(acc);
+        SCOPED_TRACE(out);
+        const CmdResult got = train(out, dp,
+                                    "--set parallel.dp=" + std::to_string(dp) + " --set parallel.zero=" +
+                                        std::to_string(zero) + " --set train.accumulation=" + std::to_string(acc) +
+                                        " --set train.batch_size=" + std::to_string(rows));
+        ASSERT_EQ(got.code, 0) << got.err;
+        const test_support::Curve c = test_support::read_curve(*dir_ / out / "metrics.jsonl");
+        EXPECT_EQ(c.loss_text, want.loss_text) << "the loss curve differs";
+        EXPECT_EQ(c.records.rbegin()->second.at("grad_norm").dump(), want.records.rbegin()->second.at("grad_norm").dump());
+        EXPECT_TRUE(slurp(*dir_ / out / "checkpoint/model.safetensors") == weights) << "the final weights differ";
+        fs::remove_all(*dir_ / out);
+        ++runs;
+      }
+  EXPECT_EQ(runs, 35);
+}
+
+TEST_F(Deterministic, AtomsPerRankMustBeAPowerOfTwo) {
+  const CmdResult r = train("bad", 1, "--set train.batch_size=6");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("6 rows per rank make 6 atoms"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("power of two"), std::string::npos) << r.err;
+  const CmdResult m = train("bad", 1, "--set train.batch_size=6 --set parallel.atom_rows=4");
+  EXPECT_EQ(m.code, 1) << m.err;
+  EXPECT_NE(m.err.find("not a multiple of parallel.atom_rows = 4"), std::string::npos) << m.err;
+}
+
+TEST_F(Deterministic, ASettingItWouldIgnoreIsRefused) {
+  const CmdResult ring = train("bad", 1, "--set parallel.allreduce=ring");
+  EXPECT_EQ(ring.code, 1) << ring.err;
+  EXPECT_NE(ring.err.find("parallel.allreduce = \"ring\" has no effect with parallel.deterministic"),
+            std::string::npos)
+      << ring.err;
+  const CmdResult ramp = train("bad", 1, "--set train.accumulation_mode=ramp --set train.accumulation_max=4 --set train.ramp_steps=5");
+  EXPECT_EQ(ramp.code, 1) << ramp.err;
+  EXPECT_NE(ramp.err.find("needs train.accumulation_mode = \"static\""), std::string::npos) << ramp.err;
+}
+
+}  // namespace
