@@ -46,7 +46,7 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   dpo.accumulation = A;
   dpo.deterministic = r.parallel.deterministic;
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
-  parallel::DataParallel dp(task->units(dpo.zero), world, dpo);
+  parallel::DataParallel dp(task->units(dpo.deterministic ? 3 : dpo.zero), world, dpo);  // as the trainer
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   const amp::Policy policy = precision_policy(r.precision);
   amp::LossScaler scaler(loss_scaler_options(r.precision));

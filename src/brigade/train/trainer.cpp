@@ -349,7 +349,9 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
                 "global batch (contrastive), so it has no per-atom gradients; set parallel.deterministic = false",
                 r.path, r.model.type);
   dpo.deterministic = deterministic;
-  parallel::DataParallel dp(exec->units(dpo.zero), exec->dp_group(), dpo);
+  // deterministic: the ZeRO-3 units for every stage, so the flat layout (and with it the norm's
+  // blocks) is the same whatever the stage (some tasks keep one unit below ZeRO-3)
+  parallel::DataParallel dp(exec->units(deterministic ? 3 : dpo.zero), exec->dp_group(), dpo);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   // BatchNorm over the data-parallel group (parallel.sync_batchnorm): its allreduces go through the
   // buckets' queue, in order with them

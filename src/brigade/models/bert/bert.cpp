@@ -186,6 +186,9 @@ BERT::MaskedLogits BERT::masked_logits(const Tensor& ids, const Tensor& labels, 
   for (size_t i = 0; i < lab.size(); ++i)
     if (lab[i] != -100) rows.push_back(int64_t(i)), picked.push_back(lab[i]);
   if (rows.empty()) {
+    // The encoder still runs (its output unused): under ZeRO-3 it gathers each block, which every
+    // data-parallel rank must do in step with the others, whatever its rows hold.
+    (void)encode(ids, attention_mask, token_type_ids);
     MaskedLogits out;
     out.labels = Tensor::from_vector_i64(picked, {0});
     out.logits = Tensor::zeros({0, cfg_.vocab_size});

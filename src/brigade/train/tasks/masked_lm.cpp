@@ -168,10 +168,16 @@ class MaskedLMTask : public Task {
   }
   bool needs_whole_step() const override { return true; }  // masked tokens per micro-batch differ
   Loss loss(const Batch& b, int64_t micro, Metrics& m) override {
-    const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V), (M)
-    if (ml.labels.numel() == 0)  // this micro-batch holds no masked token: no contribution (the trainer weights it by 0)
-      return {fn::mul_scalar(fn::sum_all(ml.logits), 0.0)};
-    return {masked_loss(ml, m)};
+    if (b.count == 0) {
+      // This micro-batch holds no masked token: no contribution (the trainer weights it by 0). The
+      // whole model still runs forward and backward (the head on every position, a zero loss), so
+      // every parameter gets its (zero) gradient and this rank makes the collectives the others
+      // make: ZeRO-3 gathers each block in both passes and reduces each bucket once all its
+      // gradients are ready; a rank that skipped them would hang the job.
+      const models::BERT::MaskedLogits all = model_->masked_logits(b.at("ids"), b.at("ids"));  // (B*T, V)
+      return {fn::mul_scalar(fn::sum_all(all.logits), 0.0)};
+    }
+    return {masked_loss(model_->masked_logits(b.at("ids"), b.at("labels")), m)};  // (M, V), (M)
   }
   std::vector<std::string> train_metric_keys() const override { return {"train_correct", "train_masked"}; }
   nlohmann::json train_fields(const Metrics& m, int64_t step) const override {
@@ -198,9 +204,9 @@ class MaskedLMTask : public Task {
     return m;
   }
   void score(const Batch& b, Metrics& m) override {
-    if (b.count == 0) return;
+    // (with no masked token the encoder still runs: ZeRO-3 keeps the ranks' gathers in step)
     const models::BERT::MaskedLogits ml = model_->masked_logits(b.at("ids"), b.at("labels"));  // (M, V)
-    add_masked_scores(ml, m);
+    if (ml.labels.numel() > 0) add_masked_scores(ml, m);
   }
   std::vector<std::string> eval_metric_keys() const override { return {"loss_sum", "correct", "masked"}; }
   nlohmann::json eval_fields(const Metrics& m) const override {
