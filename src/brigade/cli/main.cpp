@@ -254,6 +254,15 @@ int run(int argc, char** argv) {
       fmt::print(stderr, "{}", app.help());
       return 2;
     }
+    const std::string first = argv[1];
+    if (app.get_subcommands().empty() && !first.empty() && first[0] != '-') {  // not a command at all
+      std::string names;
+      for (const CLI::App* c : app.get_subcommands({}))
+        names += (names.empty() ? "" : ", ") + c->get_name();
+      fmt::print(stderr, "brigade: error: unknown command '{}'; the commands are {} (see `brigade --help`)\n", first,
+                 names);
+      return 2;
+    }
     const std::string sub = app.get_subcommands().empty() ? "" : " " + app.get_subcommands()[0]->get_name();
     fmt::print(stderr, "brigade: error: {} (see `brigade{} --help`)\n", e.what(), sub);
     return 2;

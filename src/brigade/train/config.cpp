@@ -756,6 +756,19 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   std::ostringstream ss;
   ss << in.rdbuf();
   BRIGADE_CHECK(!in.bad(), IoError, "recipe file '{}' could not be read; check the disk", path);
+  // An empty file would train every default (a 1300-step run on the Bible corpus): surely not meant.
+  bool empty = true;
+  {
+    std::istringstream lines(ss.str());
+    for (std::string line; empty && std::getline(lines, line);) {
+      const size_t k = line.find_first_not_of(" \t\r");
+      empty = k == std::string::npos || line[k] == '#';
+    }
+  }
+  BRIGADE_CHECK(!empty, ConfigError,
+                "recipe file '{}' is empty (no keys, only blanks or comments); write the run's settings in it, e.g. "
+                "start from a copy of recipes/gpt-kjv.toml",
+                path);
   return parse_recipe(ss.str(), path, overrides);
 }
 

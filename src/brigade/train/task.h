@@ -194,6 +194,9 @@ class Task {
   // ---- optional pieces
   virtual const Stages* stages() { return nullptr; }        // pipeline parallelism
   virtual bool can_sample() const { return false; }
+  // Before training: refuses a sample setting that would only fail after the run (sample.prompt
+  // with characters the tokenizer lacks). Needs open_data.
+  virtual void check_sample() const {}
   // Text from the model (rank 0): its own weights (gathered), or `full` (a whole model's
   // parameters by name, when model parallelism holds only a shard here).
   virtual std::string sample(const nn::NamedTensors* full) {

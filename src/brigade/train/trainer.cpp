@@ -258,6 +258,7 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
 
   // ---- data (prepared on first use by rank 0) and the model's recompute plan
   task.open_data(*ctrl, say);
+  if (opts.sample && task.can_sample()) task.check_sample();  // fail now, not after the run
   const std::vector<nn::Recompute> modes = apply_recompute(r, task);
   const ItemKind item = task.item_kind();
   const int64_t B = r.train.batch_size, A = r.train.accumulation, D = r.parallel.dp;

@@ -176,6 +176,7 @@ class CausalLMTask : public Task {
     return &*stages_;
   }
   bool can_sample() const override { return true; }
+  void check_sample() const override { (void)tok_->encode_strict(r_.sample.prompt, "sample.prompt"); }
   std::string sample(const nn::NamedTensors* full) override {
     const SampleOptions so{r_.sample.tokens, r_.sample.temperature, r_.sample.top_k, r_.run.seed};
     if (!full) {
