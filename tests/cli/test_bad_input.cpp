@@ -245,6 +245,13 @@ const std::vector<Case>& cases() {
        },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint/state.json is corrupted", "resume from another checkpoint or start without --resume"}},
+      // (before the fix: "no checkpoint", and --resume-if-any started over, overwriting it)
+      {"ckpt-missing-state", {"data", "run"}, [] { fs::remove("run/checkpoint/state.json"); },
+       "train tiny.toml --no-sample --resume --set train.steps=8",
+       {"run/checkpoint", "state.json is missing", "resume from another"}},
+      {"ckpt-missing-state-resume-if-any", {"data", "run"}, [] { fs::remove("run/checkpoint/state.json"); },
+       "train tiny.toml --no-sample --resume-if-any --set train.steps=8",
+       {"run/checkpoint", "state.json is missing", "resume from another"}},
       {"ckpt-missing-file", {"data", "run"}, [] { fs::remove("run/checkpoint/optimizer.safetensors"); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: optimizer.safetensors is missing (checksums.json lists it)", "resume from another one"}},
@@ -331,12 +338,6 @@ const std::vector<Case>& cases() {
 // reproduction). Their phrases say what the error should hold once fixed. Not in the doc table.
 const std::vector<Case>& findings() {
   static const std::vector<Case> c{
-      // a checkpoint without state.json (checksums.json lists it) is "no checkpoint in run/checkpoint"
-      {"ckpt-missing-state", {"data", "run"}, [] { fs::remove("run/checkpoint/state.json"); },
-       "train tiny.toml --no-sample --resume --set train.steps=8", {"state.json is missing"}},
-      // ... and --resume-if-any then starts from step 0 and overwrites the checkpoint (exit 0)
-      {"ckpt-missing-state-resume-if-any", {"data", "run"}, [] { fs::remove("run/checkpoint/state.json"); },
-       "train tiny.toml --no-sample --resume-if-any --set train.steps=8", {"state.json is missing"}},
       // a mistyped state.json field is "missing a field ([json.exception.type_error.302] ...)": the
       // field is not named and nothing says what to do
       {"ckpt-state-wrong-type", {"data", "run"},

@@ -83,7 +83,12 @@ void save_checkpoint(const std::string& dir, const nn::Module& model, const opti
 
 bool checkpoint_exists(const std::string& dir) {
   recover_checkpoint(dir);
-  return fs::exists(fs::path(dir) / "state.json") && fs::exists(fs::path(dir) / "model.safetensors");
+  // Any of a checkpoint's own files makes it one: a checkpoint with a file missing is then an error
+  // naming the file when it is opened, never "no checkpoint" (which --resume-if-any would take as
+  // a fresh start, overwriting it).
+  for (const char* f : {"state.json", "model.safetensors", "checksums.json"})
+    if (fs::exists(fs::path(dir) / f)) return true;
+  return false;
 }
 
 Recipe checkpoint_recipe(const std::string& dir) {
