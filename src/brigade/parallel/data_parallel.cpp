@@ -352,19 +352,7 @@ void DataParallel::fire_bucket(size_t b) {
     queue_->wait(in_flight_.front());
     in_flight_.pop_front();
   }
-  arm_bucket(b);
-  Tensor staging = std::move(bk.buffer);  // (n) flat gradients of the bucket
-  bk.buffer = Tensor();
-  for (size_t i : bk.params) {
-    Tensor p = params_[i].second;  // shares the parameter's TensorImpl
-    Tensor g = p.grad();
-    if (g.defined() && !g.same_storage(staging))
-      std::memcpy(staging.data<float>() + (layout_[i].offset - bk.begin), g.data<float>(),
-                  size_t(g.numel()) * sizeof(float));
-    p.set_grad(Tensor());
-  }
-  if (b + 1 < buckets_.size() && !buckets_[b + 1].fired) arm_bucket(b + 1);
-  if (o_.zero == 3 && units_[size_t(bk.unit)].module && !keep_all_) release_unit(size_t(bk.unit));
+  Tensor staging = hand_off(b);  // (n) flat gradients of the bucket
   std::vector<int64_t> counts = counts_in(bk.begin, bk.end);
   const int64_t mine = counts[size_t(pg_->rank())];
   float* dst = mine > 0 ? fptr(grad_shard_) + (std::max(bk.begin, lo_) - lo_) : nullptr;
@@ -381,17 +369,10 @@ void DataParallel::fire_bucket(size_t b) {
   in_flight_.push_back(ticket);
 }
 
-// Deterministic mode: the bucket's gradient of this micro-step's atom goes into the tree.
-void DataParallel::fire_deterministic(size_t b) {
+// ZeRO-2/3: the bucket's gradients as one flat buffer, its parameters' gradients freed; the next
+// bucket armed, and (ZeRO-3) the unit released once its gradients are out.
+Tensor DataParallel::hand_off(size_t b) {
   Bucket& bk = buckets_[b];
-  bk.fired = true;
-  const int64_t n = bk.end - bk.begin;
-  if (o_.zero < 2) {
-    float* g = fptr(flat_grads_) + bk.begin;
-    tree_add(g, bk.begin, n);
-    std::memset(g, 0, size_t(n) * sizeof(float));  // the next atom's backward starts from zero
-    return;
-  }
   arm_bucket(b);
   Tensor staging = std::move(bk.buffer);  // (n) flat gradients of the bucket
   bk.buffer = Tensor();
@@ -405,6 +386,21 @@ void DataParallel::fire_deterministic(size_t b) {
   }
   if (b + 1 < buckets_.size() && !buckets_[b + 1].fired) arm_bucket(b + 1);
   if (o_.zero == 3 && units_[size_t(bk.unit)].module && !keep_all_) release_unit(size_t(bk.unit));
+  return staging;
+}
+
+// Deterministic mode: the bucket's gradient of this micro-step's atom goes into the tree.
+void DataParallel::fire_deterministic(size_t b) {
+  Bucket& bk = buckets_[b];
+  bk.fired = true;
+  const int64_t n = bk.end - bk.begin;
+  if (o_.zero < 2) {
+    float* g = fptr(flat_grads_) + bk.begin;
+    tree_add(g, bk.begin, n);
+    std::memset(g, 0, size_t(n) * sizeof(float));  // the next atom's backward starts from zero
+    return;
+  }
+  Tensor staging = hand_off(b);  // (n) flat gradients of the bucket
   tree_add(staging.data<float>(), bk.begin, n);
 }
 

@@ -184,6 +184,7 @@ class DataParallel {
   void on_grad_ready(size_t bucket);
   void fire_bucket(size_t b);
   void fire_deterministic(size_t b);
+  Tensor hand_off(size_t b);
   void tree_add(const float* src, int64_t begin, int64_t n);  // this micro-step's atom, flat range
   float* tree_level(size_t l);
   double deterministic_norm();
