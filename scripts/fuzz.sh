@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the parsers of outside input (tests/fuzz/targets.h) with libFuzzer under ASan + UBSan.
 #   bash scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 600 s, every target)
+#   FUZZ_JOBS=N: build jobs (default: nproc)
 # Builds build-fuzz/ with clang-14 (installed here if missing: clang-14, libclang-rt-14-dev,
 # libomp-14-dev), runs each target from a working copy of its corpus (tests/fuzz/corpus/<target>,
 # grown in build-fuzz/corpus/<target>, not in the repo) and prints libFuzzer's final stats line
@@ -13,7 +14,8 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET="${1:-600}"
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(safetensors recipe)
+[ ${#TARGETS[@]} -gt 0 ] ||
+  TARGETS=(safetensors recipe token_file fashion_idx checkpoint_state optimizer_index hf_config hf_index tokenizer)
 
 need=()
 command -v clang++-14 >/dev/null || need+=(clang-14)
@@ -30,7 +32,7 @@ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Release -DBRIGADE_FUZZ=ON \
   -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_C_FLAGS="$SAN" -DCMAKE_CXX_FLAGS="$SAN" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target $(printf 'fuzz_%s ' "${TARGETS[@]}")
+cmake --build build-fuzz -j"${FUZZ_JOBS:-$(nproc)}" --target $(printf 'fuzz_%s ' "${TARGETS[@]}")
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"

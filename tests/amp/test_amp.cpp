@@ -427,6 +427,31 @@ TEST(LossScaler, StateRoundTripsAndBadStateIsACheckpointError) {
   EXPECT_THROW(amp::scale_mode_from_name("dynamc"), ValueError);
 }
 
+// The counters of a saved state are whole numbers >= 0, checked: a float such as 1e300 reached an
+// int64_t conversion (undefined behaviour) when state.json was damaged (found by fuzzing).
+TEST(LossScaler, AStateWithAFractionalOrHugeCounterIsACheckpointError) {
+  amp::LossScalerOptions o;
+  o.mode = amp::ScaleMode::Dynamic;
+  amp::LossScaler s(o);
+  auto state = [](const std::string& good_steps) {
+    return "{\"scale\": 1024.0, \"good_steps\": " + good_steps +
+           ", \"streak\": 0, \"overflows\": 0, \"skipped\": 0, \"window_amax\": 0}";
+  };
+  for (const auto& [bad, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"1e300", "1e+300"}, {"2.5", "2.5"}, {"-3", "-3"}}) {
+    try {
+      s.set_state(state(bad));
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("\"good_steps\" holds " + shown + ", not a whole number >= 0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  s.set_state(state("7.0"));  // a whole number written as a float reads
+  EXPECT_EQ(s.scale(), 1024.0);
+}
+
 // ------------------------------------------------------------------ the mechanism
 
 // A softmax classifier whose gradients are tiny (its loss is weighted by 1e-6, as a very

@@ -208,6 +208,32 @@ TEST(AccumulationPolicy, NoiseScaleEstimatorRecoversKnownNoise) {
   EXPECT_EQ(p.at(4), 10);
 }
 
+// The saved state's counters are whole numbers >= 0, checked: a float such as 1e300 reached an
+// int64_t conversion (undefined behaviour) when state.json was damaged (found by fuzzing).
+TEST(AccumulationPolicy, AStateWithAFractionalOrHugeCounterIsACheckpointError) {
+  train::TrainConfig t;
+  t.accumulation = 2;
+  t.accumulation_max = 10;
+  t.accumulation_mode = "noise_scale";
+  train::AccumulationPolicy p(t, 1);
+  auto state = [](const std::string& current) {
+    return "{\"current\": " + current + ", \"ema_s\": 0.5, \"ema_g\": 0.25, \"observations\": 3}";
+  };
+  for (const auto& [bad, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"1e300", "1e+300"}, {"2.5", "2.5"}, {"-4", "-4"}}) {
+    try {
+      p.set_state(state(bad));
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("\"current\" holds " + shown + ", not a whole number >= 0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  p.set_state(state("5.0"));  // a whole number written as a float reads
+  EXPECT_EQ(p.at(0), 5);
+}
+
 TEST(AccumulationPolicy, BadSettingsAreConfigErrors) {
   const std::string base = "[train]\nsteps = 10\n[schedule]\nwarmup_steps = 1\n";
   auto msg = [&](std::vector<std::string> sets) -> std::string {

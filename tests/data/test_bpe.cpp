@@ -489,6 +489,39 @@ json toy_tokenizer_json(bool ignore_merges) {
   return j;
 }
 
+// Malformed files found by fuzzing (tests/fuzz): each a DataError naming the file and the field.
+TEST(ByteLevelBpe, HugeIdsWrappingIdsAndNonUtf8MergeLinesAreDataErrors) {
+  TempDir dir;
+  auto expect_error = [&](const std::function<void()>& load, const std::string& needle) {
+    try {
+      load();
+      ADD_FAILURE() << "no error; wanted one containing: " << needle;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // The id -> token table is dense: an id of 2^24 or more is refused before the table grows
+  // (the cap was 2^30, a 32 GiB table).
+  json j = toy_tokenizer_json(false);
+  j["model"]["vocab"]["abc"] = (int64_t(1) << 24) + 1;
+  write_text(dir.file("huge.json"), j.dump());
+  expect_error([&] { ByteLevelBpe::from_tokenizer_json(dir.file("huge.json")); }, "outside [0, 2^24)");
+  // A post-processor id beyond int was narrowed (2^32 + 5 became 5, a real token).
+  j = toy_tokenizer_json(false);
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", json::array({json{{"SpecialToken", {{"id", "<x>"}}}},
+                                                 json{{"Sequence", {{"id", "A"}}}}})},
+                         {"special_tokens", {{"<x>", {{"ids", {(int64_t(1) << 32) + 5}}}}}}};
+  write_text(dir.file("post.json"), j.dump());
+  expect_error([&] { ByteLevelBpe::from_tokenizer_json(dir.file("post.json")); }, "id 4294967301 names no token");
+  // A bad merges.txt line that is not UTF-8 made json::dump throw its own exception in the message.
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[gpt2_byte_to_unicode(static_cast<unsigned char>(b))] = b;
+  write_text(dir.file("vocab.json"), vocab.dump());
+  write_text(dir.file("merges.txt"), "#version: 0.2\n\xff\xfe\n");
+  expect_error([&] { ByteLevelBpe::from_gpt2_files(dir.file("vocab.json"), dir.file("merges.txt")); }, "line 2");
+}
+
 TEST(ByteLevelBpe, IgnoreMergesEmitsAWholeVocabularyPreToken) {
   TempDir dir;
   write_text(dir.file("merge.json"), toy_tokenizer_json(false).dump());

@@ -94,6 +94,23 @@ TEST_F(FashionMnistFiles, ReadsExactValuesNormalised) {
   expect_error<ValueError>([&] { ds.batch({3}); }, {"index 3"});
 }
 
+// Dims whose product overflows int64 (three u32 dims) or that promise far more than the file
+// holds are DataErrors before any memory for them is taken: the product is checked before each
+// multiplication, and the data is read in chunks (found by fuzzing: a 28-byte file made the
+// reader multiply past int64 or allocate 2^36 bytes).
+TEST_F(FashionMnistFiles, HugeOrOverflowingDimsAreDataErrorsWithoutAllocatingThem) {
+  const std::string huge = write("huge.gz", {0x803, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, {});
+  expect_error<DataError>([&] { data::read_idx_gz(huge, 3); }, {"huge.gz", "announce more than 2^36 bytes"});
+  // 2^11 x 2^12 x 2^12 = 32 GiB announced, 100 bytes present
+  const std::string big = write("big.gz", {0x803, 1u << 11, 1u << 12, 1u << 12}, std::vector<uint8_t>(100, 7));
+  expect_error<DataError>([&] { data::read_idx_gz(big, 3); }, {"big.gz", "truncated", "34359738368 bytes"});
+  // more than one 64 MiB chunk, all present: read whole
+  const std::string chunks = write("chunks.gz", {0x801, (64u << 20) + 3}, std::vector<uint8_t>((64u << 20) + 3, 5));
+  const data::IdxArray a = data::read_idx_gz(chunks, 1);
+  ASSERT_EQ(a.data.size(), (size_t(64) << 20) + 3);
+  EXPECT_EQ(a.data.back(), 5);
+}
+
 TEST_F(FashionMnistFiles, BadMagicTruncationAndMismatchesAreDataErrorsNamingTheFile) {
   auto [im, lb] = good(2);
   const std::string bad = write("bad.gz", {0x802, 2, 28, 28}, pixels(2));

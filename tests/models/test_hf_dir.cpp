@@ -319,4 +319,56 @@ TEST_F(HfDirErrors, AnUnknownModelTypeOrAnUnsupportedFieldIsRefusedByName) {
   expect_error(g, "no config.json");
 }
 
+// config.json sizes are whole numbers in range: a float such as 1e300 used to reach get<int64_t>()
+// (undefined behaviour) and a huge width overflowed 4 * n_embd (found by fuzzing, tests/fuzz).
+TEST_F(HfDirErrors, FractionalOrOutOfRangeSizesAreRefusedByName) {
+  const fs::path g = copy("gpt2");
+  edit_config(g, [](nlohmann::json& j) { j["vocab_size"] = 1e300; });
+  expect_error(g, "\"vocab_size\" = 1e+300 is not a whole number");
+  edit_config(g, [](nlohmann::json& j) { j["vocab_size"] = 96.5; });
+  expect_error(g, "\"vocab_size\" = 96.5 is not a whole number");
+  edit_config(g, [](nlohmann::json& j) {
+    j["vocab_size"] = 96;
+    j["n_embd"] = int64_t(1) << 40;
+    j["n_inner"] = int64_t(1) << 62;
+  });
+  expect_error(g, "\"n_embd\" = 1099511627776 is outside [1, 131072]");
+  edit_config(g, [](nlohmann::json& j) {
+    j["n_embd"] = 32;
+    j["n_inner"] = nullptr;
+    j["n_layer"] = 0;
+  });
+  expect_error(g, "\"n_layer\" = 0 is outside [1, 4096]");
+  edit_config(g, [](nlohmann::json& j) {
+    j["n_layer"] = 2.0;  // a whole number written as a float still reads
+    j["vocab_size"] = 96.0;
+  });
+  EXPECT_NO_THROW(models::load_hf_directory(g.string()));
+  const fs::path l = copy("llama");
+  edit_config(l, [](nlohmann::json& j) { j["pretraining_tp"] = -1e300; });
+  expect_error(l, "\"pretraining_tp\" = -1e+300 is not a whole number");
+}
+
+// A shard index names files of the model folder only (an absolute path or ".." was read wherever
+// it pointed), and a shard that is not a string is a CheckpointError (it was a json type_error).
+TEST_F(HfDirErrors, AShardOutsideTheFolderOrNotANameIsRefused) {
+  const fs::path d = copy("llama_sharded");
+  copy("llama");  // ../llama/model.safetensors exists: without the check it would be read
+  const fs::path index = d / "model.safetensors.index.json";
+  const nlohmann::json orig = nlohmann::json::parse(test_support::slurp(index));
+  const std::string first = orig.at("weight_map").begin().key();
+  for (const nlohmann::json& name : {nlohmann::json("../llama/model.safetensors"), nlohmann::json("/etc/passwd")}) {
+    nlohmann::json j = orig;
+    j["weight_map"][first] = name;
+    std::ofstream(index) << j.dump(2);
+    expect_error(d, "names shard " + name.dump() + ", which is not a file of");
+  }
+  nlohmann::json j = orig;
+  j["weight_map"][first] = 1;
+  std::ofstream(index) << j.dump(2);
+  expect_error(d, "weight_map[\"" + first + "\"] = 1 is not a shard file name");
+  std::ofstream(index) << orig.dump(2);
+  EXPECT_NO_THROW(models::load_hf_directory(d.string()));
+}
+
 }  // namespace

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <regex>
 
@@ -282,6 +284,86 @@ TEST_F(CheckpointDir, AFailedShardWriteRemovesTheTmpToo) {
     EXPECT_NE(std::string(e.what()).find("removed the partial " + tmp), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(tmp));
+}
+
+// state.json's counters are whole numbers >= 0, checked: a float such as 1e300 reached
+// get<int64_t>() (undefined behaviour) and a negative step was taken as it was (found by fuzzing).
+TEST_F(CheckpointDir, StateJsonCountersMustBeWholeNumbers) {
+  fs::create_directories(ckpt_);
+  std::ofstream(fs::path(ckpt_) / "recipe.toml") << "";
+  auto state = [&](const std::string& fields) {
+    std::ofstream(fs::path(ckpt_) / "state.json")
+        << "{\"version\": 1, \"rng_state\": \"\", \"last_val_loss\": null, " << fields << "}";
+  };
+  auto expect_error = [&](const std::string& needle) {
+    try {
+      (void)checkpoint_state(ckpt_);
+      ADD_FAILURE() << "no error; wanted one containing: " << needle;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("state.json"), std::string::npos) << e.what();
+    }
+  };
+  state("\"step\": 4.0, \"tokens_seen\": 96");  // a whole number written as a float reads
+  EXPECT_EQ(checkpoint_state(ckpt_).step, 4);
+  state("\"step\": 1e300, \"tokens_seen\": 96");
+  expect_error("\"step\" = 1e+300 is not a whole number >= 0");
+  state("\"step\": -1, \"tokens_seen\": 96");
+  expect_error("\"step\" = -1 is not a whole number >= 0");
+  state("\"step\": 3, \"tokens_seen\": 18446744073709551615");
+  expect_error("\"tokens_seen\" = 18446744073709551615 is not a whole number >= 0");
+  state("\"step\": 3, \"tokens_seen\": 96, \"early_stop\": {\"best_step\": 2.5, \"best_val_loss\": 1, "
+        "\"evals_since_best\": 0}");
+  expect_error("\"early_stop.best_step\" = 2.5 is not a whole number >= 0");
+  state("\"step\": 3, \"tokens_seen\": 96, \"optimizer_steps\": -1e300");
+  expect_error("\"optimizer_steps\" = -1e+300 is not a whole number >= -1");
+}
+
+// optimizer.index.json names shard files of the checkpoint folder only (a "../" or absolute path
+// was read wherever it pointed), and its ranges are whole numbers in order (found by fuzzing).
+TEST_F(CheckpointDir, AnOptimizerIndexReadsOnlyItsOwnShards) {
+  const std::vector<FlatLayoutEntry> layout{{"w", 0, 6}, {"b", 6, 2}};
+  const fs::path dir(ckpt_), other = root_ / "other";
+  fs::create_directories(dir);
+  fs::create_directories(other);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> v(4);
+    for (int i = 0; i < 4; ++i) v[size_t(i)] = float(r * 4 + i);
+    write_optimizer_shard(dir.string(), r, 2, r * 4, r * 4 + 4, {{"exp_avg", Tensor::from_vector(v, {4})}});
+    write_optimizer_shard(other.string(), r, 2, r * 4, r * 4 + 4, {{"exp_avg", Tensor::from_vector(v, {4})}});
+  }
+  write_optimizer_index(dir.string(), 2, 8, layout, {{0, 4}, {4, 8}}, {"exp_avg"});
+  EXPECT_EQ(read_optimizer_flat(dir.string(), layout, 0, 8).at("exp_avg").to_vector(),
+            (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));
+  const fs::path index = dir / "optimizer.index.json";
+  std::string text;
+  {
+    std::ifstream f(index);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const nlohmann::json orig = nlohmann::json::parse(text);
+  auto expect_error = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle) {
+    nlohmann::json j = orig;
+    edit(j);
+    std::ofstream(index) << j.dump(1);
+    try {
+      (void)read_optimizer_flat(dir.string(), layout, 0, 8);
+      ADD_FAILURE() << "no error; wanted one containing: " << needle;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::string shard0 = orig["shards"][0]["file"].get<std::string>();
+  expect_error([&](nlohmann::json& j) { j["shards"][0]["file"] = "../../other/" + shard0; },
+               "is not a file of the checkpoint folder");
+  expect_error([&](nlohmann::json& j) { j["shards"][0]["file"] = (other / shard0).string(); },
+               "is not a file of the checkpoint folder");
+  expect_error([](nlohmann::json& j) { j["shards"][0]["lo"] = -1e300; }, "a shard's \"lo\" = -1e+300 is not a whole number");
+  expect_error([](nlohmann::json& j) { j["shards"][0]["hi"] = 1e300; }, "a shard's \"hi\" = 1e+300 is not a whole number");
+  expect_error([](nlohmann::json& j) {
+    j["shards"][0]["lo"] = 4;
+    j["shards"][0]["hi"] = 0;
+  }, "a reversed range");
 }
 
 }  // namespace

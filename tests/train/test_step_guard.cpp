@@ -113,4 +113,27 @@ TEST(StepGuard, StateRoundTripDecidesAsTheUninterruptedGuard) {
                CheckpointError);
 }
 
+// The state's step numbers are whole numbers, checked: a float such as 1e300 reached an int64_t
+// conversion (undefined behaviour) when state.json was damaged (found by fuzzing).
+TEST(StepGuard, AStateWithAFractionalOrHugeStepIsACheckpointError) {
+  StepGuard g(config("skip", 1.5, 3));
+  auto expect_error = [&](const std::string& text, const std::string& needle) {
+    try {
+      g.set_state(text);
+      ADD_FAILURE() << "no error; wanted one containing: " << needle;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(R"({"losses": [1], "grad_norms": [1], "rolled_back": [1e300], "consecutive_skips": 0})",
+               "\"rolled_back\" holds 1e+300, not a whole number");
+  expect_error(R"({"losses": [1], "grad_norms": [1], "rolled_back": [3], "consecutive_skips": 2.5})",
+               "\"consecutive_skips\" holds 2.5, not a whole number");
+  // a count that no run reaches (and that the next skip would overflow)
+  expect_error(R"({"losses": [1], "grad_norms": [1], "rolled_back": [3], "consecutive_skips": 9223372036854775807})",
+               "9223372036854775807 consecutive skips, more than the 10 that end a run");
+  g.set_state(R"({"losses": [1], "grad_norms": [1], "rolled_back": [3.0], "consecutive_skips": 0})");
+  EXPECT_TRUE(g.marked(3));
+}
+
 }  // namespace

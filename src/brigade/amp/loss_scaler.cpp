@@ -10,6 +10,7 @@
 
 #include "brigade/core/enum_names.h"
 #include "brigade/core/error.h"
+#include "brigade/core/json_number.h"
 
 namespace brigade::amp {
 
@@ -115,11 +116,19 @@ void LossScaler::set_state(const std::string& json) {
   if (json.empty() || !enabled()) return;
   try {
     const auto j = nlohmann::json::parse(json);
+    // whole numbers, checked (get<int64_t> of a float such as 1e300 is undefined behaviour)
+    auto whole = [&](const char* field) {
+      const std::optional<int64_t> n = json_int64(j.at(field));
+      BRIGADE_CHECK(n && *n >= 0, CheckpointError,
+                    "the loss-scaler state in state.json is malformed: \"{}\" holds {}, not a whole number >= 0; "
+                    "the checkpoint is damaged: resume from another one", field, j.at(field).dump());
+      return *n;
+    };
     scale_ = j.at("scale").get<double>();
-    good_ = j.at("good_steps").get<int64_t>();
-    streak_ = j.at("streak").get<int64_t>();
-    overflows_ = j.at("overflows").get<int64_t>();
-    skipped_ = j.at("skipped").get<int64_t>();
+    good_ = whole("good_steps");
+    streak_ = whole("streak");
+    overflows_ = whole("overflows");
+    skipped_ = whole("skipped");
     window_amax_ = j.at("window_amax").get<double>();
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("the loss-scaler state in state.json is malformed ({}); the checkpoint is "

@@ -13,10 +13,12 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
+#include "brigade/core/json_number.h"
 #include "brigade/data/atomic_file.h"
 
 namespace brigade::ckpt {
@@ -389,6 +391,15 @@ void write_optimizer_index(const std::string& tmp, int dp, int64_t numel, const 
   });
 }
 
+bool path_stays_inside(const std::string& name) {
+  if (name.empty() || name.find('\0') != std::string::npos) return false;
+  const fs::path p(name);
+  if (p.has_root_name() || p.has_root_directory()) return false;
+  for (const fs::path& part : p)
+    if (part == ".." || part.string().size() > 255) return false;
+  return true;
+}
+
 bool checkpoint_is_sharded(const std::string& dir) { return fs::exists(fs::path(dir) / kIndexFile); }
 
 std::map<std::string, Tensor> read_optimizer_flat(const std::string& dir, const std::vector<FlatLayoutEntry>& layout,
@@ -401,24 +412,43 @@ std::map<std::string, Tensor> read_optimizer_flat(const std::string& dir, const 
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(read_checkpoint_file(ip));
-      BRIGADE_CHECK(j.at("format") == "brigade-flat-shards", CheckpointError, "{}: unknown index format", ip.string());
+      BRIGADE_CHECK(j.is_object() && j.value("format", nlohmann::json()) == "brigade-flat-shards", CheckpointError,
+                    "{}: unknown index format (expected an object with \"format\": \"brigade-flat-shards\"); the "
+                    "checkpoint is damaged or from another program",
+                    ip.string());
+      // A whole number >= 0 (get<int64_t> of a float such as 1e300 is undefined behaviour).
+      auto whole = [&](const nlohmann::json& v, const std::string& field) {
+        const std::optional<int64_t> n = json_int64(v);
+        BRIGADE_CHECK(n && *n >= 0, CheckpointError,
+                      "{}: {} = {} is not a whole number >= 0; the index is damaged: resume from another checkpoint",
+                      ip.string(), field, v.dump());
+        return *n;
+      };
       // The saved layout must be this model's: same names, offsets and sizes.
       const auto& jl = j.at("layout");
-      BRIGADE_CHECK(jl.size() == layout.size(), CheckpointError,
+      BRIGADE_CHECK(jl.is_array() && jl.size() == layout.size(), CheckpointError,
                     "{}: the checkpoint has {} parameters but this model has {}; use the recipe it was saved with",
-                    ip.string(), jl.size(), layout.size());
+                    ip.string(), jl.is_array() ? jl.size() : 0, layout.size());
       for (size_t i = 0; i < layout.size(); ++i)
         BRIGADE_CHECK(jl[i].at("name") == layout[i].name && jl[i].at("offset") == layout[i].offset &&
                           jl[i].at("numel") == layout[i].numel,
-                      CheckpointError, "{}: parameter {} is '{}' ({} elements at {}) in the checkpoint but '{}' here",
-                      ip.string(), i, jl[i].at("name").get<std::string>(), jl[i].at("numel").get<int64_t>(),
-                      jl[i].at("offset").get<int64_t>(), layout[i].name);
+                      CheckpointError, "{}: parameter {} is {} ({} elements at {}) in the checkpoint but '{}' here",
+                      ip.string(), i, jl[i].at("name").dump(), jl[i].at("numel").dump(), jl[i].at("offset").dump(),
+                      layout[i].name);
       for (const auto& s : j.at("states")) out.emplace(s.get<std::string>(), fresh());
       for (const auto& sh : j.at("shards")) {
-        const int64_t slo = sh.at("lo"), shi = sh.at("hi");
+        const int64_t slo = whole(sh.at("lo"), "a shard's \"lo\""), shi = whole(sh.at("hi"), "a shard's \"hi\"");
+        BRIGADE_CHECK(slo <= shi, CheckpointError,
+                      "{}: a shard holds elements [{}, {}), a reversed range; the index is damaged",
+                      ip.string(), slo, shi);
         const int64_t a = std::max(lo, slo), b = std::min(hi, shi);
         if (a >= b) continue;
-        const std::string file = (fs::path(dir) / sh.at("file").get<std::string>()).string();
+        const std::string shard_name = sh.at("file").get<std::string>();
+        BRIGADE_CHECK(path_stays_inside(shard_name), CheckpointError,
+                      "{}: shard file {} is not a file of the checkpoint folder (an absolute path or one with "
+                      "\"..\"); the index is damaged or was not written by Brigade",
+                      ip.string(), nlohmann::json(shard_name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        const std::string file = (fs::path(dir) / shard_name).string();
         SafetensorsReader r(file);
         for (auto& [name, dst] : out) {
           BRIGADE_CHECK(r.contains(name), CheckpointError, "{}: state '{}' is missing", file, name);

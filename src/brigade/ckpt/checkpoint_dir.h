@@ -80,5 +80,9 @@ void write_optimizer_index(const std::string& tmp, int dp, int64_t numel, const 
 std::map<std::string, Tensor> read_optimizer_flat(const std::string& dir, const std::vector<FlatLayoutEntry>& layout,
                                                   int64_t lo, int64_t hi);
 bool checkpoint_is_sharded(const std::string& dir);
+// Whether `name`, a file an index inside a folder lists (a shard), names a file in that folder
+// or below it: not empty, relative, no ".." component, no NUL, components of at most 255 bytes.
+// Readers refuse any other name rather than read outside the folder.
+bool path_stays_inside(const std::string& name);
 
 }  // namespace brigade::ckpt

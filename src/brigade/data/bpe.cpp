@@ -177,6 +177,12 @@ json parse_json(const std::string& text, const std::string& path) {
 
 std::string type_name(const json& j) { return j.type_name(); }
 
+constexpr int64_t kMaxTokenId = int64_t(1) << 24;  // ids are below this (add_token)
+
+// A string as a JSON literal for messages; bytes that are not UTF-8 (a merges.txt line) are shown
+// as U+FFFD rather than making json::dump throw.
+std::string quote(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
+
 }  // namespace
 
 std::string gpt2_byte_to_unicode(unsigned char b) { return byte_map().to_utf8[b]; }
@@ -220,16 +226,19 @@ struct ByteLevelBpe::Impl {
   // A model token (`model` true: merges and ignore_merges see it) or an added token outside the
   // model's vocabulary (LLaMA-3's specials), which only added-token matching produces.
   void add_token(const std::string& tok, int64_t id, const std::string& where, bool model = true) {
-    BRIGADE_CHECK(id >= 0 && id < (int64_t(1) << 30), DataError, "{}: token {} has id {}, outside [0, 2^30)", where,
-                  json(tok).dump(), id);
+    // id -> token is a dense table, so an id is capped well below what would exhaust memory
+    // (2^24 = 16.7M, 64 times the largest published vocabularies; the 2^30 of before meant a 32 GiB table)
+    BRIGADE_CHECK(id >= 0 && id < kMaxTokenId, DataError,
+                  "{}: token {} has id {}, outside [0, 2^24); a vocabulary's ids count from 0 with no large gaps",
+                  where, quote(tok), id);
     auto [it, fresh] = (model ? vocab : extra).emplace(tok, int(id));
-    BRIGADE_CHECK(fresh, DataError, "{}: token {} appears twice", where, json(tok).dump());
+    BRIGADE_CHECK(fresh, DataError, "{}: token {} appears twice", where, quote(tok));
     if (size_t(id) >= tokens.size()) {
       tokens.resize(size_t(id) + 1);
       has_token.resize(size_t(id) + 1, 0);
     }
     BRIGADE_CHECK(!has_token[size_t(id)], DataError, "{}: id {} is given to both {} and {}; ids must be unique",
-                  where, id, json(tokens[size_t(id)]).dump(), json(tok).dump());
+                  where, id, quote(tokens[size_t(id)]), quote(tok));
     tokens[size_t(id)] = tok;
     has_token[size_t(id)] = 1;
   }
@@ -241,7 +250,7 @@ struct ByteLevelBpe::Impl {
       BRIGADE_CHECK(it != vocab.end(), DataError,
                     "{}: the vocabulary lacks the byte-level token {} for byte 0x{:02X}; a byte-level BPE "
                     "vocabulary must hold all 256 (is this a byte-level tokenizer?)",
-                    where, json(bm.to_utf8[b]).dump(), b);
+                    where, quote(bm.to_utf8[b]), b);
       byte_id[b] = it->second;
     }
   }
@@ -249,10 +258,10 @@ struct ByteLevelBpe::Impl {
   // Merge number `rank` "a b"; `where` locates it ("merges.txt:12", "tokenizer.json: model.merges[11]").
   void add_merge(const std::string& a, const std::string& b, int rank, const std::string& where) {
     auto ia = vocab.find(a), ib = vocab.find(b), iab = vocab.find(a + b);
-    BRIGADE_CHECK(ia != vocab.end(), DataError, "{}: merge part {} is not in the vocabulary", where, json(a).dump());
-    BRIGADE_CHECK(ib != vocab.end(), DataError, "{}: merge part {} is not in the vocabulary", where, json(b).dump());
+    BRIGADE_CHECK(ia != vocab.end(), DataError, "{}: merge part {} is not in the vocabulary", where, quote(a));
+    BRIGADE_CHECK(ib != vocab.end(), DataError, "{}: merge part {} is not in the vocabulary", where, quote(b));
     BRIGADE_CHECK(iab != vocab.end(), DataError, "{}: the merge result {} is not in the vocabulary", where,
-                  json(a + b).dump());
+                  quote(a + b));
     // A repeated pair takes its last rank, as GPT-2's dict(zip(merges, range(...))) does.
     merges[(uint64_t(uint32_t(ia->second)) << 32) | uint32_t(ib->second)] = {rank, iab->second};
   }
@@ -398,7 +407,7 @@ ByteLevelBpe ByteLevelBpe::from_gpt2_files(const std::string& vocab_json, const 
                 type_name(v));
   for (const auto& [tok, id] : v.items()) {
     BRIGADE_CHECK(id.is_number_integer(), DataError, "'{}': the id of token {} is {} ({}), not an integer",
-                  vocab_json, json(tok).dump(), id.dump(), type_name(id));
+                  vocab_json, quote(tok), id.dump(), type_name(id));
     m.add_token(tok, id.get<int64_t>(), "'" + vocab_json + "'");
   }
   m.finish_vocab("'" + vocab_json + "'");
@@ -420,7 +429,7 @@ ByteLevelBpe ByteLevelBpe::from_gpt2_files(const std::string& vocab_json, const 
     BRIGADE_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() &&
                       line.find(' ', sp + 1) == std::string::npos,
                   DataError, "{}: expected two tokens separated by one space (\"a b\"), found {}", where,
-                  json(line).dump());
+                  quote(line));
     m.add_merge(line.substr(0, sp), line.substr(sp + 1), rank++, where);
   }
 
@@ -434,7 +443,7 @@ ByteLevelBpe ByteLevelBpe::from_gpt2_files(const std::string& vocab_json, const 
   }
   for (const std::string& s : specials) {
     auto it = m.vocab.find(s);
-    BRIGADE_CHECK(it != m.vocab.end(), DataError, "special token {} is not in the vocabulary '{}'", json(s).dump(),
+    BRIGADE_CHECK(it != m.vocab.end(), DataError, "special token {} is not in the vocabulary '{}'", quote(s),
                   vocab_json);
     m.add_added(s, it->second, true, "'" + vocab_json + "'");
   }
@@ -484,7 +493,7 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
   // -- model
   const json& model = c.at(root, "model", "model");
   const std::string mtype = model.contains("type") ? c.str(model.at("type"), "model.type") : "(none)";
-  if (mtype != "BPE") c.unsupported("model.type", json(mtype).dump(), "\"BPE\"");
+  if (mtype != "BPE") c.unsupported("model.type", quote(mtype), "\"BPE\"");
   if (model.contains("dropout") && !model.at("dropout").is_null() &&
       !(model.at("dropout").is_number() && model.at("dropout").get<double>() == 0.0))
     c.unsupported("model.dropout", model.at("dropout").dump(), "null");
@@ -499,7 +508,7 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
   const json& vocab = c.at(model, "vocab", "model.vocab");
   if (!vocab.is_object()) c.fail("model.vocab", "expected an object token -> id, found " + type_name(vocab));
   for (const auto& [tok, id] : vocab.items()) {
-    if (!id.is_number_integer()) c.fail("model.vocab[" + json(tok).dump() + "]", "expected an integer id");
+    if (!id.is_number_integer()) c.fail("model.vocab[" + quote(tok) + "]", "expected an integer id");
     m.add_token(tok, id.get<int64_t>(), "'" + path + "': model.vocab");
   }
   m.finish_vocab("'" + path + "': model.vocab");
@@ -556,7 +565,7 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
   for (const auto& [sp, field] : steps) {
     const json& s = *sp;
     const std::string type = c.str(c.at(s, "type", field + ".type"), field + ".type");
-    if (byte_level) c.unsupported(field, json(type).dump() + " after ByteLevel", "ByteLevel as the last step");
+    if (byte_level) c.unsupported(field, quote(type) + " after ByteLevel", "ByteLevel as the last step");
     if (type == "ByteLevel") {
       byte_level = true;
       Impl::Step st;
@@ -578,13 +587,13 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
         c.fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}, found " + pat.dump());
       }
       const std::string behavior = c.str(c.at(s, "behavior", field + ".behavior"), field + ".behavior");
-      if (behavior != "Isolated") c.unsupported(field + ".behavior", json(behavior).dump(), "\"Isolated\"");
+      if (behavior != "Isolated") c.unsupported(field + ".behavior", quote(behavior), "\"Isolated\"");
       if (c.boolean(s, "invert", false, field + ".invert")) c.unsupported(field + ".invert", "true", "false");
       Impl::Step st;
       st.regex = std::make_unique<Regex>(p, literal, "'" + path + "': " + field + ".pattern");
       m.steps.push_back(std::move(st));
     } else {
-      c.unsupported(field + ".type", json(type).dump(), "\"ByteLevel\", \"Split\" (before ByteLevel), \"Sequence\"");
+      c.unsupported(field + ".type", quote(type), "\"ByteLevel\", \"Split\" (before ByteLevel), \"Sequence\"");
     }
   }
   if (!byte_level)
@@ -614,11 +623,11 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
       auto it = m.vocab.find(content);
       if (it != m.vocab.end()) {
         if (it->second != id)
-          c.fail(field, fmt::format("content {} has id {} here but {} in model.vocab", json(content).dump(), id,
+          c.fail(field, fmt::format("content {} has id {} here but {} in model.vocab", quote(content), id,
                                     it->second));
       } else {
         BRIGADE_CHECK(!m.extra.count(content), DataError, "'{}': {}: content {} is added twice", path, field,
-                      json(content).dump());
+                      quote(content));
         m.add_token(content, id, "'" + path + "': " + field, /*model=*/false);
       }
       m.add_added(content, int(id), special, "'" + path + "': " + field);
@@ -638,7 +647,7 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
       return;
     }
     if (type != "TemplateProcessing")
-      c.unsupported(field + ".type", json(type).dump(), "\"ByteLevel\", \"TemplateProcessing\", \"Sequence\"");
+      c.unsupported(field + ".type", quote(type), "\"ByteLevel\", \"TemplateProcessing\", \"Sequence\"");
     if (!m.prefix_ids.empty() || !m.suffix_ids.empty()) c.unsupported(field, "a second TemplateProcessing", "one");
     const json& single = c.at(p, "single", field + ".single");
     if (!single.is_array()) c.fail(field + ".single", "expected an array");
@@ -649,16 +658,19 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
       const json& item = single[i];
       if (item.is_object() && item.contains("Sequence")) {
         const std::string sid = c.str(c.at(item.at("Sequence"), "id", f + ".Sequence.id"), f + ".Sequence.id");
-        if (sid != "A") c.unsupported(f + ".Sequence.id", json(sid).dump(), "\"A\" (single sequences)");
+        if (sid != "A") c.unsupported(f + ".Sequence.id", quote(sid), "\"A\" (single sequences)");
         ++sequences;
       } else if (item.is_object() && item.contains("SpecialToken")) {
         const std::string name = c.str(c.at(item.at("SpecialToken"), "id", f + ".SpecialToken.id"), f + ".SpecialToken.id");
-        const json& entry = c.at(specials, name.c_str(), field + ".special_tokens[" + json(name).dump() + "]");
-        const json& ids = c.at(entry, "ids", field + ".special_tokens[" + json(name).dump() + "].ids");
-        if (!ids.is_array()) c.fail(field + ".special_tokens[" + json(name).dump() + "].ids", "expected an array");
+        const json& entry = c.at(specials, name.c_str(), field + ".special_tokens[" + quote(name) + "]");
+        const json& ids = c.at(entry, "ids", field + ".special_tokens[" + quote(name) + "].ids");
+        if (!ids.is_array()) c.fail(field + ".special_tokens[" + quote(name) + "].ids", "expected an array");
         for (const json& id : ids) {
-          if (!id.is_number_integer()) c.fail(field + ".special_tokens[" + json(name).dump() + "].ids", "expected integers");
-          (sequences == 0 ? m.prefix_ids : m.suffix_ids).push_back(id.get<int>());
+          if (!id.is_number_integer()) c.fail(field + ".special_tokens[" + quote(name) + "].ids", "expected integers");
+          const int64_t v = id.get<int64_t>();  // range-checked before the narrowing to int
+          if (v < 0 || v >= kMaxTokenId)
+            c.fail(field + ".special_tokens[" + quote(name) + "].ids", fmt::format("id {} names no token", id.dump()));
+          (sequences == 0 ? m.prefix_ids : m.suffix_ids).push_back(int(v));
         }
       } else {
         c.fail(f, "expected {\"Sequence\": ...} or {\"SpecialToken\": ...}, found " + item.dump());

@@ -1,8 +1,10 @@
 // Fashion-MNIST reader, augmentation and shuffled sampler; see ext_fashion_mnist.h.
 #include "brigade/data/ext_fashion_mnist.h"
 
+#include <fmt/ranges.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "brigade/core/error.h"
@@ -22,8 +24,9 @@ struct GzCloser {
   void operator()(gzFile_s* f) const { gzclose(f); }
 };
 
-// Reads exactly n bytes or throws a DataError naming the file and what was being read.
-void read_exact(gzFile f, void* dst, size_t n, const std::string& path, const char* what) {
+// Reads up to n bytes (fewer only at the end of the file); a DataError naming the file and what was
+// being read when zlib fails.
+size_t read_upto(gzFile f, void* dst, size_t n, const std::string& path, const char* what) {
   size_t got = 0;
   while (got < n) {
     const unsigned chunk = unsigned(std::min<size_t>(n - got, size_t(1) << 30));
@@ -37,6 +40,12 @@ void read_exact(gzFile f, void* dst, size_t n, const std::string& path, const ch
     if (r == 0) break;
     got += size_t(r);
   }
+  return got;
+}
+
+// Reads exactly n bytes or throws a DataError naming the file and what was being read.
+void read_exact(gzFile f, void* dst, size_t n, const std::string& path, const char* what) {
+  const size_t got = read_upto(f, dst, n, path, what);
   BRIGADE_CHECK(got == n, DataError, "{}: truncated: the {} needs {} bytes but only {} remain; re-download the file",
                 path, what, n, got);
 }
@@ -59,16 +68,32 @@ IdxArray read_idx_gz(const std::string& path, int expect_ndim) {
                 "here",
                 path, magic, 0x0800u + unsigned(expect_ndim), expect_ndim);
   IdxArray a;
+  constexpr int64_t kMaxBytes = int64_t(1) << 36;
   int64_t total = 1;
   for (int d = 0; d < expect_ndim; ++d) {
     unsigned char b[4];
     read_exact(f.get(), b, 4, path, "IDX dims");
-    a.dims.push_back(int64_t(be32(b)));
-    total *= a.dims.back();
-    BRIGADE_CHECK(total <= (int64_t(1) << 36), DataError, "{}: IDX dims too large ({} bytes so far)", path, total);
+    const int64_t dim = int64_t(be32(b));
+    a.dims.push_back(dim);
+    // checked before multiplying (the product of three u32 dims overflows int64)
+    BRIGADE_CHECK(dim == 0 || total <= kMaxBytes / dim, DataError,
+                  "{}: IDX dims {} announce more than 2^36 bytes; the file is not a valid IDX file, re-download it",
+                  path, fmt::join(a.dims, " x "));
+    total *= dim;
   }
-  a.data.resize(size_t(total));
-  read_exact(f.get(), a.data.data(), a.data.size(), path, "IDX data");
+  // Read in chunks, the buffer growing with the bytes that arrive: dims that promise more than the
+  // file holds are refused as truncated before memory for them is taken.
+  constexpr size_t kChunk = size_t(64) << 20;
+  size_t got = 0;
+  while (got < size_t(total)) {
+    const size_t want = std::min(kChunk, size_t(total) - got);
+    a.data.resize(got + want);
+    const size_t n = read_upto(f.get(), a.data.data() + got, want, path, "IDX data");
+    got += n;
+    BRIGADE_CHECK(n == want, DataError,
+                  "{}: truncated: the IDX dims {} need {} bytes of data but only {} remain; re-download the file", path,
+                  fmt::join(a.dims, " x "), total, got);
+  }
   char extra;
   BRIGADE_CHECK(gzread(f.get(), &extra, 1) == 0, DataError,
                 "{}: trailing bytes after the {} bytes the IDX dims announce; the file is not a valid IDX file", path,

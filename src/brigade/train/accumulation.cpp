@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "brigade/core/error.h"
+#include "brigade/core/json_number.h"
 
 namespace brigade::train {
 
@@ -75,10 +76,18 @@ void AccumulationPolicy::set_state(const std::string& text) {
   if (text.empty()) return;  // a checkpoint from before adaptive accumulation: start fresh
   try {
     auto j = nlohmann::json::parse(text);
-    current_ = std::clamp(j.at("current").get<int64_t>(), start_, max_);
+    // whole numbers, checked (get<int64_t> of a float such as 1e300 is undefined behaviour)
+    auto whole = [&](const char* field) {
+      const std::optional<int64_t> n = json_int64(j.at(field));
+      BRIGADE_CHECK(n && *n >= 0, CheckpointError,
+                    "the accumulation state in state.json is corrupted: \"{}\" holds {}, not a whole number >= 0; "
+                    "resume from another checkpoint", field, j.at(field).dump());
+      return *n;
+    };
+    current_ = std::clamp(whole("current"), start_, max_);
     ema_s_ = j.at("ema_s").get<double>();
     ema_g_ = j.at("ema_g").get<double>();
-    observations_ = j.at("observations").get<int64_t>();
+    observations_ = whole("observations");
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("the accumulation state in state.json is corrupted ({})", e.what()));
   }

@@ -7,10 +7,12 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
+#include "brigade/core/json_number.h"
 #include "brigade/data/atomic_file.h"
 #include "brigade/data/text_tokenizer.h"
 
@@ -106,28 +108,45 @@ TrainState checkpoint_state(const std::string& dir) {
                                       "start without --resume",
                                       p.string(), e.what()));
   }
+  BRIGADE_CHECK(js.is_object(), CheckpointError,
+                "checkpoint state {} is not a JSON object; resume from another checkpoint or start without --resume",
+                p.string());
+  // A whole-number field (nlohmann's get<int64_t> would convert a float such as 1e300 with undefined behaviour)
+  // at least `min`; `where` is the field's path, e.g. "early_stop.best_step".
+  auto whole = [&](const nlohmann::json& j, const std::string& where, int64_t min) {
+    const std::optional<int64_t> v = json_int64(j);
+    BRIGADE_CHECK(v && *v >= min, CheckpointError,
+                  "checkpoint state {}: \"{}\" = {} is not a whole number >= {}; the file is damaged: resume from "
+                  "another checkpoint or start without --resume",
+                  p.string(), where, j.dump(), min);
+    return *v;
+  };
   TrainState s;
   try {
-    BRIGADE_CHECK(js.at("version").get<int>() == kStateVersion, CheckpointError,
+    BRIGADE_CHECK(json_int64(js.at("version")) == kStateVersion, CheckpointError,
                   "{}: unsupported state version {}", p.string(), js.at("version").dump());
-    s.step = js.at("step").get<int64_t>();
-    s.tokens_seen = js.at("tokens_seen").get<int64_t>();
+    s.step = whole(js.at("step"), "step", 0);
+    s.tokens_seen = whole(js.at("tokens_seen"), "tokens_seen", 0);
     s.rng_state = js.at("rng_state").get<std::string>();
     // null: no evaluation yet (older checkpoints wrote -1 for that)
     const auto& lv = js.at("last_val_loss");
     s.last_val_loss = lv.is_null() || lv.get<double>() < 0 ? std::numeric_limits<double>::quiet_NaN() : lv.get<double>();
     if (js.contains("early_stop")) {  // absent in older checkpoints and before the first evaluation
       const auto& es = js.at("early_stop");
-      s.early_stop.best_step = es.at("best_step").get<int64_t>();
+      BRIGADE_CHECK(es.is_object(), CheckpointError, "checkpoint state {}: \"early_stop\" = {} is not an object",
+                    p.string(), es.dump());
+      s.early_stop.best_step = whole(es.at("best_step"), "early_stop.best_step", 0);
       s.early_stop.best_val_loss = es.at("best_val_loss").get<double>();
-      s.early_stop.evals_since_best = es.at("evals_since_best").get<int64_t>();
+      s.early_stop.evals_since_best = whole(es.at("evals_since_best"), "early_stop.evals_since_best", 0);
     }
     s.accumulation_state = js.value("accumulation", std::string());  // absent in older checkpoints
     s.scaler_state = js.value("loss_scaler", std::string());         // absent in older checkpoints
-    s.optimizer_steps = js.value("optimizer_steps", int64_t(-1));     // absent in older checkpoints
-    s.guard_state = js.value("step_guard", std::string());            // absent: nothing to keep
+    if (js.contains("optimizer_steps"))                              // absent in older checkpoints: -1
+      s.optimizer_steps = whole(js.at("optimizer_steps"), "optimizer_steps", -1);
+    s.guard_state = js.value("step_guard", std::string());  // absent: nothing to keep
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("checkpoint state {} is missing a field ({})", p.string(), e.what()));
+    throw CheckpointError(fmt::format("checkpoint state {} is missing a field or has one of the wrong type ({})",
+                                      p.string(), e.what()));
   }
   return s;
 }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "brigade/core/error.h"
+#include "brigade/core/json_number.h"
 
 namespace brigade::train {
 
@@ -85,10 +86,23 @@ void StepGuard::set_state(const std::string& text) {
     const nlohmann::json j = nlohmann::json::parse(text);
     for (double v : j.at("losses")) losses_.push_back(v);
     for (double v : j.at("grad_norms")) norms_.push_back(v);
-    for (int64_t s : j.at("rolled_back")) marked_.insert(s);
-    consecutive_ = j.at("consecutive_skips").get<int64_t>();
+    // whole numbers, checked (get<int64_t> of a float such as 1e300 is undefined behaviour)
+    auto whole = [&](const nlohmann::json& v, const char* field) {
+      const std::optional<int64_t> n = json_int64(v);
+      BRIGADE_CHECK(n, CheckpointError, "the step guard's state in state.json is malformed: \"{}\" holds {}, not a "
+                    "whole number; the checkpoint is damaged: resume from another one", field, v.dump());
+      return *n;
+    };
+    for (const nlohmann::json& s : j.at("rolled_back")) marked_.insert(whole(s, "rolled_back"));
+    consecutive_ = whole(j.at("consecutive_skips"), "consecutive_skips");
     BRIGADE_CHECK(losses_.size() == norms_.size() && consecutive_ >= 0, CheckpointError,
                   "inconsistent windows ({} losses, {} norms)", losses_.size(), norms_.size());
+    // a run of more than kMaxConsecutiveSkips skips ends the run, so no saved state holds more
+    // (a larger count would also overflow when the next skip adds one)
+    BRIGADE_CHECK(consecutive_ <= kMaxConsecutiveSkips + 1, CheckpointError,
+                  "the step guard's state in state.json is malformed: {} consecutive skips, more than the {} that "
+                  "end a run; the checkpoint is damaged: resume from another one",
+                  consecutive_, kMaxConsecutiveSkips);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("the step guard's state ({}) is malformed: {}", text.substr(0, 80), e.what()));
   }

@@ -3,14 +3,18 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <optional>
 #include <set>
+#include <type_traits>
 
 #include "brigade/ckpt/checkpoint_dir.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
+#include "brigade/core/json_number.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 
@@ -21,6 +25,12 @@ using nlohmann::json;
 
 namespace {
 
+// Caps on config.json's sizes, far above any published model (GPT-3 and LLaMA-3-405B: 12288 and
+// 16384 wide, 96 and 126 layers, vocabularies up to 262144), so that no product of sizes a model
+// computes can overflow.
+constexpr int64_t kMaxVocab = int64_t(1) << 24, kMaxPositions = int64_t(1) << 24, kMaxWidth = int64_t(1) << 17,
+                  kMaxLayers = int64_t(1) << 12;
+
 // The config's fields, each read at most once through these, so the messages name the file.
 struct Config {
   std::string path;
@@ -29,11 +39,30 @@ struct Config {
   template <class T>
   T get(const char* k) const {
     BRIGADE_CHECK(has(k), CheckpointError, "{}: no \"{}\" field", path, k);
-    try {
-      return j.at(k).get<T>();
-    } catch (const json::exception&) {
-      throw CheckpointError(fmt::format("{}: \"{}\" has the wrong type ({})", path, k, j.at(k).dump()));
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // checked: get<int64_t>() of a float such as 1e300 is undefined behaviour
+      const std::optional<int64_t> v = json_int64(j.at(k));
+      BRIGADE_CHECK(v && *v >= int64_t(std::numeric_limits<T>::min()) && *v <= int64_t(std::numeric_limits<T>::max()),
+                    CheckpointError, "{}: \"{}\" = {} is not a whole number; fix the field", path, k, j.at(k).dump());
+      return T(*v);
+    } else {
+      try {
+        return j.at(k).get<T>();
+      } catch (const json::exception&) {
+        throw CheckpointError(fmt::format("{}: \"{}\" has the wrong type ({})", path, k, j.at(k).dump()));
+      }
     }
+  }
+  // A size field: a whole number in [1, max] (the caps keep every product of sizes far from overflow).
+  int64_t size(const char* k, int64_t max) const {
+    const int64_t v = get<int64_t>(k);
+    BRIGADE_CHECK(v >= 1 && v <= max, CheckpointError, "{}: \"{}\" = {} is outside [1, {}]; the config is damaged or "
+                  "not one of a model this engine can build", path, k, v, max);
+    return v;
+  }
+  template <class T>
+  T size_or(const char* k, T fallback, int64_t max) const {
+    return has(k) ? T(size(k, max)) : fallback;
   }
   template <class T>
   T get_or(const char* k, T fallback) const {
@@ -49,11 +78,11 @@ struct Config {
 
 GPTConfig gpt2_from(const Config& c, std::vector<std::string>& notes) {
   GPTConfig g;
-  g.vocab_size = c.get<int64_t>("vocab_size");
-  g.block_size = c.get<int64_t>("n_positions");
-  g.n_layer = c.get<int64_t>("n_layer");
-  g.n_head = c.get<int64_t>("n_head");
-  g.n_embd = c.get<int64_t>("n_embd");
+  g.vocab_size = c.size("vocab_size", kMaxVocab);
+  g.block_size = c.size("n_positions", kMaxPositions);
+  g.n_layer = c.size("n_layer", kMaxLayers);
+  g.n_head = c.size("n_head", kMaxWidth);
+  g.n_embd = c.size("n_embd", kMaxWidth);
   g.layer_norm_eps = c.get_or<double>("layer_norm_epsilon", 1e-5);
   if (c.has("n_inner"))
     BRIGADE_CHECK(c.get<int64_t>("n_inner") == 4 * g.n_embd, ConfigError,
@@ -129,13 +158,13 @@ void rope_scaling_from(const Config& c, LLaMAConfig& l, std::vector<std::string>
 
 LLaMAConfig llama_from(const Config& c, std::vector<std::string>& notes) {
   LLaMAConfig l;
-  l.vocab_size = c.get<int64_t>("vocab_size");
-  l.hidden_size = c.get<int64_t>("hidden_size");
-  l.intermediate_size = c.get<int64_t>("intermediate_size");
-  l.n_layer = c.get<int64_t>("num_hidden_layers");
-  l.n_head = c.get<int64_t>("num_attention_heads");
-  l.n_kv_head = c.get_or<int64_t>("num_key_value_heads", l.n_head);
-  l.max_position = c.get<int64_t>("max_position_embeddings");
+  l.vocab_size = c.size("vocab_size", kMaxVocab);
+  l.hidden_size = c.size("hidden_size", kMaxWidth);
+  l.intermediate_size = c.size("intermediate_size", kMaxWidth * 8);
+  l.n_layer = c.size("num_hidden_layers", kMaxLayers);
+  l.n_head = c.size("num_attention_heads", kMaxWidth);
+  l.n_kv_head = c.size_or<int64_t>("num_key_value_heads", l.n_head, kMaxWidth);
+  l.max_position = c.size("max_position_embeddings", kMaxPositions);
   l.rms_norm_eps = c.get_or<double>("rms_norm_eps", 1e-6);
   l.rope_theta = c.get_or<double>("rope_theta", 10000.0);
   BRIGADE_CHECK(l.n_head > 0 && l.hidden_size % l.n_head == 0, ConfigError,
@@ -223,9 +252,21 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
     BRIGADE_CHECK(!ij.is_discarded() && ij.contains("weight_map") && ij.at("weight_map").is_object(),
                   CheckpointError, "{}: no \"weight_map\" object", index.string());
     std::set<std::string> names;
-    for (auto& [key, file] : ij.at("weight_map").items()) names.insert(file.get<std::string>());
+    for (auto& [key, file] : ij.at("weight_map").items()) {
+      BRIGADE_CHECK(file.is_string(), CheckpointError,
+                    "{}: weight_map[{}] = {} is not a shard file name; the index is damaged", index.string(),
+                    json(key).dump(), file.dump());
+      const std::string n = file.get<std::string>();
+      // a shard is a file of the model folder: never read a file elsewhere that the index names
+      BRIGADE_CHECK(ckpt::path_stays_inside(n), CheckpointError,
+                    "{}: weight_map[{}] names shard {}, which is not a file of {} (an absolute path or one with "
+                    "\"..\"); the index is damaged or not a Hugging Face index",
+                    index.string(), json(key).dump(), file.dump(), dir);
+      names.insert(n);
+    }
     for (const std::string& n : names) {
-      BRIGADE_CHECK(fs::is_regular_file(root / n), CheckpointError, "{}: lists shard {}, which is missing from {}",
+      std::error_code ec;
+      BRIGADE_CHECK(fs::is_regular_file(root / n, ec), CheckpointError, "{}: lists shard {}, which is missing from {}",
                     index.string(), n, dir);
       files.push_back(root / n);
     }
