@@ -428,7 +428,7 @@ TEST(LossScaler, StateRoundTripsAndBadStateIsACheckpointError) {
 }
 
 // The counters of a saved state are whole numbers >= 0, checked: a float such as 1e300 reached an
-// int64_t conversion (undefined behaviour) when state.json was damaged (found by fuzzing).
+// int64_t conversion (undefined behaviour) when state.json was damaged (found writing its fuzz target, tests/fuzz).
 TEST(LossScaler, AStateWithAFractionalOrHugeCounterIsACheckpointError) {
   amp::LossScalerOptions o;
   o.mode = amp::ScaleMode::Dynamic;

@@ -209,7 +209,7 @@ TEST(AccumulationPolicy, NoiseScaleEstimatorRecoversKnownNoise) {
 }
 
 // The saved state's counters are whole numbers >= 0, checked: a float such as 1e300 reached an
-// int64_t conversion (undefined behaviour) when state.json was damaged (found by fuzzing).
+// int64_t conversion (undefined behaviour) when state.json was damaged (found writing its fuzz target, tests/fuzz).
 TEST(AccumulationPolicy, AStateWithAFractionalOrHugeCounterIsACheckpointError) {
   train::TrainConfig t;
   t.accumulation = 2;

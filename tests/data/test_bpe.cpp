@@ -489,7 +489,7 @@ json toy_tokenizer_json(bool ignore_merges) {
   return j;
 }
 
-// Malformed files found by fuzzing (tests/fuzz): each a DataError naming the file and the field.
+// Malformed files found writing the tokenizer fuzz target (tests/fuzz): each a DataError naming the file and the field.
 TEST(ByteLevelBpe, HugeIdsWrappingIdsAndNonUtf8MergeLinesAreDataErrors) {
   TempDir dir;
   auto expect_error = [&](const std::function<void()>& load, const std::string& needle) {

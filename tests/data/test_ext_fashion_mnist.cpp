@@ -96,8 +96,8 @@ TEST_F(FashionMnistFiles, ReadsExactValuesNormalised) {
 
 // Dims whose product overflows int64 (three u32 dims) or that promise far more than the file
 // holds are DataErrors before any memory for them is taken: the product is checked before each
-// multiplication, and the data is read in chunks (found by fuzzing: a 28-byte file made the
-// reader multiply past int64 or allocate 2^36 bytes).
+// multiplication, and the data is read in chunks (found writing its fuzz target: a 28-byte
+// file could make the reader multiply past int64 or allocate 2^36 bytes).
 TEST_F(FashionMnistFiles, HugeOrOverflowingDimsAreDataErrorsWithoutAllocatingThem) {
   const std::string huge = write("huge.gz", {0x803, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu}, {});
   expect_error<DataError>([&] { data::read_idx_gz(huge, 3); }, {"huge.gz", "announce more than 2^36 bytes"});

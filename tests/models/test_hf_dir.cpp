@@ -320,7 +320,7 @@ TEST_F(HfDirErrors, AnUnknownModelTypeOrAnUnsupportedFieldIsRefusedByName) {
 }
 
 // config.json sizes are whole numbers in range: a float such as 1e300 used to reach get<int64_t>()
-// (undefined behaviour) and a huge width overflowed 4 * n_embd (found by fuzzing, tests/fuzz).
+// (undefined behaviour) and a huge width overflowed 4 * n_embd (found writing its fuzz target, tests/fuzz).
 TEST_F(HfDirErrors, FractionalOrOutOfRangeSizesAreRefusedByName) {
   const fs::path g = copy("gpt2");
   edit_config(g, [](nlohmann::json& j) { j["vocab_size"] = 1e300; });

@@ -287,7 +287,8 @@ TEST_F(CheckpointDir, AFailedShardWriteRemovesTheTmpToo) {
 }
 
 // state.json's counters are whole numbers >= 0, checked: a float such as 1e300 reached
-// get<int64_t>() (undefined behaviour) and a negative step was taken as it was (found by fuzzing).
+// get<int64_t>() (undefined behaviour) and a negative step was taken as it was (found writing
+// its fuzz target, tests/fuzz).
 TEST_F(CheckpointDir, StateJsonCountersMustBeWholeNumbers) {
   fs::create_directories(ckpt_);
   std::ofstream(fs::path(ckpt_) / "recipe.toml") << "";
@@ -320,7 +321,8 @@ TEST_F(CheckpointDir, StateJsonCountersMustBeWholeNumbers) {
 }
 
 // optimizer.index.json names shard files of the checkpoint folder only (a "../" or absolute path
-// was read wherever it pointed), and its ranges are whole numbers in order (found by fuzzing).
+// was read wherever it pointed), and its ranges are whole numbers in order (found writing its
+// fuzz target, tests/fuzz).
 TEST_F(CheckpointDir, AnOptimizerIndexReadsOnlyItsOwnShards) {
   const std::vector<FlatLayoutEntry> layout{{"w", 0, 6}, {"b", 6, 2}};
   const fs::path dir(ckpt_), other = root_ / "other";
@@ -358,8 +360,10 @@ TEST_F(CheckpointDir, AnOptimizerIndexReadsOnlyItsOwnShards) {
                "is not a file of the checkpoint folder");
   expect_error([&](nlohmann::json& j) { j["shards"][0]["file"] = (other / shard0).string(); },
                "is not a file of the checkpoint folder");
-  expect_error([](nlohmann::json& j) { j["shards"][0]["lo"] = -1e300; }, "a shard's \"lo\" = -1e+300 is not a whole number");
-  expect_error([](nlohmann::json& j) { j["shards"][0]["hi"] = 1e300; }, "a shard's \"hi\" = 1e+300 is not a whole number");
+  expect_error([](nlohmann::json& j) { j["shards"][0]["lo"] = -1e300; },
+               "a shard's \"lo\" = -1e+300 is not a whole number");
+  expect_error([](nlohmann::json& j) { j["shards"][0]["hi"] = 1e300; },
+               "a shard's \"hi\" = 1e+300 is not a whole number");
   expect_error([](nlohmann::json& j) {
     j["shards"][0]["lo"] = 4;
     j["shards"][0]["hi"] = 0;

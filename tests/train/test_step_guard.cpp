@@ -114,7 +114,7 @@ TEST(StepGuard, StateRoundTripDecidesAsTheUninterruptedGuard) {
 }
 
 // The state's step numbers are whole numbers, checked: a float such as 1e300 reached an int64_t
-// conversion (undefined behaviour) when state.json was damaged (found by fuzzing).
+// conversion (undefined behaviour) when state.json was damaged (found writing its fuzz target, tests/fuzz).
 TEST(StepGuard, AStateWithAFractionalOrHugeStepIsACheckpointError) {
   StepGuard g(config("skip", 1.5, 3));
   auto expect_error = [&](const std::string& text, const std::string& needle) {
