@@ -252,6 +252,18 @@ const std::vector<Case>& cases() {
       {"ckpt-missing-state-resume-if-any", {"data", "run"}, [] { fs::remove("run/checkpoint/state.json"); },
        "train tiny.toml --no-sample --resume-if-any --set train.steps=8",
        {"run/checkpoint", "state.json is missing", "resume from another"}},
+      {"ckpt-state-wrong-type", {"data", "run"},
+       [] {
+         replace("run/checkpoint/state.json", "\"step\": 4", "\"step\": \"four\"");
+         fs::remove("run/checkpoint/checksums.json");
+       },
+       "train tiny.toml --no-sample --resume --set train.steps=8", {"state.json", "\"step\"", "resume from another"}},
+      {"ckpt-state-missing-field", {"data", "run"},
+       [] {
+         replace("run/checkpoint/state.json", "\"step\": 4", "\"stepx\": 4");
+         fs::remove("run/checkpoint/checksums.json");
+       },
+       "train tiny.toml --no-sample --resume --set train.steps=8", {"state.json", "step", "resume from another"}},
       {"ckpt-missing-file", {"data", "run"}, [] { fs::remove("run/checkpoint/optimizer.safetensors"); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: optimizer.safetensors is missing (checksums.json lists it)", "resume from another one"}},
@@ -338,21 +350,6 @@ const std::vector<Case>& cases() {
 // reproduction). Their phrases say what the error should hold once fixed. Not in the doc table.
 const std::vector<Case>& findings() {
   static const std::vector<Case> c{
-      // a mistyped state.json field is "missing a field ([json.exception.type_error.302] ...)": the
-      // field is not named and nothing says what to do
-      {"ckpt-state-wrong-type", {"data", "run"},
-       [] {
-         replace("run/checkpoint/state.json", "\"step\": 4", "\"step\": \"four\"");
-         fs::remove("run/checkpoint/checksums.json");
-       },
-       "train tiny.toml --no-sample --resume --set train.steps=8", {"state.json", "\"step\"", "resume from another"}},
-      // a state.json without a field names it only inside nlohmann's text, and says nothing to do
-      {"ckpt-state-missing-field", {"data", "run"},
-       [] {
-         replace("run/checkpoint/state.json", "\"step\": 4", "\"stepx\": 4");
-         fs::remove("run/checkpoint/checksums.json");
-       },
-       "train tiny.toml --no-sample --resume --set train.steps=8", {"state.json", "step", "resume from another"}},
       // model.init_from's corrupt tokenizer.model: "delete it and run `brigade prepare`" (wrong for a
       // model folder; prepare cannot rebuild a pretrained model's tokenizer)
       {"init-from-corrupt-tokenizer", {"hf"},

@@ -145,7 +145,8 @@ TrainState checkpoint_state(const std::string& dir) {
       s.optimizer_steps = whole(js.at("optimizer_steps"), "optimizer_steps", -1);
     s.guard_state = js.value("step_guard", std::string());  // absent: nothing to keep
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("checkpoint state {} is missing a field or has one of the wrong type ({})",
+    throw CheckpointError(fmt::format("checkpoint state {} is missing a field or has one of the wrong type ({}); the "
+                                      "file is damaged: resume from another checkpoint or start without --resume",
                                       p.string(), e.what()));
   }
   return s;
