@@ -15,7 +15,7 @@ SECONDS_PER_TARGET="${1:-600}"
 shift || true
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] ||
-  TARGETS=(safetensors recipe token_file fashion_idx checkpoint_state optimizer_index hf_config hf_index tokenizer)
+  TARGETS=(safetensors recipe token_file fashion_idx checkpoint_state optimizer_index hf_config hf_index tokenizer sft_jsonl)
 
 need=()
 command -v clang++-14 >/dev/null || need+=(clang-14)

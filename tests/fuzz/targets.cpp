@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <stdexcept>
 
 #include "brigade/amp/loss_scaler.h"
 #include "brigade/ckpt/checkpoint_dir.h"
@@ -17,6 +18,7 @@
 #include "brigade/core/error.h"
 #include "brigade/core/rng.h"
 #include "brigade/data/ext_fashion_mnist.h"
+#include "brigade/data/sft.h"
 #include "brigade/data/text_tokenizer.h"
 #include "brigade/data/token_file.h"
 #include "brigade/models/hf/hf_dir.h"
@@ -331,6 +333,32 @@ int tokenizer(const uint8_t* data, size_t size) {
   return 0;
 }
 
+int sft_jsonl(const uint8_t* data, size_t size) {
+  // Two toy byte-level tokenizers from the tokenizer corpus (GPT-2's layout, and LLaMA-3's, which
+  // adds a BOS document prefix), loaded once: the input is the JSONL file, encoded by each tokenizer
+  // with every chat template.
+  static const std::vector<std::unique_ptr<data::TextTokenizer>> toks = [] {
+    std::vector<std::unique_ptr<data::TextTokenizer>> t;
+    for (const char* seed : {"seed_tokenizer_gpt2_layout.json", "seed_tokenizer_llama3_layout.json"}) {
+      const fs::path dir = fresh_dir(std::string("sft_") + seed);
+      fs::copy_file(fs::path(BRIGADE_SOURCE_DIR) / "tests/fuzz/corpus/tokenizer" / seed, dir / "tokenizer.json");
+      t.push_back(data::load_text_tokenizer(dir.string()));
+    }
+    return t;
+  }();
+  const std::string path = as_file(data, size);
+  for (const auto& tok : toks)
+    for (const char* chat : {"chatml", "llama-2", "llama-3"}) {
+      try {
+        const data::SftData d = data::read_sft_jsonl(path, *tok, {chat, /*loss_on_all=*/size % 2 == 1});
+        for (const data::SftSample& s : d.samples)
+          if (s.ids.size() != s.trained.size()) throw std::logic_error("a sample's ids and flags differ in length");
+      } catch (const Error&) {
+      }
+    }
+  return 0;
+}
+
 const std::vector<Target>& targets() {
   static const std::vector<Target> t{{"safetensors", safetensors},
                                      {"recipe", recipe},
@@ -340,7 +368,8 @@ const std::vector<Target>& targets() {
                                      {"optimizer_index", optimizer_index},
                                      {"hf_config", hf_config},
                                      {"hf_index", hf_index},
-                                     {"tokenizer", tokenizer}};
+                                     {"tokenizer", tokenizer},
+                                     {"sft_jsonl", sft_jsonl}};
   return t;
 }
 

@@ -37,6 +37,9 @@ int hf_index(const uint8_t* data, size_t size);
 // brigade_tokenizer.json; plain input = tokenizer.json): data::load_text_tokenizer, then encode
 // and decode.
 int tokenizer(const uint8_t* data, size_t size);
+// A supervised fine-tuning JSONL file (data.format = "jsonl"): data::read_sft_jsonl with two toy
+// tokenizers (one with a BOS prefix) and each chat template.
+int sft_jsonl(const uint8_t* data, size_t size);
 
 // The targets that read several files take a bundle: parts, each a line "@@ <name>" then its
 // bytes up to the next "\n@@ " (that newline belongs to the separator). Input not starting with

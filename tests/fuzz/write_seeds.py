@@ -393,9 +393,40 @@ def seeds_tokenizer():
     put(t, "bad_bundle_empty", bundle([("vocab.json", ""), ("merges.txt", "")]))
 
 
+def seeds_sft_jsonl():
+    # data/sft.h: one sample per line, {"text"}, {"prompt", "completion"} or {"messages"}
+    t = "sft_jsonl"
+    J = lambda *rows: "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
+    put(t, "seed_text.jsonl", J({"text": "hello world"}, {"text": "In the beginning <|endoftext|> caf\u00e9"}))
+    put(t, "seed_prompt_completion.jsonl", J({"prompt": "Say hello: ", "completion": "hello world"},
+                                             {"prompt": "", "completion": "x"}, {"prompt": "skip me", "completion": ""}))
+    put(t, "seed_messages.jsonl", J(
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello?"},
+                      {"role": "assistant", "content": "world"}]},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "user", "content": "c"}, {"role": "assistant", "content": "<s>d</s>"}]}))
+    put(t, "seed_blank_lines.jsonl", "\n  \t\r\n" + J({"text": "x"}) + "\n\n")
+    put(t, "bad_not_json.jsonl", '{"text": "x"\n')
+    put(t, "bad_array_line.jsonl", '["text", "x"]\n')
+    put(t, "bad_two_shapes.jsonl", J({"text": "x", "prompt": "y", "completion": "z"}))
+    put(t, "bad_mixed_shapes.jsonl", J({"text": "x"}, {"prompt": "y", "completion": "z"}))
+    put(t, "bad_field_not_string.jsonl", J({"text": 5}))
+    put(t, "bad_prompt_only.jsonl", J({"prompt": "y"}))
+    put(t, "bad_unknown_role.jsonl", J({"messages": [{"role": "tool", "content": "x"}]}))
+    put(t, "bad_no_assistant.jsonl", J({"messages": [{"role": "user", "content": "x"}]}))
+    put(t, "bad_messages_not_list.jsonl", J({"messages": {"role": "user", "content": "x"}}))
+    put(t, "bad_message_no_content.jsonl", J({"messages": [{"role": "user"}, {"role": "assistant", "content": "b"}]}))
+    put(t, "bad_message_not_object.jsonl", J({"messages": ["user", "assistant"]}))
+    put(t, "bad_content_null.jsonl", J({"messages": [{"role": "user", "content": None},
+                                                     {"role": "assistant", "content": "b"}]}))
+    put(t, "bad_deep_nesting.jsonl", '{"text": ' + "[" * 5000 + "]" * 5000 + "}\n")
+    put(t, "bad_not_utf8.jsonl", b'{"text": "\xff\xfe"}\n')
+    put(t, "bad_empty.jsonl", b"")
+
+
 if __name__ == "__main__":
     targets = sys.argv[1:] or ["token_file", "fashion_idx", "checkpoint_state", "optimizer_index", "hf_config",
-                               "hf_index", "tokenizer"]
+                               "hf_index", "tokenizer", "sft_jsonl"]
     for name in targets:
         globals()["seeds_" + name]()
     for name in targets:
