@@ -302,7 +302,7 @@ int hf_index(const uint8_t* data, size_t size) {
 
 int tokenizer(const uint8_t* data, size_t size) {
   static const std::set<std::string> names{"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                                           data::kTokenizerMarker};
+                                           "tokenizer.model", data::kTokenizerMarker};
   const fs::path dir = fresh_dir("tokenizer");
   for (const auto& [name, bytes] : split_bundle(bytes_of(data, size), "tokenizer.json"))
     if (names.count(name)) write_bytes(dir / name, bytes);

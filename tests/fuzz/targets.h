@@ -34,7 +34,7 @@ int hf_config(const uint8_t* data, size_t size);
 // models::load_hf_weights into that LLaMA.
 int hf_index(const uint8_t* data, size_t size);
 // A tokenizer folder (a bundle of tokenizer.json, vocab.json, merges.txt, tokenizer_config.json,
-// brigade_tokenizer.json; plain input = tokenizer.json): data::load_text_tokenizer, then encode
+// tokenizer.model, brigade_tokenizer.json; plain input = tokenizer.json): data::load_text_tokenizer, then encode
 // and decode.
 int tokenizer(const uint8_t* data, size_t size);
 // A supervised fine-tuning JSONL file (data.format = "jsonl"): data::read_sft_jsonl with two toy

@@ -391,6 +391,38 @@ def seeds_tokenizer():
     put(t, "bad_bundle_marker_type", bundle([("tokenizer.json", tj), ("brigade_tokenizer.json",
                                              json.dumps({"type": "wordpiece"}))]))
     put(t, "bad_bundle_empty", bundle([("vocab.json", ""), ("merges.txt", "")]))
+    seeds_sentencepiece(t)
+
+
+def seeds_sentencepiece(t):
+    # tokenizer.model (SentencePiece's protobuf, parsed by libsentencepiece behind our wrappers): a
+    # LLaMA-style model (BPE, byte fallback, unk/bos/eos 0/1/2) trained here on a fixed text, so
+    # these seeds need python3-sentencepiece (/usr/bin/python3 on Debian); skipped without it.
+    try:
+        import sentencepiece as spm
+    except ImportError:
+        print("tokenizer: python3-sentencepiece missing, tokenizer.model seeds skipped (run with /usr/bin/python3)")
+        return
+    import io
+    text = ["In the beginning God created the heaven and the earth.", "And the earth was without form, and void;",
+            "and darkness was upon the face of the deep. 1234 caf\u00e9"] * 20
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=out, vocab_size=300, model_type="bpe", byte_fallback=True,
+        character_coverage=1.0, normalization_rule_name="identity", add_dummy_prefix=True,
+        remove_extra_whitespaces=False, split_digits=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1,
+        shuffle_input_sentence=False, minloglevel=2)
+    model = out.getvalue()
+    put(t, "seed_bundle_sentencepiece", bundle([("tokenizer.model", model)]))
+    put(t, "seed_bundle_sentencepiece_config", bundle([("tokenizer.model", model), ("tokenizer_config.json",
+                                                       json.dumps({"add_bos_token": True, "eos_token": "</s>"}))]))
+    put(t, "seed_bundle_sentencepiece_brigade", bundle([("tokenizer.model", model), ("brigade_tokenizer.json",
+                                                        json.dumps({"type": "brigade", "files": ["tokenizer.model"]}))]))
+    put(t, "bad_bundle_sentencepiece_cut", bundle([("tokenizer.model", model[:len(model) // 2])]))
+    flipped = bytearray(model)
+    flipped[7] ^= 0x5A
+    put(t, "bad_bundle_sentencepiece_flipped", bundle([("tokenizer.model", bytes(flipped))]))
+    put(t, "bad_bundle_sentencepiece_empty", bundle([("tokenizer.model", b"")]))
 
 
 def seeds_sft_jsonl():
