@@ -31,11 +31,20 @@ mkdir -p "$logs"
 supp="$PWD/scripts/sanitizers"
 if [ "$KIND" = address ]; then
   cmake --build "$BUILD" -j"$JOBS"
-  # Open MPI, hwloc and libevent keep allocations until exit (not ours): leak suppressions
-  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23:log_path=$logs/asan"
+  # Open MPI, hwloc and libevent keep allocations until exit (not ours): leak suppressions.
+  # Suppressions match module names, and MPI_Finalize unloads Open MPI's components (a stack
+  # into one then reads "<unknown module>"): keep_loaded.so makes dlclose do nothing. It is
+  # preloaded ahead of libasan, so ASan's link-order check is turned off.
+  cc -shared -fPIC -O2 -o "$BUILD/keep_loaded.so" "$supp/keep_loaded.c"
+  export LD_PRELOAD="$PWD/$BUILD/keep_loaded.so${LD_PRELOAD:+:$LD_PRELOAD}"
+  export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23:log_path=$logs/asan:verify_asan_link_order=0"
   export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=23:log_path=$logs/ubsan"
-  TESTS=()
+  # Golden pins metrics bit for bit to the release build's code (which a * b + c the compiler
+  # fuses into an fma, how it vectorises a reduction); the instrumented build rounds differently
+  # in the last bits, so those comparisons cannot hold here. The same recipes run in the suite
+  # through their other tests (training, resume, parity), which are checked.
+  TESTS=(-E 'Golden')
 else
   # the tests of the communication thread (CommQueue, overlapped buckets) and of data parallelism
   # end to end; OpenMP runs one thread (libgomp is not instrumented, its barriers would be reported)

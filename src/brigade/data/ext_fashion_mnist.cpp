@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "brigade/core/error.h"
@@ -159,7 +160,9 @@ FashionMnist::Batch FashionMnist::batch(const std::vector<int64_t>& indices, Gen
         // crop (offset dy, dx in the padded image), then mirror the cropped window
         const int64_t sy = y + dy - pad, cx = (flip ? S - 1 - x : x) + dx - pad;
         const uint8_t v = (sy >= 0 && sy < S && cx >= 0 && cx < S) ? src[sy * S + cx] : 0;
-        dst[y * S + x] = float(v) * scale - shift;
+        // one rounding (an explicit fma), so the value does not depend on whether the compiler
+        // contracts a * b - c for this build's flags
+        dst[y * S + x] = std::fma(float(v), scale, -shift);
       }
   }
   return b;

@@ -70,6 +70,12 @@ void* from_comm(MPI_Comm c) {
   return p;
 }
 
+// memcpy of n floats; an empty shard may have a null buffer (an empty vector's data()), which
+// memcpy must not be given even with a zero size.
+void copy_floats(float* dst, const float* src, int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -262,7 +268,7 @@ void tree_reduce(const Comm& c, const float* in, float* acc, int64_t n) {
     }
     if (r + m >= P) continue;
     if (stage.empty()) {
-      if (acc != in) std::memcpy(acc, in, static_cast<size_t>(n) * sizeof(float));
+      if (acc != in) copy_floats(acc, in, n);
       partial = acc;
       stage.resize(static_cast<size_t>(std::min(n, piece)));
     }
@@ -502,7 +508,7 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
   const WatchScope watch("reduce_scatter", size_);  // parallel.timeout_s (watchdog.h)
   const auto [offs, total, mine, own_slot] = slot_layout(counts, size_, rank_, in, out, "reduce_scatter", "in", "out");
   if (size_ == 1) {
-    if (!own_slot) std::memcpy(out, in, static_cast<size_t>(mine) * sizeof(float));
+    if (!own_slot) copy_floats(out, in, mine);
     return;
   }
   if (total == 0) return;
@@ -524,7 +530,7 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
         dst = tmp.data();
       }
       check_mpi(MPI_Reduce_scatter(in, dst, icounts.data(), MPI_FLOAT, MPI_SUM, c.comm), "MPI_Reduce_scatter");
-      if (own_slot) std::memcpy(out, tmp.data(), static_cast<size_t>(mine) * sizeof(float));
+      if (own_slot) copy_floats(out, tmp.data(), mine);
       bytes_sent_ += total * static_cast<int64_t>(sizeof(float));
       return;
     }
@@ -543,7 +549,7 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
           send_pieces(c, full.data() + offs[qs], counts[qs], MPI_FLOAT, sizeof(float), q, kTagTreeScatter, piece);
           bytes_sent_ += counts[qs] * static_cast<int64_t>(sizeof(float));
         }
-        std::memcpy(out, full.data(), static_cast<size_t>(mine) * sizeof(float));
+        copy_floats(out, full.data(), mine);
       } else {
         recv_pieces(c, out, mine, MPI_FLOAT, sizeof(float), 0, kTagTreeScatter, piece);
       }
@@ -556,7 +562,7 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
 void ProcessGroup::allgather(const float* in, float* out, const std::vector<int64_t>& counts) {
   const WatchScope watch("allgather", size_);  // parallel.timeout_s (watchdog.h)
   const auto [offs, total, mine, in_place] = slot_layout(counts, size_, rank_, out, in, "allgather", "out", "in");
-  if (!in_place) std::memcpy(out + offs[static_cast<size_t>(rank_)], in, static_cast<size_t>(mine) * sizeof(float));
+  if (!in_place) copy_floats(out + offs[static_cast<size_t>(rank_)], in, mine);
   if (size_ == 1 || total == 0) return;
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
   const int64_t max_count = *std::max_element(counts.begin(), counts.end());

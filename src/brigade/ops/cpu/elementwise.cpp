@@ -228,10 +228,18 @@ void reduce_sum(int nd, const int64_t* shape, const float* in, const int64_t* si
       const int64_t inner = split.inner, rows = n / inner;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
       for (int64_t r = 0; r < rows; ++r) {
-        float s = 0.f;
+        // in blocks of 4096 (as blocked_sum), the block sums added in order: a long row's error
+        // stays that of a 4096-term sum whatever SIMD split this build's compiler chose
+        constexpr int64_t kRowBlock = 4096;
         const float* x = in + r * inner;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < inner; ++i) s += x[i];
+        float s = 0.f;
+        for (int64_t b0 = 0; b0 < inner; b0 += kRowBlock) {
+          const int64_t b1 = std::min(inner, b0 + kRowBlock);
+          float bs = 0.f;
+#pragma omp simd reduction(+ : bs)
+          for (int64_t i = b0; i < b1; ++i) bs += x[i];
+          s += bs;
+        }
         out[r] = s;
       }
       return;
