@@ -32,11 +32,7 @@ supp="$PWD/scripts/sanitizers"
 if [ "$KIND" = address ]; then
   cmake --build "$BUILD" -j"$JOBS"
   # Open MPI, hwloc and libevent keep allocations until exit (not ours): leak suppressions.
-  # Suppressions match module names, and MPI_Finalize unloads Open MPI's components (a stack
-  # into one then reads "<unknown module>"): keep_loaded.so makes dlclose do nothing. It is
-  # preloaded ahead of libasan, so ASan's link-order check is turned off.
-  cc -shared -fPIC -O2 -o "$BUILD/keep_loaded.so" "$supp/keep_loaded.c"
-  export LD_PRELOAD="$PWD/$BUILD/keep_loaded.so${LD_PRELOAD:+:$LD_PRELOAD}"
+  # keep_loaded.so is preloaded ahead of libasan, so ASan's link-order check is turned off.
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23:log_path=$logs/asan:verify_asan_link_order=0"
   export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=23:log_path=$logs/ubsan"
@@ -53,6 +49,12 @@ else
   export OMP_NUM_THREADS=1
   TESTS=(-R '^dist_np|DataParallel|DpTrain|sync_batch_norm')
 fi
+# Suppressions name modules, and MPI_Finalize unloads Open MPI's components: a stack into an
+# unloaded one reads "<unknown module>" for ASan, and TSan stops the process when a library a
+# called_from_lib suppression matched is unloaded. keep_loaded.so (preloaded) makes dlclose do
+# nothing, so every library stays mapped until exit.
+cc -shared -fPIC -O2 -o "$BUILD/keep_loaded.so" scripts/sanitizers/keep_loaded.c
+export LD_PRELOAD="$PWD/$BUILD/keep_loaded.so${LD_PRELOAD:+:$LD_PRELOAD}"
 cd "$BUILD"
 status=0
 ctest --output-on-failure -j"$JOBS" --timeout 2400 "${TESTS[@]}" "$@" || status=$?
