@@ -55,6 +55,10 @@ fi
 # nothing, so every library stays mapped until exit.
 cc -shared -fPIC -O2 -o "$BUILD/keep_loaded.so" scripts/sanitizers/keep_loaded.c
 export LD_PRELOAD="$PWD/$BUILD/keep_loaded.so${LD_PRELOAD:+:$LD_PRELOAD}"
+# the two-host test's ranks in the second namespace start from a clean environment (as over ssh):
+# netns_mpirun.sh forwards these names to them
+if [ "$KIND" = address ]; then san_env="ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS"; else san_env="TSAN_OPTIONS OMP_NUM_THREADS"; fi
+export NETNS_MPIRUN_EXPORT="${NETNS_MPIRUN_EXPORT:+$NETNS_MPIRUN_EXPORT }LD_PRELOAD $san_env"
 cd "$BUILD"
 status=0
 ctest --output-on-failure -j"$JOBS" --timeout 2400 "${TESTS[@]}" "$@" || status=$?

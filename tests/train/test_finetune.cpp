@@ -620,6 +620,10 @@ TEST(SftData, ShapesTemplatesAndBadLines) {
       {"{\"text\": \"a\", \"prompt\": \"b\", \"completion\": \"c\"}\n", ":1: a sample has exactly one"},
       {"{\"prompt\": \"b\"}\n", ":1: a prompt-completion sample needs both"},
       {"{\"text\": 3}\n", ":1: \"text\" must be a string"},
+      {"{\"text\": [1, 2]}\n", ":1: \"text\" must be a string, got an array"},
+      // nested a million deep: named by its kind, never printed (printing recurses per level)
+      {"{\"text\": " + std::string(1000000, '[') + std::string(1000000, ']') + "}\n",
+       ":1: \"text\" must be a string, got an array"},
       {"{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n", ":1: role \"bot\""},
       {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n", ":1: no \"assistant\" message"},
       {"{\"text\": \"a\"}\n{\"prompt\": \"b\", \"completion\": \"c\"}\n", ":2: a prompt-completion sample in a file of text"},

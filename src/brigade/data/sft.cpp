@@ -67,9 +67,12 @@ void append(SftSample& s, const std::vector<int>& ids, bool trained) {
 }
 
 std::string string_field(const json& j, const char* key, const std::string& where) {
-  BRIGADE_CHECK(j.at(key).is_string(), DataError, "{}: \"{}\" must be a string, got {}", where, key,
-                j.at(key).dump().substr(0, 60));
-  return j.at(key).get<std::string>();
+  const json& v = j.at(key);
+  // a scalar is shown as written; an array or object only by its kind (dumping one would recurse
+  // as deep as the line nests, which a hostile file can make deeper than the stack)
+  BRIGADE_CHECK(v.is_string(), DataError, "{}: \"{}\" must be a string, got {}", where, key,
+                v.is_structured() ? std::string(v.is_array() ? "an array" : "an object") : v.dump().substr(0, 60));
+  return v.get<std::string>();
 }
 
 }  // namespace
