@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the PyTorch peer of bench/gpt_vs_torch.py needs on Debian 12 (idempotent: safe to
-# run again): python3-torch and python3-numpy, and libopenblas0-pthread. Debian's python3-torch
+# Installs what the PyTorch peer of bench/gpt_vs_torch.py and bench/vs_torch.py needs on Debian 12
+# (idempotent: safe to run again): python3-torch, python3-torchvision (vs_torch's ResNet, ViT and
+# Swin peers) and python3-numpy, and libopenblas0-pthread. Debian's python3-torch
 # does its fp32 GEMMs through the system libblas.so.3; without OpenBLAS that is the reference BLAS
 # (libblas3, ~8 GFLOP/s on one core), so PyTorch's fp32 training would run many times slower than
 # it can and any Brigade/PyTorch ratio would be meaningless. Installing libopenblas0-pthread makes
@@ -20,7 +21,7 @@ case "${1:-}" in
   --check) check=1 ;;
   *) echo "usage: $0 [--check]" >&2; exit 2 ;;
 esac
-pkgs=(python3-torch python3-numpy libopenblas0-pthread)
+pkgs=(python3-torch python3-torchvision python3-numpy libopenblas0-pthread)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "install-bench-deps: not a Debian system (no dpkg-query); install PyTorch with an optimised BLAS by hand"

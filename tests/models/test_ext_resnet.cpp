@@ -1,6 +1,6 @@
 // ResNet parity with the plain-PyTorch reference (tests/reference/resnet_ref.py; fixture
 // tests/fixtures/resnet_tiny.safetensors from make_resnet_fixture.py): for a tiny basic-block
-// and a tiny bottleneck config, train-mode logits and loss to 1e-5, every parameter gradient
+// and a tiny bottleneck config (small-input stem) and the bottleneck one with the ImageNet stem, train-mode logits and loss to 1e-5, every parameter gradient
 // to 1e-4, BatchNorm running statistics after the train-mode forward, eval-mode logits to
 // 1e-5 (relative errors: max|a - b| / max|b|). Also: torchvision names (parameters and
 // buffers, in module order), train/eval reaching every BatchNorm, a safetensors save/load
@@ -162,7 +162,7 @@ TEST_P(ResNetParity, BrigadeCheckpointLoadsIntoPyTorchWithTheSameLogits) {
   fs::remove(base + ".batch.safetensors");
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, ResNetParity, ::testing::Values("basic", "bottleneck"));
+INSTANTIATE_TEST_SUITE_P(Tiny, ResNetParity, ::testing::Values("basic", "bottleneck", "imagenet_stem"));
 
 TEST(ResNet, StandardParameterCountsAndNames) {
   // torchvision resnet18(num_classes=1000): 11,689,512; resnet50: 25,557,032.

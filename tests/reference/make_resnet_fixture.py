@@ -2,12 +2,14 @@
 
     /usr/bin/python3 tests/reference/make_resnet_fixture.py [--out DIR]
 
-Two tiny configs of tests/reference/resnet_ref.py (1 channel, 10 classes, small_input,
-batch 4 of 12x12 images), prefixed "basic." (width 8, layers 1,1,1,1, basic blocks) and
-"bottleneck." (width 4, layers 1,1,1,1, bottlenecks). For each prefix P:
+Three tiny configs of tests/reference/resnet_ref.py (10 classes, batch 4), prefixed "basic."
+(width 8, layers 1,1,1,1, basic blocks) and "bottleneck." (width 4, layers 1,1,1,1,
+bottlenecks), both 1 channel, small_input, 12x12 images; and "imagenet_stem." (the bottleneck
+config with torchvision's ImageNet stem, 7x7 stride-2 conv and 3x3 stride-2 max-pool, on
+3-channel 24x24 images). For each prefix P:
   P.param.<name>   initial weights (BatchNorm weights/biases perturbed away from 1/0 so
                    they matter), P.buffer.<name> initial buffers (running stats perturbed)
-  P.images (4,1,12,12) f32, P.labels (4) i64
+  P.images (4,C,S,S) f32, P.labels (4) i64
   P.logits_train, P.loss_train   train-mode forward (batch statistics)
   P.grad.<name>                  gradient of loss_train for every parameter
   P.after.<buffer name>          buffers after that one train-mode forward
@@ -31,7 +33,10 @@ CONFIGS = {
     "basic": dict(layers=[1, 1, 1, 1], bottleneck=False, num_classes=10, in_channels=1, width=8, small_input=True),
     "bottleneck": dict(layers=[1, 1, 1, 1], bottleneck=True, num_classes=10, in_channels=1, width=4,
                        small_input=True),
+    "imagenet_stem": dict(layers=[1, 1, 1, 1], bottleneck=True, num_classes=10, in_channels=3, width=4,
+                          small_input=False),
 }
+SIDE = {"imagenet_stem": 24}  # image side per config (default 12)
 
 
 def make(prefix, cfg, seed):
@@ -47,7 +52,8 @@ def make(prefix, cfg, seed):
                 mod.num_batches_tracked.fill_(3)
     params = [(n, p.detach().clone()) for n, p in m.named_parameters()]
     buffers = [(n, b.detach().clone()) for n, b in m.named_buffers()]
-    images = torch.randn(4, cfg["in_channels"], 12, 12)
+    side = SIDE.get(prefix, 12)
+    images = torch.randn(4, cfg["in_channels"], side, side)
     labels = torch.tensor([3, 0, 7, 3], dtype=torch.int64)
 
     m.eval()

@@ -251,8 +251,9 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // rope_high_freq_factor,rope_original_max_positions,tie_embeddings} (llama),
   // model.{stages,width_coefficient,depth_coefficient,depthwise_padding} (align),
   // model.{vision_from,lm_from,resampler_depth,resampler_heads,resampler_latents,cross_attn_every_n_layers} (flamingo),
-  // train.{nonfinite,spike_zscore,spike_window}, parallel.timeout_s, parallel.{deterministic,atom_rows}
-  EXPECT_EQ(recipe_keys().size(), 129u);
+  // train.{nonfinite,spike_zscore,spike_window}, parallel.timeout_s, parallel.{deterministic,atom_rows},
+  // model.stem (resnet)
+  EXPECT_EQ(recipe_keys().size(), 130u);
 }
 
 namespace {
@@ -317,6 +318,25 @@ TEST(Recipe, VisionKeysAreValidated) {
             std::string::npos)
       << parse_error(base, fm);
   EXPECT_NE(parse_error(base, {"data.augment=true"}).find("data.augment"), std::string::npos);
+  // synthetic images: any shape for the image classifiers, refused for the others
+  for (const char* type : {"model.type=vit", "model.type=resnet18", "model.type=resnet50", "model.type=swin"})
+    EXPECT_EQ(parse_error(base, {"data.corpus=synthetic", type, "model.in_channels=3",
+                                 "model.num_classes=1000"}),
+              "")
+        << type;
+  const Recipe s = parse_recipe(base, "p.toml", {"data.corpus=synthetic", "model.type=resnet50", "model.stem=imagenet",
+                                                 "model.image_size=224", "model.in_channels=3", "model.num_classes=1000"});
+  EXPECT_EQ(s.model.image_size, 224);
+  EXPECT_EQ(s.model.stem, "imagenet");
+  for (const char* type : {"model.type=gpt", "model.type=clip", "model.type=bert"}) {
+    const std::string e = parse_error(base, {"data.corpus=synthetic", type});
+    EXPECT_NE(e.find("data.corpus = \"synthetic\" (random images for `brigade bench`) is for the image classifiers "
+                     "(vit, resnet18, resnet50, swin)"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_NE(parse_error(base, {"data.corpus=synthetic", "model.type=vit", "model.num_classes=1"}).find("model.num_classes"),
+            std::string::npos);
   // the type name
   EXPECT_NE(parse_error(base, {"model.type=resnet19"}).find("did you mean 'resnet18'"), std::string::npos)
       << parse_error(base, {"model.type=resnet19"});
@@ -329,6 +349,13 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(with({"model.type=vit", "model.num_classes=100"}).find("10 classes"), std::string::npos);
   EXPECT_NE(with({"model.type=vit", "model.n_embd=30", "model.n_head=4"}).find("not divisible"), std::string::npos);
   EXPECT_NE(with({"model.type=resnet18", "model.width=0"}).find("model.width"), std::string::npos);
+  EXPECT_EQ(with({"model.type=resnet50", "model.stem=imagenet"}), "");
+  EXPECT_NE(with({"model.type=resnet50", "model.stem=big"}).find("model.stem = \"big\" must be \"small\""),
+            std::string::npos)
+      << with({"model.type=resnet50", "model.stem=big"});
+  EXPECT_NE(with({"model.type=vit", "model.stem=imagenet"}).find("applies to model.type = \"resnet18\", \"resnet50\""),
+            std::string::npos)
+      << with({"model.type=vit", "model.stem=imagenet"});
   EXPECT_NE(with({"model.type=resnet18", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
   // what the model registry's rows say a model cannot do: one generic message naming the model,
   // the feature and the models that have it

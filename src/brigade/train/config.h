@@ -50,6 +50,8 @@ struct ModelConfig {
   int64_t num_classes = 10;          // classifier outputs
   int64_t in_channels = 1;           // input channels (Fashion-MNIST: 1, grey)
   int64_t width = 64;                // resnet: channels of the stem and stage 1 (torchvision: 64)
+  std::string stem = "small";        // resnet: "small" (3x3 stride-1 conv, no max-pool: 28x28 inputs) |
+                                     // "imagenet" (torchvision's 7x7 stride-2 conv + 3x3 stride-2 max-pool)
   // swin (n_embd = embed_dim, n_head = heads of stage 0, doubling per stage; patch_size as vit):
   std::string depths = "";           // blocks per stage, e.g. "2,2" ("" = "2,2")
   int64_t window_size = 7;           // attention window side (stage grids must be multiples, or smaller)

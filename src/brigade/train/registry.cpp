@@ -74,8 +74,9 @@ models::SwinConfig swin_config(const ModelConfig& m) {
 }
 
 models::ResNetConfig resnet_config(const ModelConfig& m) {
-  models::ResNetConfig rc = m.type == "resnet50" ? models::resnet50_config(m.num_classes, m.in_channels, true)
-                                                 : models::resnet18_config(m.num_classes, m.in_channels, true);
+  const bool small_input = m.stem != "imagenet";
+  models::ResNetConfig rc = m.type == "resnet50" ? models::resnet50_config(m.num_classes, m.in_channels, small_input)
+                                                 : models::resnet18_config(m.num_classes, m.in_channels, small_input);
   rc.width = m.width;
   return rc;
 }
@@ -189,6 +190,15 @@ namespace {
 // ---------------------------------------------------------------- recipe checks
 
 void check_image_data(const Recipe& r, const Fail& fail) {
+  if (r.data.corpus == "synthetic") {  // any shape (validate_model admits it only where the row says so)
+    if (r.model.image_size < 1 || r.model.image_size > 4096)
+      fail(fmt::format("model.image_size = {} must be in [1, 4096]", r.model.image_size));
+    if (r.model.in_channels < 1 || r.model.in_channels > 4096)
+      fail(fmt::format("model.in_channels = {} must be in [1, 4096]", r.model.in_channels));
+    if (r.model.num_classes < 2 || r.model.num_classes > 1000000)
+      fail(fmt::format("model.num_classes = {} must be in [2, 1000000]", r.model.num_classes));
+    return;
+  }
   if (r.model.image_size != 28)
     fail(fmt::format("model.image_size = {}: Fashion-MNIST images are 28x28; set model.image_size = 28",
                      r.model.image_size));
@@ -284,6 +294,10 @@ void validate_resnet(const Recipe& r, const Fail& fail) {
     fail(fmt::format("model.width = {} must be in [1, 4096]: the ResNet's stem and stage-1 channels (torchvision "
                      "64; 16 or 32 train faster)",
                      r.model.width));
+  if (r.model.stem != "small" && r.model.stem != "imagenet")
+    fail(fmt::format("model.stem = \"{}\" must be \"small\" (3x3 stride-1 conv, no max-pool: for 28x28 inputs) or "
+                     "\"imagenet\" (torchvision's 7x7 stride-2 conv and 3x3 stride-2 max-pool: for 224x224)",
+                     r.model.stem));
 }
 
 void validate_swin(const Recipe& r, const Fail& fail) {
@@ -426,7 +440,8 @@ std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
   c.forward = [m = resnet.get()](const Tensor& x) { return m->forward(x); };
   c.flops_per_image = resnet->flops_per_image(r.model.image_size);
   c.buffers = resnet->named_buffers();
-  c.description = fmt::format("ResNet-{} layout, width {}", r.model.type == "resnet50" ? 50 : 18, r.model.width);
+  c.description = fmt::format("ResNet-{} layout, width {}, {} stem", r.model.type == "resnet50" ? 50 : 18,
+                              r.model.width, r.model.stem == "imagenet" ? "ImageNet" : "small-input");
   return image_classification_task(r, std::move(c));
 }
 
@@ -470,7 +485,7 @@ const std::vector<std::string_view>& optional_keys() {
       "model.n_kv_head",  "model.intermediate_size", "model.rope_theta",  "model.rope_scaling",
       "model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
       "model.rope_original_max_positions", "model.tie_embeddings", "model.image_size", "model.patch_size",
-      "model.num_classes", "model.in_channels",      "model.width",       "model.depths",     "model.window_size",
+      "model.num_classes", "model.in_channels",      "model.width",       "model.stem",       "model.depths",     "model.window_size",
       "model.mlp_ratio",  "model.text_layers",       "model.text_heads",  "model.text_width", "model.projection_dim",
       "model.stages", "model.width_coefficient", "model.depth_coefficient", "model.depthwise_padding",
       "model.vision_from", "model.lm_from", "model.resampler_depth", "model.resampler_heads",
@@ -505,17 +520,17 @@ const std::vector<ModelEntry>& model_registry() {
        validate_bert, make_bert_task},
       {"vit", "ViT image classifier", DataKind::FashionMnist,
        with(kImage, {"model.patch_size", "model.intermediate_size"}),
-       {.tensor_parallel = true, .pipeline_parallel = true, .dropout = true},
+       {.tensor_parallel = true, .pipeline_parallel = true, .dropout = true, .synthetic_images = true},
        validate_vit, make_vit_task},
-      {"resnet18", "ResNet-18 image classifier", DataKind::FashionMnist, with(kImage, {"model.width"}),
-       {.batch_norm = true},
+      {"resnet18", "ResNet-18 image classifier", DataKind::FashionMnist, with(kImage, {"model.width", "model.stem"}),
+       {.batch_norm = true, .synthetic_images = true},
        validate_resnet, make_resnet_task},
-      {"resnet50", "ResNet-50 image classifier", DataKind::FashionMnist, with(kImage, {"model.width"}),
-       {.batch_norm = true},
+      {"resnet50", "ResNet-50 image classifier", DataKind::FashionMnist, with(kImage, {"model.width", "model.stem"}),
+       {.batch_norm = true, .synthetic_images = true},
        validate_resnet, make_resnet_task},
       {"swin", "Swin Transformer image classifier", DataKind::FashionMnist,
        with(kImage, {"model.patch_size", "model.depths", "model.window_size", "model.mlp_ratio"}),
-       {},
+       {.synthetic_images = true},
        validate_swin, make_swin_task},
       {"custom", "a model defined outside the zoo, trained through the library (train::train with its own task)",
        DataKind::Any, {"model.image_size", "model.num_classes", "model.in_channels", "model.width",
@@ -601,8 +616,13 @@ void validate_model(const Recipe& r, const Fail& fail) {
     return;
   }
   // data of the right kind
+  const bool synthetic = r.data.corpus == "synthetic";
+  if (synthetic && !e->caps.synthetic_images)
+    fail(fmt::format("data.corpus = \"synthetic\" (random images for `brigade bench`) is for the image classifiers "
+                     "({}), not model.type = \"{}\"; set data.corpus = \"fashion-mnist\"",
+                     model_types_with(&Capabilities::synthetic_images), r.model.type));
   const bool images = r.data.corpus == "fashion-mnist";
-  if (e->data == DataKind::FashionMnist && !images)
+  if (e->data == DataKind::FashionMnist && !images && !synthetic)
     fail(fmt::format("model.type = \"{}\" is an image model but data.corpus = \"{}\" is text; set data.corpus = "
                      "\"fashion-mnist\" (and data.dir to its folder, e.g. \"/usr/share/datasets/fashion-mnist\")",
                      r.model.type, r.data.corpus));

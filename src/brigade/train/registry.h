@@ -29,6 +29,9 @@ struct Capabilities {
   bool dropout = false;            // model.dropout > 0
   bool sample = false;             // a text sample at the end of training; `brigade generate`
   bool batch_norm = false;         // has BatchNorm (parallel.sync_batchnorm applies)
+  // data.corpus = "synthetic": random images of any model.image_size / in_channels / num_classes,
+  // for `brigade bench` and --dry-run at shapes Fashion-MNIST does not have (training refuses it)
+  bool synthetic_images = false;
 };
 
 using Fail = std::function<void(const std::string&)>;

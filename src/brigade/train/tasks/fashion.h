@@ -70,13 +70,15 @@ class FashionMnistData {
   data::FashionMnist::Batch train_images(const std::vector<int64_t>& idx) const { return train_->batch(idx); }
   int64_t train_size() const { return train_ ? train_->size() : 60000; }
   data::FashionMnist::Batch test_images(const std::vector<int64_t>& idx) const { return test_->batch(idx); }
-  // `rows` random images in [-1, 1) and labels in [0, 10), from `g`.
-  static Tensor synthetic_images(Generator& g, int64_t rows, std::vector<int64_t>& labels) {
-    Tensor images = Tensor::empty({rows, 1, 28, 28}, DType::F32);  // (rows, 1, 28, 28)
+  // `rows` random images (rows, channels, side, side) in [-1, 1) and labels in [0, classes), from
+  // `g` (Fashion-MNIST's shape by default).
+  static Tensor synthetic_images(Generator& g, int64_t rows, std::vector<int64_t>& labels, int64_t channels = 1,
+                                 int64_t side = 28, int64_t classes = 10) {
+    Tensor images = Tensor::empty({rows, channels, side, side}, DType::F32);
     float* p = images.data<float>();
     for (int64_t i = 0; i < images.numel(); ++i) p[i] = float(g.uniform_double() * 2.0 - 1.0);
     labels.assign(size_t(rows), 0);
-    for (auto& y : labels) y = std::min<int64_t>(int64_t(g.uniform_double() * 10.0), 9);
+    for (auto& y : labels) y = std::min<int64_t>(int64_t(g.uniform_double() * double(classes)), classes - 1);
     return images;
   }
 

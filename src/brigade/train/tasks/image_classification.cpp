@@ -1,4 +1,5 @@
-// Image classification on Fashion-MNIST (ViT, ResNet, Swin, user models); see tasks.h.
+// Image classification on Fashion-MNIST (ViT, ResNet, Swin, user models), or on random images
+// of any shape for `brigade bench` (data.corpus = "synthetic"); see tasks.h.
 #include <algorithm>
 
 #include "brigade/amp/policy.h"
@@ -55,6 +56,11 @@ class ImageClassificationTask : public Task {
     return fmt::format("{}, {} parameters", c_.description, c_.module->num_parameters());
   }
   void open_data(dist::ProcessGroup& ctrl, const std::function<void(const std::string&)>& say) override {
+    BRIGADE_CHECK(r_.data.corpus != "synthetic", ConfigError,
+                  "recipe {}: data.corpus = \"synthetic\" is random images with random labels, for `brigade bench` "
+                  "and `brigade train --dry-run` only: there is nothing to learn; set data.corpus = \"fashion-mnist\" "
+                  "to train",
+                  r_.path);
     data_.open(1, "");
   }
   ItemKind item_kind() const override { return ItemKind::Image; }
@@ -126,8 +132,10 @@ class ImageClassificationTask : public Task {
     Generator g(seed);
     std::vector<int64_t> labels;
     Batch b;
-    b.t["images"] = FashionMnistData::synthetic_images(g, B, labels);  // (B, 1, 28, 28)
-    b.t["labels"] = Tensor::from_vector_i64(labels, {B});             // (B)
+    // (B, C, S, S): Fashion-MNIST's (B, 1, 28, 28) unless data.corpus = "synthetic" sets another shape
+    b.t["images"] = FashionMnistData::synthetic_images(g, B, labels, r_.model.in_channels, r_.model.image_size,
+                                                       r_.model.num_classes);
+    b.t["labels"] = Tensor::from_vector_i64(labels, {B});  // (B)
     b.rows = b.count = B;
     return b;
   }
