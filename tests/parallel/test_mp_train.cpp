@@ -208,7 +208,10 @@ TEST_F(MpTrain, ReportsMeasuredBubbleBesidePredictionWithTimeline) {
   const nlohmann::json pj = json_file("bubble/pipeline.json");
   const double measured = pj.at("measured_bubble"), predicted = pj.at("predicted_bubble");
   EXPECT_TRUE(std::isfinite(measured) && measured > 0.0) << measured;
-  EXPECT_TRUE(std::isfinite(predicted) && predicted > 0.0) << predicted;
+  // >= 0, not > 0: the simulated bubble is exactly 0 when the slower stage never waits (one rank
+  // descheduled on a loaded machine measures its stage many times the other's; see
+  // PipeSchedule.OneFOneBWithOneSlowStageHasNoBubble)
+  EXPECT_TRUE(std::isfinite(predicted) && predicted >= 0.0) << predicted;
   const std::string svg = slurp(dir_ / "bubble/pipeline.svg");
   // one box per compute action: 2 ranks x 4 micro-batches x (F + B)
   size_t boxes = 0;

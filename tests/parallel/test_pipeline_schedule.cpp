@@ -75,6 +75,22 @@ TEST(PipeSchedule, GPipeAnd1F1BBubbleIsPMinusOneOverM) {
       }
 }
 
+TEST(PipeSchedule, OneFOneBWithOneSlowStageHasNoBubble) {
+  // Stage 0 costs 1 + 1 a micro-batch, stage 1 a thousandth of that: under 1F1B rank 0 finds every
+  // gradient there when it needs it, so the makespan is its busy time, the ideal (bubble 0 exactly);
+  // GPipe's rank 0 still waits for stage 1's first backward after all the forwards.
+  PipeCosts c;
+  c.forward = {1.0, 1e-3};
+  c.backward_input = {1.0, 1e-3};
+  c.backward_weight = {0.0, 0.0};
+  const PipeSimulation o = simulate_pipe_plan(build_pipe_plan(PipeSchedule::OneFOneB, 2, 4), c);
+  EXPECT_EQ(o.makespan, 8.0);
+  EXPECT_EQ(o.bubble, 0.0);
+  const PipeSimulation g = simulate_pipe_plan(build_pipe_plan(PipeSchedule::GPipe, 2, 4), c);
+  EXPECT_GT(g.bubble, 0.0);
+  EXPECT_NEAR(g.makespan - g.ideal, 2e-3, 1e-12);  // stage 1's forward and backward of the last micro-batch
+}
+
 TEST(PipeSchedule, InterleavedBubbleIsPMinusOneOverVM) {
   for (int p : {2, 4})
     for (int v : {2, 3, 4})
