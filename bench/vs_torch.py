@@ -317,6 +317,7 @@ def main():
           f"torch bf16 = autocast(cpu, bfloat16). {args.threads} threads, {args.steps} timed steps after "
           f"{args.warmup} warm-up, {args.rounds} rounds alternating the engines; medians.", flush=True)
     table, raw = [], []
+    printed = 0
     for name in names:
         row = dict(ROWS[name], name=name)
         for precision in args.precisions.split(","):
@@ -359,22 +360,33 @@ def main():
                     gflops=gflops, mfu=gflops / (p16 if precision == "bf16" else p32) if gflops else None,
                     peak32=p32, peak16=p16, rss=max(x["peak_rss_bytes"] for x in rs) / 2 ** 20,
                     params=rs[0]["parameters"], same_params=rs[0]["parameters"] == tparams))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(table=table, raw=raw), f, indent=1)
+            # each row's lines as soon as it is done, and the JSON so far: a long run stopped early
+            # keeps what it measured
+            for r in table[printed:]:
+                print("  " + table_line(r), flush=True)
+            printed = len(table)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(dict(table=table, raw=raw), f, indent=1)
     print()
-    print("| row | precision | engine | items/s | vs torch | GFLOP/s | MFU | GEMM peak f32 / bf16 | peak RSS MiB "
-          "| parameters |")
+    print(TABLE_HEADER)
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in table:
-        if "error" in r:
-            print(f"| {r['row']} | {r['precision']} | {r['engine']} | refused: {r['error']} | | | | | | |")
-            continue
-        ratio = "refused" if r["ratio"] is None else f"{r['ratio']:.2f}x"
-        params = f"{r['params']:,}" + ("" if r["same_params"] else " (differs from torch's)")
-        print(f"| {r['row']} | {r['precision']} | {r['engine']} | {r['items_per_s']:.1f} {r['item']} | {ratio} | "
-              f"{r['gflops']:.0f} | {100 * r['mfu']:.1f}% | {r['peak32']:.0f} / {r['peak16']:.0f} | "
-              f"{r['rss']:.0f} | {params} |")
+        print(table_line(r))
+
+
+TABLE_HEADER = ("| row | precision | engine | items/s | vs torch | GFLOP/s | MFU | GEMM peak f32 / bf16 | "
+                "peak RSS MiB | parameters |")
+
+
+def table_line(r):
+    if "error" in r:
+        return f"| {r['row']} | {r['precision']} | {r['engine']} | refused: {r['error']} | | | | | | |"
+    ratio = "refused" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+    params = f"{r['params']:,}" + ("" if r["same_params"] else " (differs from torch's)")
+    return (f"| {r['row']} | {r['precision']} | {r['engine']} | {r['items_per_s']:.1f} {r['item']} | {ratio} | "
+            f"{r['gflops']:.0f} | {100 * r['mfu']:.1f}% | {r['peak32']:.0f} / {r['peak16']:.0f} | "
+            f"{r['rss']:.0f} | {params} |")
 
 
 if __name__ == "__main__":
