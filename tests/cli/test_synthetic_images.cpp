@@ -73,6 +73,7 @@ TEST_F(SyntheticImages, DryRunPredictsItAndTrainRefusesIt) {
             std::string::npos)
       << t.err;
   EXPECT_EQ(std::count(t.err.begin(), t.err.end(), '\n'), 1) << t.err;
+  EXPECT_FALSE(fs::exists(dir_ / "run")) << "a refused run creates nothing";
 }
 
 }  // namespace

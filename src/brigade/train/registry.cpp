@@ -485,8 +485,9 @@ const std::vector<std::string_view>& optional_keys() {
       "model.n_kv_head",  "model.intermediate_size", "model.rope_theta",  "model.rope_scaling",
       "model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
       "model.rope_original_max_positions", "model.tie_embeddings", "model.image_size", "model.patch_size",
-      "model.num_classes", "model.in_channels",      "model.width",       "model.stem",       "model.depths",     "model.window_size",
-      "model.mlp_ratio",  "model.text_layers",       "model.text_heads",  "model.text_width", "model.projection_dim",
+      "model.num_classes", "model.in_channels",      "model.width",       "model.stem",       "model.depths",
+      "model.window_size", "model.mlp_ratio", "model.text_layers", "model.text_heads", "model.text_width",
+      "model.projection_dim",
       "model.stages", "model.width_coefficient", "model.depth_coefficient", "model.depthwise_padding",
       "model.vision_from", "model.lm_from", "model.resampler_depth", "model.resampler_heads",
       "model.resampler_latents", "model.cross_attn_every_n_layers", "data.mlm_probability", "data.augment"};
