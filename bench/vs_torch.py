@@ -15,6 +15,7 @@ Rows (the largest batch that fits comfortably here, the same for both engines):
                 (torch: torchvision resnet50)
   resnet50-28   ResNet-50, full width, small-input stem (3x3 stride 1, no max-pool), 28x28x1,
                 10 classes, batch 32 (torch: torchvision resnet50 with that stem)
+                (Brigade runs both ResNet rows with model.memory_format = "channels_last")
   bert-large    BERT-Large shape: 24 layers, 1024 wide, 16 heads, FFN 4096, vocab 30522, T 128,
                 batch 4, the masked-LM step (15% masked; both engines run the MLM head on the
                 masked positions only; the FLOPs formula counts it on every token)
@@ -67,11 +68,11 @@ IMAGENET = {"model.image_size": 224, "model.in_channels": 3, "model.num_classes"
 ROWS = {
     "resnet50-224": dict(
         recipe="resnet50-fashion.toml", optim=SGD, batch=16, item="images", convnet=True,
-        sets={**SYNTHETIC, **IMAGENET, "model.width": 64, "model.stem": "imagenet"},
+        sets={**SYNTHETIC, **IMAGENET, "model.width": 64, "model.stem": "imagenet", "model.memory_format": "channels_last"},
         torch=dict(kind="resnet50", small_input=False, channels=3, side=224, classes=1000)),
     "resnet50-28": dict(
         recipe="resnet50-fashion.toml", optim=SGD, batch=32, item="images", convnet=True,
-        sets={"model.width": 64},
+        sets={"model.width": 64, "model.memory_format": "channels_last"},
         torch=dict(kind="resnet50", small_input=True, channels=1, side=28, classes=10)),
     "bert-large": dict(
         recipe="bert-kjv.toml", optim=ADAMW, batch=4, item="tokens",

@@ -5,7 +5,8 @@
 // 1e-5 (relative errors: max|a - b| / max|b|). Also: torchvision names (parameters and
 // buffers, in module order), train/eval reaching every BatchNorm, a safetensors save/load
 // round trip by name, a Brigade checkpoint loading into the PyTorch model with the same
-// logits (skipped without torch), the standard ResNet-18/50 parameter counts, and the
+// logits (skipped without torch), the same checks for channels-last activations
+// (model.memory_format), the standard ResNet-18/50 parameter counts, and the
 // measured speed of one ResNet-18 small-input training step (batch 64) for the report.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -91,6 +92,34 @@ TEST_P(ResNetParity, TrainModeLogitsLossGradientsAndRunningStatsMatchTorch) {
   EXPECT_LT(rel_err(loss, get("loss_train")), 1e-5) << loss.item() << " vs " << get("loss_train").item();
   autograd::backward(loss);
   for (auto& [name, p] : m_->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_LT(rel_err(p.grad(), get("grad." + name)), 1e-4) << "gradient of " << name;
+  }
+}
+
+// The same model with channels-last activations (NHWC convolutions and batch norms) against the
+// same torch fixture: the layout changes no parameter, buffer or output beyond rounding.
+TEST_P(ResNetParity, ChannelsLastMatchesTorchToo) {
+  models::ResNetConfig c = config_of(r_, p_);
+  c.channels_last = true;
+  auto m = std::make_shared<models::ResNet>(c);
+  for (auto& [name, t] : m->named_parameters()) r_.get_into(p_ + ".param." + name, t);
+  for (auto& [name, t] : m->named_buffers()) r_.get_into(p_ + ".buffer." + name, t);
+  const Tensor images = get("images"), labels = get("labels");
+  m->train(false);
+  {
+    autograd::NoGradGuard ng;
+    EXPECT_LT(rel_err(m->forward(images), get("logits_eval")), 1e-5);
+  }
+  m->train();
+  Tensor logits = m->forward(images);
+  EXPECT_LT(rel_err(logits, get("logits_train")), 1e-5);
+  for (auto& [name, t] : m->named_buffers())
+    if (name.find("num_batches_tracked") == std::string::npos)
+      EXPECT_LT(rel_err(t, get("after." + name)), 1e-5) << name;
+  Tensor loss = fn::cross_entropy(logits, labels);
+  autograd::backward(loss);
+  for (auto& [name, p] : m->named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
     EXPECT_LT(rel_err(p.grad(), get("grad." + name)), 1e-4) << "gradient of " << name;
   }

@@ -17,7 +17,13 @@
 //  - the direct depthwise kernel above its OpenMP threshold at 1, 2 and 3 threads (cpu vs ref,
 //    bitwise across thread counts), likewise sigmoid, spatial_mean and the smoothed
 //    cross-entropy; conv2d's old signature is bitwise the symmetric Conv2dParams call;
-//  - the precision policy's dtypes for the new functions under O1.
+//  - the precision policy's dtypes for the new functions under O1;
+//  - channels-last (NHWC) convolutions: every geometry (padding per side, bias, groups,
+//    depthwise, the ImageNet stem) on the cpu backend within 1e-5 of the NCHW oracle on the same
+//    values, running a non-reference oneDNN kernel (bf16 too, within one bf16 rounding), and
+//    bitwise the oracle on the ref backend; channels-last batch norm against the oracle at 1, 2
+//    and 3 threads (bitwise across them) and against the NCHW cpu op; gradients of a
+//    channels-last conv + batch norm against finite differences.
 #include <gtest/gtest.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -381,6 +387,179 @@ TEST(AlignOps, PrecisionPolicyOfTheNewFunctions) {
   EXPECT_EQ(x.grad().dtype(), DType::F32);
   EXPECT_EQ(w.grad().dtype(), DType::F32);
   EXPECT_GT(sum_abs(x.grad()), 0.0);
+}
+
+// ---------------------------------------------------------------- channels-last (NHWC) forms
+
+Tensor nhwc(const Tensor& t) { return t.defined() ? t.permute({0, 2, 3, 1}).contiguous() : t; }
+Tensor nchw(const Tensor& t) { return t.defined() ? t.permute({0, 3, 1, 2}).contiguous() : t; }
+ops::Conv2dParams channels_last(ops::Conv2dParams p) {
+  p.channels_last = true;
+  return p;
+}
+
+// Every geometry the NCHW convolution has (stride, padding per side, bias, groups, depthwise),
+// channels-last on the cpu backend (oneDNN on NHWC memory, reordered weights) against the NCHW
+// oracle of the ref backend on the same values; on the ref backend channels-last is that oracle
+// on permuted copies, bitwise.
+TEST(VisionOpsChannelsLast, ConvolutionsMatchTheNchwOracle) {
+  struct G {
+    Shape x, w;
+    ops::Conv2dParams p;
+    bool bias;
+  };
+  const std::vector<G> geoms = {
+      {{2, 5, 9, 8}, {7, 5, 3, 3}, ops::Conv2dParams::symmetric(1, 1), true},
+      {{2, 5, 9, 8}, {6, 5, 3, 3}, ops::Conv2dParams{2, 2, 1, 0, 1, 1}, false},  // asymmetric padding
+      {{3, 8, 7, 7}, {16, 8, 1, 1}, ops::Conv2dParams::symmetric(2, 0), false},  // a downsample
+      {{2, 6, 8, 9}, {4, 3, 3, 3}, ops::Conv2dParams::symmetric(1, 1, 2), true},  // grouped
+      {{2, 6, 8, 9}, {6, 1, 3, 3}, ops::Conv2dParams::symmetric(2, 1, 6), true},  // depthwise
+      {{2, 3, 20, 20}, {8, 3, 7, 7}, ops::Conv2dParams::symmetric(2, 3), false},  // an ImageNet stem
+  };
+  uint32_t seed = 301;
+  for (const G& g : geoms) {
+    SCOPED_TRACE(shape_str(g.x) + " * " + shape_str(g.w) + " groups " + std::to_string(g.p.groups));
+    const Tensor x = randn(g.x, seed++), w = randn(g.w, seed++), b = g.bias ? randn({g.w[0]}, seed++) : Tensor();
+    Tensor y;
+    ops::Conv2dGrads want;
+    Tensor gy;
+    {
+      ops::BackendScope ref(ops::Backend::Ref);
+      y = ops::conv2d(x, w, b, g.p);
+      gy = randn(y.shape(), seed++);
+      want = ops::conv2d_backward(gy, x, w, g.p, true, true, g.bias);
+      // the ref backend's channels-last form is the same oracle: bitwise
+      const Tensor ycl = ops::conv2d(nhwc(x), w, b, channels_last(g.p));
+      EXPECT_EQ(ycl.shape(), Shape({y.size(0), y.size(2), y.size(3), y.size(1)}));
+      EXPECT_TRUE(bitwise_equal(nchw(ycl), y));
+      const ops::Conv2dGrads r = ops::conv2d_backward(nhwc(gy), nhwc(x), w, channels_last(g.p), true, true, g.bias);
+      EXPECT_TRUE(bitwise_equal(nchw(r.gx), want.gx));
+      EXPECT_TRUE(bitwise_equal(r.gw, want.gw));
+    }
+    ops::BackendScope cpu(ops::Backend::Cpu);
+    const Tensor ycl = ops::conv2d(nhwc(x), w, b, channels_last(g.p));
+    const std::string impl = ops::last_conv2d_impl();
+    EXPECT_NE(impl.find("f32 nhwc"), std::string::npos) << impl;
+    EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
+    EXPECT_LE(rel_err(nchw(ycl), y), 1e-5) << "forward";
+    const ops::Conv2dGrads r = ops::conv2d_backward(nhwc(gy), nhwc(x), w, channels_last(g.p), true, true, g.bias);
+    EXPECT_EQ(r.gx.shape(), nhwc(x).shape());
+    EXPECT_LE(rel_err(nchw(r.gx), want.gx), 1e-5) << "gx";
+    EXPECT_LE(rel_err(r.gw, want.gw), 1e-5) << "gw";
+    if (g.bias) EXPECT_LE(rel_err(r.gb, want.gb), 1e-5) << "gb";
+    // only some gradients asked for: the same values
+    const ops::Conv2dGrads only_w = ops::conv2d_backward(nhwc(gy), nhwc(x), w, channels_last(g.p), false, true, false);
+    EXPECT_FALSE(only_w.gx.defined());
+    EXPECT_LE(rel_err(only_w.gw, want.gw), 1e-5);
+  }
+  // a wrong layout is a shape error naming it
+  ops::BackendScope cpu(ops::Backend::Cpu);
+  try {
+    ops::conv2d(randn({2, 5, 9, 8}, 1), randn({7, 5, 3, 3}, 2), Tensor(), channels_last(ops::Conv2dParams::symmetric(1, 1)));
+    ADD_FAILURE() << "no error";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("channels-last (N, H, W, C)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(VisionOps16, Bf16ChannelsLastConvolutionsRunOneDnnBf16Primitives) {
+  if (!ops::conv2d_native_bf16()) GTEST_SKIP() << "oneDNN has no non-reference bf16 convolution on this CPU";
+  uint32_t seed = 401;
+  for (const auto& [xs, ws, p] : {std::tuple{Shape{4, 16, 14, 14}, Shape{32, 16, 3, 3}, ops::Conv2dParams::symmetric(2, 1)},
+                                  std::tuple{Shape{4, 16, 14, 14}, Shape{64, 16, 1, 1}, ops::Conv2dParams::symmetric(1, 0)}}) {
+    const Tensor x = randn(xs, seed++).to(DType::BF16), w = randn(ws, seed++).to(DType::BF16);
+    ops::BackendScope cpu(ops::Backend::Cpu);
+    const Tensor y = ops::conv2d(nhwc(x), w, Tensor(), channels_last(p));
+    const std::string impl = ops::last_conv2d_impl();
+    EXPECT_NE(impl.find("bf16 nhwc"), std::string::npos) << impl;
+    EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;
+    EXPECT_EQ(y.dtype(), DType::BF16);
+    const Tensor gy = randn(y.shape(), seed++).to(DType::BF16);
+    const ops::Conv2dGrads gr = ops::conv2d_backward(gy, nhwc(x), w, channels_last(p), true, true, false);
+    ops::BackendScope ref(ops::Backend::Ref);
+    const Tensor xf = x.to(DType::F32), wf = w.to(DType::F32), gyf = nchw(gy).to(DType::F32);
+    const ops::Conv2dGrads g32 = ops::conv2d_backward(gyf, xf, wf, p, true, true, false);
+    EXPECT_LE(rel_err(nchw(y), ops::conv2d(xf, wf, Tensor(), p)), kBf16) << "forward";
+    EXPECT_EQ(gr.gx.dtype(), DType::BF16);
+    EXPECT_LE(rel_err(nchw(gr.gx), g32.gx), kBf16) << "gx";
+    EXPECT_LE(rel_err(gr.gw, g32.gw), kBf16) << "gw";
+  }
+}
+
+// Channels-last batch norm (cpu: blocked column sums) against the ref oracle, which runs the NCHW
+// templates on the (N H W, C, 1) view of the same bytes, at 1, 2 and 3 threads (bitwise the same at
+// each), training with running statistics and eval; and against the NCHW cpu op on permuted values.
+TEST(VisionOpsChannelsLast, BatchNormAtOneTwoAndThreeThreads) {
+  // N H W C = 4 * 17 * 16 * 24 = 26112 rows x channels ... 2 * 26112 > 2^15: the parallel loops run
+  const Tensor x = nhwc(randn({4, 24, 17, 16}, 501)), w = randn({24}, 502), b = randn({24}, 503);
+  const Tensor gy = nhwc(randn({4, 24, 17, 16}, 504));
+  const Tensor x2 = nhwc(randn({8, 24, 17, 16}, 505)), gy2 = nhwc(randn({8, 24, 17, 16}, 506));
+  const Tensor rm0 = randn({24}, 507), rv0 = ops::add_scalar(ops::mul(rm0, rm0), 0.5);
+  for (const auto& [xx, gg] : {std::pair{x, gy}, std::pair{x2, gy2}}) {
+    check_threads(
+        [&] {
+          const Tensor rm = rm0.clone(), rv = rv0.clone();
+          const ops::BatchNormOut o = ops::batch_norm2d(xx, w, b, rm, rv, true, 0.1, 1e-5, true);
+          const ops::BatchNormGrads g = ops::batch_norm2d_backward(gg, xx, w, o.mean, o.rstd, true, true);
+          const ops::BatchNormOut e = ops::batch_norm2d(xx, w, b, rm, rv, false, 0.1, 1e-5, true);
+          const ops::BatchNormGrads ge = ops::batch_norm2d_backward(gg, xx, w, e.mean, e.rstd, false, true);
+          return TVec{o.y, o.mean, o.rstd, rm, rv, g.gx, g.gw, g.gb, e.y, ge.gx, ge.gw, ge.gb};
+        },
+        1e-5, "channels-last batch norm " + shape_str(xx.shape()));
+  }
+  ops::BackendScope cpu(ops::Backend::Cpu);
+  const Tensor rm = rm0.clone(), rv = rv0.clone(), rm2 = rm0.clone(), rv2 = rv0.clone();
+  const ops::BatchNormOut a = ops::batch_norm2d(x, w, b, rm, rv, true, 0.1, 1e-5, true);
+  const ops::BatchNormOut c = ops::batch_norm2d(nchw(x), w, b, rm2, rv2, true, 0.1, 1e-5);
+  EXPECT_LE(rel_err(nchw(a.y), c.y), 1e-5);
+  EXPECT_LE(rel_err(rm, rm2), 1e-6);
+  EXPECT_LE(rel_err(rv, rv2), 1e-6);
+  const ops::BatchNormGrads ga = ops::batch_norm2d_backward(gy, x, w, a.mean, a.rstd, true, true);
+  const ops::BatchNormGrads gc = ops::batch_norm2d_backward(nchw(gy), nchw(x), w, c.mean, c.rstd, true);
+  EXPECT_LE(rel_err(nchw(ga.gx), gc.gx), 1e-5);
+  EXPECT_LE(rel_err(ga.gw, gc.gw), 1e-5);
+  EXPECT_LE(rel_err(ga.gb, gc.gb), 1e-5);
+  // bf16 input: widened, the output rounded once to bf16
+  const ops::BatchNormOut h = ops::batch_norm2d(x.to(DType::BF16), w, b, Tensor(), Tensor(), true, 0.1, 1e-5, true);
+  EXPECT_EQ(h.y.dtype(), DType::BF16);
+  EXPECT_LE(rel_err(h.y, ops::batch_norm2d(x.to(DType::BF16).to(DType::F32), w, b, Tensor(), Tensor(), true, 0.1,
+                                           1e-5, true).y),
+            kBf16);
+}
+
+// fn::conv2d and fn::batch_norm2d in channels-last form: gradients against central finite
+// differences of a scalar loss (double-checked on a small problem, f32 tolerance).
+TEST(VisionOpsChannelsLast, ConvAndBatchNormGradientsMatchFiniteDifferences) {
+  ops::BackendScope cpu(ops::Backend::Cpu);
+  const Tensor x0 = nhwc(randn({2, 3, 5, 4}, 601)), w0 = randn({4, 3, 3, 3}, 602), g0 = randn({4}, 603),
+               b0 = randn({4}, 604), proj = randn({2, 3, 2, 4}, 605);  // y (2, 3, 2, 4): stride 2, pad 1
+  const ops::Conv2dParams p = channels_last(ops::Conv2dParams::symmetric(2, 1));
+  auto loss_of = [&](const Tensor& x, const Tensor& w, const Tensor& g, const Tensor& b) {
+    const Tensor y = fn::batch_norm2d(fn::conv2d(x, w, Tensor(), p), g, b, Tensor(), Tensor(), true, 0.1, 1e-5, true);
+    return fn::sum_all(fn::mul(y, proj));
+  };
+  Tensor x = x0.clone(), w = w0.clone(), g = g0.clone(), b = b0.clone();
+  for (Tensor* t : {&x, &w, &g, &b}) t->set_requires_grad(true);
+  autograd::backward(loss_of(x, w, g, b));
+  for (auto [name, t, t0] : {std::tuple{"x", &x, &x0}, std::tuple{"w", &w, &w0}, std::tuple{"gamma", &g, &g0},
+                             std::tuple{"beta", &b, &b0}}) {
+    const std::vector<float> base = t0->to_vector(), grad = t->grad().to_vector();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < base.size(); i += 3) {
+      const double h = 1e-2;
+      auto at = [&](double d) {
+        std::vector<float> v = base;
+        v[i] = float(double(v[i]) + d);
+        const Tensor tv = Tensor::from_vector(v, t0->shape());
+        autograd::NoGradGuard ng;
+        return double(loss_of(t == &x ? tv : x0, t == &w ? tv : w0, t == &g ? tv : g0, t == &b ? tv : b0).item());
+      };
+      const double fd = (at(h) - at(-h)) / (2 * h);
+      num = std::max(num, std::fabs(fd - double(grad[i])));
+      den = std::max(den, std::fabs(fd));
+    }
+    EXPECT_LE(num / den, 2e-2) << name;
+  }
 }
 
 }  // namespace

@@ -252,8 +252,8 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   // model.{stages,width_coefficient,depth_coefficient,depthwise_padding} (align),
   // model.{vision_from,lm_from,resampler_depth,resampler_heads,resampler_latents,cross_attn_every_n_layers} (flamingo),
   // train.{nonfinite,spike_zscore,spike_window}, parallel.timeout_s, parallel.{deterministic,atom_rows},
-  // model.stem (resnet)
-  EXPECT_EQ(recipe_keys().size(), 130u);
+  // model.stem, model.memory_format (resnet)
+  EXPECT_EQ(recipe_keys().size(), 131u);
 }
 
 namespace {
@@ -356,6 +356,18 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(with({"model.type=vit", "model.stem=imagenet"}).find("applies to model.type = \"resnet18\", \"resnet50\""),
             std::string::npos)
       << with({"model.type=vit", "model.stem=imagenet"});
+  EXPECT_EQ(with({"model.type=resnet18", "model.memory_format=channels_last"}), "");
+  EXPECT_EQ(parse_recipe(base, "p.toml", {"data.corpus=synthetic", "model.type=resnet50", "model.memory_format=channels_last"})
+                .model.memory_format,
+            "channels_last");
+  EXPECT_NE(with({"model.type=resnet50", "model.memory_format=nhwc"})
+                .find("model.memory_format = \"nhwc\" must be \"nchw\" (the default) or \"channels_last\""),
+            std::string::npos)
+      << with({"model.type=resnet50", "model.memory_format=nhwc"});
+  EXPECT_NE(with({"model.type=vit", "model.memory_format=channels_last"})
+                .find("applies to model.type = \"resnet18\", \"resnet50\""),
+            std::string::npos)
+      << with({"model.type=vit", "model.memory_format=channels_last"});
   EXPECT_NE(with({"model.type=resnet18", "model.dropout=0.1"}).find("no dropout"), std::string::npos);
   // what the model registry's rows say a model cannot do: one generic message naming the model,
   // the feature and the models that have it

@@ -41,11 +41,11 @@ struct Conv2dBackward : Node {
 };
 
 struct BatchNorm2dBackward : rules::NormNode {
-  bool training = true;
+  bool training = true, channels_last = false;
   const char* name() const override { return "BatchNorm2dBackward"; }
   // forward: y = (x - mean) * rstd * w + b   (mean, rstd: batch statistics in training)
   std::vector<Tensor> backward(const Tensor& g) override {
-    ops::BatchNormGrads r = ops::batch_norm2d_backward(g, x, w, mean, rstd, training);
+    ops::BatchNormGrads r = ops::batch_norm2d_backward(g, x, w, mean, rstd, training, channels_last);
     return {wants(*this, 0) ? r.gx : Tensor(), r.gw, r.gb};
   }
 };
@@ -149,7 +149,7 @@ Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const ops::C
 }
 
 Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
-                    const Tensor& running_var, bool training, double momentum, double eps) {
+                    const Tensor& running_var, bool training, double momentum, double eps, bool channels_last) {
   const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
   const Tensor x = cast(x0, dt), w = cast(w0, dt), b = cast(b0, dt);
   // A recompute (fn::checkpoint re-running the block in the backward) normalises with the
@@ -157,11 +157,12 @@ Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const 
   // (Eval reads them; training only writes them.)
   const bool drop = training && autograd::recomputing();
   ops::BatchNormOut r = ops::batch_norm2d(x, w, b, drop ? Tensor() : running_mean, drop ? Tensor() : running_var,
-                                          training, momentum, eps);
+                                          training, momentum, eps, channels_last);
   auto n = std::make_shared<BatchNorm2dBackward>();
   if (needs_grad({x, w, b})) {
     n->save(x, w, r.mean, r.rstd);
     n->training = training;
+    n->channels_last = channels_last;
   }
   return record(r.y, n, {x, w, b});
 }

@@ -22,7 +22,8 @@
 
 namespace brigade::fn {
 
-// x (N, C, H, W), w (O, C, KH, KW), bias (O) or undefined -> (N, O, OH, OW).
+// x (N, C, H, W), w (O, C, KH, KW), bias (O) or undefined -> (N, O, OH, OW). With
+// p.channels_last, x (N, H, W, C) -> (N, OH, OW, O) (ops::Conv2dParams).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding);
 // Grouped / depthwise, padding per side (ops::Conv2dParams): w (O, C / groups, KH, KW).
 // conv2d(x, w, b, stride, padding) is this with Conv2dParams::symmetric(stride, padding).
@@ -34,8 +35,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::C
 // are left alone while autograd::recomputing() (a checkpointed block re-run in the
 // backward): they move once per real forward. conv2d is a GEMM for selective recompute:
 // its output is kept (CheckpointKeep::GemmOutputs).
+// channels_last: x is (N, H, W, C) (ops::batch_norm2d's channels-last form).
 Tensor batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
-                    const Tensor& running_var, bool training, double momentum, double eps);
+                    const Tensor& running_var, bool training, double momentum, double eps,
+                    bool channels_last = false);
 
 // Synchronised batch norm (torch.nn.SyncBatchNorm): the batch statistics of a training
 // batch_norm2d taken over every rank of a group (data parallelism: each rank holds some rows

@@ -2,6 +2,7 @@
 #include "brigade/nn/ext_vision.h"
 
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 
 namespace brigade::nn {
@@ -44,16 +45,27 @@ FrozenBatchNormStats::FrozenBatchNormStats() : prev_(g_frozen_stats) { g_frozen_
 FrozenBatchNormStats::~FrozenBatchNormStats() { g_frozen_stats = prev_; }
 bool FrozenBatchNormStats::active() { return g_frozen_stats; }
 
+namespace {
+// Synchronised batch norm has an NCHW form only: a channels-last (N, H, W, C) input goes through
+// it as an NCHW view, and the result comes back as a channels-last view (copied by its consumer).
+Tensor sync_bn(const Tensor& x, const BatchNorm2d& bn, const Tensor& rm, const Tensor& rv) {
+  if (!bn.channels_last) return fn::sync_batch_norm2d(x, bn.weight, bn.bias, rm, rv, bn.momentum, bn.eps, bn.sync);
+  const Tensor xn = fn::transpose(fn::transpose(x, 2, 3), 1, 2);  // (N, C, H, W) view
+  const Tensor y = fn::sync_batch_norm2d(xn, bn.weight, bn.bias, rm, rv, bn.momentum, bn.eps, bn.sync);
+  return fn::transpose(fn::transpose(y, 1, 2), 2, 3);  // (N, H, W, C) view
+}
+}  // namespace
+
 Tensor BatchNorm2d::forward(const Tensor& x) const {
   const bool training = is_training();
   if (training && g_frozen_stats) {  // batch statistics, buffers untouched
-    if (sync) return fn::sync_batch_norm2d(x, weight, bias, Tensor(), Tensor(), momentum, eps, sync);
-    return fn::batch_norm2d(x, weight, bias, Tensor(), Tensor(), true, momentum, eps);
+    if (sync) return sync_bn(x, *this, Tensor(), Tensor());
+    return fn::batch_norm2d(x, weight, bias, Tensor(), Tensor(), true, momentum, eps, channels_last);
   }
   // once per real forward: not again when a checkpointed block re-runs it in the backward
   if (training && !autograd::recomputing()) num_batches_tracked.data<int64_t>()[0] += 1;
-  if (training && sync) return fn::sync_batch_norm2d(x, weight, bias, running_mean, running_var, momentum, eps, sync);
-  return fn::batch_norm2d(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  if (training && sync) return sync_bn(x, *this, running_mean, running_var);
+  return fn::batch_norm2d(x, weight, bias, running_mean, running_var, training, momentum, eps, channels_last);
 }
 
 NamedTensors batch_norm_buffers(const Module& root) {

@@ -24,7 +24,7 @@ class Conv2d : public Module {
   // Any geometry: stride, zero padding per side (torch's ZeroPad2d before a "valid" conv) and
   // groups (which divide in and out; groups == in == out is depthwise). ConfigError otherwise.
   Conv2d(int64_t in, int64_t out, int64_t kernel, const ops::Conv2dParams& p, bool bias);
-  Tensor forward(const Tensor& x) const;  // (N, in, H, W) -> (N, out, OH, OW)
+  Tensor forward(const Tensor& x) const;  // (N, in, H, W) -> (N, out, OH, OW); params.channels_last: NHWC
   int64_t in_channels, out_channels, kernel;
   int64_t stride, padding;     // the symmetric constructor's; `params` holds the geometry either way
   ops::Conv2dParams params;
@@ -43,11 +43,12 @@ class BatchNorm2d : public Module {
   // not touched: they move exactly once per real forward.
   // With `sync` set, training mode takes its batch statistics over the reducer's whole group
   // (fn::sync_batch_norm2d: torch.nn.SyncBatchNorm); eval mode is unchanged.
-  Tensor forward(const Tensor& x) const;  // (N, C, H, W) -> (N, C, H, W)
+  Tensor forward(const Tensor& x) const;  // (N, C, H, W) -> (N, C, H, W); channels_last: (N, H, W, C)
   // running_mean (C) f32, running_var (C) f32, num_batches_tracked 0-d i64 (torch's names).
   NamedTensors named_buffers(const std::string& prefix = "") const;
   int64_t channels;
   double eps, momentum;
+  bool channels_last = false;  // inputs are (N, H, W, C) (ops::batch_norm2d's channels-last form)
   Tensor weight, bias;
   Tensor running_mean, running_var, num_batches_tracked;
   // Set by a plan (data parallelism's synchronised batch norm, parallel/sync_batch_norm.h);

@@ -1,8 +1,10 @@
 // Vision ops: front-end checks, the widened 16-bit path, and the cpu backend (see
 // ext_vision.h). Convolutions run oneDNN's convolution_forward / _backward_data /
 // _backward_weights primitives on plain NCHW / OIHW (grouped: GOIHW) memory (no layout
-// reorders), created once per (shape, stride, padding per side, groups, bias, element type)
-// and cached under a mutex; bf16 convolutions with groups 1 run oneDNN's bf16 primitives where
+// reorders), or for channels-last activations on NHWC memory with the weights reordered to and
+// from the layout the primitive picks; primitives are created once per (shape, stride, padding
+// per side, groups, bias, element type, layout) and cached under a mutex, and their scratchpads
+// come from the caching allocator; bf16 convolutions with groups 1 run oneDNN's bf16 primitives where
 // it has a non-reference kernel (f32 accumulation). Depthwise convolutions (groups == C == O)
 // run the direct kernel below instead of oneDNN: for NCHW memory oneDNN 2.6 picks "x64:gemm:jit"
 // for them (im2col, then per channel a GEMM with K = KH KW), slower than the direct loops,
@@ -20,6 +22,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
 
@@ -72,7 +75,9 @@ struct ConvPrims {
   dnnl::convolution_forward::primitive_desc fwd_pd;
   dnnl::convolution_forward fwd;
   bool have_bwd_d = false, have_bwd_w = false;
+  dnnl::convolution_backward_data::primitive_desc bwd_d_pd;
   dnnl::convolution_backward_data bwd_d;
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd;
   dnnl::convolution_backward_weights bwd_w;
 };
 
@@ -87,13 +92,18 @@ std::unordered_map<std::string, ConvPrims>& conv_cache() {
 // gradient and the weight gradient (gwei) are always f32: the 16-bit path rounds gw / gb once
 // afterwards (ops::cast), as the contract says. Grouped weights are (G, O/G, C/G, KH, KW)
 // goihw, the same bytes as our (O, C/G, KH, KW).
+// Channels-last (`cl`): src and dst are NHWC; the primitives choose their weight layouts
+// (format_tag::any: with NHWC activations and plain OIHW weights oneDNN 2.6 has only its
+// reference kernel), and wei_user / gwei_user are our OIHW tensors, reordered to and from them.
 struct ConvMds {
   memory::desc src, wei, bias, dst, gwei;
+  memory::desc wei_user, gwei_user;
   memory::dims strides, pad_l, pad_r;
 };
-ConvMds conv_mds(const vr::ConvGeom& g, memory::data_type t = memory::data_type::f32) {
+ConvMds conv_mds(const vr::ConvGeom& g, memory::data_type t = memory::data_type::f32, bool cl = false) {
   ConvMds m;
-  m.src = memory::desc({g.N, g.C, g.H, g.W}, t, memory::format_tag::nchw);
+  const memory::format_tag act = cl ? memory::format_tag::nhwc : memory::format_tag::nchw;
+  m.src = memory::desc({g.N, g.C, g.H, g.W}, t, act);
   if (g.groups == 1) {
     m.wei = memory::desc({g.O, g.C, g.KH, g.KW}, t, memory::format_tag::oihw);
     m.gwei = memory::desc({g.O, g.C, g.KH, g.KW}, memory::data_type::f32, memory::format_tag::oihw);
@@ -102,8 +112,14 @@ ConvMds conv_mds(const vr::ConvGeom& g, memory::data_type t = memory::data_type:
     m.wei = memory::desc(wd, t, memory::format_tag::goihw);
     m.gwei = memory::desc(wd, memory::data_type::f32, memory::format_tag::goihw);
   }
+  m.wei_user = m.wei;
+  m.gwei_user = m.gwei;
+  if (cl) {
+    m.wei = memory::desc(m.wei.dims(), t, memory::format_tag::any);
+    m.gwei = memory::desc(m.gwei.dims(), memory::data_type::f32, memory::format_tag::any);
+  }
   m.bias = memory::desc({g.O}, memory::data_type::f32, memory::format_tag::x);
-  m.dst = memory::desc({g.N, g.O, g.OH, g.OW}, t, memory::format_tag::nchw);
+  m.dst = memory::desc({g.N, g.O, g.OH, g.OW}, t, act);
   m.strides = {g.stride, g.stride};
   m.pad_l = {g.pt, g.pl};
   m.pad_r = {g.pb, g.pr};
@@ -112,16 +128,42 @@ ConvMds conv_mds(const vr::ConvGeom& g, memory::data_type t = memory::data_type:
 
 std::string g_last_conv_impl;  // guarded by g_conv_mu
 
+// Every buffer a convolution needs besides its tensors (oneDNN's scratchpad, reordered weights,
+// the weight gradient in the primitive's layout) comes from the caching allocator as workspace:
+// oneDNN's own allocations are malloc'ed and freed on every call, and at these sizes glibc maps
+// and unmaps them each time, so every step paid page faults and page clearing for them.
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return a;
+}
+class ConvBuffer {
+ public:
+  explicit ConvBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_) p_ = Allocator::instance().allocate(bytes_, MemTag::Workspace);
+  }
+  ~ConvBuffer() {
+    if (p_) Allocator::instance().deallocate(p_, bytes_, MemTag::Workspace);
+  }
+  ConvBuffer(const ConvBuffer&) = delete;
+  ConvBuffer& operator=(const ConvBuffer&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  size_t bytes_;
+  void* p_ = nullptr;
+};
+
 // The cached primitives of one geometry and element type (with bias in the forward and weight
 // backward when `bias`); the backward primitives are created on first use. Caller holds
 // g_conv_mu.
 ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, bool want_bwd_w,
-                             memory::data_type t = memory::data_type::f32) {
+                             memory::data_type t = memory::data_type::f32, bool cl = false) {
   const std::string key =
-      fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.stride, g.pt,
-                  g.pb, g.pl, g.pr, g.groups, bias ? 1 : 0, int(t));
+      fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}", g.N, g.C, g.H, g.W, g.O, g.KH, g.KW, g.stride,
+                  g.pt, g.pb, g.pl, g.pr, g.groups, bias ? 1 : 0, int(t), cl ? "nhwc" : "nchw");
   auto it = conv_cache().find(key);
-  const ConvMds m = conv_mds(g, t);
+  const ConvMds m = conv_mds(g, t, cl);
   if (it == conv_cache().end()) {
     ConvPrims p;
     auto d = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
@@ -130,7 +172,7 @@ ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, 
                   : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                     dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst,
                                                     m.strides, m.pad_l, m.pad_r);
-    p.fwd_pd = dnnl::convolution_forward::primitive_desc(d, engine());
+    p.fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), engine());
     p.fwd = dnnl::convolution_forward(p.fwd_pd);
     it = conv_cache().emplace(key, std::move(p)).first;
   }
@@ -138,7 +180,8 @@ ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, 
   if (want_bwd_d && !p.have_bwd_d) {
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst, m.strides,
                                             m.pad_l, m.pad_r);
-    p.bwd_d = dnnl::convolution_backward_data(dnnl::convolution_backward_data::primitive_desc(d, engine(), p.fwd_pd));
+    p.bwd_d_pd = dnnl::convolution_backward_data::primitive_desc(d, user_scratchpad(), engine(), p.fwd_pd);
+    p.bwd_d = dnnl::convolution_backward_data(p.bwd_d_pd);
     p.have_bwd_d = true;
   }
   if (want_bwd_w && !p.have_bwd_w) {
@@ -146,8 +189,8 @@ ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, 
                                                              m.bias, m.dst, m.strides, m.pad_l, m.pad_r)
                   : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei,
                                                              m.dst, m.strides, m.pad_l, m.pad_r);
-    p.bwd_w =
-        dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(d, engine(), p.fwd_pd));
+    p.bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(d, user_scratchpad(), engine(), p.fwd_pd);
+    p.bwd_w = dnnl::convolution_backward_weights(p.bwd_w_pd);
     p.have_bwd_w = true;
   }
   return p;
@@ -155,28 +198,49 @@ ConvPrims& conv_prims_locked(const vr::ConvGeom& g, bool bias, bool want_bwd_d, 
 
 memory mem(const memory::desc& d, const void* p) { return memory(d, engine(), const_cast<void*>(p)); }
 
-// x, w, y hold elements of type t (f32 or bf16); b is f32 or null.
+// Our weights (user layout) as a primitive wants them: the same memory when the layouts agree,
+// else a reorder into a fresh buffer (channels-last primitives pick blocked weight layouts).
+memory weights_as(const memory::desc& want, const memory::desc& user, const void* w, dnnl::stream& s,
+                  ConvBuffer& buf) {
+  memory u = mem(user, w);
+  if (want == user) return u;
+  memory r(want, engine(), buf.get());
+  dnnl::reorder(u, r).execute(s, u, r);
+  return r;
+}
+size_t reorder_bytes(const memory::desc& want, const memory::desc& user) {
+  return want == user ? 0 : want.get_size();
+}
+
+// x, w, y hold elements of type t (f32 or bf16); b is f32 or null. cl: NHWC x and y.
 void cpu_conv2d(const vr::ConvGeom& g, const void* x, const void* w, const float* b, void* y,
-                memory::data_type t = memory::data_type::f32) {
+                memory::data_type t = memory::data_type::f32, bool cl = false) {
   dnnl::convolution_forward prim;
+  memory::desc wei, scratch;
   {
     std::lock_guard<std::mutex> lock(g_conv_mu);
-    ConvPrims& p = conv_prims_locked(g, b != nullptr, false, false, t);
+    ConvPrims& p = conv_prims_locked(g, b != nullptr, false, false, t, cl);
     prim = p.fwd;
-    g_last_conv_impl = fmt::format("{} {}", p.fwd_pd.impl_info_str(), t == memory::data_type::bf16 ? "bf16" : "f32");
+    wei = p.fwd_pd.weights_desc();
+    scratch = p.fwd_pd.scratchpad_desc();
+    g_last_conv_impl = fmt::format("{} {}{}", p.fwd_pd.impl_info_str(), t == memory::data_type::bf16 ? "bf16" : "f32",
+                                   cl ? " nhwc" : "");
   }
-  const ConvMds m = conv_mds(g, t);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_WEIGHTS, mem(m.wei, w)},
-                                       {DNNL_ARG_DST, mem(m.dst, y)}};
-  if (b) args.emplace(DNNL_ARG_BIAS, mem(m.bias, b));
+  const ConvMds m = conv_mds(g, t, cl);
   dnnl::stream s(engine());
+  ConvBuffer wbuf(reorder_bytes(wei, m.wei_user)), sbuf(scratch.get_size());
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)},
+                                       {DNNL_ARG_WEIGHTS, weights_as(wei, m.wei_user, w, s, wbuf)},
+                                       {DNNL_ARG_DST, mem(m.dst, y)},
+                                       {DNNL_ARG_SCRATCHPAD, memory(scratch, engine(), sbuf.get())}};
+  if (b) args.emplace(DNNL_ARG_BIAS, mem(m.bias, b));
   prim.execute(s, args);
   s.wait();
 }
 
 // gy, x, w, gx hold elements of type t (f32 or bf16); gw and gb are f32 (either may be null).
 void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, const void* w, void* gx, float* gw,
-                         float* gb, memory::data_type t = memory::data_type::f32) {
+                         float* gb, memory::data_type t = memory::data_type::f32, bool cl = false) {
   // The weight primitive computes gw and gb together; a gb without gw goes to scratch.
   std::vector<float> gw_scratch;
   if (gb && !gw) {
@@ -185,22 +249,35 @@ void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, c
   }
   dnnl::convolution_backward_data bd;
   dnnl::convolution_backward_weights bw;
+  memory::desc bd_wei, bw_gwei, bd_scratch, bw_scratch;
   {
     std::lock_guard<std::mutex> lock(g_conv_mu);
-    ConvPrims& p = conv_prims_locked(g, gb != nullptr, gx != nullptr, gw != nullptr, t);
-    if (gx) bd = p.bwd_d;
-    if (gw) bw = p.bwd_w;
+    ConvPrims& p = conv_prims_locked(g, gb != nullptr, gx != nullptr, gw != nullptr, t, cl);
+    if (gx) bd = p.bwd_d, bd_wei = p.bwd_d_pd.weights_desc(), bd_scratch = p.bwd_d_pd.scratchpad_desc();
+    if (gw) bw = p.bwd_w, bw_gwei = p.bwd_w_pd.diff_weights_desc(), bw_scratch = p.bwd_w_pd.scratchpad_desc();
   }
-  const ConvMds m = conv_mds(g, t);
+  const ConvMds m = conv_mds(g, t, cl);
   dnnl::stream s(engine());
-  if (gx)
-    bd.execute(s, {{DNNL_ARG_DIFF_DST, mem(m.dst, gy)}, {DNNL_ARG_WEIGHTS, mem(m.wei, w)},
-                   {DNNL_ARG_DIFF_SRC, mem(m.src, gx)}});
+  if (gx) {
+    ConvBuffer wbuf(reorder_bytes(bd_wei, m.wei_user)), sbuf(bd_scratch.get_size());
+    bd.execute(s, {{DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
+                   {DNNL_ARG_WEIGHTS, weights_as(bd_wei, m.wei_user, w, s, wbuf)},
+                   {DNNL_ARG_DIFF_SRC, mem(m.src, gx)},
+                   {DNNL_ARG_SCRATCHPAD, memory(bd_scratch, engine(), sbuf.get())}});
+    s.wait();  // before the buffers go back to the allocator
+  }
   if (gw) {
+    // the primitive's own weight-gradient layout, reordered into our f32 OIHW afterwards
+    ConvBuffer gbuf(reorder_bytes(bw_gwei, m.gwei_user)), sbuf(bw_scratch.get_size());
+    memory user = mem(m.gwei_user, gw);
+    memory gwm = bw_gwei == m.gwei_user ? user : memory(bw_gwei, engine(), gbuf.get());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
-                                         {DNNL_ARG_DIFF_WEIGHTS, mem(m.gwei, gw)}};
+                                         {DNNL_ARG_DIFF_WEIGHTS, gwm},
+                                         {DNNL_ARG_SCRATCHPAD, memory(bw_scratch, engine(), sbuf.get())}};
     if (gb) args.emplace(DNNL_ARG_DIFF_BIAS, mem(m.bias, gb));
     bw.execute(s, args);
+    if (!(bw_gwei == m.gwei_user)) dnnl::reorder(gwm, user).execute(s, gwm, user);
+    s.wait();
   }
   s.wait();
 }
@@ -254,14 +331,18 @@ vr::ConvGeom conv_geom(const Tensor& x, const Tensor& w, const Conv2dParams& p, 
   BRIGADE_CHECK(p.stride >= 1 && p.pad_top >= 0 && p.pad_bottom >= 0 && p.pad_left >= 0 && p.pad_right >= 0,
                 ValueError, "{}: stride {} must be >= 1 and padding (top {}, bottom {}, left {}, right {}) >= 0", op,
                 p.stride, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right);
-  BRIGADE_CHECK(p.groups >= 1 && x.size(1) % p.groups == 0 && w.size(0) % p.groups == 0, ShapeError,
-                "{}: groups {} must be >= 1 and divide the input channels of x {} and the output channels of w {}", op,
-                p.groups, shape_str(x.shape()), shape_str(w.shape()));
-  BRIGADE_CHECK(w.size(1) * p.groups == x.size(1), ShapeError,
-                "{}: w {} expects {} input channels per group but x {} has {} in {} group(s); w must be "
+  // channels-last x is (N, H, W, C)
+  const int64_t C = p.channels_last ? x.size(3) : x.size(1), H = p.channels_last ? x.size(1) : x.size(2),
+                W = p.channels_last ? x.size(2) : x.size(3);
+  const char* layout = p.channels_last ? "channels-last (N, H, W, C)" : "(N, C, H, W)";
+  BRIGADE_CHECK(p.groups >= 1 && C % p.groups == 0 && w.size(0) % p.groups == 0, ShapeError,
+                "{}: groups {} must be >= 1 and divide the input channels of x {} {} and the output channels of w {}",
+                op, p.groups, layout, shape_str(x.shape()), shape_str(w.shape()));
+  BRIGADE_CHECK(w.size(1) * p.groups == C, ShapeError,
+                "{}: w {} expects {} input channels per group but x {} {} has {} in {} group(s); w must be "
                 "(O, C / groups, KH, KW)",
-                op, shape_str(w.shape()), w.size(1), shape_str(x.shape()), x.size(1), p.groups);
-  vr::ConvGeom g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3), p.stride, p.pad_top,
+                op, shape_str(w.shape()), w.size(1), layout, shape_str(x.shape()), C, p.groups);
+  vr::ConvGeom g{x.size(0), C, H, W, w.size(0), w.size(2), w.size(3), p.stride, p.pad_top,
                  p.pad_bottom, p.pad_left, p.pad_right, p.groups, 0, 0};
   g.OH = conv_out_size2(g.H, g.KH, p.stride, p.pad_top, p.pad_bottom, op);
   g.OW = conv_out_size2(g.W, g.KW, p.stride, p.pad_left, p.pad_right, op);
@@ -447,14 +528,26 @@ std::string last_conv2d_impl() {
   return g_last_conv_impl;
 }
 
+// A channels-last tensor (N, H, W, C) as an NCHW view, and back (contiguous).
+Tensor nchw_view(const Tensor& t) { return t.permute({0, 3, 1, 2}); }
+Tensor nhwc_of(const Tensor& t) { return t.defined() ? t.permute({0, 2, 3, 1}).contiguous() : t; }
+Conv2dParams nchw_params(Conv2dParams p) {
+  p.channels_last = false;
+  return p;
+}
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
   const vr::ConvGeom g = conv_geom(x, w, p, "conv2d");
   if (bias.defined()) check_vec(bias, g.O, "conv2d", "bias");
+  const bool cl = p.channels_last;
+  // the ref backend has the NCHW oracle only: the same convolution on permuted copies
+  if (cl && !on_cpu()) return nhwc_of(conv2d(nchw_view(x), w, bias, nchw_params(p)));
+  const Shape ys = cl ? Shape{g.N, g.OH, g.OW, g.O} : Shape{g.N, g.O, g.OH, g.OW};
   if (on_cpu() && g.groups == 1 && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 && bf16_conv_available()) {
     // native: oneDNN's bf16 convolution, f32 accumulation, the output rounded once to bf16
     const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(f32_of(bias));
-    Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW}, DType::BF16);  // (N, O, OH, OW)
-    cpu_conv2d(g, xc.raw_data(), wc.raw_data(), fptr(bc), y.raw_data(), memory::data_type::bf16);
+    Tensor y = Tensor::empty(ys, DType::BF16);  // (N, O, OH, OW) or channels-last (N, OH, OW, O)
+    cpu_conv2d(g, xc.raw_data(), wc.raw_data(), fptr(bc), y.raw_data(), memory::data_type::bf16, cl);
     return y;
   }
   if (is_half(x) || is_half(w) || is_half(bias)) {
@@ -462,8 +555,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
     return round_to(conv2d(f32_of(x), f32_of(w), f32_of(bias), p), ot);
   }
   const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(bias);
-  Tensor y = Tensor::empty({g.N, g.O, g.OH, g.OW});  // (N, O, OH, OW)
-  if (on_cpu() && is_depthwise(g)) {
+  Tensor y = Tensor::empty(ys);  // (N, O, OH, OW) or channels-last (N, OH, OW, O)
+  if (cl) {  // oneDNN has depthwise kernels of its own for NHWC
+    cpu_conv2d(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>(), memory::data_type::f32, true);
+  } else if (on_cpu() && is_depthwise(g)) {
     depthwise_forward(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>());
     std::lock_guard<std::mutex> lock(g_conv_mu);
     g_last_conv_impl = "direct_depthwise f32";
@@ -483,9 +578,15 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
                             bool need_gw, bool need_gb) {
   const vr::ConvGeom g = conv_geom(x, w, p, "conv2d_backward");
   check_nchw(gy, "conv2d_backward", "gy");
-  BRIGADE_CHECK(gy.shape() == Shape({g.N, g.O, g.OH, g.OW}), ShapeError,
-                "conv2d_backward: gy must be the output's shape {}, got {}", shape_str({g.N, g.O, g.OH, g.OW}),
-                shape_str(gy.shape()));
+  const bool cl = p.channels_last;
+  const Shape ys = cl ? Shape{g.N, g.OH, g.OW, g.O} : Shape{g.N, g.O, g.OH, g.OW};
+  BRIGADE_CHECK(gy.shape() == ys, ShapeError, "conv2d_backward: gy must be the output's shape {}, got {}",
+                shape_str(ys), shape_str(gy.shape()));
+  if (cl && !on_cpu()) {  // the NCHW oracle on permuted copies, as the forward
+    Conv2dGrads r = conv2d_backward(nchw_view(gy), nchw_view(x), w, nchw_params(p), need_gx, need_gw, need_gb);
+    r.gx = nhwc_of(r.gx);
+    return r;
+  }
   if (on_cpu() && g.groups == 1 && gy.dtype() == DType::BF16 && x.dtype() == DType::BF16 &&
       w.dtype() == DType::BF16 && bf16_conv_available()) {
     // native: bf16 operands, f32 accumulation; gx written in bf16 by oneDNN, gw and gb
@@ -493,12 +594,12 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
     const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous();
     Conv2dGrads r;
     Tensor gw32, gb32;
-    if (need_gx) r.gx = Tensor::empty(x.shape(), DType::BF16);  // (N, C, H, W)
+    if (need_gx) r.gx = Tensor::empty(x.shape(), DType::BF16);  // x's shape and layout
     if (need_gw) gw32 = Tensor::empty(w.shape());               // (O, C, KH, KW) f32
     if (need_gb) gb32 = Tensor::empty({g.O});                   // (O) f32
     if (!need_gx && !need_gw && !need_gb) return r;
     cpu_conv2d_backward(g, gyc.raw_data(), xc.raw_data(), wc.raw_data(), need_gx ? r.gx.raw_data() : nullptr,
-                        fptr_mut(gw32), fptr_mut(gb32), memory::data_type::bf16);
+                        fptr_mut(gw32), fptr_mut(gb32), memory::data_type::bf16, cl);
     r.gw = round_to(gw32, DType::BF16);
     r.gb = round_to(gb32, DType::BF16);
     return r;
@@ -512,11 +613,14 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
   }
   const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous();
   Conv2dGrads r;
-  if (need_gx) r.gx = Tensor::empty(x.shape());  // (N, C, H, W)
+  if (need_gx) r.gx = Tensor::empty(x.shape());  // x's shape and layout
   if (need_gw) r.gw = Tensor::empty(w.shape());  // (O, C / G, KH, KW)
   if (need_gb) r.gb = Tensor::empty({g.O});      // (O)
   if (!need_gx && !need_gw && !need_gb) return r;
-  if (on_cpu() && is_depthwise(g)) {
+  if (cl) {
+    cpu_conv2d_backward(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx), fptr_mut(r.gw),
+                        fptr_mut(r.gb), memory::data_type::f32, true);
+  } else if (on_cpu() && is_depthwise(g)) {
     if (need_gx) depthwise_backward_data(g, gyc.data<float>(), wc.data<float>(), r.gx.data<float>());
     if (need_gw || need_gb)
       depthwise_backward_weights(g, gyc.data<float>(), xc.data<float>(), fptr_mut(r.gw), fptr_mut(r.gb));
@@ -649,13 +753,118 @@ void batch_norm2d_backward_cpu(int64_t N, int64_t C, int64_t HW, const float* gy
   }
 }
 
+// Channels-last batch norm: x is M = N H W rows of C channels. Per-channel sums run over fixed
+// blocks of kRowBlock rows (one double per channel per block, vectorised along the row), then
+// the blocks are added in order: the same order for any thread count.
+constexpr int64_t kRowBlock = 64;
+
+// out[c] = sum over rows of f(row, c) for f given per row as a lambda filling `acc` (C doubles).
+template <class RowFn>
+void column_sums_blocked(int64_t M, int64_t C, double* out, RowFn&& add_row) {
+  const int64_t nb = (M + kRowBlock - 1) / kRowBlock;
+  std::vector<double> part(size_t(nb * C));
+#pragma omp parallel for schedule(static) if (M * C > (1 << 15))
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    double* acc = part.data() + blk * C;
+    for (int64_t c = 0; c < C; ++c) acc[c] = 0;
+    const int64_t r1 = std::min(M, (blk + 1) * kRowBlock);
+    for (int64_t r = blk * kRowBlock; r < r1; ++r) add_row(r, acc);
+  }
+  for (int64_t c = 0; c < C; ++c) out[c] = 0;
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const double* acc = part.data() + blk * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) out[c] += acc[c];
+  }
+}
+
+void batch_norm_rows_cpu(int64_t M, int64_t C, const float* x, const float* w, const float* b, bool training,
+                         const float* rmean, const float* rvar, double eps, float* y, float* mean, float* rstd,
+                         float* var_out) {
+  std::vector<double> m(static_cast<size_t>(C)), v(static_cast<size_t>(C));
+  std::vector<float> mf(static_cast<size_t>(C));
+  if (training) {
+    column_sums_blocked(M, C, m.data(), [&](int64_t r, double* acc) {
+      const float* xr = x + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) acc[c] += double(xr[c]);
+    });
+    for (int64_t c = 0; c < C; ++c) m[size_t(c)] /= double(M), mf[size_t(c)] = float(m[size_t(c)]);
+    const float* mp = mf.data();
+    column_sums_blocked(M, C, v.data(), [&](int64_t r, double* acc) {
+      const float* xr = x + r * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) {
+        const float d = xr[c] - mp[c];
+        acc[c] += double(d * d);
+      }
+    });
+    for (int64_t c = 0; c < C; ++c) v[size_t(c)] /= double(M);
+  } else {
+    for (int64_t c = 0; c < C; ++c) m[size_t(c)] = double(rmean[c]), v[size_t(c)] = double(rvar[c]);
+  }
+  std::vector<float> scale(static_cast<size_t>(C)), shift(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    const double r = 1.0 / std::sqrt(v[size_t(c)] + eps);
+    mean[c] = float(m[size_t(c)]);
+    rstd[c] = float(r);
+    var_out[c] = float(v[size_t(c)]);
+    scale[size_t(c)] = float(r * double(w[c]));
+    shift[size_t(c)] = float((b ? double(b[c]) : 0.0) - m[size_t(c)] * r * double(w[c]));
+  }
+  const float *sc = scale.data(), *sh = shift.data();
+#pragma omp parallel for schedule(static) if (M * C > (1 << 15))
+  for (int64_t r = 0; r < M; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * sc[c] + sh[c];
+  }
+}
+
+void batch_norm_rows_backward_cpu(int64_t M, int64_t C, const float* gy, const float* x, const float* w,
+                                  const float* mean, const float* rstd, bool training, float* gx, float* gw,
+                                  float* gb) {
+  std::vector<double> sg(static_cast<size_t>(C)), sgxm(static_cast<size_t>(C));  // sum gy, sum gy (x - m)
+  column_sums_blocked(M, C, sg.data(), [&](int64_t r, double* acc) {
+    const float* g = gy + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) acc[c] += double(g[c]);
+  });
+  column_sums_blocked(M, C, sgxm.data(), [&](int64_t r, double* acc) {
+    const float *g = gy + r * C, *xr = x + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) acc[c] += double(g[c] * (xr[c] - mean[c]));
+  });
+  std::vector<float> k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), k3(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    const double r = double(rstd[c]), wc = double(w[c]), sgx = sgxm[size_t(c)] * r;  // sum gy * xhat
+    gw[c] = float(sgx);
+    gb[c] = float(sg[size_t(c)]);
+    // training: gx = w r (gy - sg/M - xhat sgx/M) = k1 gy + k2 (x - m) + k3; eval: gx = w r gy
+    k1[size_t(c)] = float(wc * r);
+    k2[size_t(c)] = training ? float(-wc * r * r * sgx / double(M)) : 0.f;
+    k3[size_t(c)] = training ? float(-wc * r * sg[size_t(c)] / double(M)) : 0.f;
+  }
+  const float *a = k1.data(), *bb = k2.data(), *cc = k3.data();
+#pragma omp parallel for schedule(static) if (M * C > (1 << 15))
+  for (int64_t r = 0; r < M; ++r) {
+    const float *g = gy + r * C, *xr = x + r * C;
+    float* o = gx + r * C;
+#pragma omp simd
+    for (int64_t c = 0; c < C; ++c) o[c] = a[c] * g[c] + bb[c] * (xr[c] - mean[c]) + cc[c];
+  }
+}
+
 }  // namespace
 
 BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
-                          const Tensor& running_var, bool training, double momentum, double eps) {
+                          const Tensor& running_var, bool training, double momentum, double eps, bool channels_last) {
   const char* op = "batch_norm2d";
   check_nchw(x, op, "x");
-  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  // channels-last (N, H, W, C) is the NCHW problem (N H W, C, 1): the same bytes
+  const int64_t N = channels_last ? x.size(0) * x.size(1) * x.size(2) : x.size(0),
+                C = channels_last ? x.size(3) : x.size(1), HW = channels_last ? 1 : x.size(2) * x.size(3);
   check_vec(w, C, op, "w");
   if (b.defined()) check_vec(b, C, op, "b");
   BRIGADE_CHECK(running_mean.defined() == running_var.defined(), ValueError,
@@ -674,13 +883,14 @@ BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, con
   BRIGADE_CHECK(eps >= 0 && momentum >= 0 && momentum <= 1, ValueError,
                 "{}: eps {} must be >= 0 and momentum {} in [0, 1]", op, eps, momentum);
   if (is_half(x) || is_half(w) || is_half(b)) {
-    BatchNormOut o = batch_norm2d(f32_of(x), f32_of(w), f32_of(b), running_mean, running_var, training, momentum, eps);
+    BatchNormOut o = batch_norm2d(f32_of(x), f32_of(w), f32_of(b), running_mean, running_var, training, momentum, eps,
+                                  channels_last);
     o.y = round_to(o.y, x.dtype());
     return o;
   }
   const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(b);
   BatchNormOut o;
-  o.y = Tensor::empty(x.shape());  // (N, C, H, W)
+  o.y = Tensor::empty(x.shape());  // x's shape and layout
   o.mean = Tensor::empty({C});     // (C)
   o.rstd = Tensor::empty({C});     // (C)
   Tensor var = Tensor::empty({C});  // (C) the variance used (biased, in training)
@@ -688,7 +898,9 @@ BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, con
   const float* rv = training ? nullptr : running_var.data<float>();
   const float *xp = xc.data<float>(), *wp = wc.data<float>(), *bp = fptr(bc);
   float *yp = o.y.data<float>(), *mp = o.mean.data<float>(), *sp = o.rstd.data<float>(), *vp = var.data<float>();
-  if (on_cpu()) {
+  if (on_cpu() && channels_last) {
+    batch_norm_rows_cpu(N, C, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
+  } else if (on_cpu()) {
     batch_norm2d_cpu(N, C, HW, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
   } else {
     vr::batch_norm2d<float, float>(N, C, HW, 0, C, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
@@ -705,18 +917,20 @@ BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, con
 }
 
 BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                     const Tensor& rstd, bool training) {
+                                     const Tensor& rstd, bool training, bool channels_last) {
   const char* op = "batch_norm2d_backward";
   check_nchw(x, op, "x");
   check_nchw(gy, op, "gy");
   BRIGADE_CHECK(gy.shape() == x.shape(), ShapeError, "{}: gy {} must have x's shape {}", op, shape_str(gy.shape()),
                 shape_str(x.shape()));
-  const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
+  const int64_t N = channels_last ? x.size(0) * x.size(1) * x.size(2) : x.size(0),
+                C = channels_last ? x.size(3) : x.size(1), HW = channels_last ? 1 : x.size(2) * x.size(3);
   check_vec(w, C, op, "w");
   check_vec(mean, C, op, "mean");
   check_vec(rstd, C, op, "rstd");
   if (is_half(gy) || is_half(x) || is_half(w) || is_half(mean) || is_half(rstd)) {
-    BatchNormGrads r = batch_norm2d_backward(f32_of(gy), f32_of(x), f32_of(w), f32_of(mean), f32_of(rstd), training);
+    BatchNormGrads r =
+        batch_norm2d_backward(f32_of(gy), f32_of(x), f32_of(w), f32_of(mean), f32_of(rstd), training, channels_last);
     r.gx = round_to(r.gx, x.dtype());
     r.gw = round_to(r.gw, w.dtype());
     r.gb = round_to(r.gb, w.dtype());
@@ -725,13 +939,15 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
   const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous(), mc = mean.contiguous(),
                rc = rstd.contiguous();
   BatchNormGrads r;
-  r.gx = Tensor::empty(x.shape());  // (N, C, H, W)
+  r.gx = Tensor::empty(x.shape());  // x's shape and layout
   r.gw = Tensor::empty({C});        // (C)
   r.gb = Tensor::empty({C});        // (C)
   const float *gp = gyc.data<float>(), *xp = xc.data<float>(), *wp = wc.data<float>(), *mp = mc.data<float>(),
               *sp = rc.data<float>();
   float *gxp = r.gx.data<float>(), *gwp = r.gw.data<float>(), *gbp = r.gb.data<float>();
-  if (on_cpu()) {
+  if (on_cpu() && channels_last) {
+    batch_norm_rows_backward_cpu(N, C, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
+  } else if (on_cpu()) {
     batch_norm2d_backward_cpu(N, C, HW, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
   } else {
     vr::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);

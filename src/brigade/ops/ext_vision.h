@@ -56,14 +56,20 @@ struct Conv2dParams {
   int64_t stride = 1;
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   int64_t groups = 1;
+  // Channels-last activations: x is (N, H, W, C), y and gy (N, OH, OW, O), gx (N, H, W, C)
+  // (torch's channels_last memory format, as plain contiguous tensors); w stays (O, C/G, KH, KW).
+  // The cpu backend runs oneDNN on NHWC memory (its direct / brgemm kernels: about 1.3x the
+  // f32 and 2x the bf16 throughput of plain NCHW at ResNet-50's shapes, docs/performance.md)
+  // and reorders only the weights; the ref backend permutes to NCHW and back.
+  bool channels_last = false;
   // `padding` on every side (torch's padding=p).
   static Conv2dParams symmetric(int64_t stride, int64_t padding, int64_t groups = 1) {
     return {stride, padding, padding, padding, padding, groups};
   }
 };
 // x (N, C, H, W), w (O, C / G, KH, KW), bias (O) or undefined -> y (N, O, OH, OW) with
-// OH = (H + pad_top + pad_bottom - KH) / stride + 1 (floor), likewise OW. ShapeError on
-// mismatches.
+// OH = (H + pad_top + pad_bottom - KH) / stride + 1 (floor), likewise OW (channels-last:
+// (N, H, W, C) -> (N, OH, OW, O)). ShapeError on mismatches.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 // The same with `padding` on every side and groups 1 (bitwise the call above with
 // Conv2dParams::symmetric(stride, padding)).
@@ -86,14 +92,19 @@ std::string last_conv2d_impl();
 // batch mean and the unbiased variance (M / (M - 1), M = N H W). Eval: normalises with the
 // running statistics (which must be defined). mean, rstd (C, f32): the statistics used,
 // rstd = 1 / sqrt(var + eps), saved for the backward.
+// channels_last: x, y (and gy, gx) are (N, H, W, C); the same statistics per channel (C the last
+// dim). The ref backend runs the NCHW oracle on it as (N H W, C, 1) (the same bytes); the cpu
+// kernels accumulate fixed blocks of rows in double, vectorised over channels, and add the
+// blocks in order: bitwise reproducible for any thread count, like the NCHW kernels.
 struct BatchNormOut { Tensor y, mean, rstd; };
 BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
-                          const Tensor& running_var, bool training, double momentum, double eps);
+                          const Tensor& running_var, bool training, double momentum, double eps,
+                          bool channels_last = false);
 // Training: the backward of batch statistics (mean and variance depend on x); eval: an
 // affine map, gx = gy w rstd. gw = sum gy xhat, gb = sum gy over (N, H, W).
 struct BatchNormGrads { Tensor gx, gw, gb; };
 BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
-                                     const Tensor& rstd, bool training);
+                                     const Tensor& rstd, bool training, bool channels_last = false);
 
 // ---------------- the pieces of synchronised batch norm (statistics over a process group)
 // fn::sync_batch_norm2d computes per-channel sums locally, sums them over the group (a

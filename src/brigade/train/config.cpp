@@ -64,6 +64,7 @@ const std::vector<Field>& fields() {
       BRIGADE_FIELD(model, in_channels, Int),
       BRIGADE_FIELD(model, width, Int),
       BRIGADE_FIELD(model, stem, String),
+      BRIGADE_FIELD(model, memory_format, String),
       BRIGADE_FIELD(model, depths, String),
       BRIGADE_FIELD(model, window_size, Int),
       BRIGADE_FIELD(model, mlp_ratio, Float),

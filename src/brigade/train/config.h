@@ -52,6 +52,8 @@ struct ModelConfig {
   int64_t width = 64;                // resnet: channels of the stem and stage 1 (torchvision: 64)
   std::string stem = "small";        // resnet: "small" (3x3 stride-1 conv, no max-pool: 28x28 inputs) |
                                      // "imagenet" (torchvision's 7x7 stride-2 conv + 3x3 stride-2 max-pool)
+  std::string memory_format = "nchw";  // resnet: activation layout, "nchw" | "channels_last" (NHWC convs
+                                       // and batch norms: faster on oneDNN, same model and checkpoints)
   // swin (n_embd = embed_dim, n_head = heads of stage 0, doubling per stage; patch_size as vit):
   std::string depths = "";           // blocks per stage, e.g. "2,2" ("" = "2,2")
   int64_t window_size = 7;           // attention window side (stage grids must be multiples, or smaller)

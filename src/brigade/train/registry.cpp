@@ -78,6 +78,7 @@ models::ResNetConfig resnet_config(const ModelConfig& m) {
   models::ResNetConfig rc = m.type == "resnet50" ? models::resnet50_config(m.num_classes, m.in_channels, small_input)
                                                  : models::resnet18_config(m.num_classes, m.in_channels, small_input);
   rc.width = m.width;
+  rc.channels_last = m.memory_format == "channels_last";
   return rc;
 }
 
@@ -298,6 +299,10 @@ void validate_resnet(const Recipe& r, const Fail& fail) {
     fail(fmt::format("model.stem = \"{}\" must be \"small\" (3x3 stride-1 conv, no max-pool: for 28x28 inputs) or "
                      "\"imagenet\" (torchvision's 7x7 stride-2 conv and 3x3 stride-2 max-pool: for 224x224)",
                      r.model.stem));
+  if (r.model.memory_format != "nchw" && r.model.memory_format != "channels_last")
+    fail(fmt::format("model.memory_format = \"{}\" must be \"nchw\" (the default) or \"channels_last\" (NHWC "
+                     "activations: faster convolutions, the same parameters and checkpoints)",
+                     r.model.memory_format));
 }
 
 void validate_swin(const Recipe& r, const Fail& fail) {
@@ -485,7 +490,8 @@ const std::vector<std::string_view>& optional_keys() {
       "model.n_kv_head",  "model.intermediate_size", "model.rope_theta",  "model.rope_scaling",
       "model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
       "model.rope_original_max_positions", "model.tie_embeddings", "model.image_size", "model.patch_size",
-      "model.num_classes", "model.in_channels",      "model.width",       "model.stem",       "model.depths",
+      "model.num_classes", "model.in_channels",      "model.width",       "model.stem",  "model.memory_format",
+      "model.depths",
       "model.window_size", "model.mlp_ratio", "model.text_layers", "model.text_heads", "model.text_width",
       "model.projection_dim",
       "model.stages", "model.width_coefficient", "model.depth_coefficient", "model.depthwise_padding",
@@ -523,10 +529,12 @@ const std::vector<ModelEntry>& model_registry() {
        with(kImage, {"model.patch_size", "model.intermediate_size"}),
        {.tensor_parallel = true, .pipeline_parallel = true, .dropout = true, .synthetic_images = true},
        validate_vit, make_vit_task},
-      {"resnet18", "ResNet-18 image classifier", DataKind::FashionMnist, with(kImage, {"model.width", "model.stem"}),
+      {"resnet18", "ResNet-18 image classifier", DataKind::FashionMnist,
+       with(kImage, {"model.width", "model.stem", "model.memory_format"}),
        {.batch_norm = true, .synthetic_images = true},
        validate_resnet, make_resnet_task},
-      {"resnet50", "ResNet-50 image classifier", DataKind::FashionMnist, with(kImage, {"model.width", "model.stem"}),
+      {"resnet50", "ResNet-50 image classifier", DataKind::FashionMnist,
+       with(kImage, {"model.width", "model.stem", "model.memory_format"}),
        {.batch_norm = true, .synthetic_images = true},
        validate_resnet, make_resnet_task},
       {"swin", "Swin Transformer image classifier", DataKind::FashionMnist,

@@ -119,6 +119,8 @@ ResNet::ResNet(const ResNetConfig& c) : cfg_(c) {
   avgpool = register_module("avgpool", std::make_shared<nn::AdaptiveAvgPool2d>());
   fc = register_module("fc", std::make_shared<nn::Linear>(in, c.num_classes));
   name_parameters();
+  for (const auto& conv : convs_) conv->params.channels_last = c.channels_last;
+  for (const auto& [p, bn] : bns_) bn->channels_last = c.channels_last;
 }
 
 void ResNet::init_weights(Generator& gen) {
@@ -142,11 +144,15 @@ Tensor ResNet::forward(const Tensor& images) const {
   BRIGADE_CHECK(images.defined() && images.dim() == 4 && images.size(1) == cfg_.in_channels, ShapeError,
                 "ResNet: images must be (N, {}, H, W), got {}", cfg_.in_channels,
                 images.defined() ? shape_str(images.shape()) : "undefined");
-  Tensor x = F::relu(bn1->forward(conv1->forward(images)));  // (N, width, H', W')
-  if (maxpool) x = maxpool->forward(x);                        // (N, width, H' / 2, W' / 2)
+  // channels-last: (N, C, H, W) <-> (N, H, W, C) views; the convs copy them contiguous
+  const auto to_nhwc = [](const Tensor& t) { return F::transpose(F::transpose(t, 1, 2), 2, 3); };
+  const auto to_nchw = [](const Tensor& t) { return F::transpose(F::transpose(t, 2, 3), 1, 2); };
+  const bool cl = cfg_.channels_last;
+  Tensor x = F::relu(bn1->forward(conv1->forward(cl ? to_nhwc(images) : images)));  // (N, width, H', W')
+  if (maxpool) x = cl ? to_nhwc(maxpool->forward(to_nchw(x))) : maxpool->forward(x);  // (N, width, H'/2, W'/2)
   for (const auto& stage : stages)
     for (const auto& block : *stage) x = block->forward(x);    // (N, 8 width expansion, h, w) at the end
-  x = avgpool->forward(x);                                     // (N, F, 1, 1)
+  x = avgpool->forward(cl ? to_nchw(x) : x);                   // (N, F, 1, 1)
   x = F::reshape(x, {x.size(0), x.size(1)});                   // (N, F)
   return fc->forward(x);                                       // (N, classes)
 }

@@ -35,6 +35,10 @@ struct ResNetConfig {
   int64_t in_channels = 1;                     // 1 for Fashion-MNIST, 3 for RGB
   int64_t width = 64;                          // channels of the stem and of stage 1 (planes)
   bool small_input = true;                     // 3x3 stride-1 stem, no max-pool
+  // Activations in channels-last (N, H, W, C) between the stem and the pooling: every conv and
+  // batch norm runs its NHWC form (ops::Conv2dParams::channels_last), the max-pool and the
+  // average pool see NCHW views. Same parameters, buffers and outputs (to rounding).
+  bool channels_last = false;
   double bn_eps = 1e-5;
   double bn_momentum = 0.1;
 };
