@@ -114,9 +114,11 @@ TEST_P(ResNetParity, ChannelsLastMatchesTorchToo) {
   m->train();
   Tensor logits = m->forward(images);
   EXPECT_LT(rel_err(logits, get("logits_train")), 1e-5);
-  for (auto& [name, t] : m->named_buffers())
-    if (name.find("num_batches_tracked") == std::string::npos)
+  for (auto& [name, t] : m->named_buffers()) {
+    if (name.find("num_batches_tracked") == std::string::npos) {
       EXPECT_LT(rel_err(t, get("after." + name)), 1e-5) << name;
+    }
+  }
   Tensor loss = fn::cross_entropy(logits, labels);
   autograd::backward(loss);
   for (auto& [name, p] : m->named_parameters()) {

@@ -446,7 +446,9 @@ TEST(VisionOpsChannelsLast, ConvolutionsMatchTheNchwOracle) {
     EXPECT_EQ(r.gx.shape(), nhwc(x).shape());
     EXPECT_LE(rel_err(nchw(r.gx), want.gx), 1e-5) << "gx";
     EXPECT_LE(rel_err(r.gw, want.gw), 1e-5) << "gw";
-    if (g.bias) EXPECT_LE(rel_err(r.gb, want.gb), 1e-5) << "gb";
+    if (g.bias) {
+      EXPECT_LE(rel_err(r.gb, want.gb), 1e-5) << "gb";
+    }
     // only some gradients asked for: the same values
     const ops::Conv2dGrads only_w = ops::conv2d_backward(nhwc(gy), nhwc(x), w, channels_last(g.p), false, true, false);
     EXPECT_FALSE(only_w.gx.defined());

@@ -2,7 +2,6 @@
 #include "brigade/nn/ext_vision.h"
 
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 
 namespace brigade::nn {
@@ -50,9 +49,9 @@ namespace {
 // it as an NCHW view, and the result comes back as a channels-last view (copied by its consumer).
 Tensor sync_bn(const Tensor& x, const BatchNorm2d& bn, const Tensor& rm, const Tensor& rv) {
   if (!bn.channels_last) return fn::sync_batch_norm2d(x, bn.weight, bn.bias, rm, rv, bn.momentum, bn.eps, bn.sync);
-  const Tensor xn = fn::transpose(fn::transpose(x, 2, 3), 1, 2);  // (N, C, H, W) view
-  const Tensor y = fn::sync_batch_norm2d(xn, bn.weight, bn.bias, rm, rv, bn.momentum, bn.eps, bn.sync);
-  return fn::transpose(fn::transpose(y, 1, 2), 2, 3);  // (N, H, W, C) view
+  const Tensor y =
+      fn::sync_batch_norm2d(to_channels_first(x), bn.weight, bn.bias, rm, rv, bn.momentum, bn.eps, bn.sync);
+  return to_channels_last(y);
 }
 }  // namespace
 

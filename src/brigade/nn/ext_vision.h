@@ -12,6 +12,7 @@
 #include <string>
 
 #include "brigade/autograd/ext_vision.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/nn/module.h"
 
 namespace brigade::nn {
@@ -58,6 +59,11 @@ class BatchNorm2d : public Module {
  protected:
   void parameter_replaced(const std::string& name, const Tensor& t) override;
 };
+
+// Differentiable views between the layouts: (N, C, H, W) -> (N, H, W, C) and back (no copy; the
+// next op that needs contiguous memory copies).
+inline Tensor to_channels_last(const Tensor& x) { return fn::transpose(fn::transpose(x, 1, 2), 2, 3); }
+inline Tensor to_channels_first(const Tensor& x) { return fn::transpose(fn::transpose(x, 2, 3), 1, 2); }
 
 // Inside this scope (thread-local, nests) a BatchNorm2d in training mode still normalises with
 // its batch's statistics but leaves running_mean, running_var and num_batches_tracked alone. For

@@ -129,7 +129,8 @@ ConvMds conv_mds(const vr::ConvGeom& g, memory::data_type t = memory::data_type:
 std::string g_last_conv_impl;  // guarded by g_conv_mu
 
 // Every buffer a convolution needs besides its tensors (oneDNN's scratchpad, reordered weights,
-// the weight gradient in the primitive's layout) comes from the caching allocator as workspace:
+// the weight gradient in the primitive's layout), and the batch norm's per-block sums, come from
+// the caching allocator as workspace (WorkspaceBuffer):
 // oneDNN's own allocations are malloc'ed and freed on every call, and at these sizes glibc maps
 // and unmaps them each time, so every step paid page faults and page clearing for them.
 dnnl::primitive_attr user_scratchpad() {
@@ -137,17 +138,21 @@ dnnl::primitive_attr user_scratchpad() {
   a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   return a;
 }
-class ConvBuffer {
+class WorkspaceBuffer {
  public:
-  explicit ConvBuffer(size_t bytes) : bytes_(bytes) {
+  explicit WorkspaceBuffer(size_t bytes) : bytes_(bytes) {
     if (bytes_) p_ = Allocator::instance().allocate(bytes_, MemTag::Workspace);
   }
-  ~ConvBuffer() {
+  ~WorkspaceBuffer() {
     if (p_) Allocator::instance().deallocate(p_, bytes_, MemTag::Workspace);
   }
-  ConvBuffer(const ConvBuffer&) = delete;
-  ConvBuffer& operator=(const ConvBuffer&) = delete;
+  WorkspaceBuffer(const WorkspaceBuffer&) = delete;
+  WorkspaceBuffer& operator=(const WorkspaceBuffer&) = delete;
   void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
 
  private:
   size_t bytes_;
@@ -201,7 +206,7 @@ memory mem(const memory::desc& d, const void* p) { return memory(d, engine(), co
 // Our weights (user layout) as a primitive wants them: the same memory when the layouts agree,
 // else a reorder into a fresh buffer (channels-last primitives pick blocked weight layouts).
 memory weights_as(const memory::desc& want, const memory::desc& user, const void* w, dnnl::stream& s,
-                  ConvBuffer& buf) {
+                  WorkspaceBuffer& buf) {
   memory u = mem(user, w);
   if (want == user) return u;
   memory r(want, engine(), buf.get());
@@ -228,7 +233,7 @@ void cpu_conv2d(const vr::ConvGeom& g, const void* x, const void* w, const float
   }
   const ConvMds m = conv_mds(g, t, cl);
   dnnl::stream s(engine());
-  ConvBuffer wbuf(reorder_bytes(wei, m.wei_user)), sbuf(scratch.get_size());
+  WorkspaceBuffer wbuf(reorder_bytes(wei, m.wei_user)), sbuf(scratch.get_size());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)},
                                        {DNNL_ARG_WEIGHTS, weights_as(wei, m.wei_user, w, s, wbuf)},
                                        {DNNL_ARG_DST, mem(m.dst, y)},
@@ -242,11 +247,8 @@ void cpu_conv2d(const vr::ConvGeom& g, const void* x, const void* w, const float
 void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, const void* w, void* gx, float* gw,
                          float* gb, memory::data_type t = memory::data_type::f32, bool cl = false) {
   // The weight primitive computes gw and gb together; a gb without gw goes to scratch.
-  std::vector<float> gw_scratch;
-  if (gb && !gw) {
-    gw_scratch.resize(size_t(g.O * g.Cg() * g.KH * g.KW));
-    gw = gw_scratch.data();
-  }
+  const WorkspaceBuffer gw_scratch(gb && !gw ? size_t(g.O * g.Cg() * g.KH * g.KW) * sizeof(float) : 0);
+  if (gb && !gw) gw = gw_scratch.as<float>();
   dnnl::convolution_backward_data bd;
   dnnl::convolution_backward_weights bw;
   memory::desc bd_wei, bw_gwei, bd_scratch, bw_scratch;
@@ -259,7 +261,7 @@ void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, c
   const ConvMds m = conv_mds(g, t, cl);
   dnnl::stream s(engine());
   if (gx) {
-    ConvBuffer wbuf(reorder_bytes(bd_wei, m.wei_user)), sbuf(bd_scratch.get_size());
+    WorkspaceBuffer wbuf(reorder_bytes(bd_wei, m.wei_user)), sbuf(bd_scratch.get_size());
     bd.execute(s, {{DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
                    {DNNL_ARG_WEIGHTS, weights_as(bd_wei, m.wei_user, w, s, wbuf)},
                    {DNNL_ARG_DIFF_SRC, mem(m.src, gx)},
@@ -268,7 +270,7 @@ void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, c
   }
   if (gw) {
     // the primitive's own weight-gradient layout, reordered into our f32 OIHW afterwards
-    ConvBuffer gbuf(reorder_bytes(bw_gwei, m.gwei_user)), sbuf(bw_scratch.get_size());
+    WorkspaceBuffer gbuf(reorder_bytes(bw_gwei, m.gwei_user)), sbuf(bw_scratch.get_size());
     memory user = mem(m.gwei_user, gw);
     memory gwm = bw_gwei == m.gwei_user ? user : memory(bw_gwei, engine(), gbuf.get());
     std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
@@ -279,7 +281,6 @@ void cpu_conv2d_backward(const vr::ConvGeom& g, const void* gy, const void* x, c
     if (!(bw_gwei == m.gwei_user)) dnnl::reorder(gwm, user).execute(s, gwm, user);
     s.wait();
   }
-  s.wait();
 }
 
 // oneDNN has a non-reference bf16 convolution (forward, backward data and weights) on this
@@ -758,23 +759,24 @@ void batch_norm2d_backward_cpu(int64_t N, int64_t C, int64_t HW, const float* gy
 // the blocks are added in order: the same order for any thread count.
 constexpr int64_t kRowBlock = 64;
 
-// out[c] = sum over rows of f(row, c) for f given per row as a lambda filling `acc` (C doubles).
+// out[k] = sum over the M rows of what add_row(r, acc) adds into acc[0, K), in a fixed order.
 template <class RowFn>
-void column_sums_blocked(int64_t M, int64_t C, double* out, RowFn&& add_row) {
+void column_sums_blocked(int64_t M, int64_t K, double* out, RowFn&& add_row) {
   const int64_t nb = (M + kRowBlock - 1) / kRowBlock;
-  std::vector<double> part(size_t(nb * C));
-#pragma omp parallel for schedule(static) if (M * C > (1 << 15))
+  const WorkspaceBuffer buf(size_t(nb * K) * sizeof(double));
+  double* part = buf.as<double>();
+#pragma omp parallel for schedule(static) if (M * K > (1 << 15))
   for (int64_t blk = 0; blk < nb; ++blk) {
-    double* acc = part.data() + blk * C;
-    for (int64_t c = 0; c < C; ++c) acc[c] = 0;
+    double* acc = part + blk * K;
+    for (int64_t k = 0; k < K; ++k) acc[k] = 0;
     const int64_t r1 = std::min(M, (blk + 1) * kRowBlock);
     for (int64_t r = blk * kRowBlock; r < r1; ++r) add_row(r, acc);
   }
-  for (int64_t c = 0; c < C; ++c) out[c] = 0;
+  for (int64_t k = 0; k < K; ++k) out[k] = 0;
   for (int64_t blk = 0; blk < nb; ++blk) {
-    const double* acc = part.data() + blk * C;
+    const double* acc = part + blk * K;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) out[c] += acc[c];
+    for (int64_t k = 0; k < K; ++k) out[k] += acc[k];
   }
 }
 
@@ -825,26 +827,26 @@ void batch_norm_rows_cpu(int64_t M, int64_t C, const float* x, const float* w, c
 void batch_norm_rows_backward_cpu(int64_t M, int64_t C, const float* gy, const float* x, const float* w,
                                   const float* mean, const float* rstd, bool training, float* gx, float* gw,
                                   float* gb) {
-  std::vector<double> sg(static_cast<size_t>(C)), sgxm(static_cast<size_t>(C));  // sum gy, sum gy (x - m)
-  column_sums_blocked(M, C, sg.data(), [&](int64_t r, double* acc) {
-    const float* g = gy + r * C;
-#pragma omp simd
-    for (int64_t c = 0; c < C; ++c) acc[c] += double(g[c]);
-  });
-  column_sums_blocked(M, C, sgxm.data(), [&](int64_t r, double* acc) {
+  // sums[c] = sum gy, sums[C + c] = sum gy (x - m), in one pass over gy and x
+  std::vector<double> sums(static_cast<size_t>(2 * C));
+  column_sums_blocked(M, 2 * C, sums.data(), [&](int64_t r, double* acc) {
     const float *g = gy + r * C, *xr = x + r * C;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) acc[c] += double(g[c] * (xr[c] - mean[c]));
+    for (int64_t c = 0; c < C; ++c) {
+      acc[c] += double(g[c]);
+      acc[C + c] += double(g[c] * (xr[c] - mean[c]));
+    }
   });
+  const double *sg = sums.data(), *sgxm = sums.data() + C;
   std::vector<float> k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), k3(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
-    const double r = double(rstd[c]), wc = double(w[c]), sgx = sgxm[size_t(c)] * r;  // sum gy * xhat
+    const double r = double(rstd[c]), wc = double(w[c]), sgx = sgxm[c] * r;  // sum gy * xhat
     gw[c] = float(sgx);
-    gb[c] = float(sg[size_t(c)]);
+    gb[c] = float(sg[c]);
     // training: gx = w r (gy - sg/M - xhat sgx/M) = k1 gy + k2 (x - m) + k3; eval: gx = w r gy
     k1[size_t(c)] = float(wc * r);
     k2[size_t(c)] = training ? float(-wc * r * r * sgx / double(M)) : 0.f;
-    k3[size_t(c)] = training ? float(-wc * r * sg[size_t(c)] / double(M)) : 0.f;
+    k3[size_t(c)] = training ? float(-wc * r * sg[c] / double(M)) : 0.f;
   }
   const float *a = k1.data(), *bb = k2.data(), *cc = k3.data();
 #pragma omp parallel for schedule(static) if (M * C > (1 << 15))
@@ -856,15 +858,23 @@ void batch_norm_rows_backward_cpu(int64_t M, int64_t C, const float* gy, const f
   }
 }
 
+// Batch norm's (N, C, HW) problem: channels-last (N, H, W, C) is the NCHW problem (N H W, C, 1),
+// the same bytes.
+struct BnDims {
+  int64_t N, C, HW;
+};
+BnDims bn_dims(const Tensor& x, bool channels_last) {
+  if (channels_last) return {x.size(0) * x.size(1) * x.size(2), x.size(3), 1};
+  return {x.size(0), x.size(1), x.size(2) * x.size(3)};
+}
+
 }  // namespace
 
 BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
                           const Tensor& running_var, bool training, double momentum, double eps, bool channels_last) {
   const char* op = "batch_norm2d";
   check_nchw(x, op, "x");
-  // channels-last (N, H, W, C) is the NCHW problem (N H W, C, 1): the same bytes
-  const int64_t N = channels_last ? x.size(0) * x.size(1) * x.size(2) : x.size(0),
-                C = channels_last ? x.size(3) : x.size(1), HW = channels_last ? 1 : x.size(2) * x.size(3);
+  const auto [N, C, HW] = bn_dims(x, channels_last);
   check_vec(w, C, op, "w");
   if (b.defined()) check_vec(b, C, op, "b");
   BRIGADE_CHECK(running_mean.defined() == running_var.defined(), ValueError,
@@ -923,8 +933,7 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
   check_nchw(gy, op, "gy");
   BRIGADE_CHECK(gy.shape() == x.shape(), ShapeError, "{}: gy {} must have x's shape {}", op, shape_str(gy.shape()),
                 shape_str(x.shape()));
-  const int64_t N = channels_last ? x.size(0) * x.size(1) * x.size(2) : x.size(0),
-                C = channels_last ? x.size(3) : x.size(1), HW = channels_last ? 1 : x.size(2) * x.size(3);
+  const auto [N, C, HW] = bn_dims(x, channels_last);
   check_vec(w, C, op, "w");
   check_vec(mean, C, op, "mean");
   check_vec(rstd, C, op, "rstd");

@@ -445,8 +445,9 @@ std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
   c.forward = [m = resnet.get()](const Tensor& x) { return m->forward(x); };
   c.flops_per_image = resnet->flops_per_image(r.model.image_size);
   c.buffers = resnet->named_buffers();
-  c.description = fmt::format("ResNet-{} layout, width {}, {} stem", r.model.type == "resnet50" ? 50 : 18,
-                              r.model.width, r.model.stem == "imagenet" ? "ImageNet" : "small-input");
+  c.description = fmt::format("ResNet-{} layout, width {}, {} stem{}", r.model.type == "resnet50" ? 50 : 18,
+                              r.model.width, r.model.stem == "imagenet" ? "ImageNet" : "small-input",
+                              r.model.memory_format == "channels_last" ? ", channels-last" : "");
   return image_classification_task(r, std::move(c));
 }
 

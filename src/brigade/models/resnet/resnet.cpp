@@ -144,15 +144,14 @@ Tensor ResNet::forward(const Tensor& images) const {
   BRIGADE_CHECK(images.defined() && images.dim() == 4 && images.size(1) == cfg_.in_channels, ShapeError,
                 "ResNet: images must be (N, {}, H, W), got {}", cfg_.in_channels,
                 images.defined() ? shape_str(images.shape()) : "undefined");
-  // channels-last: (N, C, H, W) <-> (N, H, W, C) views; the convs copy them contiguous
-  const auto to_nhwc = [](const Tensor& t) { return F::transpose(F::transpose(t, 1, 2), 2, 3); };
-  const auto to_nchw = [](const Tensor& t) { return F::transpose(F::transpose(t, 2, 3), 1, 2); };
+  // channels-last: the images, the max-pool and the average pool go through NCHW <-> NHWC views
   const bool cl = cfg_.channels_last;
-  Tensor x = F::relu(bn1->forward(conv1->forward(cl ? to_nhwc(images) : images)));  // (N, width, H', W')
-  if (maxpool) x = cl ? to_nhwc(maxpool->forward(to_nchw(x))) : maxpool->forward(x);  // (N, width, H'/2, W'/2)
+  Tensor x = F::relu(bn1->forward(conv1->forward(cl ? nn::to_channels_last(images) : images)));  // (N, width, H', W')
+  if (maxpool)  // (N, width, H' / 2, W' / 2)
+    x = cl ? nn::to_channels_last(maxpool->forward(nn::to_channels_first(x))) : maxpool->forward(x);
   for (const auto& stage : stages)
     for (const auto& block : *stage) x = block->forward(x);    // (N, 8 width expansion, h, w) at the end
-  x = avgpool->forward(cl ? to_nchw(x) : x);                   // (N, F, 1, 1)
+  x = avgpool->forward(cl ? nn::to_channels_first(x) : x);     // (N, F, 1, 1)
   x = F::reshape(x, {x.size(0), x.size(1)});                   // (N, F)
   return fc->forward(x);                                       // (N, classes)
 }
