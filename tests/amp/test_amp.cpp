@@ -67,12 +67,13 @@ TEST(AmpPolicy, TableFollowsTheDefinitionOfEachLevel) {
     }
     EXPECT_EQ(amp::rule(op, Level::O0), Rule::Keep);                        // O0: as given
     EXPECT_EQ(amp::rule(op, Level::O1), gemm ? Rule::Low : Rule::F32);       // O1: allow-list low, rest fp32
-    EXPECT_EQ(amp::rule(op, Level::O2), sensitive ? Rule::F32 : Rule::Low);  // O2: all low but the sensitive
+    // O2: all low but the sensitive; batch norm computes in f32 on its 16-bit input (mixed)
+    EXPECT_EQ(amp::rule(op, Level::O2), op == Op::BatchNorm ? Rule::Mixed : sensitive ? Rule::F32 : Rule::Low);
     EXPECT_EQ(amp::rule(op, Level::O3), Rule::Low);                         // O3: all low
   }
   EXPECT_NE(amp::policy_table_markdown().find("| layer_norm | keep | f32 | f32 | low |"), std::string::npos);
   EXPECT_NE(amp::policy_table_markdown().find("| conv | keep | low | low | low |"), std::string::npos);
-  EXPECT_NE(amp::policy_table_markdown().find("| batch_norm | keep | f32 | f32 | low |"), std::string::npos);
+  EXPECT_NE(amp::policy_table_markdown().find("| batch_norm | keep | f32 | mixed | low |"), std::string::npos);
   EXPECT_NE(amp::policy_table_markdown().find("| pool | keep | f32 | low | low |"), std::string::npos);
 }
 

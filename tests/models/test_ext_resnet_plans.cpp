@@ -7,8 +7,8 @@
 //    num_batches_tracked: updated once per real forward, not again by the recompute), while
 //    holding fewer activation bytes at the end of the forward; the same under O2 bf16;
 //  - mixed precision on the convolution path (amp::Op::Conv / BatchNorm / Pool): under O1/O2
-//    the convs compute and return bf16, BatchNorm f32 (O3: bf16), every parameter gradient is
-//    f32; O0 is bitwise the plain fp32 run; a tiny ResNet-18 (width 8) trained 20 AdamW steps
+//    the convs compute and return bf16, BatchNorm f32 at O1 and bf16 at O2 (mixed: computed
+//    in f32 on the bf16 activation) and O3, every parameter gradient is f32; O0 is bitwise the plain fp32 run; a tiny ResNet-18 (width 8) trained 20 AdamW steps
 //    under O2 bf16 (fp32 master weights) follows the fp32 losses within a few percent and
 //    decreases;
 //  - synchronised batch norm (fn::sync_batch_norm2d, nn::BatchNorm2d::sync) with a reducer
@@ -196,7 +196,7 @@ TEST(ResNetAmp, ConvPathDtypesPerLevelAndFp32Gradients) {
   struct Want { amp::Level level; DType conv, bn, relu; };
   for (Want w : {Want{amp::Level::O0, DType::F32, DType::F32, DType::F32},
                  Want{amp::Level::O1, DType::BF16, DType::F32, DType::F32},
-                 Want{amp::Level::O2, DType::BF16, DType::F32, DType::BF16},
+                 Want{amp::Level::O2, DType::BF16, DType::BF16, DType::BF16},  // batch norm: mixed
                  Want{amp::Level::O3, DType::BF16, DType::BF16, DType::BF16}}) {
     SCOPED_TRACE(std::string(amp::level_name(w.level)));
     m->zero_grad();

@@ -23,7 +23,9 @@
 //    values, running a non-reference oneDNN kernel (bf16 too, within one bf16 rounding), and
 //    bitwise the oracle on the ref backend; channels-last batch norm against the oracle at 1, 2
 //    and 3 threads (bitwise across them) and against the NCHW cpu op; gradients of a
-//    channels-last conv + batch norm against finite differences.
+//    channels-last conv + batch norm against finite differences;
+//  - 16-bit batch norm (both layouts) and relu read and write 16-bit values themselves, bitwise
+//    the widened f32 op; O2's mixed batch norm is bitwise the cast form it replaces.
 #include <gtest/gtest.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -32,6 +34,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -565,3 +568,124 @@ TEST(VisionOpsChannelsLast, ConvAndBatchNormGradientsMatchFiniteDifferences) {
 }
 
 }  // namespace
+
+// The cpu batch norm reads and writes 16-bit activations itself (no widened copies): bitwise the
+// f32 op on the exactly widened values with each output rounded once to its dtype, in both
+// layouts, training (with running statistics) and eval, at 1, 2 and 3 threads; 300 channels
+// (more than one widening chunk of a channels-last row), planes of 7 x 9 (not a multiple of the
+// 16 vector lanes); mixed dtypes (f32 gy with bf16 x; bf16 w) too.
+TEST(VisionOps16, BatchNormOn16BitActivationsIsTheWidenedOpBitwise) {
+  ops::BackendScope cpu(ops::Backend::Cpu);
+  const Tensor w = randn({300}, 701), b = randn({300}, 702), rm0 = randn({300}, 703),
+               rv0 = ops::add_scalar(ops::mul(rm0, rm0), 0.5);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (bool cl : {false, true})
+      for (bool training : {true, false}) {
+        SCOPED_TRACE(fmt::format("{} {} {}", dtype_name(dt), cl ? "channels-last" : "nchw",
+                                 training ? "training" : "eval"));
+        Tensor x = randn({5, 300, 7, 9}, 704), gy = randn({5, 300, 7, 9}, 705);  // 5*300*63 > 2^15
+        if (cl) x = nhwc(x), gy = nhwc(gy);
+        const Tensor x16 = x.to(dt), gy16 = gy.to(dt), xw = x16.to(DType::F32), gw = gy16.to(DType::F32);
+        for (int threads : {1, 2, 3}) {
+          OmpThreads t(threads);
+          const Tensor rm = rm0.clone(), rv = rv0.clone(), rmw = rm0.clone(), rvw = rv0.clone();
+          const ops::BatchNormOut o = ops::batch_norm2d(x16, w, b, rm, rv, training, 0.1, 1e-5, cl);
+          const ops::BatchNormOut ow = ops::batch_norm2d(xw, w, b, rmw, rvw, training, 0.1, 1e-5, cl);
+          ASSERT_EQ(o.y.dtype(), dt);
+          EXPECT_TRUE(bitwise_equal(o.y, ow.y.to(dt))) << threads << " threads";
+          for (auto [got, want] : {std::pair{o.mean, ow.mean}, std::pair{o.rstd, ow.rstd}, std::pair{rm, rmw},
+                                   std::pair{rv, rvw}})
+            EXPECT_TRUE(bitwise_equal(got, want)) << threads << " threads";
+          const ops::BatchNormGrads g = ops::batch_norm2d_backward(gy16, x16, w, o.mean, o.rstd, training, cl);
+          const ops::BatchNormGrads gw32 = ops::batch_norm2d_backward(gw, xw, w, ow.mean, ow.rstd, training, cl);
+          ASSERT_EQ(g.gx.dtype(), dt);
+          EXPECT_TRUE(bitwise_equal(g.gx, gw32.gx.to(dt))) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(g.gw, gw32.gw)) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(g.gb, gw32.gb)) << threads << " threads";
+          // f32 gy beside a 16-bit x: gx still in x's dtype
+          const ops::BatchNormGrads gm = ops::batch_norm2d_backward(gw, x16, w, o.mean, o.rstd, training, cl);
+          EXPECT_TRUE(bitwise_equal(gm.gx, gw32.gx.to(dt))) << threads << " threads";
+        }
+        // 16-bit weights (O3): widened, their gradients rounded to w's dtype
+        const Tensor w16 = w.to(dt), b16 = b.to(dt);
+        const Tensor rm = rm0.clone(), rv = rv0.clone(), rmw = rm0.clone(), rvw = rv0.clone();
+        const ops::BatchNormOut o = ops::batch_norm2d(x16, w16, b16, rm, rv, training, 0.1, 1e-5, cl);
+        const ops::BatchNormOut ow =
+            ops::batch_norm2d(xw, w16.to(DType::F32), b16.to(DType::F32), rmw, rvw, training, 0.1, 1e-5, cl);
+        EXPECT_TRUE(bitwise_equal(o.y, ow.y.to(dt)));
+        const ops::BatchNormGrads g = ops::batch_norm2d_backward(gy16, x16, w16, o.mean, o.rstd, training, cl);
+        const ops::BatchNormGrads gw32 =
+            ops::batch_norm2d_backward(gw, xw, w16.to(DType::F32), ow.mean, ow.rstd, training, cl);
+        EXPECT_TRUE(bitwise_equal(g.gx, gw32.gx.to(dt)));
+        EXPECT_TRUE(bitwise_equal(g.gw, gw32.gw.to(dt)));
+        EXPECT_TRUE(bitwise_equal(g.gb, gw32.gb.to(dt)));
+      }
+}
+
+// relu and its backward on 16-bit tensors work on the bit patterns: bitwise the widened op,
+// special values included (NaN passes the forward, -0 and negatives become +0, +Inf passes,
+// denormals keep their sign's rule), on a tensor above the parallel threshold.
+TEST(VisionOps16, ReluOn16BitValuesIsTheWidenedOpBitwise) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v = {0.f, -0.f, 1.f, -1.f, inf, -inf, nan, -nan, 1e-40f, -1e-40f, 6e-8f, -6e-8f, 3.5f, -2e30f};
+  const Tensor r = randn({40000}, 710);
+  for (float e : r.to_vector()) v.push_back(e);
+  const Tensor x = Tensor::from_vector(v, {int64_t(v.size())});
+  const Tensor g = randn({int64_t(v.size())}, 711);
+  for (DType dt : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(std::string(dtype_name(dt)));
+    const Tensor x16 = x.to(dt), g16 = g.to(dt);
+    for (int threads : {1, 2}) {
+      OmpThreads t(threads);
+      ops::BackendScope cpu(ops::Backend::Cpu);
+      const Tensor y = ops::relu(x16);
+      ASSERT_EQ(y.dtype(), dt);
+      EXPECT_TRUE(bitwise_equal(y, ops::relu(x16.to(DType::F32)).to(dt)));
+      const Tensor gx = ops::relu_backward(g16, y);
+      ASSERT_EQ(gx.dtype(), dt);
+      EXPECT_TRUE(bitwise_equal(gx, ops::relu_backward(g16.to(DType::F32), y.to(DType::F32)).to(dt)));
+      // the ref backend's widened path agrees
+      ops::BackendScope ref(ops::Backend::Ref);
+      EXPECT_TRUE(bitwise_equal(ops::relu(x16), y));
+      EXPECT_TRUE(bitwise_equal(ops::relu_backward(g16, y), gx));
+    }
+  }
+}
+
+// Under O2, batch norm is amp::Rule::Mixed: fn::batch_norm2d takes the 16-bit activation as it
+// is (no cast nodes) and returns it in that dtype; values and gradients are bitwise those of the
+// f32 batch norm on the widened input with the output rounded once (what O2 computed when it
+// cast around batch norm, since every consumer of its output rounded it to bf16 first).
+TEST(VisionOps16, O2BatchNormIsMixedAndBitwiseTheCastForm) {
+  ops::BackendScope cpu(ops::Backend::Cpu);
+  for (bool cl : {false, true}) {
+    SCOPED_TRACE(cl ? "channels-last" : "nchw");
+    Tensor xv = randn({4, 12, 6, 5}, 720), gv = randn({4, 12, 6, 5}, 721);
+    if (cl) xv = nhwc(xv), gv = nhwc(gv);
+    const Tensor g16 = gv.to(DType::BF16);
+    auto run = [&](bool o2, Tensor& gx, Tensor& gw, Tensor& gb) {
+      Tensor x = xv.to(DType::BF16).detach(), w = randn({12}, 722), b = randn({12}, 723);
+      x.set_requires_grad(true), w.set_requires_grad(true), b.set_requires_grad(true);
+      const Tensor rm = Tensor::zeros({12}), rv = Tensor::ones({12});
+      Tensor y;
+      if (o2) {
+        amp::AutocastScope scope({amp::Level::O2, DType::BF16});
+        y = fn::batch_norm2d(x, w, b, rm, rv, true, 0.1, 1e-5, cl);
+      } else {  // the cast form, spelled out at O0
+        y = fn::cast(fn::batch_norm2d(fn::cast(x, DType::F32), w, b, rm, rv, true, 0.1, 1e-5, cl), DType::BF16);
+      }
+      autograd::backward(y, g16);
+      gx = x.grad(), gw = w.grad(), gb = b.grad();
+      return std::vector<Tensor>{y, rm, rv};
+    };
+    Tensor gx1, gw1, gb1, gx2, gw2, gb2;
+    const std::vector<Tensor> a = run(true, gx1, gw1, gb1), c = run(false, gx2, gw2, gb2);
+    EXPECT_EQ(a[0].dtype(), DType::BF16);
+    for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(bitwise_equal(a[k], c[k])) << "output " << k;
+    EXPECT_EQ(gx1.dtype(), DType::BF16);
+    EXPECT_EQ(gw1.dtype(), DType::F32);
+    EXPECT_TRUE(bitwise_equal(gx1, gx2));
+    EXPECT_TRUE(bitwise_equal(gw1, gw2));
+    EXPECT_TRUE(bitwise_equal(gb1, gb2));
+  }
+}

@@ -12,7 +12,7 @@ namespace brigade::amp {
 
 namespace {
 
-constexpr Rule K = Rule::Keep, F = Rule::F32, L = Rule::Low;
+constexpr Rule K = Rule::Keep, F = Rule::F32, L = Rule::Low, M = Rule::Mixed;
 
 // rows: Op (in enum order); columns: O0 O1 O2 O3
 constexpr Rule kTable[size_t(Op::kCount)][4] = {
@@ -25,7 +25,7 @@ constexpr Rule kTable[size_t(Op::kCount)][4] = {
     /* elementwise   */ {K, F, L, L},
     /* pool          */ {K, F, L, L},
     /* layer_norm    */ {K, F, F, L},
-    /* batch_norm    */ {K, F, F, L},
+    /* batch_norm    */ {K, F, M, L},
     /* softmax       */ {K, F, F, L},
     /* cross_entropy */ {K, F, F, L},
     /* reduction     */ {K, F, F, L},
@@ -58,7 +58,7 @@ std::string_view op_name(Op op) {
 }
 
 std::string_view rule_name(Rule r) {
-  constexpr std::string_view names[] = {"keep", "f32", "low"};
+  constexpr std::string_view names[] = {"keep", "f32", "low", "mixed"};
   return names[size_t(r)];
 }
 
@@ -73,7 +73,8 @@ AutocastScope::~AutocastScope() { t_policy = prev_; }
 
 DType compute_dtype(Op op, std::initializer_list<DType> inputs) {
   switch (rule(op, t_policy.level)) {
-    case Rule::F32: return DType::F32;
+    case Rule::F32:
+    case Rule::Mixed: return DType::F32;
     case Rule::Low: return t_policy.low;
     case Rule::Keep: break;
   }

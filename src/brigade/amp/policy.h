@@ -39,6 +39,10 @@ enum class Rule : uint8_t {
   Keep,  // run in the inputs' dtype; inputs of different floating dtypes are promoted to f32
   F32,   // cast floating inputs to f32
   Low,   // cast floating inputs to the policy's low dtype (bf16 or f16)
+  Mixed, // no casts: a 16-bit activation stays 16-bit beside fp32 parameters; the kernel widens
+         // it exactly, computes in f32 and rounds its output once to the activation's dtype
+         // (batch norm at O2: its statistics are f32, its input and output are not, and no
+         // cast passes run around it)
 };
 
 // The table (policy.cpp): rule(op, level).
@@ -71,7 +75,7 @@ class AutocastScope {
 };
 
 // The dtype an op of kind `op` computes in under the current policy, given the dtypes
-// of its floating inputs.
+// of its floating inputs. Rule::Mixed: f32 (the op's inputs are not cast; see Rule).
 DType compute_dtype(Op op, std::initializer_list<DType> inputs);
 
 // The table as a Markdown table (ops x levels), for docs and `--dry-run` style reports.

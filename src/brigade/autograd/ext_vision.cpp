@@ -150,8 +150,10 @@ Tensor conv2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const ops::C
 
 Tensor batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps, bool channels_last) {
+  // Rule::Mixed (O2): no casts, the kernel reads a 16-bit x beside fp32 w and b
+  const bool mixed = rules::policy_mixed(amp::Op::BatchNorm);
   const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
-  const Tensor x = cast(x0, dt), w = cast(w0, dt), b = cast(b0, dt);
+  const Tensor x = mixed ? x0 : cast(x0, dt), w = mixed ? w0 : cast(w0, dt), b = mixed ? b0 : cast(b0, dt);
   // A recompute (fn::checkpoint re-running the block in the backward) normalises with the
   // batch statistics again but must not move the running statistics a second time.
   // (Eval reads them; training only writes them.)
@@ -173,8 +175,9 @@ Tensor sync_batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, c
   BRIGADE_CHECK(sync != nullptr, ValueError, "sync_batch_norm2d: no reducer given (use batch_norm2d without one)");
   BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError, "sync_batch_norm2d: x must be 4-D (N, C, H, W), got {}",
                 x0.defined() ? x0.str() : "undefined");
+  const bool mixed = rules::policy_mixed(amp::Op::BatchNorm);  // as in batch_norm2d
   const DType dt = policy_dtype(amp::Op::BatchNorm, {&x0, &w0, &b0});
-  const Tensor x = cast(x0, dt), w = cast(w0, dt), b = cast(b0, dt);
+  const Tensor x = mixed ? x0 : cast(x0, dt), w = mixed ? w0 : cast(w0, dt), b = mixed ? b0 : cast(b0, dt);
   const int64_t C = x.size(1);
   // forward: [count, sum x (C), sum x^2 (C)] of this rank, summed over the group
   const ops::ChannelSums s = ops::batch_norm2d_sums(x);

@@ -5,7 +5,8 @@
 // Each runs its raw op and records one Node whose backward is the op's backward, as the
 // rules in functions.cpp do. Precision: the active policy (amp/policy.h) decides the
 // compute dtype: conv2d is amp::Op::Conv (a GEMM: low from O1, like linear), batch_norm2d
-// amp::Op::BatchNorm (precision-sensitive: f32 under O1/O2, low at O3, like LayerNorm),
+// amp::Op::BatchNorm (precision-sensitive: f32 at O1; mixed at O2, its 16-bit input taken
+// uncast and its output in that dtype, computed in f32 by the kernel; low at O3),
 // max_pool2d / avg_pool2d amp::Op::Pool (elementwise rules), relu amp::Op::Elementwise,
 // adaptive_avg_pool2d and spatial_mean (means over the plane) amp::Op::Reduction, sigmoid
 // amp::Op::Elementwise (like relu; the squeeze-and-excitation gate x * sigmoid(s) is fn::mul,

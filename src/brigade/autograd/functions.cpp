@@ -151,6 +151,10 @@ DType rules::policy_dtype(amp::Op op, std::initializer_list<const Tensor*> input
   }
 }
 
+bool rules::policy_mixed(amp::Op op) {
+  return amp::rule(op, amp::current_policy().level) == amp::Rule::Mixed;
+}
+
 Tensor cast(const Tensor& x, DType dt) { return as_dtype(x, dt); }
 
 Tensor gemm_output(const std::function<Tensor()>& compute) { return kept_gemm_output(compute); }

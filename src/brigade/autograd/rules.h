@@ -19,6 +19,9 @@ inline bool wants(const autograd::Node& n, size_t i) { return i < n.next.size() 
 // The dtype the active precision policy (amp/policy.h) gives an op of kind `op` with these
 // inputs; only the defined floating ones count, in order (at most 4).
 DType policy_dtype(amp::Op op, std::initializer_list<const Tensor*> inputs);
+// True when the active policy's rule for `op` is amp::Rule::Mixed: the op takes its inputs
+// uncast (its kernel widens 16-bit ones and rounds its output to the activation's dtype).
+bool policy_mixed(amp::Op op);
 
 // The node of an op whose backward reads one saved tensor (an activation's input or output, a
 // dropout mask): backward = {Backward(g, saved)}.

@@ -24,6 +24,7 @@
 
 #include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
+#include "brigade/ops/cpu/io16.h"
 #include "brigade/ops/ops.h"
 
 namespace brigade::ops {
@@ -691,65 +692,102 @@ inline void row_grad_sums(const float* gy, const float* x, int64_t n, float m, f
   sg = s0, sgx = s1;
 }
 
-void batch_norm2d_cpu(int64_t N, int64_t C, int64_t HW, const float* x, const float* w, const float* b,
-                      bool training, const float* rmean, const float* rvar, double eps, float* y, float* mean,
+// 16-bit (or f32) values seen as f32: f32 is read in place, bf16 and f16 are widened exactly
+// into a buffer (cpu::load_f32, the conversions of ops::cast), so the arithmetic below is the
+// f32 kernel's on the same values and a 16-bit input gives bitwise the widened result.
+inline const float* f32_view(DType dt, const void* p, int64_t off, int64_t n, float* buf) {
+  if (dt == DType::F32) return static_cast<const float*>(p) + off;
+  cpu::load_f32(dt, n, static_cast<const char*>(p) + size_t(off) * dtype_size(dt), buf);
+  return buf;
+}
+// Where a result of n values at element offset off goes: in place for f32, else a buffer that
+// store_out then rounds once into dt.
+inline float* f32_out(DType dt, void* p, int64_t off, float* buf) {
+  return dt == DType::F32 ? static_cast<float*>(p) + off : buf;
+}
+inline void store_out(DType dt, void* p, int64_t off, int64_t n, const float* buf) {
+  if (dt != DType::F32) cpu::store_f32(dt, n, buf, static_cast<char*>(p) + size_t(off) * dtype_size(dt));
+}
+// A per-thread scratch row of n floats, for 16-bit rows only (f32 rows are read in place).
+inline std::vector<float> scratch_row(DType dt, int64_t n) {
+  return std::vector<float>(dt == DType::F32 ? 0 : static_cast<size_t>(n));
+}
+
+// NCHW batch norm; x and y of dtype dt (f32, bf16 or f16), everything else f32.
+void batch_norm2d_cpu(int64_t N, int64_t C, int64_t HW, DType dt, const void* x, const float* w, const float* b,
+                      bool training, const float* rmean, const float* rvar, double eps, void* y, float* mean,
                       float* rstd, float* var_out) {
-#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
-  for (int64_t c = 0; c < C; ++c) {
-    double m, v;
-    if (training) {
-      const double M = double(N * HW);
-      double s = 0;
-      for (int64_t n = 0; n < N; ++n) s += double(row_sum(x + (n * C + c) * HW, HW));
-      m = s / M;
-      double q = 0;
-      for (int64_t n = 0; n < N; ++n) q += double(row_sq_dev(x + (n * C + c) * HW, HW, float(m)));
-      v = q / M;
-    } else {
-      m = double(rmean[c]);
-      v = double(rvar[c]);
-    }
-    const double r = 1.0 / std::sqrt(v + eps);
-    mean[c] = float(m);
-    rstd[c] = float(r);
-    var_out[c] = float(v);
-    const float scale = float(r * double(w[c])), shift = float((b ? double(b[c]) : 0.0) - m * r * double(w[c]));
-    for (int64_t n = 0; n < N; ++n) {
-      const float* xr = x + (n * C + c) * HW;
-      float* yr = y + (n * C + c) * HW;
+#pragma omp parallel if (N * C * HW > (1 << 15))
+  {
+    std::vector<float> xb = scratch_row(dt, HW), yb = scratch_row(dt, HW);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      double m, v;
+      if (training) {
+        const double M = double(N * HW);
+        double s = 0;
+        for (int64_t n = 0; n < N; ++n) s += double(row_sum(f32_view(dt, x, (n * C + c) * HW, HW, xb.data()), HW));
+        m = s / M;
+        double q = 0;
+        for (int64_t n = 0; n < N; ++n)
+          q += double(row_sq_dev(f32_view(dt, x, (n * C + c) * HW, HW, xb.data()), HW, float(m)));
+        v = q / M;
+      } else {
+        m = double(rmean[c]);
+        v = double(rvar[c]);
+      }
+      const double r = 1.0 / std::sqrt(v + eps);
+      mean[c] = float(m);
+      rstd[c] = float(r);
+      var_out[c] = float(v);
+      const float scale = float(r * double(w[c])), shift = float((b ? double(b[c]) : 0.0) - m * r * double(w[c]));
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t off = (n * C + c) * HW;
+        const float* xr = f32_view(dt, x, off, HW, xb.data());
+        float* yr = f32_out(dt, y, off, yb.data());
 #pragma omp simd
-      for (int64_t i = 0; i < HW; ++i) yr[i] = xr[i] * scale + shift;
+        for (int64_t i = 0; i < HW; ++i) yr[i] = xr[i] * scale + shift;
+        store_out(dt, y, off, HW, yr);
+      }
     }
   }
 }
 
-void batch_norm2d_backward_cpu(int64_t N, int64_t C, int64_t HW, const float* gy, const float* x, const float* w,
-                               const float* mean, const float* rstd, bool training, float* gx, float* gw,
-                               float* gb) {
+// NCHW backward; gy of dtype dg, x and gx of dtype dx, the rest f32.
+void batch_norm2d_backward_cpu(int64_t N, int64_t C, int64_t HW, DType dg, const void* gy, DType dx, const void* x,
+                               const float* w, const float* mean, const float* rstd, bool training, void* gx,
+                               float* gw, float* gb) {
   const double M = double(N * HW);
-#pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
-  for (int64_t c = 0; c < C; ++c) {
-    const float m = mean[c];
-    const double r = double(rstd[c]), wc = double(w[c]);
-    double sg = 0, sgxm = 0;  // sum gy, sum gy (x - m)
-    for (int64_t n = 0; n < N; ++n) {
-      float a, b;
-      row_grad_sums(gy + (n * C + c) * HW, x + (n * C + c) * HW, HW, m, a, b);
-      sg += double(a), sgxm += double(b);
-    }
-    const double sgx = sgxm * r;  // sum gy * xhat
-    gw[c] = float(sgx);
-    gb[c] = float(sg);
-    // training: gx = w r (gy - sg/M - xhat sgx/M) = k1 gy + k2 (x - m) + k3; eval: gx = w r gy
-    const float k1 = float(wc * r);
-    const float k2 = training ? float(-wc * r * r * sgx / M) : 0.f;
-    const float k3 = training ? float(-wc * r * sg / M) : 0.f;
-    for (int64_t n = 0; n < N; ++n) {
-      const float* g = gy + (n * C + c) * HW;
-      const float* xr = x + (n * C + c) * HW;
-      float* o = gx + (n * C + c) * HW;
+#pragma omp parallel if (N * C * HW > (1 << 15))
+  {
+    std::vector<float> gbuf = scratch_row(dg, HW), xb = scratch_row(dx, HW), ob = scratch_row(dx, HW);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < C; ++c) {
+      const float m = mean[c];
+      const double r = double(rstd[c]), wc = double(w[c]);
+      double sg = 0, sgxm = 0;  // sum gy, sum gy (x - m)
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t off = (n * C + c) * HW;
+        float a, bsum;
+        row_grad_sums(f32_view(dg, gy, off, HW, gbuf.data()), f32_view(dx, x, off, HW, xb.data()), HW, m, a, bsum);
+        sg += double(a), sgxm += double(bsum);
+      }
+      const double sgx = sgxm * r;  // sum gy * xhat
+      gw[c] = float(sgx);
+      gb[c] = float(sg);
+      // training: gx = w r (gy - sg/M - xhat sgx/M) = k1 gy + k2 (x - m) + k3; eval: gx = w r gy
+      const float k1 = float(wc * r);
+      const float k2 = training ? float(-wc * r * r * sgx / M) : 0.f;
+      const float k3 = training ? float(-wc * r * sg / M) : 0.f;
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t off = (n * C + c) * HW;
+        const float* g = f32_view(dg, gy, off, HW, gbuf.data());
+        const float* xr = f32_view(dx, x, off, HW, xb.data());
+        float* o = f32_out(dx, gx, off, ob.data());
 #pragma omp simd
-      for (int64_t i = 0; i < HW; ++i) o[i] = k1 * g[i] + k2 * (xr[i] - m) + k3;
+        for (int64_t i = 0; i < HW; ++i) o[i] = k1 * g[i] + k2 * (xr[i] - m) + k3;
+        store_out(dx, gx, off, HW, o);
+      }
     }
   }
 }
@@ -758,6 +796,9 @@ void batch_norm2d_backward_cpu(int64_t N, int64_t C, int64_t HW, const float* gy
 // blocks of kRowBlock rows (one double per channel per block, vectorised along the row), then
 // the blocks are added in order: the same order for any thread count.
 constexpr int64_t kRowBlock = 64;
+// 16-bit rows are widened kChunk channels at a time (a stack buffer; each channel's arithmetic
+// is independent of the chunking).
+constexpr int64_t kChunk = 256;
 
 // out[k] = sum over the M rows of what add_row(r, acc) adds into acc[0, K), in a fixed order.
 template <class RowFn>
@@ -780,26 +821,42 @@ void column_sums_blocked(int64_t M, int64_t K, double* out, RowFn&& add_row) {
   }
 }
 
-void batch_norm_rows_cpu(int64_t M, int64_t C, const float* x, const float* w, const float* b, bool training,
-                         const float* rmean, const float* rvar, double eps, float* y, float* mean, float* rstd,
-                         float* var_out) {
+// f(c0, n, ...) on the channel chunks [c0, c0 + n) of row r (C channels per row).
+template <class F>
+inline void for_chunks(int64_t C, F&& f) {
+  for (int64_t c0 = 0; c0 < C; c0 += kChunk) f(c0, std::min(kChunk, C - c0));
+}
+
+// Channels-last batch norm; x and y of dtype dt, the rest f32.
+void batch_norm_rows_cpu(int64_t M, int64_t C, DType dt, const void* x, const float* w, const float* b,
+                         bool training, const float* rmean, const float* rvar, double eps, void* y, float* mean,
+                         float* rstd, float* var_out) {
   std::vector<double> m(static_cast<size_t>(C)), v(static_cast<size_t>(C));
   std::vector<float> mf(static_cast<size_t>(C));
   if (training) {
     column_sums_blocked(M, C, m.data(), [&](int64_t r, double* acc) {
-      const float* xr = x + r * C;
+      for_chunks(C, [&](int64_t c0, int64_t n) {
+        alignas(64) float buf[kChunk];
+        const float* xr = f32_view(dt, x, r * C + c0, n, buf);
+        double* a = acc + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) acc[c] += double(xr[c]);
+        for (int64_t c = 0; c < n; ++c) a[c] += double(xr[c]);
+      });
     });
     for (int64_t c = 0; c < C; ++c) m[size_t(c)] /= double(M), mf[size_t(c)] = float(m[size_t(c)]);
     const float* mp = mf.data();
     column_sums_blocked(M, C, v.data(), [&](int64_t r, double* acc) {
-      const float* xr = x + r * C;
+      for_chunks(C, [&](int64_t c0, int64_t n) {
+        alignas(64) float buf[kChunk];
+        const float* xr = f32_view(dt, x, r * C + c0, n, buf);
+        const float* mc = mp + c0;
+        double* a = acc + c0;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) {
-        const float d = xr[c] - mp[c];
-        acc[c] += double(d * d);
-      }
+        for (int64_t c = 0; c < n; ++c) {
+          const float d = xr[c] - mc[c];
+          a[c] += double(d * d);
+        }
+      });
     });
     for (int64_t c = 0; c < C; ++c) v[size_t(c)] /= double(M);
   } else {
@@ -817,25 +874,37 @@ void batch_norm_rows_cpu(int64_t M, int64_t C, const float* x, const float* w, c
   const float *sc = scale.data(), *sh = shift.data();
 #pragma omp parallel for schedule(static) if (M * C > (1 << 15))
   for (int64_t r = 0; r < M; ++r) {
-    const float* xr = x + r * C;
-    float* yr = y + r * C;
+    for_chunks(C, [&](int64_t c0, int64_t n) {
+      alignas(64) float xb[kChunk], yb[kChunk];
+      const int64_t off = r * C + c0;
+      const float* xr = f32_view(dt, x, off, n, xb);
+      float* yr = f32_out(dt, y, off, yb);
+      const float *s0 = sc + c0, *s1 = sh + c0;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * sc[c] + sh[c];
+      for (int64_t c = 0; c < n; ++c) yr[c] = xr[c] * s0[c] + s1[c];
+      store_out(dt, y, off, n, yr);
+    });
   }
 }
 
-void batch_norm_rows_backward_cpu(int64_t M, int64_t C, const float* gy, const float* x, const float* w,
-                                  const float* mean, const float* rstd, bool training, float* gx, float* gw,
-                                  float* gb) {
+// Channels-last backward; gy of dtype dg, x and gx of dtype dx, the rest f32.
+void batch_norm_rows_backward_cpu(int64_t M, int64_t C, DType dg, const void* gy, DType dx, const void* x,
+                                  const float* w, const float* mean, const float* rstd, bool training, void* gx,
+                                  float* gw, float* gb) {
   // sums[c] = sum gy, sums[C + c] = sum gy (x - m), in one pass over gy and x
   std::vector<double> sums(static_cast<size_t>(2 * C));
   column_sums_blocked(M, 2 * C, sums.data(), [&](int64_t r, double* acc) {
-    const float *g = gy + r * C, *xr = x + r * C;
+    for_chunks(C, [&](int64_t c0, int64_t n) {
+      alignas(64) float gbuf[kChunk], xbuf[kChunk];
+      const float *g = f32_view(dg, gy, r * C + c0, n, gbuf), *xr = f32_view(dx, x, r * C + c0, n, xbuf);
+      const float* mc = mean + c0;
+      double *a0 = acc + c0, *a1 = acc + C + c0;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) {
-      acc[c] += double(g[c]);
-      acc[C + c] += double(g[c] * (xr[c] - mean[c]));
-    }
+      for (int64_t c = 0; c < n; ++c) {
+        a0[c] += double(g[c]);
+        a1[c] += double(g[c] * (xr[c] - mc[c]));
+      }
+    });
   });
   const double *sg = sums.data(), *sgxm = sums.data() + C;
   std::vector<float> k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), k3(static_cast<size_t>(C));
@@ -848,13 +917,19 @@ void batch_norm_rows_backward_cpu(int64_t M, int64_t C, const float* gy, const f
     k2[size_t(c)] = training ? float(-wc * r * r * sgx / double(M)) : 0.f;
     k3[size_t(c)] = training ? float(-wc * r * sg[c] / double(M)) : 0.f;
   }
-  const float *a = k1.data(), *bb = k2.data(), *cc = k3.data();
+  const float *ka = k1.data(), *kb = k2.data(), *kc = k3.data();
 #pragma omp parallel for schedule(static) if (M * C > (1 << 15))
   for (int64_t r = 0; r < M; ++r) {
-    const float *g = gy + r * C, *xr = x + r * C;
-    float* o = gx + r * C;
+    for_chunks(C, [&](int64_t c0, int64_t n) {
+      alignas(64) float gbuf[kChunk], xbuf[kChunk], obuf[kChunk];
+      const int64_t off = r * C + c0;
+      const float *g = f32_view(dg, gy, off, n, gbuf), *xr = f32_view(dx, x, off, n, xbuf);
+      float* o = f32_out(dx, gx, off, obuf);
+      const float *a = ka + c0, *bb = kb + c0, *cc = kc + c0, *mc = mean + c0;
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) o[c] = a[c] * g[c] + bb[c] * (xr[c] - mean[c]) + cc[c];
+      for (int64_t c = 0; c < n; ++c) o[c] = a[c] * g[c] + bb[c] * (xr[c] - mc[c]) + cc[c];
+      store_out(dx, gx, off, n, o);
+    });
   }
 }
 
@@ -892,28 +967,31 @@ BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, con
                 shape_str(x.shape()));
   BRIGADE_CHECK(eps >= 0 && momentum >= 0 && momentum <= 1, ValueError,
                 "{}: eps {} must be >= 0 and momentum {} in [0, 1]", op, eps, momentum);
-  if (is_half(x) || is_half(w) || is_half(b)) {
-    BatchNormOut o = batch_norm2d(f32_of(x), f32_of(w), f32_of(b), running_mean, running_var, training, momentum, eps,
-                                  channels_last);
+  // The ref backend runs the oracle on widened copies; the cpu kernels read and write 16-bit
+  // x and y themselves (the same f32 arithmetic on the same values: bitwise the widened result).
+  if (is_half(w) || is_half(b) || (is_half(x) && !on_cpu())) {
+    BatchNormOut o = batch_norm2d(on_cpu() ? x : f32_of(x), f32_of(w), f32_of(b), running_mean, running_var, training,
+                                  momentum, eps, channels_last);
     o.y = round_to(o.y, x.dtype());
     return o;
   }
   const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(b);
   BatchNormOut o;
-  o.y = Tensor::empty(x.shape());  // x's shape and layout
-  o.mean = Tensor::empty({C});     // (C)
-  o.rstd = Tensor::empty({C});     // (C)
-  Tensor var = Tensor::empty({C});  // (C) the variance used (biased, in training)
+  o.y = Tensor::empty(x.shape(), x.dtype());  // x's shape, layout and dtype
+  o.mean = Tensor::empty({C});                // (C)
+  o.rstd = Tensor::empty({C});                // (C)
+  Tensor var = Tensor::empty({C});            // (C) the variance used (biased, in training)
   const float* rm = training ? nullptr : running_mean.data<float>();
   const float* rv = training ? nullptr : running_var.data<float>();
-  const float *xp = xc.data<float>(), *wp = wc.data<float>(), *bp = fptr(bc);
-  float *yp = o.y.data<float>(), *mp = o.mean.data<float>(), *sp = o.rstd.data<float>(), *vp = var.data<float>();
+  const float *wp = wc.data<float>(), *bp = fptr(bc);
+  float *mp = o.mean.data<float>(), *sp = o.rstd.data<float>(), *vp = var.data<float>();
   if (on_cpu() && channels_last) {
-    batch_norm_rows_cpu(N, C, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
+    batch_norm_rows_cpu(N, C, x.dtype(), xc.raw_data(), wp, bp, training, rm, rv, eps, o.y.raw_data(), mp, sp, vp);
   } else if (on_cpu()) {
-    batch_norm2d_cpu(N, C, HW, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
+    batch_norm2d_cpu(N, C, HW, x.dtype(), xc.raw_data(), wp, bp, training, rm, rv, eps, o.y.raw_data(), mp, sp, vp);
   } else {
-    vr::batch_norm2d<float, float>(N, C, HW, 0, C, xp, wp, bp, training, rm, rv, eps, yp, mp, sp, vp);
+    vr::batch_norm2d<float, float>(N, C, HW, 0, C, xc.data<float>(), wp, bp, training, rm, rv, eps,
+                                   o.y.data<float>(), mp, sp, vp);
   }
   if (training && running_mean.defined()) {
     const double M = double(N * HW), unbias = M / (M - 1);
@@ -937,9 +1015,11 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
   check_vec(w, C, op, "w");
   check_vec(mean, C, op, "mean");
   check_vec(rstd, C, op, "rstd");
-  if (is_half(gy) || is_half(x) || is_half(w) || is_half(mean) || is_half(rstd)) {
-    BatchNormGrads r =
-        batch_norm2d_backward(f32_of(gy), f32_of(x), f32_of(w), f32_of(mean), f32_of(rstd), training, channels_last);
+  // As in the forward: 16-bit gy and x are read by the cpu kernels themselves.
+  const bool widen_acts = (is_half(gy) || is_half(x)) && !on_cpu();
+  if (widen_acts || is_half(w) || is_half(mean) || is_half(rstd)) {
+    BatchNormGrads r = batch_norm2d_backward(widen_acts ? f32_of(gy) : gy, widen_acts ? f32_of(x) : x, f32_of(w),
+                                             f32_of(mean), f32_of(rstd), training, channels_last);
     r.gx = round_to(r.gx, x.dtype());
     r.gw = round_to(r.gw, w.dtype());
     r.gb = round_to(r.gb, w.dtype());
@@ -948,18 +1028,20 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
   const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous(), mc = mean.contiguous(),
                rc = rstd.contiguous();
   BatchNormGrads r;
-  r.gx = Tensor::empty(x.shape());  // x's shape and layout
-  r.gw = Tensor::empty({C});        // (C)
-  r.gb = Tensor::empty({C});        // (C)
-  const float *gp = gyc.data<float>(), *xp = xc.data<float>(), *wp = wc.data<float>(), *mp = mc.data<float>(),
-              *sp = rc.data<float>();
-  float *gxp = r.gx.data<float>(), *gwp = r.gw.data<float>(), *gbp = r.gb.data<float>();
+  r.gx = Tensor::empty(x.shape(), x.dtype());  // x's shape, layout and dtype
+  r.gw = Tensor::empty({C});                   // (C)
+  r.gb = Tensor::empty({C});                   // (C)
+  const float *wp = wc.data<float>(), *mp = mc.data<float>(), *sp = rc.data<float>();
+  float *gwp = r.gw.data<float>(), *gbp = r.gb.data<float>();
   if (on_cpu() && channels_last) {
-    batch_norm_rows_backward_cpu(N, C, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
+    batch_norm_rows_backward_cpu(N, C, gy.dtype(), gyc.raw_data(), x.dtype(), xc.raw_data(), wp, mp, sp, training,
+                                 r.gx.raw_data(), gwp, gbp);
   } else if (on_cpu()) {
-    batch_norm2d_backward_cpu(N, C, HW, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
+    batch_norm2d_backward_cpu(N, C, HW, gy.dtype(), gyc.raw_data(), x.dtype(), xc.raw_data(), wp, mp, sp, training,
+                              r.gx.raw_data(), gwp, gbp);
   } else {
-    vr::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gp, xp, wp, mp, sp, training, gxp, gwp, gbp);
+    vr::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gyc.data<float>(), xc.data<float>(), wp, mp, sp,
+                                            training, r.gx.data<float>(), gwp, gbp);
   }
   return r;
 }
@@ -1199,8 +1281,33 @@ Tensor avg_pool2d_backward(const Tensor& gy, const Shape& x_shape, int64_t kerne
 
 // ---------------------------------------------------------------- relu
 
+namespace {
+// ReLU on 16-bit bit patterns, bitwise the widened definition (widening is exact and the result
+// is one of the input's values or +0): for bits h, inf is the dtype's +Inf pattern, h & 0x7fff
+// the magnitude; x > 0 when the sign is clear and the magnitude is nonzero and not NaN.
+inline bool bits_nan(uint16_t h, uint16_t inf) { return (h & 0x7fffu) > inf; }
+inline bool bits_pos(uint16_t h, uint16_t inf) { return !(h & 0x8000u) && h != 0 && h <= inf; }
+uint16_t inf_bits(DType dt) { return dt == DType::BF16 ? 0x7f80u : 0x7c00u; }
+
+// y = relu(x) (NaN passes) on n 16-bit values; gx = y > 0 ? gy : 0 on n 16-bit values.
+void relu16(int64_t n, uint16_t inf, const uint16_t* x, uint16_t* y) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
+  for (int64_t i = 0; i < n; ++i) y[i] = (bits_pos(x[i], inf) || bits_nan(x[i], inf)) ? x[i] : uint16_t(0);
+}
+void relu_backward16(int64_t n, uint16_t inf, const uint16_t* gy, const uint16_t* y, uint16_t* gx) {
+#pragma omp parallel for simd schedule(static) if (n > (1 << 15))
+  for (int64_t i = 0; i < n; ++i) gx[i] = bits_pos(y[i], inf) ? gy[i] : uint16_t(0);
+}
+}  // namespace
+
 Tensor relu(const Tensor& x) {
   check_float(x, "relu", "x");
+  if (is_half(x) && on_cpu()) {
+    const Tensor xc = x.contiguous();
+    Tensor y = Tensor::empty(x.shape(), x.dtype());  // x's shape and dtype
+    relu16(x.numel(), inf_bits(x.dtype()), xc.data<uint16_t>(), y.data<uint16_t>());
+    return y;
+  }
   if (is_half(x)) return round_to(relu(f32_of(x)), x.dtype());
   const Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // x's shape
@@ -1228,6 +1335,12 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y) {
   check_float(y, "relu_backward", "y");
   BRIGADE_CHECK(gy.shape() == y.shape(), ShapeError, "relu_backward: gy {} and y {} must have the same shape",
                 shape_str(gy.shape()), shape_str(y.shape()));
+  if (is_half(gy) && gy.dtype() == y.dtype() && on_cpu()) {
+    const Tensor gc = gy.contiguous(), yc = y.contiguous();
+    Tensor gx = Tensor::empty(y.shape(), gy.dtype());  // y's shape, gy's dtype
+    relu_backward16(y.numel(), inf_bits(y.dtype()), gc.data<uint16_t>(), yc.data<uint16_t>(), gx.data<uint16_t>());
+    return gx;
+  }
   if (is_half(gy) || is_half(y)) return round_to(relu_backward(f32_of(gy), f32_of(y)), gy.dtype());
   const Tensor gc = gy.contiguous(), yc = y.contiguous();
   Tensor gx = Tensor::empty(y.shape());  // y's shape

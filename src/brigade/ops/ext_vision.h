@@ -30,9 +30,12 @@
 // and gb computed in f32 and rounded once; a bias is used in f32. This agrees with the widened
 // definition within one bf16 rounding but is not bitwise it (oneDNN's accumulation order
 // differs from its f32 kernel's). Where oneDNN has no such kernel (conv2d_native_bf16()
-// false), for grouped convolutions, and for f16 and mixed dtypes, conv2d widens. Every other
-// op here widens (that is what a native path would have to equal bitwise anyway); the ref
-// backend always widens.
+// false), for grouped convolutions, and for f16 and mixed dtypes, conv2d widens. On the cpu
+// backend batch_norm2d / batch_norm2d_backward read 16-bit x and gy and write 16-bit y and gx
+// themselves (widening pieces into f32 buffers; f32 weights and statistics beside them), and
+// relu / relu_backward work on the 16-bit bit patterns: both bitwise the widened definition.
+// Every other op here widens (that is what a native path would have to equal bitwise anyway);
+// the ref backend always widens.
 #pragma once
 #include <algorithm>
 #include <cmath>
