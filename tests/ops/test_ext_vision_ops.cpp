@@ -689,3 +689,42 @@ TEST(VisionOps16, O2BatchNormIsMixedAndBitwiseTheCastForm) {
     EXPECT_TRUE(bitwise_equal(gb1, gb2));
   }
 }
+
+// Channels-last max-pool (the ImageNet stem's 3x3 / 2 / 1, and 2x2 / 2 / 0) on the cpu backend is
+// bitwise the NCHW op on the same values: y, the argmax indices, and the gradient (overlapping
+// windows sum in output order), in f32, bf16 and f16 (16-bit read and written natively), with
+// ties and NaNs, at 1, 2 and 3 threads; the ref backend's permuted oracle gives the same.
+TEST(VisionOpsChannelsLast, MaxPoolIsTheNchwOpBitwise) {
+  Tensor x = randn({3, 300, 13, 11}, 801);  // 3*300*13*11 > 2^15; 300 channels: two chunks
+  std::vector<float> v = x.to_vector();
+  for (size_t i = 0; i < v.size(); i += 97) v[i] = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i = 5; i < v.size(); i += 31) v[i] = 0.5f;  // ties
+  x = Tensor::from_vector(v, x.shape());
+  const Tensor gy7 = randn({3, 300, 7, 6}, 802), gy6 = randn({3, 300, 6, 5}, 803);
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (auto [k, s, p] : {std::tuple{int64_t(3), int64_t(2), int64_t(1)}, std::tuple{int64_t(2), int64_t(2), int64_t(0)}}) {
+      SCOPED_TRACE(fmt::format("{} k{} s{} p{}", dtype_name(dt), k, s, p));
+      const Tensor xd = x.to(dt), gy = (k == 3 ? gy7 : gy6).to(dt);
+      ops::MaxPoolOut want;
+      Tensor gwant;
+      {
+        ops::BackendScope cpu(ops::Backend::Cpu);
+        want = ops::max_pool2d(xd, k, s, p);
+        gwant = ops::max_pool2d_backward(gy, want.idx, xd.shape());
+      }
+      for (ops::Backend be : {ops::Backend::Cpu, ops::Backend::Ref})
+        for (int threads : {1, 2, 3}) {
+          OmpThreads t(threads);
+          ops::BackendScope scope(be);
+          const ops::MaxPoolOut o = ops::max_pool2d(nhwc(xd), k, s, p, true);
+          ASSERT_EQ(o.y.dtype(), dt);
+          EXPECT_TRUE(bitwise_equal(o.y, nhwc(want.y))) << threads << " threads";
+          EXPECT_TRUE(bitwise_equal(o.idx, nhwc(want.idx))) << threads << " threads";
+          const Tensor gx = ops::max_pool2d_backward(nhwc(gy), o.idx, nhwc(xd).shape(), true);
+          ASSERT_EQ(gx.dtype(), dt);
+          EXPECT_TRUE(bitwise_equal(gx, nhwc(gwant))) << threads << " threads";
+        }
+    }
+  const ops::MaxPoolOut o = ops::max_pool2d(nhwc(x), 3, 2, 1, true);
+  EXPECT_THROW(ops::max_pool2d_backward(nhwc(gy7), o.idx, {3, 13, 11, 299}, true), ShapeError);  // C differs
+}

@@ -82,8 +82,11 @@ struct SyncBatchNorm2dBackward : rules::NormNode {
 struct MaxPool2dBackward : Node {
   Tensor idx;
   Shape x_shape;
+  bool channels_last = false;
   const char* name() const override { return "MaxPool2dBackward"; }
-  std::vector<Tensor> backward(const Tensor& g) override { return {ops::max_pool2d_backward(g, idx, x_shape)}; }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    return {ops::max_pool2d_backward(g, idx, x_shape, channels_last)};
+  }
   void release() override { idx = Tensor(); }
 };
 
@@ -215,13 +218,14 @@ Tensor sync_batch_norm2d(const Tensor& x0, const Tensor& w0, const Tensor& b0, c
   return record(r.y, n, {x, w, b});
 }
 
-Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding) {
+Tensor max_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padding, bool channels_last) {
   const Tensor x = cast(x0, policy_dtype(amp::Op::Pool, {&x0}));
-  ops::MaxPoolOut r = ops::max_pool2d(x, kernel, stride, padding);
+  ops::MaxPoolOut r = ops::max_pool2d(x, kernel, stride, padding, channels_last);
   auto n = std::make_shared<MaxPool2dBackward>();
   if (needs_grad({x})) {
     n->idx = r.idx;
     n->x_shape = x.shape();
+    n->channels_last = channels_last;
   }
   return record(r.y, n, {x});
 }

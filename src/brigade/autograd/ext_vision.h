@@ -79,7 +79,8 @@ Tensor sync_batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, cons
                          const Tensor& running_var, double momentum, double eps,
                          const std::shared_ptr<const BatchNormSync>& sync);
 
-Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)
+// (N, C, OH, OW); channels_last: x (N, H, W, C) -> (N, OH, OW, C)
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, bool channels_last = false);
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)
 // torch.nn.AdaptiveAvgPool2d(1): the mean over (H, W); (N, C, H, W) -> (N, C, 1, 1).
 Tensor adaptive_avg_pool2d(const Tensor& x);

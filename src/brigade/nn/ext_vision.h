@@ -93,8 +93,9 @@ int64_t set_batch_norm_sync(Module& root, const std::shared_ptr<const fn::BatchN
 class MaxPool2d : public Module {
  public:
   MaxPool2d(int64_t kernel, int64_t stride, int64_t padding = 0) : kernel(kernel), stride(stride), padding(padding) {}
-  Tensor forward(const Tensor& x) const { return fn::max_pool2d(x, kernel, stride, padding); }
+  Tensor forward(const Tensor& x) const { return fn::max_pool2d(x, kernel, stride, padding, channels_last); }
   int64_t kernel, stride, padding;
+  bool channels_last = false;  // inputs are (N, H, W, C)
 };
 
 class AvgPool2d : public Module {

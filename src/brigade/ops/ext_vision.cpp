@@ -1200,8 +1200,90 @@ void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& runni
 
 // ---------------------------------------------------------------- pooling
 
-MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+namespace {
+
+// Channels-last max-pool on the cpu: for each output pixel, the window's rows of C channels
+// (16-bit ones widened kChunk at a time) are compared channel by channel in the oracle's window
+// order, taking a value when it is the first, larger, or the first NaN: the oracle's "first
+// maximum, NaN wins" per channel, so y and idx are bitwise the NCHW result on the same values.
+void max_pool_rows_cpu(const PoolGeom& g, int64_t N, int64_t C, int64_t k, int64_t s, int64_t p, DType dt,
+                       const void* x, void* y, int64_t* idx) {
+  const int64_t outs = N * g.OH * g.OW;
+#pragma omp parallel for schedule(static) if (outs * C > (1 << 15))
+  for (int64_t o = 0; o < outs; ++o) {
+    const int64_t n = o / (g.OH * g.OW), oh = (o / g.OW) % g.OH, ow = o % g.OW;
+    for_chunks(C, [&](int64_t c0, int64_t nc) {
+      alignas(64) float best[kChunk], buf[kChunk], yb[kChunk];
+      alignas(64) int64_t bi[kChunk];
+      for (int64_t c = 0; c < nc; ++c) best[c] = -std::numeric_limits<float>::infinity(), bi[c] = -1;
+      for (int64_t kh = 0; kh < k; ++kh) {
+        const int64_t ih = oh * s - p + kh;
+        if (ih < 0 || ih >= g.H) continue;
+        for (int64_t kw = 0; kw < k; ++kw) {
+          const int64_t iw = ow * s - p + kw;
+          if (iw < 0 || iw >= g.W) continue;
+          const float* v = f32_view(dt, x, ((n * g.H + ih) * g.W + iw) * C + c0, nc, buf);
+          const int64_t at = ih * g.W + iw;
+#pragma omp simd
+          for (int64_t c = 0; c < nc; ++c) {
+            const bool take = bi[c] < 0 || v[c] > best[c] || (v[c] != v[c] && best[c] == best[c]);
+            best[c] = take ? v[c] : best[c];
+            bi[c] = take ? at : bi[c];
+          }
+        }
+      }
+      const int64_t off = o * C + c0;
+      float* yr = f32_out(dt, y, off, yb);
+      for (int64_t c = 0; c < nc; ++c) yr[c] = best[c], idx[off + c] = bi[c];
+      store_out(dt, y, off, nc, yr);
+    });
+  }
+}
+
+// Its backward: each image's gradient plane (H W C, f32) gathers gy in output order (the
+// oracle's order per element), then is rounded once into gx's dtype. Images in parallel.
+void max_pool_rows_backward_cpu(int64_t N, int64_t HW, int64_t OHW, int64_t C, DType dt, const void* gy,
+                                const int64_t* idx, void* gx) {
+#pragma omp parallel if (N * HW * C > (1 << 15))
+  {
+    std::vector<float> acc(dt == DType::F32 ? 0 : static_cast<size_t>(HW * C));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      float* a = dt == DType::F32 ? static_cast<float*>(gx) + n * HW * C : acc.data();
+      std::fill(a, a + HW * C, 0.f);
+      for (int64_t q = 0; q < OHW; ++q)
+        for_chunks(C, [&](int64_t c0, int64_t nc) {
+          alignas(64) float buf[kChunk];
+          const int64_t off = (n * OHW + q) * C + c0;
+          const float* g = f32_view(dt, gy, off, nc, buf);
+          const int64_t* ix = idx + off;
+          for (int64_t c = 0; c < nc; ++c)
+            if (ix[c] >= 0) a[ix[c] * C + c0 + c] += g[c];
+        });
+      store_out(dt, gx, n * HW * C, HW * C, a);
+    }
+  }
+}
+
+}  // namespace
+
+MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, bool channels_last) {
   check_nchw(x, "max_pool2d", "x");
+  if (channels_last) {
+    const int64_t N = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
+    const PoolGeom g = pool_geom({N, C, H, W}, kernel, stride, padding, "max_pool2d");
+    if (!on_cpu()) {  // the NCHW oracle on permuted copies
+      MaxPoolOut o = max_pool2d(nchw_view(x), kernel, stride, padding);
+      return {nhwc_of(o.y), nhwc_of(o.idx)};
+    }
+    const Tensor xc = x.contiguous();
+    MaxPoolOut o;
+    o.y = Tensor::empty({N, g.OH, g.OW, C}, x.dtype());    // (N, OH, OW, C)
+    o.idx = Tensor::empty({N, g.OH, g.OW, C}, DType::I64);  // (N, OH, OW, C)
+    max_pool_rows_cpu(g, N, C, kernel, stride, padding, x.dtype(), xc.raw_data(), o.y.raw_data(),
+                      o.idx.data<int64_t>());
+    return o;
+  }
   const PoolGeom g = pool_geom(x.shape(), kernel, stride, padding, "max_pool2d");
   if (is_half(x)) {
     MaxPoolOut o = max_pool2d(f32_of(x), kernel, stride, padding);
@@ -1223,22 +1305,36 @@ MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t p
   return o;
 }
 
-Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_shape) {
+Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_shape, bool channels_last) {
   check_nchw(gy, "max_pool2d_backward", "gy");
   BRIGADE_CHECK(idx.defined() && idx.dtype() == DType::I64 && idx.shape() == gy.shape(), ShapeError,
                 "max_pool2d_backward: idx must be i64 of gy's shape {} (max_pool2d's idx), got {}",
                 shape_str(gy.shape()), idx.defined() ? idx.str() : "undefined");
-  BRIGADE_CHECK(x_shape.size() == 4 && x_shape[0] == gy.size(0) && x_shape[1] == gy.size(1), ShapeError,
+  const int64_t cdim = channels_last ? 3 : 1;
+  BRIGADE_CHECK(x_shape.size() == 4 && x_shape[0] == gy.size(0) && x_shape[cdim] == gy.size(cdim), ShapeError,
                 "max_pool2d_backward: x shape {} does not match gy {}", shape_str(x_shape), shape_str(gy.shape()));
-  if (is_half(gy)) return round_to(max_pool2d_backward(f32_of(gy), idx, x_shape), gy.dtype());
-  const Tensor gyc = gy.contiguous(), ic = idx.contiguous();
-  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
-  const int64_t P = x_shape[0] * x_shape[1], HW = x_shape[2] * x_shape[3], OHW = gy.size(2) * gy.size(3);
-  const float* gp = gyc.data<float>();
+  const int64_t HW = channels_last ? x_shape[1] * x_shape[2] : x_shape[2] * x_shape[3];
+  const Tensor ic = idx.contiguous();
   const int64_t* ip = ic.data<int64_t>();
-  for (int64_t i = 0; i < P * OHW; ++i)
+  for (int64_t i = 0; i < idx.numel(); ++i)
     BRIGADE_CHECK(ip[i] >= -1 && ip[i] < HW, ValueError, "max_pool2d_backward: index {} outside a plane of {}",
                   ip[i], HW);
+  if (channels_last) {
+    if (!on_cpu()) {
+      const Shape xs{x_shape[0], x_shape[3], x_shape[1], x_shape[2]};
+      return nhwc_of(max_pool2d_backward(nchw_view(gy), nchw_view(idx), xs));
+    }
+    const Tensor gyc = gy.contiguous();
+    Tensor gx = Tensor::empty(x_shape, gy.dtype());  // (N, H, W, C)
+    max_pool_rows_backward_cpu(x_shape[0], HW, gy.size(1) * gy.size(2), x_shape[3], gy.dtype(), gyc.raw_data(), ip,
+                               gx.raw_data());
+    return gx;
+  }
+  if (is_half(gy)) return round_to(max_pool2d_backward(f32_of(gy), idx, x_shape), gy.dtype());
+  const Tensor gyc = gy.contiguous();
+  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
+  const int64_t P = x_shape[0] * x_shape[1], OHW = gy.size(2) * gy.size(3);
+  const float* gp = gyc.data<float>();
   float* gxp = gx.data<float>();
   for_each_plane(P, HW, [&](int64_t p) {
     vr::max_pool2d_backward_plane<float>(HW, OHW, gp + p * OHW, ip + p * OHW, gxp + p * HW);

@@ -138,11 +138,14 @@ void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& runni
 
 // ---------------- pooling (ceil_mode false, dilation 1; padding <= kernel / 2 as torch)
 // max_pool2d: y (N, C, OH, OW), idx (N, C, OH, OW) i64 = h * W + w of the first maximum
-// in the window (padding counts as -inf); NaN wins, as in torch.
+// in the window (padding counts as -inf); NaN wins, as in torch. channels_last: x (N, H, W, C),
+// y and idx (N, OH, OW, C), idx still h * W + w (bitwise the NCHW op on the same values; the cpu
+// kernel reads and writes 16-bit x and y itself).
 struct MaxPoolOut { Tensor y, idx; };
-MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);
-// gx (x_shape) = gy routed to the argmax of each window (summed where windows overlap).
-Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_shape);
+MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, bool channels_last = false);
+// gx (x_shape) = gy routed to the argmax of each window (summed where windows overlap, in output
+// order). channels_last: gy, idx (N, OH, OW, C), x_shape (N, H, W, C).
+Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_shape, bool channels_last = false);
 // avg_pool2d with count_include_pad=True (torch's default): each window's sum divided by
 // its extent clipped to the padded input.
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);

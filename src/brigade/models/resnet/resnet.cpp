@@ -84,7 +84,10 @@ ResNet::ResNet(const ResNetConfig& c) : cfg_(c) {
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(c.width, c.bn_eps, c.bn_momentum));
   bns_.emplace_back("bn1.", bn1);
   convs_.push_back(conv1);
-  if (!c.small_input) maxpool = register_module("maxpool", std::make_shared<nn::MaxPool2d>(3, 2, 1));
+  if (!c.small_input) {
+    maxpool = register_module("maxpool", std::make_shared<nn::MaxPool2d>(3, 2, 1));
+    maxpool->channels_last = c.channels_last;
+  }
   const int64_t expansion = c.bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
   int64_t in = c.width;
   for (int64_t s = 0; s < 4; ++s) {
@@ -144,11 +147,10 @@ Tensor ResNet::forward(const Tensor& images) const {
   BRIGADE_CHECK(images.defined() && images.dim() == 4 && images.size(1) == cfg_.in_channels, ShapeError,
                 "ResNet: images must be (N, {}, H, W), got {}", cfg_.in_channels,
                 images.defined() ? shape_str(images.shape()) : "undefined");
-  // channels-last: the images, the max-pool and the average pool go through NCHW <-> NHWC views
+  // channels-last: the images and the average pool go through NCHW <-> NHWC views
   const bool cl = cfg_.channels_last;
   Tensor x = F::relu(bn1->forward(conv1->forward(cl ? nn::to_channels_last(images) : images)));  // (N, width, H', W')
-  if (maxpool)  // (N, width, H' / 2, W' / 2)
-    x = cl ? nn::to_channels_last(maxpool->forward(nn::to_channels_first(x))) : maxpool->forward(x);
+  if (maxpool) x = maxpool->forward(x);  // (N, width, H' / 2, W' / 2)
   for (const auto& stage : stages)
     for (const auto& block : *stage) x = block->forward(x);    // (N, 8 width expansion, h, w) at the end
   x = avgpool->forward(cl ? nn::to_channels_first(x) : x);     // (N, F, 1, 1)
