@@ -32,7 +32,7 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/core/allocator.h"
 #include "brigade/models/resnet/resnet.h"
-#include "brigade/ops/ext_vision.h"
+#include "brigade/ops/ops.h"
 #include "brigade/optim/optimizer.h"
 #include "brigade/parallel/sync_batch_norm.h"
 #include "support/parity.h"

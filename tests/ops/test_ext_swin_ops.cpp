@@ -13,7 +13,7 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/ext_swin.h"
 #include "brigade/core/error.h"
-#include "brigade/ops/ext_swin.h"
+#include "brigade/ops/ops.h"
 
 using namespace brigade;
 

@@ -45,7 +45,6 @@
 #include "brigade/autograd/functions.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
-#include "brigade/ops/ext_vision.h"
 #include "brigade/ops/ops.h"
 
 using namespace brigade;

@@ -494,7 +494,7 @@ std::vector<OpCase> all_cases() {
                                in(tb ? Shape{3, 5, 4} : Shape{3, 4, 5}).T(), ta, tb));
     }
   // long K (K >= 16 max(M, N)), both row-major: the cpu backend computes the transposed product
-  // and transposes it back (matmul.cpp); its gradients are long-K too in the other layouts
+  // and transposes it back (cpu/gemm.cpp); its gradients are long-K too in the other layouts
   cs.push_back(matmul_case(in({3, 70}), in({70, 4}), false, false));
   cs.push_back(matmul_case(in({2, 3, 4}).Sliced(), in({4, 6}).Expand(0), false, false));
   cs.push_back(matmul_case(in({2, 3, 4}).Swap(0, 1), in({1, 4, 6}), false, false));
@@ -945,7 +945,7 @@ TEST(Ops, CpuKernelsAreDeterministic) {
 //   elementwise.cpp  kParallelMin = 1 << 15   (n, N * C, V * C)
 //   norm.cpp         kParallelMin = 1 << 14   (N * C, N * V)
 //   attention.cpp    BH * T * T * HS > 1 << 16 (row / head loops), BH * T * HS > 1 << 15 (k, v transposes)
-//   matmul.cpp       gather n > 1 << 15; linear_backward's bias grad is column_sum (elementwise.cpp)
+//   cpu/gemm.cpp     gather n > 1 << 15; linear_backward's bias grad is column_sum (elementwise.cpp)
 //   core/tensor.cpp  copy_kernel n > 1 << 16  (StridedCopyParallelBranch below)
 // Each case runs forward and backward on Ref once and on Cpu with 1, 2 and 3 OpenMP
 // threads; every Cpu run must match Ref within the op's harness tolerance. Outputs of
@@ -1102,7 +1102,7 @@ std::vector<BigCase> all_big_cases() {
   }
   // linear: the bias grad is column_sum (elementwise.cpp) with N * OUT = 300 * 130 > 1 << 15;
   // y, gx, gw come from oneDNN (no thread-count claim). x has stride 2 in its last dim, which
-  // oneDNN does not take, so matmul.cpp gathers it (N * IN = 36000 > 1 << 15).
+  // oneDNN does not take, so cpu/gemm.cpp gathers it (N * IN = 36000 > 1 << 15).
   for (auto layout : {ops::WeightLayout::OutIn, ops::WeightLayout::InOut}) {
     const bool oi = layout == ops::WeightLayout::OutIn;
     const int64_t N = 300, IN = 120, OUT = 130;
@@ -1435,7 +1435,7 @@ int64_t mismatches(const std::vector<T>& got, const std::vector<T>& want, const 
 TEST(Ops16, CastFromF32IsBitwiseTheScalarConversion) {
   const std::vector<float> v = conversion_values();
   const int64_t n = int64_t(v.size());
-  ASSERT_GT(n, 1 << 16);  // above the OpenMP threshold of cpu/convert.cpp
+  ASSERT_GT(n, 1 << 16);  // above the OpenMP threshold of cpu/cast.cpp
   ASSERT_NE(n % 16, 0);
   const Tensor x = f32_tensor_bits(v, {n});
   // Strided views of the same values: a transpose (inner stride != 1) and every other column

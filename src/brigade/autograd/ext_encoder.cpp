@@ -9,7 +9,7 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/rules.h"
 #include "brigade/core/error.h"
-#include "brigade/ops/ext_encoder.h"
+#include "brigade/ops/ops.h"
 
 namespace brigade::fn {
 

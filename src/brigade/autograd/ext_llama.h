@@ -12,7 +12,7 @@
 //   repeat_kv casts nothing (a copy, the input's dtype).
 #pragma once
 #include "brigade/autograd/functions.h"
-#include "brigade/ops/ext_llama.h"
+#include "brigade/ops/ops.h"
 
 namespace brigade::fn {
 

@@ -12,7 +12,7 @@
 #include "brigade/autograd/functions.h"
 #include "brigade/autograd/rules.h"
 #include "brigade/core/error.h"
-#include "brigade/ops/ext_vision.h"
+#include "brigade/ops/ops.h"
 
 namespace brigade::fn {
 

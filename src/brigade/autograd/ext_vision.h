@@ -19,7 +19,7 @@
 #include <memory>
 
 #include "brigade/core/tensor.h"
-#include "brigade/ops/ext_vision.h"
+#include "brigade/ops/ops.h"
 
 namespace brigade::fn {
 

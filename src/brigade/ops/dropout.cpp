@@ -1,29 +1,18 @@
-// Dropout front-end (see ops.h): draws the inverted-dropout mask serially from the
+// Dropout front-end (ops/dropout.h): draws the inverted-dropout mask serially from the
 // Generator in element order, then applies it with the active backend's kernel.
 // In its own file so that binaries which never call dropout do not need rng.cpp.
 #include <algorithm>
 
-#include "brigade/core/error.h"
-#include "brigade/ops/cpu/kernels.h"
-#include "brigade/ops/ops.h"
-#include "brigade/ops/ref/kernels.h"
+#include "brigade/ops/dropout.h"
+#include "brigade/ops/detail.h"
 
 namespace brigade::ops {
 
+using namespace detail;
+
 namespace {
-void check_float(const Tensor& t, const char* op, const char* name) {
-  BRIGADE_CHECK(t.defined(), ValueError, "{}: argument '{}' is an undefined tensor", op, name);
-  BRIGADE_CHECK(is_floating(t.dtype()), ShapeError,
-                "{}: '{}' is {} but must be a floating tensor (f32, bf16 or f16); convert it with ops::cast", op,
-                name, t.str());
-}
-Tensor f32_of(const Tensor& t) { return t.dtype() == DType::F32 ? t : cast(t, DType::F32); }
-bool is_half(DType dt) { return dt == DType::BF16 || dt == DType::F16; }
-// The native 16-bit cpu kernels (see ops.cpp) apply.
-bool native16() { return current_backend() == Backend::Cpu && cpu::native16_enabled(); }
-cpu::Strided strided(const Tensor& t) {
-  return {t.dtype(), t.raw_data(), int(t.dim()), t.shape().data(), t.strides().data()};
-}
+// The native 16-bit cpu kernels apply (see ops.h).
+bool native16_on() { return on_cpu() && cpu::native16_enabled(); }
 void apply(int64_t n, const float* x, const float* m, float* y) {
   if (current_backend() == Backend::Cpu)
     cpu::dropout_apply(n, x, m, y);
@@ -39,7 +28,7 @@ void apply(int64_t n, const float* x, const float* m, float* y) {
 DropoutOut dropout(const Tensor& x, double p, Generator& gen) {
   check_float(x, "dropout", "x");
   BRIGADE_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: p must be in [0, 1], got {}", p);
-  if (is_half(x.dtype()) && native16()) {
+  if (is_half(x) && native16_on()) {
     const DType dt = x.dtype();
     auto bits = [dt](float f) { return dt == DType::BF16 ? float_to_bf16(f) : float_to_f16(f); };
     DropoutOut o;
@@ -87,7 +76,7 @@ Tensor dropout_backward(const Tensor& gy, const Tensor& mask) {
   BRIGADE_CHECK(gy.shape() == mask.shape(), ShapeError,
                 "dropout_backward: gy has shape {} but mask has shape {}; they must match", shape_str(gy.shape()),
                 shape_str(mask.shape()));
-  if (is_half(mask.dtype()) && native16()) {  // gy: any floating dtype; gx in the mask's
+  if (is_half(mask) && native16_on()) {  // gy: any floating dtype; gx in the mask's
     Tensor gx = Tensor::empty(gy.shape(), mask.dtype());  // same as gy
     cpu::binary16(ref::BinaryOp::Mul, strided(gy), strided(mask), mask.dtype(), gx.raw_data());
     return gx;

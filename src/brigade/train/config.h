@@ -34,7 +34,7 @@ struct ModelConfig {
   int64_t n_kv_head = 0;             // key/value heads (grouped-query attention); 0 = n_head
   int64_t intermediate_size = 0;     // SwiGLU width; 0 = 8 n_embd / 3 rounded up to a multiple of 64
   double rope_theta = 10000.0;       // rotary embedding base
-  // Scaled rotary frequencies (ops/ext_llama.h): "none" | "linear" (inv_freq / factor) | "llama3"
+  // Scaled rotary frequencies (ops/position.h): "none" | "linear" (inv_freq / factor) | "llama3"
   // (Llama 3.1's wavelength-dependent blend). The numbers default to 0 = unset: the chosen
   // scaling must set each one it reads, and "none" none of them.
   std::string rope_scaling = "none";

@@ -3,7 +3,7 @@
 // rotary position embeddings on q and k, grouped-query attention (n_kv_head kv heads shared
 // by n_head / n_kv_head query heads each), a SwiGLU MLP, no biases, and an LM head that is
 // its own lm_head or (tie_word_embeddings, as Llama 3.2 1B/3B) tied to embed_tokens. RoPE may
-// scale its frequencies (rope_scaling: linear, or Llama 3.1's llama3; ops/ext_llama.h).
+// scale its frequencies (rope_scaling: linear, or Llama 3.1's llama3; ops/position.h).
 //
 //   model.embed_tokens.weight                         (V, C)
 //   model.layers.{i}.self_attn.q_proj.weight          (NH * HS, C)     torch Linear (out, in)
@@ -34,7 +34,7 @@
 #include "brigade/models/causal_lm.h"
 #include "brigade/nn/layers.h"
 #include "brigade/nn/tp_plan.h"
-#include "brigade/ops/ext_llama.h"
+#include "brigade/ops/ops.h"
 
 namespace brigade::models {
 

@@ -5,7 +5,7 @@
 
 #include "brigade/autograd/ext_swin.h"
 #include "brigade/core/error.h"
-#include "brigade/ops/ext_swin.h"
+#include "brigade/ops/ops.h"
 
 namespace brigade::models {
 

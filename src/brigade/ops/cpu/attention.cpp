@@ -273,3 +273,108 @@ void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout
 }
 
 }  // namespace brigade::ops::cpu
+
+namespace brigade::ops::cpu {
+
+// One (head, query) row per iteration: scores over the unmasked keys (d in order), their
+// max and sum of exponentials, then out = sum_j p_j v_j accumulated over j in order.
+void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* q, const float* k,
+                            const float* v, const uint8_t* keep, double scale, float* out, float* lse) {
+  const int64_t rows = B * NH * T;
+  const float sc = float(scale);
+#pragma omp parallel if (rows * T * HS > (1 << 15))
+  {
+    std::vector<float> s(static_cast<size_t>(T));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t bh = r / T;
+      const uint8_t* kp = keep + (bh / NH) * T;
+      const float* qi = q + r * HS;
+      const float* kb = k + bh * T * HS;
+      const float* vb = v + bh * T * HS;
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < T; ++j) {
+        if (!kp[j]) continue;
+        float acc = 0.f;
+        for (int64_t d = 0; d < HS; ++d) acc += qi[d] * kb[j * HS + d];
+        s[size_t(j)] = acc * sc;
+        m = std::max(m, s[size_t(j)]);
+      }
+      float sum = 0.f;
+      for (int64_t j = 0; j < T; ++j)
+        if (kp[j]) {
+          s[size_t(j)] = std::exp(s[size_t(j)] - m);
+          sum += s[size_t(j)];
+        }
+      lse[r] = m + std::log(sum);
+      float* o = out + r * HS;
+      std::fill(o, o + HS, 0.f);
+      for (int64_t j = 0; j < T; ++j) {
+        if (!kp[j]) continue;
+        const float pj = s[size_t(j)] / sum;
+        const float* vj = vb + j * HS;
+#pragma omp simd
+        for (int64_t d = 0; d < HS; ++d) o[d] += pj * vj[d];
+      }
+    }
+  }
+}
+
+// One head per iteration (gk, gv sum over the head's queries, in query order).
+void attention_key_mask_backward(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* gout,
+                                     const float* q, const float* k, const float* v, const float* out,
+                                     const float* lse, const uint8_t* keep, double scale, float* gq, float* gk,
+                                     float* gv) {
+  const float sc = float(scale);
+#pragma omp parallel for schedule(static) if (B * NH * T * T * HS > (1 << 15))
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const uint8_t* kp = keep + (bh / NH) * T;
+    const int64_t o = bh * T * HS;
+    std::fill(gq + o, gq + o + T * HS, 0.f);
+    std::fill(gk + o, gk + o + T * HS, 0.f);
+    std::fill(gv + o, gv + o + T * HS, 0.f);
+    for (int64_t i = 0; i < T; ++i) {
+      const float* gi = gout + o + i * HS;
+      const float* qi = q + o + i * HS;
+      float D = 0.f;
+      for (int64_t d = 0; d < HS; ++d) D += gi[d] * out[o + i * HS + d];
+      const float l = lse[bh * T + i];
+      float* gqi = gq + o + i * HS;
+      for (int64_t j = 0; j < T; ++j) {
+        if (!kp[j]) continue;
+        const float* kj = k + o + j * HS;
+        const float* vj = v + o + j * HS;
+        float sij = 0.f, gp = 0.f;
+        for (int64_t d = 0; d < HS; ++d) {
+          sij += qi[d] * kj[d];
+          gp += gi[d] * vj[d];
+        }
+        const float p = std::exp(sij * sc - l);
+        const float gs = p * (gp - D) * sc;
+        float* gvj = gv + o + j * HS;
+        float* gkj = gk + o + j * HS;
+#pragma omp simd
+        for (int64_t d = 0; d < HS; ++d) {
+          gvj[d] += p * gi[d];
+          gqi[d] += gs * kj[d];
+          gkj[d] += gs * qi[d];
+        }
+      }
+    }
+  }
+}
+
+void repeat_kv_backward(int64_t B, int64_t NKV, int64_t n_rep, int64_t THS, const float* gy, float* gx) {
+#pragma omp parallel for schedule(static) if (B * NKV * n_rep * THS >= (int64_t(1) << 14))
+  for (int64_t bk = 0; bk < B * NKV; ++bk) {
+    float* dst = gx + bk * THS;
+    for (int64_t e = 0; e < THS; ++e) dst[e] = 0.f;
+    for (int64_t r = 0; r < n_rep; ++r) {
+      const float* src = gy + (bk * n_rep + r) * THS;
+#pragma omp simd
+      for (int64_t e = 0; e < THS; ++e) dst[e] += src[e];
+    }
+  }
+}
+
+}  // namespace brigade::ops::cpu

@@ -1,9 +1,11 @@
-// Loads and stores of the native 16-bit cpu kernels (implemented in cpu/convert.cpp with
+// Loads and stores of the native 16-bit cpu kernels (implemented in cpu/cast.cpp with
 // the same vectorised conversions as cast, so bitwise the scalar definitions of
 // core/dtype.h): 16-bit (or f32) values are widened exactly into small f32 buffers, the
 // f32 arithmetic runs there, and results are rounded once on the way out. All serial:
 // the kernels call them inside their own parallel loops. Internal to ops/cpu.
 #pragma once
+#include <algorithm>
+#include <vector>
 #include <cstdint>
 
 #include "brigade/ops/cpu/kernels.h"
@@ -41,6 +43,40 @@ inline int64_t row_offset(int64_t r, int nd, const int64_t* shape, const int64_t
     r /= shape[d];
   }
   return off;
+}
+
+
+// ---- f32 views of rows in any floating dtype, for kernels that widen pieces of 16-bit rows
+
+// 16-bit (or f32) values seen as f32: f32 is read in place, bf16 and f16 are widened exactly
+// into a buffer (cpu::load_f32, the conversions of ops::cast), so the arithmetic below is the
+// f32 kernel's on the same values and a 16-bit input gives bitwise the widened result.
+inline const float* f32_view(DType dt, const void* p, int64_t off, int64_t n, float* buf) {
+  if (dt == DType::F32) return static_cast<const float*>(p) + off;
+  cpu::load_f32(dt, n, static_cast<const char*>(p) + size_t(off) * dtype_size(dt), buf);
+  return buf;
+}
+// Where a result of n values at element offset off goes: in place for f32, else a buffer that
+// store_out then rounds once into dt.
+inline float* f32_out(DType dt, void* p, int64_t off, float* buf) {
+  return dt == DType::F32 ? static_cast<float*>(p) + off : buf;
+}
+inline void store_out(DType dt, void* p, int64_t off, int64_t n, const float* buf) {
+  if (dt != DType::F32) cpu::store_f32(dt, n, buf, static_cast<char*>(p) + size_t(off) * dtype_size(dt));
+}
+// A per-thread scratch row of n floats, for 16-bit rows only (f32 rows are read in place).
+inline std::vector<float> scratch_row(DType dt, int64_t n) {
+  return std::vector<float>(dt == DType::F32 ? 0 : static_cast<size_t>(n));
+}
+
+// 16-bit rows are widened kWidenChunk channels at a time (a stack buffer; each channel's arithmetic
+// is independent of the chunking).
+constexpr int64_t kWidenChunk = 256;
+
+// f(c0, n, ...) on the channel chunks [c0, c0 + n) of row r (C channels per row).
+template <class F>
+inline void for_chunks(int64_t C, F&& f) {
+  for (int64_t c0 = 0; c0 < C; c0 += kWidenChunk) f(c0, std::min(kWidenChunk, C - c0));
 }
 
 }  // namespace brigade::ops::cpu

@@ -1,7 +1,7 @@
 // Optimised f32 CPU kernels, with the same raw-pointer signatures as the oracle in
 // ops/ref/kernels.h (see there for the maths and conventions of each). Matmul and
-// linear go through oneDNN (cpu/matmul.cpp, the only file that includes dnnl.hpp),
-// also with bf16 operands; dtype conversions (cpu/convert.cpp) are AVX-512 intrinsics;
+// linear go through oneDNN (cpu/gemm.cpp; convolutions in cpu/conv.cpp),
+// also with bf16 operands; dtype conversions (cpu/cast.cpp) are AVX-512 intrinsics;
 // the rest is OpenMP + auto-vectorised loops. Not a front-end: no shape checks here.
 // The other floating ops have native 16-bit variants (the *16 kernels below): they widen
 // pieces of their inputs into per-thread f32 buffers and run the f32 arithmetic there.
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "brigade/core/dtype.h"
+#include "brigade/ops/position.h"
 #include "brigade/ops/ref/kernels.h"
 
 namespace brigade::ops::cpu {
@@ -29,7 +30,7 @@ void reduce_sum(int nd, const int64_t* shape, const float* in, const int64_t* si
                 int64_t out_numel);
 double sum_squares(int nd, const int64_t* shape, const float* in, const int64_t* si);
 
-// cpu/matmul.cpp (oneDNN, cached primitives)
+// cpu/gemm.cpp (oneDNN, cached primitives)
 void matmul(int nbd, const int64_t* bshape, const float* a, const int64_t* a_bst, int64_t sam, int64_t sak,
             const float* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, float* c, int64_t M, int64_t N,
             int64_t K);
@@ -97,7 +98,7 @@ void dropout_apply(int64_t n, const float* x, const float* mask, float* y);
 void embedding16(int64_t N, int64_t C, const uint16_t* w, int64_t swv, int64_t swc, const int64_t* ids, uint16_t* y);
 
 // ---------------- native 16-bit kernels
-// For ops whose floating inputs are one 16-bit dtype (the front-end, ops.cpp, decides; a few
+// For ops whose floating inputs are one 16-bit dtype (the front-end, ops/<family>.cpp, decides; a few
 // ops also take f32 side inputs, see there), these kernels read the 16-bit values, widen them
 // exactly into small per-thread f32 buffers (pieces of at most a few thousand elements, one
 // row, or one attention head: never a widened copy of a whole tensor), run exactly the
@@ -174,8 +175,79 @@ void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout
                           const Strided& k, const Strided& v, const Strided& out, const float* lse, bool causal,
                           double scale, DType ot, void* gq, void* gk, void* gv);
 
-// cpu/convert.cpp: out (contiguous, dtype `to`) = in (dtype `from`, strided), bitwise equal to
+// cpu/cast.cpp: out (contiguous, dtype `to`) = in (dtype `from`, strided), bitwise equal to
 // ref::cast (the scalar conversions of core/dtype.h); vectorised, OpenMP for large tensors.
 void cast(DType from, DType to, int nd, const int64_t* shape, const void* in, const int64_t* si, void* out);
+
+
+// ---------------- the other families' kernels (f32 unless a dtype is passed)
+
+// cpu/elementwise.cpp: exact GELU (libmvec's vector erff / expf where glibc has them), SiLU,
+// and ReLU on 16-bit bit patterns (inf: the dtype's +Inf bits, inf_bits(dt); bitwise the
+// widened definition, as the result is one of the input's values or +0).
+void gelu_erf(int64_t n, const float* x, float* y);
+void gelu_erf_backward(int64_t n, const float* gy, const float* x, float* gx);
+void silu(int64_t n, const float* x, float* y);
+void silu_backward(int64_t n, const float* gy, const float* x, float* gx);
+uint16_t inf_bits(DType dt);
+void relu16(int64_t n, uint16_t inf, const uint16_t* x, uint16_t* y);
+void relu_backward16(int64_t n, uint16_t inf, const uint16_t* gy, const uint16_t* y, uint16_t* gx);
+
+// cpu/norm.cpp: RMSNorm over contiguous rows; batch norm over NCHW planes (N, C, HW) or
+// channels-last rows (M = N H W, C), x / y / gy / gx in their own dtypes (widened in pieces),
+// w, b, statistics and running stats f32 (see ops::batch_norm2d for the maths).
+void rms_norm(int64_t N, int64_t C, const float* x, const float* w, double eps, float* y, float* rstd);
+void rms_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, const float* w, const float* rstd,
+                       float* gx, float* gw);
+void batch_norm_planes(int64_t N, int64_t C, int64_t HW, DType dt, const void* x, const float* w, const float* b,
+                       bool training, const float* rmean, const float* rvar, double eps, void* y, float* mean,
+                       float* rstd, float* var_out);
+void batch_norm_planes_backward(int64_t N, int64_t C, int64_t HW, DType dg, const void* gy, DType dx, const void* x,
+                                const float* w, const float* mean, const float* rstd, bool training, void* gx,
+                                float* gw, float* gb);
+void batch_norm_rows(int64_t M, int64_t C, DType dt, const void* x, const float* w, const float* b, bool training,
+                     const float* rmean, const float* rvar, double eps, void* y, float* mean, float* rstd,
+                     float* var_out);
+void batch_norm_rows_backward(int64_t M, int64_t C, DType dg, const void* gy, DType dx, const void* x,
+                              const float* w, const float* mean, const float* rstd, bool training, void* gx,
+                              float* gw, float* gb);
+
+// cpu/attention.cpp: attention with a key padding mask (keep: (B, T) bytes) on contiguous
+// (B*NH, T, HS) heads; repeat_kv's backward (the sum over each group of n_rep heads).
+void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* q, const float* k, const float* v,
+                        const uint8_t* keep, double scale, float* out, float* lse);
+void attention_key_mask_backward(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* gout, const float* q,
+                                 const float* k, const float* v, const float* out, const float* lse,
+                                 const uint8_t* keep, double scale, float* gq, float* gk, float* gv);
+void repeat_kv_backward(int64_t B, int64_t NKV, int64_t n_rep, int64_t THS, const float* gy, float* gx);
+
+// cpu/conv.cpp: oneDNN convolutions (x, w, y, gy, gx of element type t: F32 or BF16; b, gw, gb
+// f32, any may be null; channels_last: NHWC x, y), primitives cached per geometry; the direct
+// depthwise kernels (groups == C == O, NCHW f32); the channels-last max-pool (rows of C
+// channels in dtype dt); patch copies. last_conv2d_impl: "<oneDNN implementation> <f32|bf16>"
+// of the latest forward, for tests.
+void conv2d(const ref::ConvGeom& g, const void* x, const void* w, const float* b, void* y, DType t = DType::F32,
+            bool channels_last = false);
+void conv2d_backward(const ref::ConvGeom& g, const void* gy, const void* x, const void* w, void* gx, float* gw,
+                     float* gb, DType t = DType::F32, bool channels_last = false);
+bool conv2d_bf16_available();  // a non-reference bf16 convolution on this CPU (probed once)
+std::string last_conv2d_impl();
+void set_last_conv2d_impl(const char* impl);
+void depthwise_conv2d(const ref::ConvGeom& g, const float* x, const float* w, const float* b, float* y);
+void depthwise_conv2d_backward_data(const ref::ConvGeom& g, const float* gy, const float* w, float* gx);
+void depthwise_conv2d_backward_weights(const ref::ConvGeom& g, const float* gy, const float* x, float* gw, float* gb);
+void max_pool_rows(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t N, int64_t C, int64_t k, int64_t s,
+                   int64_t p, DType dt, const void* x, void* y, int64_t* idx);
+void max_pool_rows_backward(int64_t N, int64_t HW, int64_t OHW, int64_t C, DType dt, const void* gy,
+                            const int64_t* idx, void* gx);
+void patchify(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, const float* x, float* y);
+void patchify_backward(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, const float* g, float* gx);
+
+// cpu/position.cpp: RoPE on BH contiguous (T, HS) heads (sign +1 forward, -1 backward);
+// roll2d on contiguous (B, H, W, C) of esize-byte elements (row copies).
+void rope(int64_t BH, int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0, double sign, const float* x,
+          float* y);
+void roll2d(int64_t B, int64_t H, int64_t W, int64_t C, int64_t sh, int64_t sw, size_t esize, const char* x,
+            char* out);
 
 }  // namespace brigade::ops::cpu

@@ -37,4 +37,27 @@ class Workspace {
   T* p_ = nullptr;
 };
 
+// The same in bytes, where a size of 0 is no buffer (get() null): oneDNN scratchpads and
+// reordered weights, which are often empty.
+class WorkspaceBuffer {
+ public:
+  explicit WorkspaceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_) p_ = Allocator::instance().allocate(bytes_, MemTag::Workspace);
+  }
+  ~WorkspaceBuffer() {
+    if (p_) Allocator::instance().deallocate(p_, bytes_, MemTag::Workspace);
+  }
+  WorkspaceBuffer(const WorkspaceBuffer&) = delete;
+  WorkspaceBuffer& operator=(const WorkspaceBuffer&) = delete;
+  void* get() const { return p_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  size_t bytes_;
+  void* p_ = nullptr;
+};
+
 }  // namespace brigade::ops::cpu
