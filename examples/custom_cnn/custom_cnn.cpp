@@ -18,7 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "brigade/autograd/ext_vision.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/core/rng.h"

@@ -9,7 +9,6 @@
 #include "brigade/amp/loss_scaler.h"
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_llama.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/allocator.h"
 #include "brigade/core/error.h"

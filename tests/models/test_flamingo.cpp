@@ -22,7 +22,7 @@
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_flamingo.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/models/flamingo/flamingo.h"

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_swin.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
 

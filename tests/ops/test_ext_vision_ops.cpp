@@ -41,7 +41,6 @@
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_vision.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"

@@ -1,7 +1,7 @@
 """Plain-PyTorch reference ViT (ViTForImageClassification) and BERT (BertForMaskedLM) with
 Hugging Face's parameter names and layouts, written from the papers and HF's modelling code's
 structure without importing `transformers`: the oracle for Brigade's models/vit and models/bert
-(fixtures from make_encoder_fixtures.py; parity tests tests/models/test_ext_{vit,bert}.cpp).
+(fixtures from make_encoder_fixtures.py; parity tests tests/models/test_{vit,bert}.cpp).
 
 ViT: pre-LN encoder, exact GELU, LayerNorm eps from the config (1e-12), Conv2d patch projection,
 classifier on the final-LayerNorm CLS token. BERT: post-LN encoder, exact GELU, position ids

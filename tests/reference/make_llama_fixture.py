@@ -1,5 +1,5 @@
 """Writes tests/fixtures/llama_tiny.safetensors, the LLaMA parity fixture for
-tests/models/test_ext_llama.cpp (run from anywhere):
+tests/models/test_llama.cpp (run from anywhere):
 
     /usr/bin/python3 tests/reference/make_llama_fixture.py [--out DIR]
 

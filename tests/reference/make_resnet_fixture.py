@@ -1,4 +1,4 @@
-"""Writes tests/fixtures/resnet_tiny.safetensors for tests/models/test_ext_resnet.cpp:
+"""Writes tests/fixtures/resnet_tiny.safetensors for tests/models/test_resnet.cpp:
 
     /usr/bin/python3 tests/reference/make_resnet_fixture.py [--out DIR]
 

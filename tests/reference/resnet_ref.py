@@ -1,5 +1,5 @@
 """Plain-PyTorch ResNet with torchvision's module tree, names and layout (no torchvision
-import): the reference for tests/models/test_ext_resnet.cpp and Brigade's models/resnet.
+import): the reference for tests/models/test_resnet.cpp and Brigade's models/resnet.
 
     ResNet(layers=[2, 2, 2, 2], bottleneck=False, num_classes=10, in_channels=1, width=64,
            small_input=True)

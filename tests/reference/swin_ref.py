@@ -1,7 +1,7 @@
 """Plain-PyTorch reference Swin Transformer (SwinForImageClassification) with Hugging Face's
 parameter names and layouts, written from the paper and the structure of HF's modelling code
 without importing `transformers`: the oracle for Brigade's models/swin (fixture from
-make_swin_fixture.py; parity test tests/models/test_ext_swin.cpp).
+make_swin_fixture.py; parity test tests/models/test_swin.cpp).
 
 Stages i = 0..S-1 at resolution r_i = image/patch/2^i, dim embed_dim*2^i, num_heads[i] heads;
 blocks alternate shift 0 / window_size//2, except where r_i <= window_size (then the window is

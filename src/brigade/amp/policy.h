@@ -1,6 +1,6 @@
 // Precision policies (AMP levels O0..O3) as data: one table gives, per op kind and
 // level, the dtype the op computes in. The differentiable functions (autograd/
-// functions.cpp) read the active policy and cast their floating inputs before
+// rules/) read the active policy and cast their floating inputs before
 // running the raw op; the casts are recorded, so gradients flow back in each
 // input's own dtype (fp32 parameters get fp32 gradients). Model code never sees
 // any of this. What each level means and when to use it: docs/mixed-precision.md.

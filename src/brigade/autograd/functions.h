@@ -1,10 +1,13 @@
-// Differentiable functions: each runs a raw op from ops/ops.h and, when grad
-// mode is on and an input needs a gradient, records a Node whose backward is
-// the derivative rule. ALL derivative rules live in functions.cpp, written with
-// ops:: calls so they run on every backend. Model code calls these (via
-// `namespace F = brigade::fn`), never ops:: directly.
+// Differentiable functions: each runs a raw op (ops/ops.h) and, when grad mode is on and an
+// input needs a gradient, records a Node whose backward is the derivative rule, written with
+// ops:: calls so it runs on every backend. The rules live by op family in
+// autograd/rules/<family>.cpp, the same stems as ops/ (plus shape and checkpoint, which have no
+// raw op of their own). Model code calls these (via `namespace F = brigade::fn`), never ops::
+// directly.
 #pragma once
+#include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "brigade/core/rng.h"
 #include "brigade/core/tensor.h"
@@ -19,17 +22,45 @@ using ops::WeightLayout;
 // first with recorded casts; outside any scope (O0) it runs in its inputs' dtype, with
 // inputs of different floating dtypes promoted to f32. Gradients come back in each
 // input's own dtype.
+// Op kinds in the policy table (amp/policy.h): the norms (layer_norm, rms_norm) are LayerNorm,
+// batch_norm2d and sync_batch_norm2d BatchNorm (f32 at O1; mixed at O2: the 16-bit input taken
+// uncast, the output in its dtype, computed in f32 by the kernel; low at O3), conv2d Conv (a
+// GEMM: low from O1, like linear), the pools Pool, the activations (gelu, gelu_erf, silu) Gelu,
+// relu / sigmoid / tanh / rope and the adds Elementwise, spatial_mean and adaptive_avg_pool2d
+// Reduction, the attentions Attention, the cross-entropies CrossEntropy (f32 from O1). Functions
+// that only move values (reshape, patchify, roll2d, repeat_kv, concat, prepend_token, ...) run in
+// their inputs' dtype.
 
 // x converted to dtype dt (x itself when it already is); differentiable: the backward
 // converts the gradient back. A cast of a parameter is allocated as MemTag::Params.
 Tensor cast(const Tensor& x, DType dt);
 
-// ---- elementwise (broadcasting) and scalar
+// ---- elementwise (broadcasting) and scalar, activations
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor mul_scalar(const Tensor& a, double s);
 Tensor add_scalar(const Tensor& a, double s);
+Tensor gelu(const Tensor& x);
+// Exact GELU: 0.5 x (1 + erf(x / sqrt 2)) (torch's default gelu; fn::gelu is the tanh form).
+Tensor gelu_erf(const Tensor& x);
+// x * sigmoid(x).
+Tensor silu(const Tensor& x);
+Tensor relu(const Tensor& x);
+// torch.sigmoid; the backward reads the output (saved detached): g y (1 - y).
+Tensor sigmoid(const Tensor& x);
+// torch.reciprocal, 1 / x; the backward reads the output (saved detached): -g y^2.
+Tensor reciprocal(const Tensor& x);
+// Elementwise exp(x) in x's dtype (no autocast cast: CLIP applies it to the f32 logit_scale).
+// Backward: g * exp(x) (the output, saved detached).
+Tensor exp(const Tensor& x);
+
+// OpenAI CLIP's / HF's quick_gelu: x * sigmoid(1.702 x), composed as silu(1.702 x) / 1.702
+// (fn::silu; mathematically identical, a few ulp apart).
+Tensor quick_gelu(const Tensor& x);
+// torch.tanh, elementwise (amp::Op::Elementwise, like sigmoid). Flamingo's gates tanh(alpha).
+// Backward: g (1 - y^2), from the output (saved detached).
+Tensor tanh(const Tensor& x);
 
 // ---- shape (views in the forward, copies in the backward)
 Tensor reshape(const Tensor& a, const Shape& shape);
@@ -41,26 +72,160 @@ Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
 // any node inside the block (they all depend on it): ZeRO-3 gathers the block's
 // parameters there.
 Tensor backward_hook(const Tensor& x, std::function<void()> on_backward);
+// [token; x]: token (C) (or any shape of C elements, e.g. ViT's cls_token (1, 1, C)) placed in
+// front of every row of x (N, T, C) -> (N, 1 + T, C). Backward: token gets the sum over N of the
+// gradient at position 0, x the rest. The token is cast (recorded) to x's dtype.
+Tensor prepend_token(const Tensor& token, const Tensor& x);
+// torch.cat([a, b], dim): a and b agree in every dim but `dim` (negative counts from the end);
+// the result is a fresh contiguous tensor. Moves values: runs in the inputs' dtype (inputs of
+// two floating dtypes are promoted to f32 with recorded casts). Backward: each input gets its
+// slice of the gradient (an input that wants no gradient gets none computed).
+Tensor concat(const Tensor& a, const Tensor& b, int64_t dim);
+// x (B, H, W, C), H and W multiples of ws -> (B*nW, N, C), windows row-major per image
+// (Hugging Face's window_partition followed by view(-1, ws*ws, C)).
+Tensor window_partition(const Tensor& x, int64_t ws);
+// The inverse: windows (B*nW, N, C) (or (B*nW, ws, ws, C)) -> (B, H, W, C).
+Tensor window_reverse(const Tensor& windows, int64_t ws, int64_t H, int64_t W);
+
+// Patch merging's gather: x (B, H, W, C), H and W even -> (B, (H/2)(W/2), 4C), the channels
+// [x0 | x1 | x2 | x3] with x0 = x[:, 0::2, 0::2], x1 = x[:, 1::2, 0::2], x2 = x[:, 0::2, 1::2],
+// x3 = x[:, 1::2, 1::2] (HF's SwinPatchMerging order).
+Tensor patch_merge(const Tensor& x);
 
 // ---- reductions
 Tensor sum_all(const Tensor& a);
 Tensor mean_all(const Tensor& a);
+Tensor softmax(const Tensor& x);
+// x (N, C, H, W) -> the mean over (H, W): (N, C), or (N, C, 1, 1) with keepdim.
+Tensor spatial_mean(const Tensor& x, bool keepdim = false);
 
-// ---- layers
+// ---- gemm
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout);
+
+// ---- embedding
 Tensor embedding(const Tensor& weight, const Tensor& ids);
+
+// ---- norm
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
-Tensor gelu(const Tensor& x);
-Tensor softmax(const Tensor& x);
-Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+// x (..., C), w (C) -> x / sqrt(mean(x^2) + eps) * w (HF LlamaRMSNorm).
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+// x / ||x||_2 along the last dim (torch: x / x.norm(p=2, dim=-1, keepdim=True)), composed as
+// rms_norm(x, ones, eps 0) / sqrt(C) (rms_norm's rstd is 1 / sqrt(sum x^2 / C)). A zero row
+// gives inf/nan, as torch does.
+Tensor l2_normalize(const Tensor& x);
+// x (N, C, H, W) -> (N, C, H, W). Training: batch statistics, and running_mean /
+// running_var (f32 (C), may be undefined) updated in place with `momentum` (torch's rule);
+// the backward differentiates through the batch statistics. Eval: the running statistics
+// (required), an affine map. The running statistics are state, never differentiated, and
+// are left alone while autograd::recomputing() (a checkpointed block re-run in the
+// backward): they move once per real forward. conv2d is a GEMM for selective recompute:
+// its output is kept (CheckpointKeep::GemmOutputs).
+// channels_last: x is (N, H, W, C) (ops::batch_norm2d's channels-last form).
+Tensor batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
+                    const Tensor& running_var, bool training, double momentum, double eps,
+                    bool channels_last = false);
+
+// Synchronised batch norm (torch.nn.SyncBatchNorm): the batch statistics of a training
+// batch_norm2d taken over every rank of a group (data parallelism: each rank holds some rows
+// of one global batch), not over this rank's rows. autograd knows no process groups: the
+// reducer is an interface a plan implements (parallel/sync_batch_norm.h wraps a
+// dist::ProcessGroup); a group of one is the identity.
+class BatchNormSync {
+ public:
+  virtual ~BatchNormSync() = default;
+  // Sums `data` (n doubles) over the group's ranks, in place. Every rank calls it the same
+  // number of times in the same order with the same n (once in each forward, once in each
+  // backward of every synchronised batch norm; a recompute's forward calls it again, on every
+  // rank alike).
+  virtual void allreduce_sum(double* data, int64_t n) const = 0;
+};
+
+// Training batch norm with statistics over the group:
+//   forward: per channel, this rank's count, sum x and sum x^2 (double) are summed over the
+//     group (one allreduce of 2C + 1 doubles); mean = S1 / M and the biased variance
+//     S2 / M - mean^2 over the global count M normalise x, y = (x - mean) rstd w + b;
+//     running_mean / running_var (f32 (C), may be undefined) move with the global mean and
+//     the unbiased global variance var M / (M - 1), as torch's SyncBatchNorm (not while
+//     autograd::recomputing()).
+//   backward: this rank's sum gy and sum gy xhat (double) are summed over the group (one
+//     allreduce of 2C doubles) and gx = w rstd (gy - SG / M - xhat SGX / M): the gradient of
+//     the SUM over ranks of every rank's loss with respect to this rank's rows, i.e. of one
+//     batch norm over the global batch whose upstream gradient is every rank's gy.
+//   Gradient convention for w and b: each rank gets its LOCAL part (sum gy xhat, sum gy
+//     over its own rows); the full gradient is their sum over ranks. Data parallelism's
+//     gradient reduction completes them with every other parameter: summed over ranks they
+//     are the global-batch gradient; averaged (DDP's mean, with the per-rank losses being
+//     means over equal local batches) they are the gradient of the global mean loss, exactly
+//     like the conv weights upstream, whose gradients also come from this gx. (torch's
+//     SyncBatchNorm does the same: local weight/bias gradients, DDP averages.)
+// Precision: amp::Op::BatchNorm, like batch_norm2d; the sums are double whatever the dtype.
+Tensor sync_batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
+                         const Tensor& running_var, double momentum, double eps,
+                         const std::shared_ptr<const BatchNormSync>& sync);
+
+// ---- attention
 // Multi-head scaled dot-product attention on q, k, v (B, NH, T, HS).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
 // GPT-style fused input: qkv (B, T, 3C) laid out [q | k | v], heads split inside;
 // returns (B, T, C). One node: no per-head copies kept for the backward.
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
+// Bidirectional multi-head attention on q, k, v (B, NH, T, HS) where key j of batch row b takes
+// part only when key_mask[b, j] == 1 (BERT's attention_mask, (B, T) of 0 / 1 in any dtype;
+// never differentiated). Scale 1/sqrt(HS). An undefined key_mask is plain non-causal attention.
+Tensor attention_key_mask(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask);
+// x (B, NKV, T, HS) -> (B, NKV * n_rep, T, HS) (HF repeat_kv); the backward sums the
+// gradients of each group of n_rep heads.
+Tensor repeat_kv(const Tensor& x, int64_t n_rep);
+// Grouped-query attention (Ainslie et al. 2023): q (B, NH, T, HS), k and v (B, NKV, T, HS)
+// with NKV dividing NH; query head j attends with kv head j / (NH / NKV). Scale 1/sqrt(HS).
+// = fn::attention(q, repeat_kv(k), repeat_kv(v), causal): (B, NH, T, HS). NKV == NH is
+// plain multi-head attention (no copy).
+Tensor grouped_query_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// Window attention: softmax(q k^T * scale + bias [+ mask]) v on q, k, v (B*nW, NH, N, HS),
+// bias (NH, N, N) broadcast over windows, mask (nW, N, N) (never differentiated; undefined for
+// no shift) added per window, broadcast over the batch and the heads (windows are batch-major:
+// row r is window r % nW of image r / nW). Returns (B*nW, NH, N, HS).
+Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& mask,
+                        double scale);
+
+// ---- loss
 // Mean cross-entropy of logits (N, V) against targets (N), ignoring ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// torch's F.cross_entropy(logits (N, V), targets (N), ignore_index, label_smoothing=eps),
+// the mean over the rows not ignored.
+Tensor cross_entropy_smoothed(const Tensor& logits, const Tensor& targets, double eps, int64_t ignore_index = -100);
+
+// ---- dropout
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen);
+
+// ---- conv
+// x (N, C, H, W), w (O, C, KH, KW), bias (O) or undefined -> (N, O, OH, OW). With
+// p.channels_last, x (N, H, W, C) -> (N, OH, OW, O) (ops::Conv2dParams).
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding);
+// Grouped / depthwise, padding per side (ops::Conv2dParams): w (O, C / groups, KH, KW).
+// conv2d(x, w, b, stride, padding) is this with Conv2dParams::symmetric(stride, padding).
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const ops::Conv2dParams& p);
+// (N, C, OH, OW); channels_last: x (N, H, W, C) -> (N, OH, OW, C)
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, bool channels_last = false);
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding);  // (N, C, OH, OW)
+// torch.nn.AdaptiveAvgPool2d(1): the mean over (H, W); (N, C, H, W) -> (N, C, 1, 1).
+Tensor adaptive_avg_pool2d(const Tensor& x);
+// Image patches: x (N, C, H, W) -> (N, (H/p) * (W/p), C*p*p), see ops::patchify.
+Tensor patchify(const Tensor& x, int64_t p);
+
+// ---- position
+// x (B, NH, T, HS) with the rotary embedding of positions pos0 .. pos0 + T - 1 (HF LLaMA
+// convention and the frequency scalings, see ops/position.h); the backward is the inverse
+// rotation. The theta overload is the unscaled RoPE, rope(x, ops::RopeSpec{theta}).
+Tensor rope(const Tensor& x, const ops::RopeSpec& spec, int64_t pos0 = 0);
+Tensor rope(const Tensor& x, double theta, int64_t pos0 = 0);
+// torch.roll(x, (sh, sw), dims=(1, 2)) on x (B, H, W, C); moves values, runs in x's dtype.
+Tensor roll2d(const Tensor& x, int64_t shift_h, int64_t shift_w);
+// The relative position bias (NH, N, N): table ((2ws-1)^2, NH) gathered by index (N*N) i64
+// (ops::relative_position_index(ws)), i.e. table[index].view(N, N, NH).permute(2, 0, 1).
+// The table's gradient is the scatter-add of the embedding backward.
+Tensor relative_position_bias(const Tensor& table, const Tensor& index);
 
 // ---- activation recompute (checkpointing)
 
@@ -99,8 +264,8 @@ using CheckpointFn = std::function<Tensor(const std::vector<Tensor>&)>;
 // autograd::recomputing() is true while the backward re-runs fn.
 Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options = {});
 
-// For GEMM-shaped differentiable functions defined outside functions.cpp (conv2d in
-// ext_vision.cpp): the op's output, compute() unless the innermost checkpointed region keeps
+// For GEMM-shaped differentiable functions defined outside rules/gemm.cpp (conv2d in
+// rules/conv.cpp): the op's output, compute() unless the innermost checkpointed region keeps
 // GEMM outputs (CheckpointKeep::GemmOutputs), in which case its forward stores the result and
 // its recompute hands the stored tensor back instead of calling compute(). linear() and
 // matmul() go through the same function.

@@ -1,17 +1,31 @@
-// Pieces shared by the sources of the derivative rules (functions.cpp and the ext_*.cpp beside
-// it): the wants-a-gradient test, the precision policy's dtype for an op, the one-saved-tensor
-// node of the activations, and the node and autocast step common to every attention. Internal
-// to brigade_autograd: model code calls the fn:: functions of functions.h and ext_*.h instead.
+// Pieces shared by the derivative rules (rules/<family>.cpp): the wants-a-gradient test, the
+// precision policy's dtype for an op, the one-saved-tensor node of the activations, and the node
+// and autocast step common to every attention. Internal to brigade_autograd: model code calls
+// the fn:: functions of functions.h instead.
 #pragma once
 #include <initializer_list>
+#include <string>
 #include <memory>
 #include <vector>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/functions.h"
+#include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
 
 namespace brigade::fn::rules {
+
+// A tensor's shape for an error message ("an undefined tensor" when it is undefined).
+inline std::string shape_of(const Tensor& t) { return t.defined() ? shape_str(t.shape()) : "an undefined tensor"; }
+
+// A parameter that does not train, stored in another floating dtype than the op computes in
+// (LoRA's frozen base: stored in bf16 and computed in f32 at O0, or stored in f32 and computed in
+// 16 bits at O1/O2). It outlives the graph anyway, so a GEMM's node saves it as stored and casts it
+// again in its backward instead of holding the working copy from the forward to the backward.
+inline bool frozen_cast(const Tensor& p, DType dt) {
+  return p.defined() && is_floating(p.dtype()) && p.dtype() != dt && !p.requires_grad() && p.tag() == MemTag::Params;
+}
 
 // Whether input i of n's op wants a gradient (its edge was recorded).
 inline bool wants(const autograd::Node& n, size_t i) { return i < n.next.size() && n.next[i] != nullptr; }
@@ -90,3 +104,14 @@ Tensor record_attention(std::shared_ptr<N> n, const AttentionArgs& a, const ops:
 }
 
 }  // namespace brigade::fn::rules
+
+// The rules' sources (rules/<family>.cpp) use these unqualified.
+namespace brigade::fn {
+using autograd::needs_grad;
+using autograd::Node;
+using autograd::record;
+using rules::frozen_cast;
+using rules::policy_dtype;
+using rules::shape_of;
+using rules::wants;
+}  // namespace brigade::fn

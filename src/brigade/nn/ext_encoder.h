@@ -15,7 +15,7 @@
 //                         and "output"), so models can reproduce HF's nesting.
 // Parameters are zero at construction (the model owns initialisation), as in nn/layers.h.
 #pragma once
-#include "brigade/autograd/ext_encoder.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/nn/layers.h"
 
 namespace brigade::nn {

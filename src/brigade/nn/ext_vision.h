@@ -11,7 +11,6 @@
 #include <memory>
 #include <string>
 
-#include "brigade/autograd/ext_vision.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/nn/module.h"
 

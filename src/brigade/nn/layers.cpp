@@ -1,4 +1,4 @@
-// Layer forwards; derivative rules are in autograd/functions.cpp.
+// Layer forwards; derivative rules are in autograd/rules/.
 #include "brigade/nn/layers.h"
 
 #include "brigade/core/error.h"

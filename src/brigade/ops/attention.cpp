@@ -87,22 +87,6 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
   return g;
 }
 
-
-namespace {
-
-void check_qkv_shapes(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
-  check_float(q, op, "q");
-  check_float(k, op, "k");
-  check_float(v, op, "v");
-  BRIGADE_CHECK(q.dim() == 4, ShapeError, "{}: q must be (B, NH, T, HS), got {}", op, shape_str(q.shape()));
-  BRIGADE_CHECK(k.shape() == q.shape(), ShapeError, "{}: 'k' has shape {} but 'q' has shape {}; they must match", op,
-                shape_str(k.shape()), shape_str(q.shape()));
-  BRIGADE_CHECK(v.shape() == q.shape(), ShapeError, "{}: 'v' has shape {} but 'q' has shape {}; they must match", op,
-                shape_str(v.shape()), shape_str(q.shape()));
-}
-
-}  // namespace
-
 // ------------------------------------------------------------------ attention with a key mask
 
 std::vector<uint8_t> key_mask_bytes(const Tensor& key_mask, int64_t B, int64_t T, const char* op) {
@@ -139,7 +123,7 @@ std::vector<uint8_t> key_mask_bytes(const Tensor& key_mask, int64_t B, int64_t T
 AttentionOut attention_key_mask(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask,
                                 double scale) {
   const char* op = "attention_key_mask";
-  check_qkv_shapes(q, k, v, op);
+  check_qkv(q, k, v, op);
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   const std::vector<uint8_t> keep = key_mask_bytes(key_mask, B, T, op);
   if (is_half(q) || is_half(k) || is_half(v)) {
@@ -164,7 +148,7 @@ AttentionGrads attention_key_mask_backward(const Tensor& gout, const Tensor& q, 
                                            const Tensor& out, const Tensor& lse, const Tensor& key_mask,
                                            double scale) {
   const char* op = "attention_key_mask_backward";
-  check_qkv_shapes(q, k, v, op);
+  check_qkv(q, k, v, op);
   check_float(gout, op, "gout");
   check_float(out, op, "out");
   check_float(lse, op, "lse");

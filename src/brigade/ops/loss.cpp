@@ -104,22 +104,8 @@ namespace {
 
 std::vector<int64_t> smoothed_targets(const Tensor& logits, const Tensor& targets, double eps, int64_t ignore_index,
                                       const char* op) {
-  check_float(logits, op, "logits");
-  BRIGADE_CHECK(targets.defined() && (targets.dtype() == DType::I32 || targets.dtype() == DType::I64), ShapeError,
-                "{}: 'targets' holds class indices and must be i32 or i64, got {}", op,
-                targets.defined() ? targets.str() : "undefined");
-  BRIGADE_CHECK(logits.dim() == 2, ShapeError, "{}: logits must be (N, V), got {}", op, shape_str(logits.shape()));
-  BRIGADE_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), ShapeError,
-                "{}: targets must be (N) = ({}) to match logits {}, got {}", op, logits.size(0),
-                shape_str(logits.shape()), shape_str(targets.shape()));
   BRIGADE_CHECK(eps >= 0 && eps <= 1, ValueError, "{}: label smoothing {} must be in [0, 1]", op, eps);
-  const int64_t V = logits.size(1);
-  std::vector<int64_t> t = targets.to_vector_i64();
-  for (size_t i = 0; i < t.size(); ++i)
-    BRIGADE_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), ValueError,
-                  "{}: target {} at row {} is outside [0, V) with V = {} and is not ignore_index ({})", op, t[i], i,
-                  V, ignore_index);
-  return t;
+  return checked_targets(logits, targets, ignore_index, op);
 }
 
 }  // namespace

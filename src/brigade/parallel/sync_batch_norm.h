@@ -2,13 +2,13 @@
 // from outside: a fn::BatchNormSync reducer over a dist::ProcessGroup (the data-parallel
 // group), installed on every nn::BatchNorm2d of a model with nn::set_batch_norm_sync. The
 // maths (global statistics, gradients, the weight/bias gradient convention) is
-// fn::sync_batch_norm2d's (autograd/ext_vision.h); this file only moves the sums.
+// fn::sync_batch_norm2d's (autograd/functions.h); this file only moves the sums.
 // Not here: the choice to use it (a recipe option of the training loop).
 #pragma once
 #include <cstdint>
 #include <memory>
 
-#include "brigade/autograd/ext_vision.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/nn/module.h"
 #include "brigade/parallel/comm_queue.h"

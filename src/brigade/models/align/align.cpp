@@ -6,8 +6,7 @@
 #include <cmath>
 
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_clip.h"
-#include "brigade/autograd/ext_llama.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 
 #include <nlohmann/json.hpp>

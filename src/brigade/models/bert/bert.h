@@ -12,7 +12,7 @@
 // probabilities whenever a row has an unmasked key). Dropout (hidden_dropout, where HF applies
 // hidden_dropout_prob) draws from the model's generator; attention-probability dropout is not
 // implemented (parity runs use 0).
-// Parity: tests/reference/encoder_ref.py and tests/models/test_ext_bert.cpp.
+// Parity: tests/reference/encoder_ref.py and tests/models/test_bert.cpp.
 #pragma once
 #include "brigade/core/rng.h"
 #include "brigade/nn/ext_encoder.h"

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_clip.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 
 namespace brigade::models {

@@ -23,7 +23,7 @@
 //
 // No dropout (HF's CLIP default attention_dropout is 0 and it has no hidden dropout).
 // Parity: tests/reference/clip_ref.py (plain PyTorch, same names) and
-// tests/models/test_ext_clip.cpp.
+// tests/models/test_clip.cpp.
 #pragma once
 #include <cmath>
 #include <string>

@@ -9,9 +9,7 @@
 #include <utility>
 
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_encoder.h"
-#include "brigade/autograd/ext_flamingo.h"
-#include "brigade/autograd/ext_vision.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 
 namespace brigade::models {

@@ -1,7 +1,7 @@
 // LLaMA model code; see llama.h.
 #include "brigade/models/llama/llama.h"
 
-#include "brigade/autograd/ext_llama.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 
 namespace brigade::models {

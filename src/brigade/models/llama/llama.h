@@ -24,7 +24,7 @@
 // Model: logits = lm_head(norm(layers(embed_tokens(ids)))); no dropout (LLaMA trains without).
 // Tied: logits = norm(...) @ embed_tokens.weight^T through Embedding::attend / lm_loss (as GPT-2's
 // wte): one parameter, so one gradient (the lookup's and the head's summed), one optimizer state.
-// Every op goes through fn:: (autograd/ext_llama.h for the new ones), so autocast policies
+// Every op goes through fn:: (autograd/functions.h), so autocast policies
 // apply as for GPT. Not parallel-aware, no activation recompute plan, no KV cache: those are
 // plans applied from outside, as for GPT.
 #pragma once

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "brigade/autograd/ext_swin.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
 

@@ -22,7 +22,7 @@
 // over tokens, classifier. LayerNorm eps 1e-5 (HF's default). No dropout / drop path (HF's
 // defaults are 0). Unlike HF, no padding: a window size that does not divide a stage's
 // resolution is a ConfigError.
-// Parity: tests/reference/swin_ref.py (plain PyTorch, same names), tests/models/test_ext_swin.cpp.
+// Parity: tests/reference/swin_ref.py (plain PyTorch, same names), tests/models/test_swin.cpp.
 #pragma once
 #include <vector>
 

@@ -12,7 +12,7 @@
 // after each of the two residual branches' projections) draws from the model's generator;
 // attention-probability dropout is not implemented (HF's default is 0).
 // Parity: tests/reference/encoder_ref.py (plain PyTorch, same names) and
-// tests/models/test_ext_vit.cpp.
+// tests/models/test_vit.cpp.
 #pragma once
 #include "brigade/core/rng.h"
 #include "brigade/nn/ext_encoder.h"

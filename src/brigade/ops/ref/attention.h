@@ -1,12 +1,6 @@
 // Scalar oracle of attention (ops/attention.h): causal / full, key-padding masked, and the
 // head expansion of grouped-query attention.
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {

@@ -1,11 +1,5 @@
 // Scalar oracle of dtype conversion (ops/cast.h).
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 #include "brigade/core/dtype.h"
 

@@ -8,7 +8,12 @@
 // rounding). Gradient convention: every *_backward kernel writes (=) its outputs; nothing
 // accumulates into caller memory except axpy (documented as +=).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
 
 #include "brigade/core/dtype.h"
 

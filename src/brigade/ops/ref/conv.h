@@ -1,11 +1,5 @@
 // Scalar oracle of the convolution-family ops (ops/conv.h): conv2d, pooling and patchify.
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {

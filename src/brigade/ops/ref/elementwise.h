@@ -1,12 +1,6 @@
 // Scalar oracle of the elementwise ops (ops/elementwise.h): broadcasting binary / unary ops,
 // in-place axpy / scale, and the activations with their backwards.
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {

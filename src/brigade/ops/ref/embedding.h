@@ -1,11 +1,5 @@
 // Scalar oracle of the embedding lookup (ops/embedding.h).
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {

@@ -1,12 +1,6 @@
 // Scalar oracle of the losses (ops/loss.h): fused log-softmax + cross-entropy, plain and with
 // label smoothing.
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {

@@ -1,11 +1,5 @@
 // Scalar oracle of the normalisations (ops/norm.h): layer norm, RMSNorm and batch norm.
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {

@@ -1,11 +1,5 @@
 // Scalar oracle of the position ops (ops/position.h): rotary embedding and the 2-D roll.
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 #include "brigade/ops/position.h"
 

@@ -1,12 +1,6 @@
 // Scalar oracle of the reductions (ops/reduce.h): strided sums, sum of squares, softmax over
 // rows and the spatial mean of planes.
 #pragma once
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <limits>
-#include <vector>
-
 #include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {

@@ -6,7 +6,6 @@
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_clip.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/data/ext_captions.h"

@@ -19,7 +19,7 @@
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
-#include "brigade/autograd/ext_llama.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/models/llama/llama.h"
