@@ -1,4 +1,4 @@
-// Captions for CLIP on Fashion-MNIST (issue 8): text made from the class names by templates,
+// Captions for CLIP on Fashion-MNIST: text made from the class names by templates,
 // a tiny deterministic word-level tokenizer over exactly that vocabulary, fixed-length id
 // tensors with lengths, seeded (image, caption) pairs and the zero-shot prompts.
 //

@@ -1,4 +1,4 @@
-// Layers shared by the bidirectional encoders (models/vit, models/bert; issue 8):
+// Layers shared by the bidirectional encoders (models/vit, models/bert):
 //   EncoderSelfAttention  Hugging Face's ViTSelfAttention / BertSelfAttention: separate
 //                         query, key, value torch.nn.Linear layers (weights (D, D)), heads
 //                         split, non-causal attention with an optional key padding mask,
