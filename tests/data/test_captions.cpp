@@ -1,4 +1,4 @@
-// Captions for CLIP (data/ext_captions.h): the vocabulary and ids of known captions exactly,
+// Captions for CLIP (data/image/captions.h): the vocabulary and ids of known captions exactly,
 // padding and lengths, determinism of the seeded template choice, every class name present,
 // the zero-shot prompts, and errors.
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 #include <set>
 
 #include "brigade/core/error.h"
-#include "brigade/data/ext_captions.h"
-#include "brigade/data/ext_fashion_mnist.h"
+#include "brigade/data/image/captions.h"
+#include "brigade/data/image/fashion_mnist.h"
 
 using namespace brigade;
 using namespace brigade::data;

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "brigade/core/error.h"
-#include "brigade/data/corpus.h"
+#include "brigade/data/text/corpus.h"
 #include "test_util.h"
 
 namespace brigade::data {

@@ -1,4 +1,4 @@
-// Fashion-MNIST reader (src/brigade/data/ext_fashion_mnist.h): tiny synthetic gzip'd IDX
+// Fashion-MNIST reader (src/brigade/data/image/fashion_mnist.h): tiny synthetic gzip'd IDX
 // files written here (exact values and normalisation, bad magic, truncation, trailing bytes,
 // mismatched counts, labels out of range), augmentation (crop offsets and flips against a
 // hand computation, determinism from the seed), the shuffled sampler (a permutation per
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "brigade/core/error.h"
-#include "brigade/data/ext_fashion_mnist.h"
+#include "brigade/data/image/fashion_mnist.h"
 
 using namespace brigade;
 namespace fs = std::filesystem;

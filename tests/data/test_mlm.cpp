@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "brigade/core/error.h"
-#include "brigade/data/ext_mlm.h"
+#include "brigade/data/text/mlm.h"
 
 using namespace brigade;
 

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "brigade/core/error.h"
-#include "brigade/data/prepare.h"
-#include "brigade/data/token_file.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/prepare.h"
+#include "brigade/data/text/token_file.h"
+#include "brigade/data/text/tokenizer.h"
 #include "test_util.h"
 
 namespace brigade::data {

@@ -1,4 +1,4 @@
-// SentencePieceHf (data/tokenizer.h): a LLaMA-style SentencePiece model (BPE, byte_fallback)
+// SentencePieceHf (data/text/tokenizer.h): a LLaMA-style SentencePiece model (BPE, byte_fallback)
 // trained by python3-sentencepiece (tests/reference/sentencepiece_oracle.py), whose encode() and
 // decode() are the expected values; BOS is prepended as transformers' LlamaTokenizer does.
 #include <gtest/gtest.h>
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "brigade/core/error.h"
-#include "brigade/data/corpus.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/corpus.h"
+#include "brigade/data/text/tokenizer.h"
 #include "support/test_support.h"
 #include "test_util.h"
 

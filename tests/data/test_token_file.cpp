@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "brigade/core/error.h"
-#include "brigade/data/token_file.h"
+#include "brigade/data/text/token_file.h"
 #include "test_util.h"
 
 namespace brigade::data {

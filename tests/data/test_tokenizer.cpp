@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "brigade/core/error.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/tokenizer.h"
 #include "test_util.h"
 
 namespace brigade::data {

@@ -39,7 +39,7 @@ def bundle(parts):
     return out
 
 
-# ---- token_file: data/token_file.h (28-byte header: magic, version, dtype, vocab, count) ----
+# ---- token_file: data/text/token_file.h (28-byte header: magic, version, dtype, vocab, count) ----
 def token_file(tokens, vocab, dtype=None, version=1, magic=b"BRGTOKEN", count=None):
     dtype = dtype if dtype is not None else (2 if vocab <= 65536 else 4)
     count = len(tokens) if count is None else count
@@ -66,7 +66,7 @@ def seeds_token_file():
     put("token_file", "bad_empty.bin", b"")
 
 
-# ---- fashion_idx: big-endian IDX, gzip'd (data/ext_fashion_mnist.h) ----
+# ---- fashion_idx: big-endian IDX, gzip'd (data/image/fashion_mnist.h) ----
 def idx(dims, payload, ndim=None, typ=0x08):
     ndim = len(dims) if ndim is None else ndim
     return bytes([0, 0, typ, ndim]) + b"".join(struct.pack(">I", d) for d in dims) + payload
@@ -290,7 +290,7 @@ def seeds_hf_index():
     put(t, "bad_empty.json", b"")
 
 
-# ---- tokenizer: tokenizer.json / vocab.json + merges.txt (data/bpe.h), as Hugging Face writes them ----
+# ---- tokenizer: tokenizer.json / vocab.json + merges.txt (data/text/bpe.h), as Hugging Face writes them ----
 def byte_map():
     # GPT-2's bytes_to_unicode()
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
@@ -426,7 +426,7 @@ def seeds_sentencepiece(t):
 
 
 def seeds_sft_jsonl():
-    # data/sft.h: one sample per line, {"text"}, {"prompt", "completion"} or {"messages"}
+    # data/text/sft.h: one sample per line, {"text"}, {"prompt", "completion"} or {"messages"}
     t = "sft_jsonl"
     J = lambda *rows: "\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n"
     put(t, "seed_text.jsonl", J({"text": "hello world"}, {"text": "In the beginning <|endoftext|> caf\u00e9"}))

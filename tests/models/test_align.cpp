@@ -18,7 +18,7 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
-#include "brigade/data/ext_captions.h"
+#include "brigade/data/image/captions.h"
 #include "brigade/models/align/align.h"
 #include "brigade/ops/ops.h"
 

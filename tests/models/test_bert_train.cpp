@@ -24,8 +24,8 @@
 
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
-#include "brigade/data/prepare.h"
-#include "brigade/data/token_file.h"
+#include "brigade/data/text/prepare.h"
+#include "brigade/data/text/token_file.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
 #include "brigade/train/registry.h"

@@ -18,7 +18,7 @@
 
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
-#include "brigade/data/ext_captions.h"
+#include "brigade/data/image/captions.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/model_configs.h"
 #include "brigade/train/trainer.h"

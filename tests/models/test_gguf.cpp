@@ -23,7 +23,7 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/tokenizer.h"
 #include "brigade/models/hf/gguf.h"
 #include "brigade/models/hf/hf_dir.h"
 #include "brigade/nn/lora.h"

@@ -7,7 +7,7 @@ embedding without bias, class_embedding, learned position embedding, pre_layrnor
 encoder, CLS token through post_layernorm), visual_projection / text_projection (no bias),
 logit_scale (0-d). Activation quick_gelu x * sigmoid(1.702 x) (or exact "gelu").
 Pooling rule (Brigade's): the text feature is taken at position lengths[b] - 1, the last
-non-padding token (the end-of-text token of data/ext_captions.h, which is also the largest
+non-padding token (the end-of-text token of data/image/captions.h, which is also the largest
 id, so HF's legacy argmax(input_ids) rule picks the same position).
 
 Usage as a checker of Brigade-saved weights:

@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "brigade/data/ext_fashion_mnist.h"
+#include "brigade/data/image/fashion_mnist.h"
 #include "support/test_support.h"
 
 namespace brigade::test_support {

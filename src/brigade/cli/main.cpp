@@ -10,9 +10,9 @@
 
 #include "brigade/core/error.h"
 #include "brigade/dist/process_group.h"
-#include "brigade/data/prepare.h"
-#include "brigade/data/text_tokenizer.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/prepare.h"
+#include "brigade/data/text/text_tokenizer.h"
+#include "brigade/data/text/tokenizer.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/cli/ablate.h"
 #include "brigade/cli/bench.h"

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "brigade/core/tensor.h"
-#include "brigade/data/token_file.h"
+#include "brigade/data/text/token_file.h"
 
 namespace brigade::data {
 

@@ -82,4 +82,14 @@ class ModuleList : public Module {
   std::vector<std::shared_ptr<M>> items_;
 };
 
+// A parameterless node of the name tree that only holds named children (HF's "encoder" holding
+// "layer", "attention" holding "attention" and "output"), so models can reproduce HF's nesting.
+class Submodules : public Module {
+ public:
+  template <typename M>
+  std::shared_ptr<M> add(const std::string& name, std::shared_ptr<M> m) {
+    return register_module(name, std::move(m));
+  }
+};
+
 }  // namespace brigade::nn

@@ -2,7 +2,8 @@
 #include "brigade/parallel/sync_batch_norm.h"
 
 #include "brigade/core/error.h"
-#include "brigade/nn/ext_vision.h"
+#include "brigade/nn/conv.h"
+#include "brigade/nn/norm.h"
 
 namespace brigade::parallel {
 

@@ -14,7 +14,7 @@
 #include "brigade/core/error.h"
 #include "brigade/core/json_number.h"
 #include "brigade/data/atomic_file.h"
-#include "brigade/data/text_tokenizer.h"
+#include "brigade/data/text/text_tokenizer.h"
 
 namespace brigade::train {
 

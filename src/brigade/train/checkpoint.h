@@ -3,7 +3,7 @@
 //   optimizer.safetensors  optimizer state by "<state>.<param name>" (ZeRO: flat shards, ckpt/checkpoint_dir.h)
 //   state.json             step, tokens seen, RNG state, last val loss, early-stopping state, format version
 //   recipe.toml            the full recipe (every key) the run used
-//   tokenizer.model        the tokenizer the data was encoded with (data/text_tokenizer.h: a Hugging Face
+//   tokenizer.model        the tokenizer the data was encoded with (data/text/text_tokenizer.h: a Hugging Face
 //                          tokenizer's files and brigade_tokenizer.json instead, when the run used one)
 // Saved atomically, repaired after an interrupted save, and a failed save explained, as
 // ckpt/checkpoint_dir.h describes.

@@ -96,7 +96,7 @@ struct DataConfig {
   bool augment = false;              // fashion-mnist: random crop (pad 2) + horizontal flip per training image
   double mlm_probability = 0.15;     // bert: fraction of positions chosen for masking (80/10/10 rule)
   // gpt / llama: "text" (a corpus prepared into token files) | "jsonl" (supervised fine-tuning samples
-  // in data.corpus, a JSONL file: {"text"}, {"prompt", "completion"} or {"messages"}; data/sft.h)
+  // in data.corpus, a JSONL file: {"text"}, {"prompt", "completion"} or {"messages"}; data/text/sft.h)
   std::string format = "text";
   std::string chat_template = "chatml";  // jsonl messages: "chatml" | "llama-2" | "llama-3"
   bool operator==(const DataConfig&) const = default;

@@ -31,7 +31,7 @@ void resolve_init_from(Recipe& r, const std::string& origin);
 void validate_finetune(const Recipe& r, const Fail& fail);
 
 // The folder whose tokenizer a text task encodes its data with when model.init_from is set: the
-// directory itself (data/text_tokenizer.h: tokenizer.model, vocab.json + merges.txt or
+// directory itself (data/text/text_tokenizer.h: tokenizer.model, vocab.json + merges.txt or
 // tokenizer.json). ConfigError when it holds none.
 std::string init_from_tokenizer(const Recipe& r);
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "brigade/data/text_tokenizer.h"
+#include "brigade/data/text/text_tokenizer.h"
 #include "brigade/models/causal_lm.h"
 
 namespace brigade::train {

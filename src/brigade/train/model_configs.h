@@ -1,7 +1,7 @@
 // The [model] section of a recipe as each model's own config (the registry's rows build their
 // models from these; memory planning and model parallelism read them too).
 #pragma once
-#include "brigade/data/ext_captions.h"
+#include "brigade/data/image/captions.h"
 #include "brigade/models/bert/bert.h"
 #include "brigade/models/align/align.h"
 #include "brigade/models/clip/clip.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "brigade/data/prepare.h"
+#include "brigade/data/text/prepare.h"
 #include "brigade/models/bert/bert.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/clip/clip.h"
@@ -47,7 +47,7 @@ std::unique_ptr<Task> causal_lm_task(const Recipe& r, std::unique_ptr<models::Ca
 std::string causal_lm_description(const Recipe& r, const models::CausalLM& model);
 Batch causal_lm_synthetic_batch(const Recipe& r, uint64_t seed, int64_t rows);
 
-// Supervised fine-tuning (data.format = "jsonl", data/sft.h): one sample per row, its first
+// Supervised fine-tuning (data.format = "jsonl", data/text/sft.h): one sample per row, its first
 // seq_len + 1 tokens, the rest padding; targets only on trained tokens (completions, assistant
 // turns; train.loss_on = "all": every token), so the loss is the mean over the micro-batch's
 // trained tokens (the trainer weights micro-batches by their counts). No packing: a row holds one

@@ -19,7 +19,7 @@
 
 #include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
-#include "brigade/data/text_tokenizer.h"
+#include "brigade/data/text/text_tokenizer.h"
 #include "brigade/data/sampler.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/dist/watchdog.h"

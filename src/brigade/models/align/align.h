@@ -49,7 +49,8 @@
 #include "brigade/core/rng.h"
 #include "brigade/models/bert/bert.h"
 #include "brigade/models/dual_encoder.h"
-#include "brigade/nn/ext_vision.h"
+#include "brigade/nn/conv.h"
+#include "brigade/nn/norm.h"
 #include "brigade/nn/layers.h"
 
 namespace brigade::models {

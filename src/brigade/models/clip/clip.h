@@ -16,7 +16,7 @@
 // with a CLS token, pre_layrnorm after the embeddings and post_layernorm on the CLS output.
 //
 // Text pooling rule: the feature of sequence b is taken at position lengths[b] - 1, i.e. the
-// last non-padding token, which data/ext_captions.h makes the end-of-text token. (That token
+// last non-padding token, which data/image/captions.h makes the end-of-text token. (That token
 // is also the tokenizer's largest id, so HF's legacy argmax(input_ids) rule picks the same
 // position.) Because the attention is causal, padding after the end token never changes the
 // pooled feature, so no key mask is needed.
@@ -30,7 +30,8 @@
 
 #include "brigade/core/rng.h"
 #include "brigade/models/dual_encoder.h"
-#include "brigade/nn/ext_encoder.h"
+#include "brigade/nn/attention.h"
+#include "brigade/nn/conv.h"
 
 namespace brigade::models {
 

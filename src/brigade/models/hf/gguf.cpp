@@ -14,7 +14,7 @@
 #include "brigade/core/error.h"
 #include "brigade/core/tensor.h"
 #include "brigade/data/atomic_file.h"
-#include "brigade/data/bpe.h"
+#include "brigade/data/text/bpe.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 

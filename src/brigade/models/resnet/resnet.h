@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "brigade/core/rng.h"
-#include "brigade/nn/ext_vision.h"
+#include "brigade/nn/conv.h"
+#include "brigade/nn/norm.h"
 #include "brigade/nn/layers.h"
 
 namespace brigade::models {

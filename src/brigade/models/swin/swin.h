@@ -27,7 +27,8 @@
 #include <vector>
 
 #include "brigade/core/rng.h"
-#include "brigade/nn/ext_encoder.h"
+#include "brigade/nn/attention.h"
+#include "brigade/nn/conv.h"
 
 namespace brigade::models {
 

@@ -15,7 +15,8 @@
 // tests/models/test_vit.cpp.
 #pragma once
 #include "brigade/core/rng.h"
-#include "brigade/nn/ext_encoder.h"
+#include "brigade/nn/attention.h"
+#include "brigade/nn/conv.h"
 #include "brigade/nn/tp_plan.h"
 
 namespace brigade::models {

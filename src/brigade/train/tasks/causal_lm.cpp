@@ -8,15 +8,15 @@
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
-#include "brigade/data/prepare.h"
+#include "brigade/data/text/prepare.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
 #include "brigade/train/generate.h"
 #include "brigade/train/finetune.h"
 #include "brigade/train/registry.h"
 #include "brigade/data/sampler.h"
-#include "brigade/data/token_file.h"
-#include "brigade/data/text_tokenizer.h"
+#include "brigade/data/text/token_file.h"
+#include "brigade/data/text/text_tokenizer.h"
 #include "brigade/train/tasks.h"
 
 namespace brigade::train {

@@ -8,8 +8,9 @@
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
-#include "brigade/data/ext_captions.h"
-#include "brigade/nn/ext_vision.h"
+#include "brigade/data/image/captions.h"
+#include "brigade/nn/conv.h"
+#include "brigade/nn/norm.h"
 #include "brigade/train/tasks.h"
 #include "brigade/train/tasks/fashion.h"
 

@@ -16,7 +16,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/core/rng.h"
-#include "brigade/data/ext_fashion_mnist.h"
+#include "brigade/data/image/fashion_mnist.h"
 #include "brigade/train/tasks.h"
 
 namespace brigade::train {

@@ -6,11 +6,11 @@
 
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
-#include "brigade/data/ext_mlm.h"
-#include "brigade/data/prepare.h"
+#include "brigade/data/text/mlm.h"
+#include "brigade/data/text/prepare.h"
 #include "brigade/data/sampler.h"
-#include "brigade/data/token_file.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/token_file.h"
+#include "brigade/data/text/tokenizer.h"
 #include "brigade/train/tasks.h"
 
 namespace brigade::train {

@@ -1,5 +1,5 @@
-// Captions, the word-level caption tokenizer and (image, caption) pairs (see ext_captions.h).
-#include "brigade/data/ext_captions.h"
+// Captions, the word-level caption tokenizer and (image, caption) pairs (see image/captions.h).
+#include "brigade/data/image/captions.h"
 
 #include <algorithm>
 #include <cctype>
@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "brigade/core/error.h"
-#include "brigade/data/ext_fashion_mnist.h"
+#include "brigade/data/image/fashion_mnist.h"
 #include "brigade/data/sampler.h"
 
 namespace brigade::data {

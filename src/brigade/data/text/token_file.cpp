@@ -1,7 +1,7 @@
 // Token file writer and mmap reader (format in token_file.h).
 // Endianness: the format is little-endian; this code assumes a little-endian host
 // (checked at compile time) and reads/writes the integers directly.
-#include "brigade/data/token_file.h"
+#include "brigade/data/text/token_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,5 +1,5 @@
 // Supervised fine-tuning data from JSONL; see sft.h.
-#include "brigade/data/sft.h"
+#include "brigade/data/text/sft.h"
 
 #include <algorithm>
 #include <fstream>

@@ -1,5 +1,5 @@
-// Fashion-MNIST reader, augmentation and shuffled sampler; see ext_fashion_mnist.h.
-#include "brigade/data/ext_fashion_mnist.h"
+// Fashion-MNIST reader, augmentation and shuffled sampler; see image/fashion_mnist.h.
+#include "brigade/data/image/fashion_mnist.h"
 
 #include <fmt/ranges.h>
 #include <zlib.h>

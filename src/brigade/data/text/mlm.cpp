@@ -1,5 +1,5 @@
-// mask_tokens (ext_mlm.h): one serial pass over the ids with the documented draw order.
-#include "brigade/data/ext_mlm.h"
+// mask_tokens (text/mlm.h): one serial pass over the ids with the documented draw order.
+#include "brigade/data/text/mlm.h"
 
 #include <algorithm>
 #include <cmath>

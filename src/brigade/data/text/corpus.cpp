@@ -1,6 +1,6 @@
 // Corpus reading: KJV via /usr/bin/bible, a text file, or a folder of text files.
 // See corpus.h for the contract. Not a tokenizer; no normalisation beyond CRLF -> LF.
-#include "brigade/data/corpus.h"
+#include "brigade/data/text/corpus.h"
 
 #include <sys/wait.h>
 

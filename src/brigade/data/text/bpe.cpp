@@ -1,6 +1,6 @@
 // Byte-level BPE (GPT-2, Hugging Face tokenizers): loading, pre-tokenization with PCRE2,
 // merges by rank, special tokens. See bpe.h for the contract and docs/tokenizers.md.
-#include "brigade/data/bpe.h"
+#include "brigade/data/text/bpe.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -18,7 +18,7 @@
 #include <unordered_map>
 
 #include "brigade/core/error.h"
-#include "brigade/data/corpus.h"
+#include "brigade/data/text/corpus.h"
 
 namespace brigade::data {
 

@@ -1,7 +1,7 @@
 // prepare(): the data pipeline behind `brigade prepare` (contract in prepare.h).
 // Encoding runs line-chunked across OpenMP threads; the result does not depend on
 // the thread count because every line is encoded independently.
-#include "brigade/data/prepare.h"
+#include "brigade/data/text/prepare.h"
 
 #include <omp.h>
 #include <sys/stat.h>
@@ -18,10 +18,10 @@
 
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
-#include "brigade/data/corpus.h"
-#include "brigade/data/text_tokenizer.h"
-#include "brigade/data/token_file.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/corpus.h"
+#include "brigade/data/text/text_tokenizer.h"
+#include "brigade/data/text/token_file.h"
+#include "brigade/data/text/tokenizer.h"
 
 namespace brigade::data {
 namespace fs = std::filesystem;

@@ -1,6 +1,6 @@
 // Tokenizer: SentencePiece BPE behind a small API with the newline <-> EOS rule.
 // See tokenizer.h for the conventions (ids, normalisation, strict encoding).
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/tokenizer.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
@@ -13,7 +13,7 @@
 
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
-#include "brigade/data/corpus.h"
+#include "brigade/data/text/corpus.h"
 
 namespace brigade::data {
 

@@ -1,5 +1,5 @@
 // The tokenizer kinds behind TextTokenizer; see text_tokenizer.h.
-#include "brigade/data/text_tokenizer.h"
+#include "brigade/data/text/text_tokenizer.h"
 
 #include <filesystem>
 #include <fstream>
@@ -9,8 +9,8 @@
 
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
-#include "brigade/data/bpe.h"
-#include "brigade/data/tokenizer.h"
+#include "brigade/data/text/bpe.h"
+#include "brigade/data/text/tokenizer.h"
 
 namespace brigade::data {
 

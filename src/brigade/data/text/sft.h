@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "brigade/data/text_tokenizer.h"
+#include "brigade/data/text/text_tokenizer.h"
 
 namespace brigade::data {
 

@@ -1,6 +1,7 @@
-// Encoder layers (nn/ext_encoder.h): differentiable fn:: calls only.
-#include "brigade/nn/ext_encoder.h"
+// EncoderSelfAttention (nn/attention.h): differentiable fn:: calls only.
+#include "brigade/nn/attention.h"
 
+#include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
 
 namespace brigade::nn {
@@ -30,26 +31,5 @@ Tensor EncoderSelfAttention::forward(const Tensor& x, const Tensor& key_mask) co
 
 void EncoderSelfAttention::check_heads(int64_t parts) const { check_head_count(n_head, parts); }
 void EncoderSelfAttention::divide_heads(int64_t parts) { divide_head_count(n_head, parts); }
-
-PatchEmbedding::PatchEmbedding(int64_t in_channels, int64_t D, int64_t patch)
-    : in_channels(in_channels), dim(D), patch(patch) {
-  BRIGADE_CHECK(in_channels > 0 && D > 0 && patch > 0, ConfigError,
-                "PatchEmbedding: channels {}, width {} and patch size {} must be positive", in_channels, D, patch);
-  weight = register_parameter("weight", {D, in_channels, patch, patch});
-  bias = register_parameter("bias", {D});
-}
-
-Tensor PatchEmbedding::forward(const Tensor& images) const {
-  BRIGADE_CHECK(images.dim() == 4 && images.size(1) == in_channels, ShapeError,
-                "PatchEmbedding: images must be (N, C={}, H, W), got {}", in_channels, shape_str(images.shape()));
-  const Tensor patches = fn::patchify(images, patch);                                  // (N, P, C*p*p)
-  const Tensor w = fn::reshape(weight, {dim, in_channels * patch * patch});           // (D, C*p*p)
-  return fn::linear(patches, w, bias, WeightLayout::OutIn);                            // (N, P, D)
-}
-
-void PatchEmbedding::parameter_replaced(const std::string& name, const Tensor& t) {
-  if (name == "weight") weight = t;
-  if (name == "bias") bias = t;
-}
 
 }  // namespace brigade::nn
