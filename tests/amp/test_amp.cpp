@@ -57,18 +57,18 @@ TEST(AmpPolicy, TableFollowsTheDefinitionOfEachLevel) {
   for (size_t i = 0; i < size_t(Op::kCount); ++i) {
     const Op op = Op(i);
     const bool gemm = op == Op::Linear || op == Op::Matmul || op == Op::Attention || op == Op::Conv;
-    const bool sensitive = op == Op::LayerNorm || op == Op::BatchNorm || op == Op::Softmax ||
-                           op == Op::CrossEntropy || op == Op::Reduction;
+    const bool sensitive = op == Op::LayerNorm || op == Op::BatchNorm || op == Op::Softmax || op == Op::CrossEntropy ||
+                           op == Op::Reduction;
     SCOPED_TRACE(std::string(amp::op_name(op)));
     if (op == Op::Dropout) {  // a mask multiply: runs in whatever it is given, at every level
       for (int l = 0; l < 4; ++l) EXPECT_EQ(amp::rule(op, Level(l)), Rule::Keep);
       continue;
     }
-    EXPECT_EQ(amp::rule(op, Level::O0), Rule::Keep);                        // O0: as given
-    EXPECT_EQ(amp::rule(op, Level::O1), gemm ? Rule::Low : Rule::F32);       // O1: allow-list low, rest fp32
+    EXPECT_EQ(amp::rule(op, Level::O0), Rule::Keep);                    // O0: as given
+    EXPECT_EQ(amp::rule(op, Level::O1), gemm ? Rule::Low : Rule::F32);  // O1: allow-list low, rest fp32
     // O2: all low but the sensitive; batch norm computes in f32 on its 16-bit input (mixed)
     EXPECT_EQ(amp::rule(op, Level::O2), op == Op::BatchNorm ? Rule::Mixed : sensitive ? Rule::F32 : Rule::Low);
-    EXPECT_EQ(amp::rule(op, Level::O3), Rule::Low);                         // O3: all low
+    EXPECT_EQ(amp::rule(op, Level::O3), Rule::Low);  // O3: all low
   }
   EXPECT_NE(amp::policy_table_markdown().find("| layer_norm | keep | f32 | f32 | low |"), std::string::npos);
   EXPECT_NE(amp::policy_table_markdown().find("| conv | keep | low | low | low |"), std::string::npos);
@@ -103,11 +103,14 @@ TEST(Autocast, DtypesPerLevelAndFp32GradientsForFp32Parameters) {
   const int64_t N = 6, C = 8;
   Tensor w = make_param({C, C}, 1), b = make_param({C}, 2), lw = make_param({C}, 3), lb = make_param({C}, 4);
   Tensor x = make_input({N, C}, 5);
-  struct Want { Level level; DType lin, norm, act; };
-  for (const Want& want : {Want{Level::O0, DType::F32, DType::F32, DType::F32},
-                           Want{Level::O1, DType::BF16, DType::F32, DType::F32},
-                           Want{Level::O2, DType::BF16, DType::F32, DType::BF16},
-                           Want{Level::O3, DType::BF16, DType::BF16, DType::BF16}}) {
+  struct Want {
+    Level level;
+    DType lin, norm, act;
+  };
+  for (const Want& want :
+       {Want{Level::O0, DType::F32, DType::F32, DType::F32}, Want{Level::O1, DType::BF16, DType::F32, DType::F32},
+        Want{Level::O2, DType::BF16, DType::F32, DType::BF16},
+        Want{Level::O3, DType::BF16, DType::BF16, DType::BF16}}) {
     SCOPED_TRACE(std::string(amp::level_name(want.level)));
     for (Tensor* p : {&w, &b, &lw, &lb}) p->set_grad(Tensor());
     Tensor loss;
@@ -147,8 +150,8 @@ FrozenRun run_frozen(amp::Policy policy, DType storage, bool trainable) {
     p.set_requires_grad(trainable);
     return p;
   };
-  Tensor emb = weight({V, C}, 1), w = weight({C, C}, 2), b = weight({C}, 3), lw = weight({C}, 4),
-         lb = weight({C}, 5), rw = weight({C}, 6);
+  Tensor emb = weight({V, C}, 1), w = weight({C, C}, 2), b = weight({C}, 3), lw = weight({C}, 4), lb = weight({C}, 5),
+         rw = weight({C}, 6);
   std::vector<int64_t> id(static_cast<size_t>(N));
   for (int64_t i = 0; i < N; ++i) id[size_t(i)] = (i * 37 + 5) % V;
   const Tensor ids = Tensor::from_vector_i64(id, {N});
@@ -160,12 +163,12 @@ FrozenRun run_frozen(amp::Policy policy, DType storage, bool trainable) {
     amp::AutocastScope ac(policy);
     Allocator& a = Allocator::instance();
     const int64_t p0 = a.stats().live[size_t(MemTag::Params)];
-    const Tensor e = F::embedding(emb, ids);               // (N, C)
-    const Tensor h = F::add(x, e);                         // (N, C)
+    const Tensor e = F::embedding(emb, ids);                        // (N, C)
+    const Tensor h = F::add(x, e);                                  // (N, C)
     const Tensor l = F::linear(h, w, b, ops::WeightLayout::OutIn);  // (N, C)
-    const Tensor n = F::layer_norm(l, lw, lb, 1e-5);       // (N, C)
-    const Tensor q = F::rms_norm(n, rw, 1e-6);             // (N, C)
-    const Tensor logits = F::matmul(q, emb, false, true);  // (N, V)
+    const Tensor n = F::layer_norm(l, lw, lb, 1e-5);                // (N, C)
+    const Tensor q = F::rms_norm(n, rw, 1e-6);                      // (N, C)
+    const Tensor logits = F::matmul(q, emb, false, true);           // (N, V)
     r.held = a.stats().live[size_t(MemTag::Params)] - p0;
     for (const Tensor* t : {&e, &h, &l, &n, &q, &logits}) {
       r.outs.push_back(t->to_vector());
@@ -229,10 +232,10 @@ TEST(Autocast, LowPrecisionResultsTrackFp32WithinTheDtypesRounding) {
   };
   std::vector<float> g32, g;
   const double l32 = run({Level::O0, DType::BF16}, g32);
-  for (auto [p, u] : {std::pair{amp::Policy{Level::O1, DType::BF16}, 0x1p-8},
-                      std::pair{amp::Policy{Level::O2, DType::BF16}, 0x1p-8},
-                      std::pair{amp::Policy{Level::O1, DType::F16}, 0x1p-11},
-                      std::pair{amp::Policy{Level::O2, DType::F16}, 0x1p-11}}) {
+  for (auto [p, u] :
+       {std::pair{amp::Policy{Level::O1, DType::BF16}, 0x1p-8}, std::pair{amp::Policy{Level::O2, DType::BF16}, 0x1p-8},
+        std::pair{amp::Policy{Level::O1, DType::F16}, 0x1p-11},
+        std::pair{amp::Policy{Level::O2, DType::F16}, 0x1p-11}}) {
     SCOPED_TRACE(fmt::format("{} {}", amp::level_name(p.level), dtype_name(p.low)));
     const double l = run(p, g);
     EXPECT_LE(std::fabs(l - l32), 8 * u * std::fabs(l32) + 1e-6);
@@ -437,8 +440,8 @@ TEST(LossScaler, AStateWithAFractionalOrHugeCounterIsACheckpointError) {
     return "{\"scale\": 1024.0, \"good_steps\": " + good_steps +
            ", \"streak\": 0, \"overflows\": 0, \"skipped\": 0, \"window_amax\": 0}";
   };
-  for (const auto& [bad, shown] : std::vector<std::pair<std::string, std::string>>{
-           {"1e300", "1e+300"}, {"2.5", "2.5"}, {"-3", "-3"}}) {
+  for (const auto& [bad, shown] :
+       std::vector<std::pair<std::string, std::string>>{{"1e300", "1e+300"}, {"2.5", "2.5"}, {"-3", "-3"}}) {
     try {
       s.set_state(state(bad));
       ADD_FAILURE() << bad << ": no error";
@@ -474,7 +477,11 @@ TEST(LossScalingMechanism, Fp16GradientsUnderflowWithoutScalingAndTrainWithDynam
   Tensor targets = Tensor::from_vector_i64(t, {N});
   constexpr double kWeight = 1e-6;
 
-  struct Run { std::vector<double> losses; std::vector<float> w0, w; int64_t zero_grad_steps = 0; };
+  struct Run {
+    std::vector<double> losses;
+    std::vector<float> w0, w;
+    int64_t zero_grad_steps = 0;
+  };
   auto train = [&](amp::Policy p, amp::ScaleMode mode) {
     Tensor w = make_param({K, IN}, 43, 0.05), b = make_param({K}, 44, 0.05);
     optim::AdamW opt({{"w", w}, {"b", b}}, optim::AdamWOptions{0.9, 0.999, 1e-20, 0.0});

@@ -193,8 +193,7 @@ void check_fd(const std::string& what, const Fn& f, std::vector<Tensor> leaves, 
 }  // namespace
 
 TEST(AutogradRules, Softmax) {
-  check_fd("softmax", [](const std::vector<Tensor>& v) { return F::softmax(v[0]); },
-           {rand_tensor({3, 7}, 1, -2, 2)});
+  check_fd("softmax", [](const std::vector<Tensor>& v) { return F::softmax(v[0]); }, {rand_tensor({3, 7}, 1, -2, 2)});
   // Non-contiguous input (the transpose of a leaf) and 3-D.
   check_fd("softmax of a transpose", [](const std::vector<Tensor>& v) { return F::softmax(F::transpose(v[0], 1, 2)); },
            {rand_tensor({2, 5, 4}, 2, -2, 2)});
@@ -217,8 +216,7 @@ TEST(AutogradRules, AttentionCausalAndFull) {
 }
 
 TEST(AutogradRules, CausalSelfAttention) {
-  check_fd("causal_self_attention",
-           [](const std::vector<Tensor>& v) { return F::causal_self_attention(v[0], 2); },
+  check_fd("causal_self_attention", [](const std::vector<Tensor>& v) { return F::causal_self_attention(v[0], 2); },
            {rand_tensor({2, 5, 12}, 9, -1.5, 1.5)});
 }
 
@@ -290,17 +288,17 @@ TEST(AutogradRules, LinearBothLayoutsWithAndWithoutBias) {
       const bool oi = layout == F::WeightLayout::OutIn;
       std::vector<Tensor> leaves{rand_tensor({2, 3, 5}, 21), rand_tensor(oi ? Shape{4, 5} : Shape{5, 4}, 22)};
       if (bias) leaves.push_back(rand_tensor({4}, 23));
-      check_fd(fmt::format("linear {} {}", oi ? "OutIn" : "InOut", bias ? "bias" : "nobias"),
-               [layout, bias](const std::vector<Tensor>& v) {
-                 return F::linear(v[0], v[1], bias ? v[2] : Tensor(), layout);
-               },
-               leaves);
+      check_fd(
+          fmt::format("linear {} {}", oi ? "OutIn" : "InOut", bias ? "bias" : "nobias"),
+          [layout, bias](const std::vector<Tensor>& v) {
+            return F::linear(v[0], v[1], bias ? v[2] : Tensor(), layout);
+          },
+          leaves);
     }
 }
 
 TEST(AutogradRules, LayerNorm) {
-  check_fd("layer_norm",
-           [](const std::vector<Tensor>& v) { return F::layer_norm(v[0], v[1], v[2], 1e-5); },
+  check_fd("layer_norm", [](const std::vector<Tensor>& v) { return F::layer_norm(v[0], v[1], v[2], 1e-5); },
            {rand_tensor({3, 8}, 24, -2, 2), rand_tensor({8}, 25, 0.5, 1.5), rand_tensor({8}, 26)});
 }
 
@@ -346,7 +344,10 @@ TEST(AutogradRules, CrossEntropyWithIgnoreIndex) {
 }
 
 TEST(AutogradRules, ReshapeTransposeNarrow) {
-  check_fd("reshape", [](const std::vector<Tensor>& v) { return F::reshape(v[0], {4, 6}); },
+  check_fd("reshape",
+           [](const std::vector<Tensor>& v) {
+             return F::reshape(v[0], {4, 6});
+           },
            {rand_tensor({2, 3, 4}, 32)});
   check_fd("transpose", [](const std::vector<Tensor>& v) { return F::transpose(v[0], 0, 2); },
            {rand_tensor({2, 3, 4}, 33)});
@@ -369,10 +370,10 @@ TEST(AutogradRules, ReshapeTransposeNarrow) {
 // reference cycle (tensor -> grad_fn -> saved tensor) that would leak the activations.
 TEST(AutogradGraph, ForwardWithoutBackwardFreesActivations) {
   auto live = [] { return Allocator::instance().stats().live[int(MemTag::Activations)]; };
-  Tensor x = rand_tensor({256, 1024}, 40);                                     // softmax input
+  Tensor x = rand_tensor({256, 1024}, 40);  // softmax input
   Tensor q = rand_tensor({1, 4, 256, 64}, 41), k = rand_tensor({1, 4, 256, 64}, 42),
-         v = rand_tensor({1, 4, 256, 64}, 43);                                 // (B, NH, T, HS)
-  Tensor qkv = rand_tensor({1, 256, 768}, 44);                                 // (B, T, 3C)
+         v = rand_tensor({1, 4, 256, 64}, 43);  // (B, NH, T, HS)
+  Tensor qkv = rand_tensor({1, 256, 768}, 44);  // (B, T, 3C)
   const int64_t start = live();
   for (int i = 0; i < 5; ++i) {
     {

@@ -59,12 +59,12 @@ struct Net {
   }
   // x (2, 4, 8), y (2, 4, 8) -> (2, 4, 8)
   Tensor forward(const Tensor& x, const Tensor& y) {
-    Tensor a = F::layer_norm(F::add(x, y), lw, lb, 1e-5);                                   // (2, 4, 8)
-    Tensor h = F::gelu(F::linear(a, w1, b1, F::WeightLayout::InOut));                           // (2, 4, 16)
-    h = F::dropout(h, p, true, gen);                                                         // (2, 4, 16)
-    Tensor qkv = F::linear(h, w2, Tensor(), F::WeightLayout::InOut);                            // (2, 4, 24)
-    Tensor att = F::causal_self_attention(qkv, 2);                                           // (2, 4, 8)
-    return F::add(F::mul(x, att), F::dropout(x, p, true, gen));                              // (2, 4, 8)
+    Tensor a = F::layer_norm(F::add(x, y), lw, lb, 1e-5);              // (2, 4, 8)
+    Tensor h = F::gelu(F::linear(a, w1, b1, F::WeightLayout::InOut));  // (2, 4, 16)
+    h = F::dropout(h, p, true, gen);                                   // (2, 4, 16)
+    Tensor qkv = F::linear(h, w2, Tensor(), F::WeightLayout::InOut);   // (2, 4, 24)
+    Tensor att = F::causal_self_attention(qkv, 2);                     // (2, 4, 8)
+    return F::add(F::mul(x, att), F::dropout(x, p, true, gen));        // (2, 4, 8)
   }
 };
 
@@ -105,7 +105,8 @@ void expect_same(const Result& got, const Result& want, const std::string& what)
   EXPECT_EQ(got.loss, want.loss) << what;
   EXPECT_EQ(got.rng_after_backward, want.rng_after_backward) << what;
   ASSERT_EQ(got.grads.size(), want.grads.size());
-  for (size_t i = 0; i < got.grads.size(); ++i) expect_bitwise(got.grads[i], want.grads[i], what + " grad " + std::to_string(i));
+  for (size_t i = 0; i < got.grads.size(); ++i)
+    expect_bitwise(got.grads[i], want.grads[i], what + " grad " + std::to_string(i));
 }
 
 }  // namespace
@@ -149,8 +150,7 @@ TEST(Checkpoint, ParametersAccumulateThroughTheirOwnNodesAndHooksFireOnce) {
   net.zero();
   std::fill(fired.begin(), fired.end(), 0);
   for (int k = 0; k < 2; ++k) {
-    Tensor out =
-        F::checkpoint([&net](const std::vector<Tensor>& in) { return net.forward(in[0], in[1]); }, {x, y}, {});
+    Tensor out = F::checkpoint([&net](const std::vector<Tensor>& in) { return net.forward(in[0], in[1]); }, {x, y}, {});
     autograd::backward(F::sum_all(F::mul(out, r)));
   }
   for (int f : fired) EXPECT_EQ(f, 2) << "one hook call per parameter per backward";
@@ -286,8 +286,7 @@ TEST(Checkpoint, CapturedNonLeafIsAClearError) {
     autograd::backward(F::sum_all(out));
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("pass that tensor in the checkpoint's inputs"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("pass that tensor in the checkpoint's inputs"), std::string::npos) << e.what();
   }
 }
 

@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sys/wait.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -28,9 +28,8 @@ namespace {
 class SafetensorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           fmt::format("brigade_test_ckpt_{}_{}", ::getpid(),
-                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / fmt::format("brigade_test_ckpt_{}_{}", ::getpid(),
+                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -68,8 +67,8 @@ std::string craft(std::string header, const std::string& data, std::optional<uin
 }
 
 NamedTensors sample_tensors() {
-  Tensor f32 = Tensor::from_vector({1.5f, -2.0f, 3.25f, 0.0f, -0.0f, 1e-40f, 7.0f, 8.0f, 9.0f, 10.0f, 11.0f, 12.0f},
-                                   {3, 4});
+  Tensor f32 =
+      Tensor::from_vector({1.5f, -2.0f, 3.25f, 0.0f, -0.0f, 1e-40f, 7.0f, 8.0f, 9.0f, 10.0f, 11.0f, 12.0f}, {3, 4});
   Tensor bf = Tensor::from_vector({1.0f, -2.5f, 3.140625f, 100.0f, -0.125f}, {5}, DType::BF16);
   Tensor h = Tensor::from_vector({0.5f, -1.0f, 65504.0f, 6.103515625e-05f, 2.0f, 3.0f}, {2, 3}, DType::F16);
   Tensor i32 = Tensor::from_vector_i64({-2147483648LL, -1, 0, 1, 2147483647LL, 5, 6}, {7}, DType::I32);
@@ -79,10 +78,11 @@ NamedTensors sample_tensors() {
   Tensor e0 = Tensor::empty({0});
   Tensor e1 = Tensor::empty({3, 0, 2}, DType::BF16);
   Tensor base = Tensor::from_vector({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
-  Tensor tr = base.transpose(0, 1);            // (4, 3) non-contiguous
-  Tensor sl = base.slice(1, 0, 4, 2);          // (3, 2) every second column
-  return {{"f32", f32}, {"bf16", bf}, {"f16", h}, {"i32", i32}, {"i64", i64}, {"scalar_f32", s0},
-          {"scalar_i64", s0i}, {"empty", e0}, {"empty_3x0x2", e1}, {"transposed", tr}, {"sliced", sl}};
+  Tensor tr = base.transpose(0, 1);    // (4, 3) non-contiguous
+  Tensor sl = base.slice(1, 0, 4, 2);  // (3, 2) every second column
+  return {{"f32", f32},        {"bf16", bf},       {"f16", h},          {"i32", i32},
+          {"i64", i64},        {"scalar_f32", s0}, {"scalar_i64", s0i}, {"empty", e0},
+          {"empty_3x0x2", e1}, {"transposed", tr}, {"sliced", sl}};
 }
 
 // Runs `fn`, expects CheckpointError whose message names the file and contains `needle`.
@@ -238,9 +238,8 @@ TEST(SafetensorsFixture, LoadsTheIndependentPythonWriter) {
   EXPECT_EQ(r.metadata("kind").value_or(""), "safetensors_loader");
   EXPECT_EQ(r.metadata("unicode").value_or(""), "μ-ünïcode ✓");
   // data order from the writer's list, although its header keys are sorted
-  EXPECT_EQ(r.names(), (std::vector<std::string>{"f32_2x3", "bf16_4", "f16_2x2x2", "i32_5", "i64_scalar",
-                                                  "f32_scalar", "f32_empty_0x3", "i64_1x2x1x3",
-                                                  "name with spaces/and.dots"}));
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"f32_2x3", "bf16_4", "f16_2x2x2", "i32_5", "i64_scalar", "f32_scalar",
+                                                 "f32_empty_0x3", "i64_1x2x1x3", "name with spaces/and.dots"}));
   auto expect = [&](const std::string& n, DType dt, Shape shape, std::vector<float> v) {
     Tensor t = r.get(n);
     EXPECT_EQ(t.dtype(), dt) << n;
@@ -283,7 +282,8 @@ TEST_F(SafetensorsTest, EveryCorruptionIsACheckpointError) {
       {"not_json", craft("{\"a\": nope}", ""), "not valid JSON"},
       {"not_object", craft("[1,2,3]", ""), "does not start with"},
       {"bad_utf8", craft("{\"\xff\xfe\":{}}", ""), "not valid JSON"},
-      {"unknown_dtype", craft(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", d8), "unknown dtype \"F33\""},
+      {"unknown_dtype", craft(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", d8),
+       "unknown dtype \"F33\""},
       {"dtype_not_string", craft(R"({"a":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})", d8), "dtype"},
       {"missing_shape", craft(R"({"a":{"dtype":"F32","data_offsets":[0,8]}})", d8), "shape"},
       {"negative_shape", craft(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8), "non-negative"},
@@ -295,8 +295,11 @@ TEST_F(SafetensorsTest, EveryCorruptionIsACheckpointError) {
       {"offsets_negative", craft(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}})", d8), "non-negative"},
       {"out_of_range", craft(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", d8), "run past"},
       {"size_mismatch", craft(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8), "needs 12 bytes"},
-      {"overlap", craft(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                        R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8), "overlaps"},
+      {"overlap",
+       craft(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+             R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+             d8),
+       "overlaps"},
       {"gap", craft(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8), "gap"},
       {"trailing", craft("{" + ok_entry + "}", d8 + "xxxx"), "trailing bytes"},
       {"truncated_data", craft("{" + ok_entry + "}", d8.substr(0, 5)), "run past"},
@@ -356,7 +359,11 @@ TEST_F(SafetensorsTest, TruncationAtAnyLengthAndHeaderGarbageNeverCrash) {
   spit(p, good);
   SafetensorsReader r(p);
   ::truncate(p.c_str(), off_t(r.data_start()));
-  expect_ckpt_error([&] { for (const auto& name : r.names()) r.get(name); }, p, "truncated after it was opened");
+  expect_ckpt_error(
+      [&] {
+        for (const auto& name : r.names()) r.get(name);
+      },
+      p, "truncated after it was opened");
 }
 
 // ---- cross-checks with the Python side (skipped where /usr/bin/python3 has no torch) ----
@@ -400,8 +407,8 @@ TEST_F(SafetensorsTest, PythonReaderReadsOurFiles) {
   ASSERT_EQ(rc, 0) << out;
   std::map<std::string, std::string> want;
   for (const auto& [name, t] : in)
-    want[name] = fmt::format("{} {} [{}] {}", name, safetensors_dtype(t.dtype()), fmt::join(t.shape(), ", "),
-                             hex(bytes_of(t)));
+    want[name] =
+        fmt::format("{} {} [{}] {}", name, safetensors_dtype(t.dtype()), fmt::join(t.shape(), ", "), hex(bytes_of(t)));
   std::string expect;
   for (const auto& [name, line] : want) expect += line + "\n";
   EXPECT_EQ(out, expect);

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "brigade/core/error.h"
-#include "support/test_support.h"
 #include "brigade/train/accumulation.h"
 #include "brigade/train/config.h"
+#include "support/test_support.h"
 
 namespace fs = std::filesystem;
 using namespace brigade;
@@ -69,8 +69,8 @@ class Accumulation : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   int train(const std::string& args) {
-    const std::string cmd = "cd '" + dir_.string() + "' && timeout 300 " + kBin + " train acc.toml --quiet --no-sample " +
-                            args + " > out.txt 2> err.txt";
+    const std::string cmd = "cd '" + dir_.string() + "' && timeout 300 " + kBin +
+                            " train acc.toml --quiet --no-sample " + args + " > out.txt 2> err.txt";
     const int st = std::system(cmd.c_str());
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
@@ -219,8 +219,8 @@ TEST(AccumulationPolicy, AStateWithAFractionalOrHugeCounterIsACheckpointError) {
   auto state = [](const std::string& current) {
     return "{\"current\": " + current + ", \"ema_s\": 0.5, \"ema_g\": 0.25, \"observations\": 3}";
   };
-  for (const auto& [bad, shown] : std::vector<std::pair<std::string, std::string>>{
-           {"1e300", "1e+300"}, {"2.5", "2.5"}, {"-4", "-4"}}) {
+  for (const auto& [bad, shown] :
+       std::vector<std::pair<std::string, std::string>>{{"1e300", "1e+300"}, {"2.5", "2.5"}, {"-4", "-4"}}) {
     try {
       p.set_state(state(bad));
       ADD_FAILURE() << bad << ": no error";

@@ -161,18 +161,20 @@ void write_idx(const fs::path& dir, uint32_t n, size_t image_bytes, uint32_t lab
 }
 std::string sft_lines(int n) {
   std::string s;
-  for (int i = 0; i < n; ++i) s += R"({"prompt": "And the king", "completion": " went up to the city"})" "\n";
+  for (int i = 0; i < n; ++i)
+    s += R"({"prompt": "And the king", "completion": " went up to the city"})"
+         "\n";
   return s;
 }
 
 // ---------------------------------------------------------------- the table
 
 struct Case {
-  std::string id;                          // the doc table's id (kebab-case)
-  std::vector<std::string> copy;           // prepared pieces: "data" (prepared in the folder), "run", "hf", "d256" (copied)
-  std::function<void()> setup;             // run in the case folder (the current directory)
-  std::string args;                        // the brigade command line
-  std::vector<std::string> phrases;        // each must be in the error line
+  std::string id;                    // the doc table's id (kebab-case)
+  std::vector<std::string> copy;     // prepared pieces: "data" (prepared in the folder), "run", "hf", "d256" (copied)
+  std::function<void()> setup;       // run in the case folder (the current directory)
+  std::string args;                  // the brigade command line
+  std::vector<std::string> phrases;  // each must be in the error line
 };
 
 // gtest prints a case by its id.
@@ -183,62 +185,115 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.id; }
 const std::vector<Case>& cases() {
   static const std::vector<Case> c{
       // ---------------------------------------------------------------- recipe
-      {"recipe-missing-file", {}, [] {}, "train nope.toml",
-       {"recipe file 'nope.toml' not found", "check the path"}},
-      {"recipe-is-a-directory", {}, [] { fs::create_directories("dd"); }, "train dd",
+      {"recipe-missing-file", {}, [] {}, "train nope.toml", {"recipe file 'nope.toml' not found", "check the path"}},
+      {"recipe-is-a-directory",
+       {},
+       [] { fs::create_directories("dd"); },
+       "train dd",
        {"recipe 'dd' is not a file", "pass a .toml recipe file"}},
-      {"recipe-toml-syntax", {}, [] { put("bad.toml", "[run\nname = \"x\"\n"); }, "train bad.toml",
+      {"recipe-toml-syntax",
+       {},
+       [] { put("bad.toml", "[run\nname = \"x\"\n"); },
+       "train bad.toml",
        {"recipe bad.toml:1:", "invalid TOML", "fix the syntax"}},
-      {"recipe-unknown-key", {}, [] { replace("tiny.toml", "lr = 3e-3\n", "lr = 3e-3\nlrr = 1\n"); },
+      {"recipe-unknown-key",
+       {},
+       [] { replace("tiny.toml", "lr = 3e-3\n", "lr = 3e-3\nlrr = 1\n"); },
        "train tiny.toml --no-sample",
        {"recipe tiny.toml:", "unknown key 'optim.lrr'", "did you mean 'optim.lr'?", "docs/recipes.md"}},
-      {"recipe-unknown-section", {}, [] { put("tiny.toml", std::string(kTiny) + "[extra]\nfoo = 1\n"); },
-       "train tiny.toml --no-sample", {"recipe tiny.toml:", "unknown section '[extra]'", "sections are [run]"}},
-      {"recipe-wrong-type", {}, [] { replace("tiny.toml", "n_layer = 2", "n_layer = \"two\""); },
+      {"recipe-unknown-section",
+       {},
+       [] { put("tiny.toml", std::string(kTiny) + "[extra]\nfoo = 1\n"); },
+       "train tiny.toml --no-sample",
+       {"recipe tiny.toml:", "unknown section '[extra]'", "sections are [run]"}},
+      {"recipe-wrong-type",
+       {},
+       [] { replace("tiny.toml", "n_layer = 2", "n_layer = \"two\""); },
        "train tiny.toml --no-sample",
        {"recipe tiny.toml:9:", "'model.n_layer' must be an integer, got a string", "fix the value"}},
-      {"set-malformed", {}, [] {}, "train tiny.toml --no-sample --set train.steps",
+      {"set-malformed",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --set train.steps",
        {"override 'train.steps' must look like section.key=value", "e.g. train.steps=500"}},
-      {"set-unknown-key", {}, [] {}, "train tiny.toml --no-sample --set train.stepz=3",
+      {"set-unknown-key",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --set train.stepz=3",
        {"override 'train.stepz=3'", "unknown key 'train.stepz'", "did you mean 'train.steps'?"}},
-      {"set-wrong-type", {}, [] {}, "train tiny.toml --no-sample --set train.steps=many",
+      {"set-wrong-type",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --set train.steps=many",
        {"override 'train.steps=many'", "'train.steps' must be an integer", "fix the value"}},
-      {"recipe-negative-lr", {}, [] {}, "train tiny.toml --no-sample --set optim.lr=-1",
+      {"recipe-negative-lr",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --set optim.lr=-1",
        {"recipe tiny.toml", "optim.lr = -1 must be > 0", "use e.g. 1e-3"}},
-      {"recipe-nan", {}, [] { replace("tiny.toml", "lr = 3e-3", "lr = nan"); }, "train tiny.toml --no-sample",
+      {"recipe-nan",
+       {},
+       [] { replace("tiny.toml", "lr = 3e-3", "lr = nan"); },
+       "train tiny.toml --no-sample",
        {"recipe tiny.toml", "optim.lr = nan must be a finite number", "set a real value"}},
-      {"recipe-seq-len-over-block", {}, [] {}, "train tiny.toml --no-sample --set train.seq_len=64",
+      {"recipe-seq-len-over-block",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --set train.seq_len=64",
        {"train.seq_len = 64 exceeds model.block_size = 32", "lower train.seq_len or raise model.block_size"}},
-      {"recipe-early-stop-without-eval", {}, [] {},
+      {"recipe-early-stop-without-eval",
+       {},
+       [] {},
        "train tiny.toml --no-sample --set train.early_stop=true --set train.eval_every=0",
        {"train.early_stop = true needs periodic evaluations", "set train.eval_every"}},
-      {"recipe-dp-not-process-count", {}, [] {}, "train tiny.toml --no-sample --set parallel.dp=2",
+      {"recipe-dp-not-process-count",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --set parallel.dp=2",
        {"tiny.toml", "parallel.dp = 2 but this job has 1 process", "mpirun -np 2", "set parallel.dp = 1"}},
       // ---------------------------------------------------------------- checkpoint
-      {"ckpt-resume-without-checkpoint", {}, [] {}, "train tiny.toml --no-sample --resume",
+      {"ckpt-resume-without-checkpoint",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --resume",
        {"--resume: no checkpoint in run/checkpoint", "run without --resume"}},
-      {"ckpt-flipped-model", {"data", "run"}, [] { flip("run/checkpoint/model.safetensors", -10); },
+      {"ckpt-flipped-model",
+       {"data", "run"},
+       [] { flip("run/checkpoint/model.safetensors", -10); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: model.safetensors does not match its checksum", "resume from another checkpoint"}},
-      {"ckpt-flipped-optimizer", {"data", "run"}, [] { flip("run/checkpoint/optimizer.safetensors", -10); },
+      {"ckpt-flipped-optimizer",
+       {"data", "run"},
+       [] { flip("run/checkpoint/optimizer.safetensors", -10); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: optimizer.safetensors does not match its checksum", "resume from another checkpoint"}},
-      {"ckpt-flipped-state", {"data", "run"}, [] { flip("run/checkpoint/state.json", 5); },
+      {"ckpt-flipped-state",
+       {"data", "run"},
+       [] { flip("run/checkpoint/state.json", 5); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: state.json does not match its checksum", "resume from another checkpoint"}},
-      {"ckpt-flipped-recipe", {"data", "run"}, [] { flip("run/checkpoint/recipe.toml", 5); },
+      {"ckpt-flipped-recipe",
+       {"data", "run"},
+       [] { flip("run/checkpoint/recipe.toml", 5); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: recipe.toml does not match its checksum", "resume from another checkpoint"}},
-      {"ckpt-flipped-tokenizer", {"data", "run"}, [] { flip("run/checkpoint/tokenizer.model", 20); },
+      {"ckpt-flipped-tokenizer",
+       {"data", "run"},
+       [] { flip("run/checkpoint/tokenizer.model", 20); },
        "generate --ckpt run/checkpoint --prompt And",
        {"run/checkpoint: tokenizer.model does not match its checksum"}},
-      {"ckpt-corrupt-checksums", {"data", "run"}, [] { put("run/checkpoint/checksums.json", "{\n"); },
+      {"ckpt-corrupt-checksums",
+       {"data", "run"},
+       [] { put("run/checkpoint/checksums.json", "{\n"); },
        "eval --ckpt run/checkpoint",
        {"run/checkpoint/checksums.json is corrupted", "delete checksums.json to read it unverified"}},
-      {"ckpt-cut-state", {"data", "run"}, [] { cut("run/checkpoint/state.json", 10); },
+      {"ckpt-cut-state",
+       {"data", "run"},
+       [] { cut("run/checkpoint/state.json", 10); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: state.json has 10 bytes", "when it was saved", "resume from another checkpoint"}},
-      {"ckpt-state-not-json", {"data", "run"},
+      {"ckpt-state-not-json",
+       {"data", "run"},
        [] {
          put("run/checkpoint/state.json", "not json");
          fs::remove("run/checkpoint/checksums.json");  // read unverified, as a checkpoint from before checksums
@@ -246,82 +301,128 @@ const std::vector<Case>& cases() {
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint/state.json is corrupted", "resume from another checkpoint or start without --resume"}},
       // (before the fix: "no checkpoint", and --resume-if-any started over, overwriting it)
-      {"ckpt-missing-state", {"data", "run"}, [] { fs::remove("run/checkpoint/state.json"); },
+      {"ckpt-missing-state",
+       {"data", "run"},
+       [] { fs::remove("run/checkpoint/state.json"); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint", "state.json is missing", "resume from another"}},
-      {"ckpt-missing-state-resume-if-any", {"data", "run"}, [] { fs::remove("run/checkpoint/state.json"); },
+      {"ckpt-missing-state-resume-if-any",
+       {"data", "run"},
+       [] { fs::remove("run/checkpoint/state.json"); },
        "train tiny.toml --no-sample --resume-if-any --set train.steps=8",
        {"run/checkpoint", "state.json is missing", "resume from another"}},
-      {"ckpt-state-wrong-type", {"data", "run"},
+      {"ckpt-state-wrong-type",
+       {"data", "run"},
        [] {
          replace("run/checkpoint/state.json", "\"step\": 4", "\"step\": \"four\"");
          fs::remove("run/checkpoint/checksums.json");
        },
-       "train tiny.toml --no-sample --resume --set train.steps=8", {"state.json", "\"step\"", "resume from another"}},
-      {"ckpt-state-missing-field", {"data", "run"},
+       "train tiny.toml --no-sample --resume --set train.steps=8",
+       {"state.json", "\"step\"", "resume from another"}},
+      {"ckpt-state-missing-field",
+       {"data", "run"},
        [] {
          replace("run/checkpoint/state.json", "\"step\": 4", "\"stepx\": 4");
          fs::remove("run/checkpoint/checksums.json");
        },
-       "train tiny.toml --no-sample --resume --set train.steps=8", {"state.json", "step", "resume from another"}},
-      {"ckpt-missing-file", {"data", "run"}, [] { fs::remove("run/checkpoint/optimizer.safetensors"); },
+       "train tiny.toml --no-sample --resume --set train.steps=8",
+       {"state.json", "step", "resume from another"}},
+      {"ckpt-missing-file",
+       {"data", "run"},
+       [] { fs::remove("run/checkpoint/optimizer.safetensors"); },
        "train tiny.toml --no-sample --resume --set train.steps=8",
        {"run/checkpoint: optimizer.safetensors is missing (checksums.json lists it)", "resume from another one"}},
-      {"ckpt-other-model", {"data", "run"}, [] {}, "train tiny.toml --no-sample --resume --set model.n_embd=64",
+      {"ckpt-other-model",
+       {"data", "run"},
+       [] {},
+       "train tiny.toml --no-sample --resume --set model.n_embd=64",
        {"the checkpoint in run/checkpoint holds a different model", "start a new run.out_dir"}},
-      {"ckpt-resume-past-steps", {"data", "run"}, [] {}, "train tiny.toml --no-sample --resume",
+      {"ckpt-resume-past-steps",
+       {"data", "run"},
+       [] {},
+       "train tiny.toml --no-sample --resume",
        {"nothing to train", "run/checkpoint is at step 4 and this run ends at step 4", "raise train.steps"}},
       // ---------------------------------------------------------------- data
-      {"data-missing-corpus", {}, [] {}, "train tiny.toml --no-sample --set data.corpus=missing.txt",
+      {"data-missing-corpus",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --set data.corpus=missing.txt",
        {"corpus 'missing.txt' does not exist", "set data.corpus"}},
-      {"data-empty-corpus", {}, [] { put("corpus.txt", ""); }, "train tiny.toml --no-sample",
+      {"data-empty-corpus",
+       {},
+       [] { put("corpus.txt", ""); },
+       "train tiny.toml --no-sample",
        {"corpus 'corpus.txt' is empty", "point data.corpus at a non-empty text file or folder"}},
-      {"data-cut-token-file", {"data"}, [] { cut("data/train.bin", 1001); }, "train tiny.toml --no-sample",
+      {"data-cut-token-file",
+       {"data"},
+       [] { cut("data/train.bin", 1001); },
+       "train tiny.toml --no-sample",
        {"token file 'data/train.bin' is 1001 bytes", "truncated or corrupt", "re-run `brigade prepare`"}},
-      {"data-token-file-other-vocab", {"run", "d256"}, [] {}, "eval --ckpt run/checkpoint --data d256/val.bin",
+      {"data-token-file-other-vocab",
+       {"run", "d256"},
+       [] {},
+       "eval --ckpt run/checkpoint --data d256/val.bin",
        {"--data d256/val.bin: a token file of vocabulary 256, the model's is 128",
         "use a file prepared with the checkpoint's tokenizer"}},
-      {"images-missing-folder", {}, [] { put("vit.toml", kVit); }, "train vit.toml",
+      {"images-missing-folder",
+       {},
+       [] { put("vit.toml", kVit); },
+       "train vit.toml",
        {"fashion/train-images-idx3-ubyte.gz: cannot open the IDX file", "dataset-fashion-mnist"}},
-      {"images-corrupt-file", {},
+      {"images-corrupt-file",
+       {},
        [] {
          put("vit.toml", kVit);
          write_idx("fashion", 10, 7840, 10);
          put("fashion/train-images-idx3-ubyte.gz", "garbage");
        },
-       "train vit.toml", {"fashion/train-images-idx3-ubyte.gz: bad IDX magic", "not the IDX file expected here"}},
-      {"images-truncated-file", {},
+       "train vit.toml",
+       {"fashion/train-images-idx3-ubyte.gz: bad IDX magic", "not the IDX file expected here"}},
+      {"images-truncated-file",
+       {},
        [] {
          put("vit.toml", kVit);
          write_idx("fashion", 10, 100, 10);
        },
-       "train vit.toml", {"fashion/train-images-idx3-ubyte.gz: truncated", "re-download the file"}},
-      {"sft-malformed-line", {"hf"},
+       "train vit.toml",
+       {"fashion/train-images-idx3-ubyte.gz: truncated", "re-download the file"}},
+      {"sft-malformed-line",
+       {"hf"},
        [] {
          put("init.toml", kInit);
          put("sft.jsonl", sft_lines(5) + "{\"prompt\": oops\n");
        },
        "train init.toml --no-sample --set data.format=jsonl --set data.corpus=sft.jsonl",
        {"sft.jsonl:6: not a JSON object", "each line is one sample"}},
-      {"sft-without-tokenizer", {}, [] {},
+      {"sft-without-tokenizer",
+       {},
+       [] {},
        "train tiny.toml --no-sample --set data.format=jsonl --set data.corpus=corpus.txt",
        {"data.format = \"jsonl\" encodes with an existing tokenizer", "set model.init_from"}},
       // ---------------------------------------------------------------- tokenizer and model.init_from
-      {"tok-corrupt-prepared", {"data"}, [] { put("data/tokenizer.model", "garbage"); }, "train tiny.toml --no-sample",
+      {"tok-corrupt-prepared",
+       {"data"},
+       [] { put("data/tokenizer.model", "garbage"); },
+       "train tiny.toml --no-sample",
        {"tokenizer 'data/tokenizer.model' is not a valid SentencePiece model", "run `brigade prepare`"}},
-      {"init-from-no-config", {"hf"},
+      {"init-from-no-config",
+       {"hf"},
        [] {
          put("init.toml", kInit);
          fs::remove("hf/config.json");
        },
-       "train init.toml --no-sample", {"model.init_from = \"hf\" holds neither config.json", "point it at one of those"}},
-      {"init-from-config-not-json", {"hf"},
+       "train init.toml --no-sample",
+       {"model.init_from = \"hf\" holds neither config.json", "point it at one of those"}},
+      {"init-from-config-not-json",
+       {"hf"},
        [] {
          put("init.toml", kInit);
          put("hf/config.json", "{oops");
        },
-       "train init.toml --no-sample", {"hf/config.json: not a JSON object"}},
-      {"init-from-shape-conflict", {"hf"},
+       "train init.toml --no-sample",
+       {"hf/config.json: not a JSON object"}},
+      {"init-from-shape-conflict",
+       {"hf"},
        [] {
          put("init.toml", kInit);
          replace("init.toml", "init_from = \"hf\"\n", "init_from = \"hf\"\nn_embd = 64\n");
@@ -330,17 +431,32 @@ const std::vector<Case>& cases() {
        {"model.n_embd = 64, but model.init_from = \"hf\" holds a model with model.n_embd = 32",
         "remove model.n_embd from the recipe"}},
       // ---------------------------------------------------------------- command line
-      {"recipe-empty-file", {}, [] { put("empty.toml", ""); }, "train empty.toml --no-sample",
+      {"recipe-empty-file",
+       {},
+       [] { put("empty.toml", ""); },
+       "train empty.toml --no-sample",
        {"empty.toml", "is empty", "recipes/gpt-kjv.toml"}},
-      {"recipe-sample-prompt-unknown-characters", {}, [] {}, "train tiny.toml --set sample.prompt=Zebra",
+      {"recipe-sample-prompt-unknown-characters",
+       {},
+       [] {},
+       "train tiny.toml --set sample.prompt=Zebra",
        {"sample.prompt", "U+005A", "use only characters from the training corpus"}},
       {"cli-unknown-command", {}, [] {}, "trian tiny.toml", {"unknown command 'trian'", "train", "brigade --help"}},
-      {"cli-unknown-flag", {}, [] {}, "train tiny.toml --no-sample --resum",
+      {"cli-unknown-flag",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --resum",
        {"not expected: --resum", "see `brigade train --help`"}},
       {"cli-stop-at-zero", {}, [] {}, "train tiny.toml --no-sample --stop-at 0", {"--stop-at 0: must be a step >= 1"}},
-      {"cli-resume-and-resume-if-any", {}, [] {}, "train tiny.toml --no-sample --resume --resume-if-any",
+      {"cli-resume-and-resume-if-any",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --resume --resume-if-any",
        {"--resume-if-any and --resume: give one of them"}},
-      {"cli-json-without-dry-run", {}, [] {}, "train tiny.toml --no-sample --json",
+      {"cli-json-without-dry-run",
+       {},
+       [] {},
+       "train tiny.toml --no-sample --json",
        {"--json goes with --dry-run", "remove it"}},
   };
   return c;
@@ -352,19 +468,23 @@ const std::vector<Case>& findings() {
   static const std::vector<Case> c{
       // model.init_from's corrupt tokenizer.model: "delete it and run `brigade prepare`" (wrong for a
       // model folder; prepare cannot rebuild a pretrained model's tokenizer)
-      {"init-from-corrupt-tokenizer", {"hf"},
+      {"init-from-corrupt-tokenizer",
+       {"hf"},
        [] {
          put("init.toml", kInit);
          put("hf/tokenizer.model", "garbage");
        },
-       "train init.toml --no-sample", {"hf/tokenizer.model", "model.init_from"}},
+       "train init.toml --no-sample",
+       {"hf/tokenizer.model", "model.init_from"}},
       // model.init_from without its tokenizer.model: "run `brigade prepare` (or check data.dir)"
-      {"init-from-missing-tokenizer", {"hf"},
+      {"init-from-missing-tokenizer",
+       {"hf"},
        [] {
          put("init.toml", kInit);
          fs::remove("hf/tokenizer.model");
        },
-       "train init.toml --no-sample", {"hf/tokenizer.model", "model.init_from"}},
+       "train init.toml --no-sample",
+       {"hf/tokenizer.model", "model.init_from"}},
   };
   return c;
 }
@@ -457,7 +577,8 @@ class RemoveTemplate : public ::testing::Environment {
     fs::remove_all(fs::temp_directory_path() / ("brigade_bad_input_template_" + std::to_string(::getpid())));
   }
 };
-[[maybe_unused]] ::testing::Environment* const kRemoveTemplate = ::testing::AddGlobalTestEnvironment(new RemoveTemplate);
+[[maybe_unused]] ::testing::Environment* const kRemoveTemplate =
+    ::testing::AddGlobalTestEnvironment(new RemoveTemplate);
 
 INSTANTIATE_TEST_SUITE_P(Table, BadInput, ::testing::ValuesIn(cases()), test_name);
 // Not a clear one-line error yet: --gtest_also_run_disabled_tests runs them.

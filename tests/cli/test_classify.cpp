@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -231,7 +231,8 @@ TEST_F(Classify, TinyResnetTrainsAndEvalReproducesAccuracy) {
   const double acc = train_and_eval("resnet.toml", "resnet",
                                     {"conv1.weight", "bn1.running_mean", "layer4.1.bn2.running_var",
                                      "layer2.0.downsample.1.num_batches_tracked", "fc.weight"});
-  EXPECT_GT(acc, 0.3) << "80 steps of a tiny ResNet should beat chance (0.1) clearly (40 steps: ~0.28, the running statistics still settling)";
+  EXPECT_GT(acc, 0.3) << "80 steps of a tiny ResNet should beat chance (0.1) clearly (40 steps: ~0.28, the running "
+                         "statistics still settling)";
 }
 
 // Swin: stage 0 (14x14 grid, 7x7 windows) holds one unshifted block; stage 1 (7x7, the window
@@ -247,8 +248,8 @@ TEST_F(Classify, TinySwinTrainsAndEvalReproducesAccuracy) {
   EXPECT_GT(acc, 0.3) << "100 steps of a tiny Swin should beat chance (0.1) clearly";
   // a shifted block: depths "2" at stage 0 makes block 1 shift by 3; it trains and reproduces too
   write("swin2.toml", kSwin);
-  CmdResult r = brigade("train swin2.toml --quiet --set model.depths=2 --set train.steps=10 --set run.out_dir=swin2",
-                        dir_);
+  CmdResult r =
+      brigade("train swin2.toml --quiet --set model.depths=2 --set train.steps=10 --set run.out_dir=swin2", dir_);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("final test accuracy"), std::string::npos) << r.out;
 }
@@ -288,9 +289,11 @@ TEST_F(Classify, StopAndResumeMatchesAnUninterruptedRun) {
 TEST_F(Classify, InterruptCheckpointsAndExits130) {
   write("vit.toml", kVit);
   const fs::path pidfile = dir_ / "pid";
-  const std::string cmd = "cd '" + dir_.string() + "' && { " + kBin +
-                          " train vit.toml --set train.steps=100000 --set run.out_dir=intr >out.txt 2>err.txt & echo $! "
-                          ">'" + pidfile.string() + "'; wait $!; echo $? >rc.txt; }";
+  const std::string cmd =
+      "cd '" + dir_.string() + "' && { " + kBin +
+      " train vit.toml --set train.steps=100000 --set run.out_dir=intr >out.txt 2>err.txt & echo $! "
+      ">'" +
+      pidfile.string() + "'; wait $!; echo $? >rc.txt; }";
   std::thread runner([cmd] { (void)std::system(cmd.c_str()); });
   // signal once a training step is logged (the handler is installed before the loop)
   const fs::path metrics = dir_ / "intr" / "metrics.jsonl";
@@ -306,9 +309,10 @@ TEST_F(Classify, InterruptCheckpointsAndExits130) {
   const int64_t step = state["step"].get<int64_t>();
   ASSERT_GE(step, 1);
   for (const auto& j : records("intr")) EXPECT_FALSE(j.contains("accuracy") && j["step"] == step) << j.dump();
-  CmdResult more = brigade("train vit.toml --quiet --set train.steps=100000 --set run.out_dir=intr --resume --stop-at " +
-                               std::to_string(step + 3),
-                           dir_);
+  CmdResult more =
+      brigade("train vit.toml --quiet --set train.steps=100000 --set run.out_dir=intr --resume --stop-at " +
+                  std::to_string(step + 3),
+              dir_);
   EXPECT_EQ(more.code, 0) << more.err;
   EXPECT_NE(more.out.find(std::to_string(step + 3) + " steps"), std::string::npos) << more.out;
 }

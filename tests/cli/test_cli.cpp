@@ -258,7 +258,6 @@ TEST_F(Cli, PromptWithUnknownCharactersIsAClearError) {
   expect_clean_error(r, "U+2603");
 }
 
-
 // ---- early stopping, loss plots, ablate
 
 std::string slurp_file(const fs::path& p) {
@@ -335,11 +334,13 @@ TEST_F(Cli, EarlyStopStopsWhereTheRuleSaysAndKeepsTheBestModel) {
   EXPECT_EQ(state_step(dir_ / "es/best"), best);
   EXPECT_EQ(state_step(dir_ / "es/checkpoint"), stop);
   // ... and holds exactly the weights an ordinary run has at that step
-  ASSERT_EQ(brigade("train tiny.toml --quiet --no-sample --set train.steps=40 --set optim.lr=3e-2 --set run.out_dir=ref "
-                    "--stop-at " + std::to_string(best),
-                    dir_)
-                .code,
-            0);
+  ASSERT_EQ(
+      brigade("train tiny.toml --quiet --no-sample --set train.steps=40 --set optim.lr=3e-2 --set run.out_dir=ref "
+              "--stop-at " +
+                  std::to_string(best),
+              dir_)
+          .code,
+      0);
   EXPECT_EQ(slurp_file(dir_ / "es/best/model.safetensors"), slurp_file(dir_ / "ref/checkpoint/model.safetensors"));
   // the best checkpoint is a checkpoint: generate reads it
   CmdResult g = brigade("generate --ckpt es/best --prompt 'And the king' --tokens 5", dir_);
@@ -360,8 +361,9 @@ TEST_F(Cli, EarlyStopStateSurvivesResume) {
   const auto [stop, best] = expected_early_stop(evals, 2, 0.0);
   ASSERT_GT(stop, 2) << "val loss kept improving for 40 steps; these settings no longer exercise early stopping";
   // with min_delta = 0 the kept model is the one with the lowest val loss
-  EXPECT_EQ(best, std::min_element(evals.begin(), evals.end(),
-                                   [](const auto& a, const auto& b) { return a.second < b.second; })->first);
+  EXPECT_EQ(best, std::min_element(evals.begin(), evals.end(), [](const auto& a, const auto& b) {
+                    return a.second < b.second;
+                  })->first);
   // stop one step before the early stop (one evaluation without improvement already counted), resume
   ASSERT_EQ(brigade(es + "--set run.out_dir=split --stop-at " + std::to_string(stop - 1), dir_).code, 0);
   CmdResult r = brigade(es + "--set run.out_dir=split --resume", dir_);
@@ -378,12 +380,13 @@ TEST_F(Cli, EarlyStopStateSurvivesResume) {
 }
 
 TEST_F(Cli, AblateRunsEveryVariantAndWritesTheTableAndThePlot) {
-  CmdResult r = brigade("ablate tiny.toml --vary train.accumulation=1,2 --vary optim.lr=1e-3,3e-3 --steps 3 --out abl",
-                        dir_);
+  CmdResult r =
+      brigade("ablate tiny.toml --vary train.accumulation=1,2 --vary optim.lr=1e-3,3e-3 --steps 3 --out abl", dir_);
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string md = slurp_file(dir_ / "abl/ablate.md");
-  const char* rows[] = {"| 1 | train.accumulation=1, optim.lr=1e-3 | 3 |", "| 2 | train.accumulation=1, optim.lr=3e-3 | 3 |",
-                        "| 3 | train.accumulation=2, optim.lr=1e-3 | 3 |", "| 4 | train.accumulation=2, optim.lr=3e-3 | 3 |"};
+  const char* rows[] = {
+      "| 1 | train.accumulation=1, optim.lr=1e-3 | 3 |", "| 2 | train.accumulation=1, optim.lr=3e-3 | 3 |",
+      "| 3 | train.accumulation=2, optim.lr=1e-3 | 3 |", "| 4 | train.accumulation=2, optim.lr=3e-3 | 3 |"};
   for (const char* row : rows) {
     EXPECT_NE(md.find(row), std::string::npos) << row << "\n" << md;
     EXPECT_NE(r.out.find(row), std::string::npos) << "the table is printed too\n" << r.out;
@@ -413,9 +416,11 @@ TEST_F(Cli, AblateChecksKeysAndVariantsBeforeRunningAnything) {
   CmdResult bad = brigade("ablate tiny.toml --vary train.acumulation=1,2 --out bad1", dir_);
   expect_clean_error(bad, "did you mean 'train.accumulation'");
   EXPECT_NE(bad.err.find("--vary"), std::string::npos) << bad.err;
-  expect_clean_error(brigade("ablate tiny.toml --vary train.accumulation=1,two --out bad2", dir_), "must be an integer");
+  expect_clean_error(brigade("ablate tiny.toml --vary train.accumulation=1,two --out bad2", dir_),
+                     "must be an integer");
   // model.n_head = 3 does not divide n_embd = 32: refused before variant 1 runs
-  expect_clean_error(brigade("ablate tiny.toml --vary model.n_head=2,3 --out bad3", dir_), "variant 2 (model.n_head=3)");
+  expect_clean_error(brigade("ablate tiny.toml --vary model.n_head=2,3 --out bad3", dir_),
+                     "variant 2 (model.n_head=3)");
   expect_clean_error(brigade("ablate tiny.toml --vary train.steps=1,2 --vary train.steps=3 --out bad4", dir_),
                      "given twice");
   for (const char* d : {"bad1", "bad2", "bad3", "bad4"}) EXPECT_FALSE(fs::exists(dir_ / d)) << d;
@@ -443,9 +448,12 @@ TEST_F(Cli, EveryPrecisionLevelTrainsCloseToFp32) {
   const std::string train = "train tiny.toml --quiet --no-sample ";
   ASSERT_EQ(brigade(train + "--set run.out_dir=o0", dir_).code, 0);
   const double o0 = final_val_loss(dir_ / "o0/metrics.jsonl");
-  struct Level { const char* dir; const char* sets; double tol; };
-  for (const Level& l : {Level{"o1", "--set precision.level=O1", 0.02},
-                         Level{"o2", "--set precision.level=O2", 0.02},
+  struct Level {
+    const char* dir;
+    const char* sets;
+    double tol;
+  };
+  for (const Level& l : {Level{"o1", "--set precision.level=O1", 0.02}, Level{"o2", "--set precision.level=O2", 0.02},
                          Level{"o2h", "--set precision.level=O2 --set precision.dtype=fp16", 0.02},
                          Level{"o3", "--set precision.level=O3", 0.05}}) {
     CmdResult r = brigade(train + l.sets + " --set run.out_dir=" + l.dir, dir_);
@@ -486,8 +494,10 @@ TEST_F(Cli, InjectedInfOrNaNGradientSkipsTheStepAndTouchesNothing) {
   for (const char* kind : {"inf_grad", "nan_grad"}) {
     SCOPED_TRACE(kind);
     const std::string out = std::string("run_") + kind;
-    const std::string train = "train tiny.toml --quiet --no-sample --set precision.level=O2 --set "
-                              "precision.dtype=fp16 --set run.out_dir=" + out;
+    const std::string train =
+        "train tiny.toml --quiet --no-sample --set precision.level=O2 --set "
+        "precision.dtype=fp16 --set run.out_dir=" +
+        out;
     ASSERT_EQ(brigade(train + " --stop-at 5", dir_).code, 0);
     const std::string model5 = slurp(dir_ / out / "checkpoint/model.safetensors");
     const std::string opt5 = slurp(dir_ / out / "checkpoint/optimizer.safetensors");
@@ -502,8 +512,8 @@ TEST_F(Cli, InjectedInfOrNaNGradientSkipsTheStepAndTouchesNothing) {
     EXPECT_TRUE(std::regex_search(state, std::regex("\"optimizer_steps\": *5,"))) << state;  // 6 steps, 5 updates
     // and the scale backed off: 2^16 -> 2^15, one overflow and one skip in step 6's log interval
     const fs::path m = dir_ / out / "metrics.jsonl";
-    EXPECT_EQ(metric(m, "loss_scale"), (std::vector<std::string>{"65536.0", "65536.0", "65536.0", "65536.0",
-                                                                  "65536.0", "32768.0"}));
+    EXPECT_EQ(metric(m, "loss_scale"),
+              (std::vector<std::string>{"65536.0", "65536.0", "65536.0", "65536.0", "65536.0", "32768.0"}));
     EXPECT_EQ(metric(m, "skipped").back(), "1");
     EXPECT_EQ(metric(m, "overflows").back(), "1");
     // training goes on normally afterwards
@@ -514,9 +524,10 @@ TEST_F(Cli, InjectedInfOrNaNGradientSkipsTheStepAndTouchesNothing) {
 }
 
 TEST_F(Cli, AblatePrecisionRecomputeAndAccumulation) {
-  CmdResult r = brigade("ablate tiny.toml --vary precision.level=O0,O2 --vary memory.recompute=none,full "
-                        "--vary train.accumulation=1,2 --steps 2 --out abl",
-                        dir_);
+  CmdResult r = brigade(
+      "ablate tiny.toml --vary precision.level=O0,O2 --vary memory.recompute=none,full "
+      "--vary train.accumulation=1,2 --steps 2 --out abl",
+      dir_);
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string md = slurp_file(dir_ / "abl/ablate.md");
   EXPECT_NE(md.find("| 1 | precision.level=O0, memory.recompute=none, train.accumulation=1 | 2 |"), std::string::npos)

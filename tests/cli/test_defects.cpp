@@ -40,8 +40,8 @@ class Defects : public ::testing::Test {
   }
   // `brigade <args>` in the test dir, one process, one thread.
   CmdResult brigade(const std::string& args) {
-    return brigade::test_support::run_in(dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " +
-                                                   kBin + " " + args);
+    return brigade::test_support::run_in(
+        dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " + kBin + " " + args);
   }
   fs::path dir_;
 };
@@ -104,8 +104,10 @@ TEST_F(Defects, AStopBeforeAnyEvaluationWritesNoSentinel) {
   const nlohmann::json state = nlohmann::json::parse(slurp(dir_ / "run/checkpoint/state.json"));
   EXPECT_TRUE(state.at("last_val_loss").is_null()) << state.dump();
   // and the resumed run reads it back as "none yet"
-  const CmdResult more = brigade("train r.toml --no-sample --resume --set train.steps=1000000 --set train.eval_every=0 "
-                                 "--stop-at " + std::to_string(state.at("step").get<int64_t>() + 1));
+  const CmdResult more = brigade(
+      "train r.toml --no-sample --resume --set train.steps=1000000 --set train.eval_every=0 "
+      "--stop-at " +
+      std::to_string(state.at("step").get<int64_t>() + 1));
   EXPECT_EQ(more.code, 0) << more.err;
 }
 

@@ -101,8 +101,8 @@ class Deterministic : public ::testing::Test {
   static CmdResult train(const std::string& out, int np, const std::string& args,
                          const std::string& recipe = "tiny.toml") {
     return test_support::run_in(*dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, "", 300) + " " + kBin +
-                                           " train " + recipe + " --quiet --no-sample --set run.out_dir=" + out +
-                                           " " + args);
+                                           " train " + recipe + " --quiet --no-sample --set run.out_dir=" + out + " " +
+                                           args);
   }
   static fs::path* dir_;
 };
@@ -122,13 +122,13 @@ TEST_F(Deterministic, EveryDpZeroStageAndSplitGivesTheSameBits) {
       for (int acc : {1, 2, 4}) {
         if (dp == 1 && zero == 0 && acc == 1) continue;  // the reference
         const int64_t rows = kGlobalRows / (dp * acc);
-        const std::string out = "dp" + std::to_string(dp) + "_zero" + std::to_string(zero) + "_acc" +
-                                std::to_string(acc);
+        const std::string out =
+            "dp" + std::to_string(dp) + "_zero" + std::to_string(zero) + "_acc" + std::to_string(acc);
         SCOPED_TRACE(out);
-        const CmdResult got = train(out, dp,
-                                    "--set parallel.dp=" + std::to_string(dp) + " --set parallel.zero=" +
-                                        std::to_string(zero) + " --set train.accumulation=" + std::to_string(acc) +
-                                        " --set train.batch_size=" + std::to_string(rows));
+        const CmdResult got = train(
+            out, dp,
+            "--set parallel.dp=" + std::to_string(dp) + " --set parallel.zero=" + std::to_string(zero) +
+                " --set train.accumulation=" + std::to_string(acc) + " --set train.batch_size=" + std::to_string(rows));
         ASSERT_EQ(got.code, 0) << got.err;
         const test_support::Curve c = test_support::read_curve(*dir_ / out / "metrics.jsonl");
         EXPECT_EQ(c.loss_text, want.loss_text) << "the loss curve differs";
@@ -183,10 +183,10 @@ TEST_F(Deterministic, AtomsPerRankMustBeAPowerOfTwo) {
 TEST_F(Deterministic, ASettingItWouldIgnoreIsRefused) {
   const CmdResult ring = train("bad", 1, "--set parallel.allreduce=ring");
   EXPECT_EQ(ring.code, 1) << ring.err;
-  EXPECT_NE(ring.err.find("parallel.allreduce = \"ring\" has no effect with parallel.deterministic"),
-            std::string::npos)
+  EXPECT_NE(ring.err.find("parallel.allreduce = \"ring\" has no effect with parallel.deterministic"), std::string::npos)
       << ring.err;
-  const CmdResult ramp = train("bad", 1, "--set train.accumulation_mode=ramp --set train.accumulation_max=4 --set train.ramp_steps=5");
+  const CmdResult ramp =
+      train("bad", 1, "--set train.accumulation_mode=ramp --set train.accumulation_max=4 --set train.ramp_steps=5");
   EXPECT_EQ(ramp.code, 1) << ramp.err;
   EXPECT_NE(ramp.err.find("needs train.accumulation_mode = \"static\""), std::string::npos) << ramp.err;
 }

@@ -45,8 +45,8 @@ class EveryModel : public ::testing::TestWithParam<TinyModel> {
   }
   // `brigade <args>` in the test dir, one process, one thread.
   CmdResult brigade(const std::string& args) {
-    return brigade::test_support::run_in(dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " +
-                                                   kBin + " " + args);
+    return brigade::test_support::run_in(
+        dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " + kBin + " " + args);
   }
   std::string type() const {
     const std::string& m = GetParam().model;
@@ -111,8 +111,8 @@ TEST_P(EveryModel, DryRunPredictsEveryCategoryWithin15Percent) {
   for (const char* cat : {"params", "grads", "optimizer", "activations", "workspace", "other"}) {
     const double want = mem.at("peak").at(cat).get<double>(), got = p.at(cat).get<double>();
     // 15% of the measured value (one 4 KiB allocator block of slack for the near-empty categories)
-    EXPECT_LE(std::abs(got - want), 0.15 * want + 4096) << type() << " " << cat << ": predicted " << got
-                                                        << ", measured " << want;
+    EXPECT_LE(std::abs(got - want), 0.15 * want + 4096)
+        << type() << " " << cat << ": predicted " << got << ", measured " << want;
   }
 }
 

@@ -72,8 +72,7 @@ class Recovery : public ::testing::Test {
                   int limit_s = 300) {
     const std::string env = fault.empty() ? "" : "BRIGADE_FAULT='" + fault + "'";
     return test_support::run_in(dir_, test_support::launcher(np, kMpirun, env, limit_s) + " " + kBin +
-                                          " train tiny.toml --quiet --no-sample --set run.out_dir=" + out + " " +
-                                          args);
+                                          " train tiny.toml --quiet --no-sample --set run.out_dir=" + out + " " + args);
   }
   std::string model(const std::string& out) { return slurp(dir_ / out / "checkpoint/model.safetensors"); }
   std::string optimizer(const std::string& out) { return slurp(dir_ / out / "checkpoint/optimizer.safetensors"); }
@@ -98,7 +97,7 @@ TEST_F(Recovery, NonFiniteLossStopsByDefaultNamingTheStep) {
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("brigade: error: loss nan at step 5"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("train.nonfinite"), std::string::npos) << r.err;  // says what to try
-  const CmdResult g = train("stop_grad", "", "0:6:nan_grad");  // fp32: no loss scaler to catch it
+  const CmdResult g = train("stop_grad", "", "0:6:nan_grad");            // fp32: no loss scaler to catch it
   EXPECT_EQ(g.code, 1) << g.err;
   EXPECT_NE(g.err.find("grad_norm nan at step 6"), std::string::npos) << g.err;
 }
@@ -147,8 +146,9 @@ TEST_F(Recovery, RollbackUnderDataParallelZero3MatchesOneProcessSkipping) {
   // the fault on rank 1 only: its NaN makes the global loss NaN, so both ranks roll back together
   const CmdResult one = train("one", "--set train.nonfinite=skip --set run.threads=1", "0:7:nan_loss");
   ASSERT_EQ(one.code, 0) << one.err;
-  const CmdResult dp = train("dp", "--set train.nonfinite=rollback --set run.threads=1 --set parallel.dp=2 --set "
-                                   "train.batch_size=2 --set parallel.zero=3",
+  const CmdResult dp = train("dp",
+                             "--set train.nonfinite=rollback --set run.threads=1 --set parallel.dp=2 --set "
+                             "train.batch_size=2 --set parallel.zero=3",
                              "1:7:nan_loss", 2);
   ASSERT_EQ(dp.code, 0) << dp.err;
   EXPECT_EQ(records("dp", "rollback_from").size(), 1u);
@@ -164,8 +164,9 @@ TEST_F(Recovery, AStoppedRankEndsTheJobNamingIt) {
   // rank 1 stops (SIGSTOP) in step 3; rank 0 waits in the step's allreduce until the watchdog
   // ends the job, within parallel.timeout_s + the watchdog's 3 s for answers + the launcher's kill
   const std::string out = "hang_" + std::to_string(::getpid());
-  const CmdResult r = train(out, "--set run.threads=1 --set parallel.dp=2 --set train.batch_size=2 --set "
-                                 "parallel.timeout_s=3",
+  const CmdResult r = train(out,
+                            "--set run.threads=1 --set parallel.dp=2 --set train.batch_size=2 --set "
+                            "parallel.timeout_s=3",
                             "1:3:stop", 2, /*limit_s=*/90);
   std::system(("pkill -KILL -f 'run.out_dir=" + out + "' >/dev/null 2>&1").c_str());  // never leave it stopped
   EXPECT_NE(r.code, 0) << r.err;
@@ -181,8 +182,7 @@ TEST_F(Recovery, AStoppedRankEndsTheJobNamingIt) {
 TEST_F(Recovery, RollbackBeforeThePeriodicCheckpointGoesBackToStepZero) {
   const CmdResult skip = train("skip0", "--set train.nonfinite=skip --set train.checkpoint_every=0", "0:3:nan_grad");
   ASSERT_EQ(skip.code, 0) << skip.err;
-  const CmdResult rb =
-      train("rb0", "--set train.nonfinite=rollback --set train.checkpoint_every=0", "0:3:nan_grad");
+  const CmdResult rb = train("rb0", "--set train.nonfinite=rollback --set train.checkpoint_every=0", "0:3:nan_grad");
   ASSERT_EQ(rb.code, 0) << rb.err;
   EXPECT_EQ(model("rb0"), model("skip0"));
   const std::vector<std::string> back = records("rb0", "rollback_from");
@@ -192,7 +192,8 @@ TEST_F(Recovery, RollbackBeforeThePeriodicCheckpointGoesBackToStepZero) {
 
 TEST_F(Recovery, TooManySkipsInARowStop) {
   std::string faults;
-  for (int s = 2; s <= 12; ++s) faults += (faults.empty() ? "" : ",") + std::string("0:") + std::to_string(s) + ":nan_loss";
+  for (int s = 2; s <= 12; ++s)
+    faults += (faults.empty() ? "" : ",") + std::string("0:") + std::to_string(s) + ":nan_loss";
   const CmdResult r = train("many", "--set train.nonfinite=skip", faults);
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("11 steps in a row skipped up to step 12"), std::string::npos) << r.err;

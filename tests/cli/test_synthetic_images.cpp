@@ -31,8 +31,9 @@ class SyntheticImages : public ::testing::Test {
   // a width-4 ResNet-18 recipe; `model` and `data` are extra lines of those sections
   void write(const std::string& model, const std::string& data) {
     std::ofstream(dir_ / "r.toml") << "[run]\nname = \"s\"\nout_dir = \"run\"\nthreads = 1\n"
-                                   << "[model]\ntype = \"resnet18\"\nwidth = 4\n" << model << "[data]\n" << data
-                                   << "[train]\nsteps = 2\nbatch_size = 4\n[schedule]\nwarmup_steps = 0\n";
+                                   << "[model]\ntype = \"resnet18\"\nwidth = 4\n"
+                                   << model << "[data]\n"
+                                   << data << "[train]\nsteps = 2\nbatch_size = 4\n[schedule]\nwarmup_steps = 0\n";
   }
   CmdResult brigade(const std::string& args) {
     return brigade::test_support::run_in(dir_, "OMP_NUM_THREADS=1 timeout 300 " + kBin + " " + args);

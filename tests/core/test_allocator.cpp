@@ -13,7 +13,7 @@ TEST(Allocator, LiveAndPeakBytesPerTag) {
   const MemStats s0 = a.stats();
   const int g = int(MemTag::Grads), p = int(MemTag::Params);
   {
-    Tensor x = Tensor::empty({1000}, DType::F32, MemTag::Grads);  // 4000 B -> 4032 (64-byte classes)
+    Tensor x = Tensor::empty({1000}, DType::F32, MemTag::Grads);        // 4000 B -> 4032 (64-byte classes)
     Tensor y = Tensor::empty({256, 1024}, DType::F32, MemTag::Params);  // 1 MiB
     const MemStats s1 = a.stats();
     EXPECT_EQ(s1.live[g] - s0.live[g], int64_t(Allocator::round_size(4000)));

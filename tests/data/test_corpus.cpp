@@ -77,9 +77,9 @@ TEST(Corpus, Utf8Validation) {
   EXPECT_TRUE(is_valid_utf8("plain"));
   EXPECT_TRUE(is_valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));
   EXPECT_FALSE(is_valid_utf8("caf\xe9"));
-  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));          // overlong
-  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));      // surrogate
-  EXPECT_FALSE(is_valid_utf8("\xe2\x82"));          // truncated
+  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));      // overlong
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));  // surrogate
+  EXPECT_FALSE(is_valid_utf8("\xe2\x82"));      // truncated
 }
 
 TEST(Corpus, KjvStripsVerseReferences) {

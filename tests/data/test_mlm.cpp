@@ -34,8 +34,8 @@ TEST(MaskTokens, SmallBatchesExact) {
     const std::vector<int64_t> ids = make_ids(4 * 16, seed, true);
     for (DType dt : {DType::I64, DType::I32}) {
       Generator g(seed);
-      const data::MlmBatch b = data::mask_tokens(Tensor::from_vector_i64(ids, {4, 16}, dt), kV, kMask, kSpecial,
-                                                 0.15, g);
+      const data::MlmBatch b =
+          data::mask_tokens(Tensor::from_vector_i64(ids, {4, 16}, dt), kV, kMask, kSpecial, 0.15, g);
       ASSERT_EQ(b.inputs.shape(), Shape({4, 16}));
       ASSERT_EQ(b.labels.shape(), Shape({4, 16}));
       EXPECT_EQ(b.inputs.dtype(), dt);
@@ -58,8 +58,8 @@ TEST(MaskTokens, SmallBatchesExact) {
       EXPECT_GT(chosen, 0) << "seed " << seed;
       // deterministic: the same seed gives the same batch
       Generator g2(seed);
-      const data::MlmBatch c = data::mask_tokens(Tensor::from_vector_i64(ids, {4, 16}, dt), kV, kMask, kSpecial,
-                                                 0.15, g2);
+      const data::MlmBatch c =
+          data::mask_tokens(Tensor::from_vector_i64(ids, {4, 16}, dt), kV, kMask, kSpecial, 0.15, g2);
       EXPECT_EQ(c.inputs.to_vector_i64(), in);
       EXPECT_EQ(c.labels.to_vector_i64(), lab);
     }

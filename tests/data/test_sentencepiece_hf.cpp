@@ -48,14 +48,16 @@ std::string training_text() {
 
 std::vector<std::string> test_strings() {
   std::vector<std::string> out = {
+      // clang-format off
       "", " ", "  ", "a", "the lord", " the lord", "the lord ", "  two  spaces  ", "\n", "\n\n", "a\nb",
       "line one\nline two\n", "\r\n", "tab\tseparated", "café naïve über", "Ångström", "e\u0301", "日本語",
       "你好，世界", "Привет", "😀 emoji 👍🏽", "digits 1234567890", "3.14", "unseen ☃ snowman", "ǅ", "\x7f",
       "And God said, Let there be light: and there was light.", "<s> </s> <unk>", "<0x0A>", "▁", "▁▁x",
+      // clang-format on
   };
-  const std::vector<std::string> parts = {"the", "lord", "said", "unto", "moses", " ", "  ", "\n", "\t", ",",
-                                          ".", "!", "café", "ünïcödé", "東京", "🙂", "42", "2026", "Israel",
-                                          "KING", "x", "\n\n", " \n ", "'s", "—", "«", "»"};
+  const std::vector<std::string> parts = {"the",    "lord", "said", "unto", "moses",   " ",    "  ",   "\n", "\t",
+                                          ",",      ".",    "!",    "café", "ünïcödé", "東京", "🙂", "42", "2026",
+                                          "Israel", "KING", "x",    "\n\n", " \n ",    "'s",   "—",    "«",  "»"};
   std::mt19937 rng(11);
   for (int i = 0; i < 300; ++i) {
     std::string s;
@@ -74,8 +76,8 @@ TEST(SentencePieceHf, MatchesPythonSentencePieceWithBos) {
   const std::vector<std::string> strings = test_strings();
   write_text(dir.file("in.json"), json(strings).dump());
   const auto r = test_support::run_in(dir.path(), "/usr/bin/python3 '" + kScript + "' '" + dir.file("train.txt") +
-                                                      "' '" + dir.file("m") + "' 400 '" + dir.file("in.json") +
-                                                      "' '" + dir.file("out.json") + "'");
+                                                      "' '" + dir.file("m") + "' 400 '" + dir.file("in.json") + "' '" +
+                                                      dir.file("out.json") + "'");
   ASSERT_EQ(r.code, 0) << "sentencepiece_oracle.py failed:\n" << r.err;
   const json out = json::parse(testing::read_bytes(dir.file("out.json")));
 
@@ -107,8 +109,8 @@ TEST(SentencePieceHf, MatchesPythonSentencePieceWithBos) {
   // characters unseen in training as byte tokens.
   EXPECT_GT(with_newline_byte, 50);
   EXPECT_GT(with_byte_tokens, 100);
-  std::cout << "[ oracle ] " << strings.size() << " strings compared with python3-sentencepiece; "
-            << with_newline_byte << " with <0x0A>, " << with_byte_tokens << " with byte tokens\n";
+  std::cout << "[ oracle ] " << strings.size() << " strings compared with python3-sentencepiece; " << with_newline_byte
+            << " with <0x0A>, " << with_byte_tokens << " with byte tokens\n";
 
   std::vector<int> eos = sp.encode("a", true, true);
   EXPECT_EQ(eos.front(), 1);

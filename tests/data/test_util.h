@@ -17,9 +17,8 @@ class TempDir {
  public:
   TempDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            ("brigade_data_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" +
-             std::to_string(::getpid()));
+    path_ = std::filesystem::temp_directory_path() / ("brigade_data_" + std::string(info->test_suite_name()) + "_" +
+                                                      info->name() + "_" + std::to_string(::getpid()));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
@@ -44,10 +43,10 @@ inline std::string read_bytes(const std::string& path) {
 
 // `lines` pseudo-random sentences over a fixed word list (deterministic, ASCII only).
 inline std::string make_corpus(int lines, uint64_t seed = 1) {
-  static const char* words[] = {"the",   "lord",  "said",  "unto",  "moses", "and",   "all",    "people",
-                                "of",    "israel", "went", "into",  "land",  "which", "he",     "gave",
-                                "them",  "light", "darkness", "waters", "earth", "heaven", "day", "night",
-                                "king",  "house", "city",  "river", "mountain", "bread", "wine", "seven"};
+  static const char* words[] = {"the",  "lord",   "said",     "unto",   "moses",    "and",    "all",  "people",
+                                "of",   "israel", "went",     "into",   "land",     "which",  "he",   "gave",
+                                "them", "light",  "darkness", "waters", "earth",    "heaven", "day",  "night",
+                                "king", "house",  "city",     "river",  "mountain", "bread",  "wine", "seven"};
   constexpr int kWords = sizeof(words) / sizeof(words[0]);
   std::string out;
   uint64_t s = seed;

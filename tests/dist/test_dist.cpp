@@ -584,9 +584,9 @@ TEST(DistMesh, ValidationMessages) {
   const int P = w->size();
   const std::string procs = std::to_string(P) + (P == 1 ? " process" : " processes");
   EXPECT_EQ(message_of<ConfigError>([&] { DeviceMesh(w, P + 1, 1, 1); }),
-            "parallel.dp (" + std::to_string(P + 1) + ") x parallel.tp (1) x parallel.pp (1) = " +
-                std::to_string(P + 1) + " ranks, but the job has " + procs + "; launch with mpirun -np " +
-                std::to_string(P + 1) + " or change parallel.*");
+            "parallel.dp (" + std::to_string(P + 1) +
+                ") x parallel.tp (1) x parallel.pp (1) = " + std::to_string(P + 1) + " ranks, but the job has " +
+                procs + "; launch with mpirun -np " + std::to_string(P + 1) + " or change parallel.*");
   EXPECT_EQ(message_of<ConfigError>([&] { DeviceMesh(w, 1, 2, P); }),
             "parallel.dp (1) x parallel.tp (2) x parallel.pp (" + std::to_string(P) + ") = " + std::to_string(2 * P) +
                 " ranks, but the job has " + procs + "; launch with mpirun -np " + std::to_string(2 * P) +

@@ -68,7 +68,9 @@ std::string as_file(const uint8_t* data, size_t size) {
   return path.string();
 }
 
-std::string bytes_of(const uint8_t* data, size_t size) { return std::string(reinterpret_cast<const char*>(data), size); }
+std::string bytes_of(const uint8_t* data, size_t size) {
+  return std::string(reinterpret_cast<const char*>(data), size);
+}
 
 }  // namespace
 
@@ -245,8 +247,9 @@ int optimizer_index(const uint8_t* data, size_t size) {
     for (int r = 0; r < 2; ++r) {
       std::vector<float> a(4), b(4);
       for (int i = 0; i < 4; ++i) a[size_t(i)] = float(r * 4 + i), b[size_t(i)] = float(100 + r * 4 + i);
-      ckpt::write_optimizer_shard(dir.string(), r, 2, r * 4, r * 4 + 4,
-                                  {{"exp_avg", Tensor::from_vector(a, {4})}, {"exp_avg_sq", Tensor::from_vector(b, {4})}});
+      ckpt::write_optimizer_shard(
+          dir.string(), r, 2, r * 4, r * 4 + 4,
+          {{"exp_avg", Tensor::from_vector(a, {4})}, {"exp_avg_sq", Tensor::from_vector(b, {4})}});
     }
     write_bytes(dir / "recipe.toml", "");
   }
@@ -301,8 +304,8 @@ int hf_index(const uint8_t* data, size_t size) {
 }
 
 int tokenizer(const uint8_t* data, size_t size) {
-  static const std::set<std::string> names{"tokenizer.json", "vocab.json", "merges.txt", "tokenizer_config.json",
-                                           "tokenizer.model", data::kTokenizerMarker};
+  static const std::set<std::string> names{"tokenizer.json",        "vocab.json",      "merges.txt",
+                                           "tokenizer_config.json", "tokenizer.model", data::kTokenizerMarker};
   const fs::path dir = fresh_dir("tokenizer");
   for (const auto& [name, bytes] : split_bundle(bytes_of(data, size), "tokenizer.json"))
     if (names.count(name)) write_bytes(dir / name, bytes);

@@ -100,7 +100,11 @@ TEST_F(AlignParity, ParameterAndBufferNamesAndShapesAreHuggingFaces) {
 TEST_F(AlignParity, BlockGeometryIsHuggingFaces) {
   // The table make_align_fixture.py asserts against torch: (in, out, stride, k, padding (left,
   // right, top, bottom), squeeze width, residual, expanded).
-  struct Row { int64_t in, out, stride, k, l, r, t, b, se; bool residual; int64_t expanded; };
+  struct Row {
+    int64_t in, out, stride, k, l, r, t, b, se;
+    bool residual;
+    int64_t expanded;
+  };
   const std::vector<Row> want{{16, 8, 1, 3, 1, 1, 1, 1, 4, false, 16},  {8, 8, 1, 3, 1, 1, 1, 1, 2, true, 8},
                               {8, 16, 2, 5, 1, 2, 1, 2, 2, false, 32},  {16, 16, 1, 5, 2, 2, 2, 2, 4, true, 64},
                               {16, 24, 2, 3, 1, 1, 1, 1, 4, false, 96}, {24, 24, 1, 3, 1, 1, 1, 1, 6, true, 144},
@@ -156,8 +160,8 @@ TEST_F(AlignParity, TrainModeEmbeddingsLogitsLossGradientsAndStatisticsMatchTorc
   };
   for (auto& [name, p] : m.named_parameters()) {
     ASSERT_TRUE(p.grad().defined()) << name;
-    const double err = exact_zero(name) ? grad_err(r_, name, p.grad(), "project_bn.bias")
-                                        : grad_err(r_, name, p.grad(), "key.bias");
+    const double err =
+        exact_zero(name) ? grad_err(r_, name, p.grad(), "project_bn.bias") : grad_err(r_, name, p.grad(), "key.bias");
     EXPECT_LT(err, 1e-4) << "gradient of " << name;
     if (exact_zero(name)) {  // the reference agrees that it is 0 (float64 rounding noise)
       auto max_abs = [](const Tensor& t) {
@@ -270,8 +274,12 @@ TEST(AlignCheckpoint, BrigadeWeightsAndStatisticsLoadIntoPyTorchWithTheSameLoss)
   // another geometry than the fixture (3 channels, 12 px, width 0.75), the caption vocabulary
   data::CaptionTokenizer tok;
   models::AlignConfig c;
-  c.text = {.vocab_size = tok.vocab_size(), .max_position_embeddings = tok.max_length(), .hidden_size = 24,
-            .num_hidden_layers = 2, .num_attention_heads = 2, .intermediate_size = 40};
+  c.text = {.vocab_size = tok.vocab_size(),
+            .max_position_embeddings = tok.max_length(),
+            .hidden_size = 24,
+            .num_hidden_layers = 2,
+            .num_attention_heads = 2,
+            .intermediate_size = 40};
   c.vision.num_channels = 3;
   c.vision.image_size = 12;
   c.vision.width_coefficient = 0.75;
@@ -325,8 +333,7 @@ TEST(AlignCheckpoint, BrigadeWeightsAndStatisticsLoadIntoPyTorchWithTheSameLoss)
 }
 
 TEST(Align, TemperatureClampAndInit) {
-  models::AlignConfig c = models::AlignConfig::from_json(
-      ckpt::SafetensorsReader(kFixture).metadata("config").value());
+  models::AlignConfig c = models::AlignConfig::from_json(ckpt::SafetensorsReader(kFixture).metadata("config").value());
   models::ALIGN m(c);
   EXPECT_EQ(m.scale_name(), "temperature");
   EXPECT_EQ(m.clamp_scale(0.001), models::ALIGN::kMinTemperature);
@@ -369,8 +376,7 @@ TEST(Align, ConfigErrorsNameTheField) {
   fails([](auto& c) { c.vision.image_size = 1; }, "image_size");
   fails([](auto& c) { c.vision.pooling_type = "max"; }, "pooling_type");
   EXPECT_THROW(models::AlignConfig::from_json("{\"text_config\": {}}"), ConfigError);
-  EXPECT_THROW(models::AlignConfig::from_json(
-                   R"({"text_config": {"hidden_dropout_prob": 0.1}, "vision_config": {}})"),
+  EXPECT_THROW(models::AlignConfig::from_json(R"({"text_config": {"hidden_dropout_prob": 0.1}, "vision_config": {}})"),
                ConfigError);
 }
 
@@ -379,8 +385,12 @@ TEST(Align, FlopsPerPairCountEveryConvolution) {
   // -> 4x4 x 8 channels (width 0.25: round_filters(32) = 8), depthwise 3x3, SE 8 -> 2 -> 8,
   // projection 8 -> 8; text 1 layer, D 8, MLP 16, T 4; projection 8 x 8.
   models::AlignConfig c;
-  c.text = {.vocab_size = 10, .max_position_embeddings = 4, .hidden_size = 8, .num_hidden_layers = 1,
-            .num_attention_heads = 2, .intermediate_size = 16};
+  c.text = {.vocab_size = 10,
+            .max_position_embeddings = 4,
+            .hidden_size = 8,
+            .num_hidden_layers = 1,
+            .num_attention_heads = 2,
+            .intermediate_size = 16};
   c.vision.num_channels = 1;
   c.vision.image_size = 8;
   c.vision.width_coefficient = 0.25;

@@ -32,8 +32,6 @@ namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/bert_tiny.safetensors";
 
-
-
 models::BERTConfig config_from_json(const nlohmann::json& j) {
   models::BERTConfig c;
   c.vocab_size = j.at("vocab_size");
@@ -190,8 +188,7 @@ TEST_F(BertParity, MlmAccuracyCountsLabelledArgmaxHits) {
 TEST_F(BertParity, SaveLoadRoundTripWithHuggingFaceNames) {
   models::BERT a(cfg_);
   load(a);
-  const fs::path path =
-      fs::temp_directory_path() / ("brigade_bert_rt_" + std::to_string(::getpid()) + ".safetensors");
+  const fs::path path = fs::temp_directory_path() / ("brigade_bert_rt_" + std::to_string(::getpid()) + ".safetensors");
   ckpt::save_safetensors(path.string(), a.named_parameters(), {{"config", config_json(cfg_).dump()}});
   models::BERT b(cfg_);
   ckpt::SafetensorsReader r(path.string());
@@ -218,8 +215,7 @@ TEST_F(BertParity, RunsUnderAutocastWithF32Gradients) {
       loss = m.mlm_loss(ids_, labels_, mask_, types_);
     }
     EXPECT_EQ(loss.dtype(), DType::F32);
-    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 2e-2 * std::abs(r_.get("loss").item()))
-        << amp::level_name(level);
+    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 2e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
     autograd::backward(loss);
     for (auto& [name, p] : m.named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;
@@ -310,10 +306,10 @@ TEST(Bert, ConfigAndShapeErrors) {
   c.intermediate_size = 8;
   models::BERT m(c);
   const Tensor ids = Tensor::zeros({2, 6}, DType::I64);
-  EXPECT_THROW(m.forward(Tensor::zeros({2, 9}, DType::I64)), ShapeError);               // longer than 8 positions
-  EXPECT_THROW(m.forward(ids, Tensor::ones({2, 5}, DType::I64)), ShapeError);           // mask shape
-  EXPECT_THROW(m.mlm_loss(ids, Tensor::zeros({2, 5}, DType::I64)), ShapeError);         // labels shape
-  EXPECT_THROW(m.forward(ids, Tensor::full({2, 6}, 2, DType::I64)), ValueError);        // mask not 0/1
+  EXPECT_THROW(m.forward(Tensor::zeros({2, 9}, DType::I64)), ShapeError);         // longer than 8 positions
+  EXPECT_THROW(m.forward(ids, Tensor::ones({2, 5}, DType::I64)), ShapeError);     // mask shape
+  EXPECT_THROW(m.mlm_loss(ids, Tensor::zeros({2, 5}, DType::I64)), ShapeError);   // labels shape
+  EXPECT_THROW(m.forward(ids, Tensor::full({2, 6}, 2, DType::I64)), ValueError);  // mask not 0/1
 }
 
 TEST(Bert, FlopsPerToken) {

@@ -1,17 +1,16 @@
-// Masked-language-model pre-training of BERT through the one trainer (the masked-LM task, train/tasks.h): a tiny BERT on the
-// tiny structured corpus (support/test_support.h) learns far beyond the context-free baselines,
-// computed here from val.bin alone (the best constant answer's accuracy, the entropy of the
-// maskable val tokens); its checkpoint holds the BertForMaskedLM names and evaluates, through
-// evaluate_checkpoint and `brigade eval --ckpt`, to exactly the run's final numbers; runs are
-// deterministic; Ctrl-C checkpoints and exits 130; bad inputs end in clear errors.
+// Masked-language-model pre-training of BERT through the one trainer (the masked-LM task, train/tasks.h): a tiny BERT
+// on the tiny structured corpus (support/test_support.h) learns far beyond the context-free baselines, computed here
+// from val.bin alone (the best constant answer's accuracy, the entropy of the maskable val tokens); its checkpoint
+// holds the BertForMaskedLM names and evaluates, through evaluate_checkpoint and `brigade eval --ckpt`, to exactly the
+// run's final numbers; runs are deterministic; Ctrl-C checkpoints and exits 130; bad inputs end in clear errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -199,14 +198,14 @@ TEST_F(BertTrain, WritesMetricsPlotAndHuggingFaceCheckpoint) {
       last_loss = j["loss"].get<double>();
     }
   }
-  EXPECT_EQ(train_records, 30);                  // every 10 of 300 steps
-  ASSERT_EQ(val_losses.size(), 3u);              // steps 100, 200, 300
+  EXPECT_EQ(train_records, 30);      // every 10 of 300 steps
+  ASSERT_EQ(val_losses.size(), 3u);  // steps 100, 200, 300
   EXPECT_EQ(val_losses.back(), result_->val_loss);
   EXPECT_LT(last_loss, first_loss - 1.0);
   EXPECT_TRUE(fs::exists(run / "loss.svg"));
   const fs::path ck = run / "checkpoint";
-  for (const char* file : {"model.safetensors", "optimizer.safetensors", "state.json", "recipe.toml",
-                           "tokenizer.model"})
+  for (const char* file :
+       {"model.safetensors", "optimizer.safetensors", "state.json", "recipe.toml", "tokenizer.model"})
     EXPECT_TRUE(fs::exists(ck / file)) << file;
   ckpt::SafetensorsReader st((ck / "model.safetensors").string());
   ASSERT_TRUE(st.contains("bert.embeddings.word_embeddings.weight"));
@@ -219,7 +218,8 @@ TEST_F(BertTrain, WritesMetricsPlotAndHuggingFaceCheckpoint) {
 
 TEST_F(BertTrain, CheckpointEvaluationReproducesFinalNumbersExactly) {
   const train::EvalReport ev = train::evaluate_checkpoint((root_ / "run" / "checkpoint").string(), 1);
-  EXPECT_EQ(ev.fields.at("val_loss").get<double>(), result_->val_loss);  // bitwise: same weights, batches, masks, threads
+  EXPECT_EQ(ev.fields.at("val_loss").get<double>(),
+            result_->val_loss);  // bitwise: same weights, batches, masks, threads
   EXPECT_EQ(int64_t(ev.metrics.get("correct")), correct(*result_));
   EXPECT_EQ(ev.fields.at("masked_tokens").get<int64_t>(), masked(*result_));
   EXPECT_EQ(ev.fields.at("mlm_accuracy").get<double>(), accuracy(*result_));
@@ -230,8 +230,8 @@ TEST_F(BertTrain, CliEvalPrintsTheSameNumbers) {
   if (!fs::exists(bin)) GTEST_SKIP() << "build the brigade binary for this test";
   const fs::path out = root_ / "eval_out.txt", err = root_ / "eval_err.txt";
   auto run = [&](const std::string& ckpt) {
-    const std::string cmd = bin + " eval --ckpt '" + ckpt + "' --threads 1 >'" + out.string() + "' 2>'" +
-                            err.string() + "'";
+    const std::string cmd =
+        bin + " eval --ckpt '" + ckpt + "' --threads 1 >'" + out.string() + "' 2>'" + err.string() + "'";
     const int st = std::system(cmd.c_str());
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   };
@@ -252,9 +252,7 @@ TEST_F(BertTrain, InterruptCheckpointsAndExits130) {
   if (!fs::exists(bin)) GTEST_SKIP() << "build the brigade binary for this test";
   const fs::path dir = root_ / "interrupt";
   fs::create_directories(dir);
-  {
-    std::ofstream(dir / "r.toml") << recipe_text(root_ / "data", dir / "run", 100000);
-  }
+  { std::ofstream(dir / "r.toml") << recipe_text(root_ / "data", dir / "run", 100000); }
   const fs::path pidfile = dir / "pid";
   const std::string cmd = "cd '" + dir.string() + "' && { " + bin + " train r.toml >out.txt 2>err.txt & echo $! >'" +
                           pidfile.string() + "'; wait $!; echo $? >rc.txt; }";

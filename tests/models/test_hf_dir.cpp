@@ -36,7 +36,7 @@ TEST_P(HfDir, LoadsAndGivesTheReferenceLogits) {
   EXPECT_EQ(m.model_type, std::string(GetParam()).substr(0, 4) == "gpt2" ? "gpt2" : "llama");
   if (m.model_type == "gpt2") {
     EXPECT_EQ(m.skipped.size(), 4u);  // h.<i>.attn.bias and h.<i>.attn.masked_bias, 2 layers
-    ASSERT_EQ(m.notes.size(), 1u);   // the fixture's attn_pdrop = 0.1, said, not applied
+    ASSERT_EQ(m.notes.size(), 1u);    // the fixture's attn_pdrop = 0.1, said, not applied
     EXPECT_NE(m.notes[0].find("attn_pdrop = 0.1 is not applied"), std::string::npos) << m.notes[0];
   } else {
     EXPECT_TRUE(m.notes.empty());
@@ -65,10 +65,9 @@ TEST_P(HfDir, SavedBackItLoadsBitwiseHereAndIntoThePyTorchReference) {
     EXPECT_EQ(a.to_vector(), b.to_vector()) << GetParam();
   }
   if (!test_support::have_torch()) GTEST_SKIP() << "python3-torch missing: the PyTorch side is not checked";
-  const test_support::CmdResult r =
-      test_support::run_in(out.parent_path(), "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) +
-                                                  "/tests/reference/check_hf_dir.py " + out.string() + " " +
-                                                  (src / "expected.safetensors").string());
+  const test_support::CmdResult r = test_support::run_in(
+      out.parent_path(), "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) + "/tests/reference/check_hf_dir.py " +
+                             out.string() + " " + (src / "expected.safetensors").string());
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   fs::remove_all(out.parent_path());
 }
@@ -219,7 +218,8 @@ TEST_F(HfDirErrors, AWrongShapeIsNamed) {
 
 TEST_F(HfDirErrors, AnUnexpectedKeyIsNamed) {
   const fs::path d = copy("llama");
-  edit_weights(d, [](ckpt::NamedTensors& t) { t.emplace_back("model.layers.0.self_attn.q_proj.bias", Tensor::zeros({48})); });
+  edit_weights(
+      d, [](ckpt::NamedTensors& t) { t.emplace_back("model.layers.0.self_attn.q_proj.bias", Tensor::zeros({48})); });
   expect_error(d, "tensor \"model.layers.0.self_attn.q_proj.bias\" is not a parameter");
 }
 
@@ -250,8 +250,11 @@ TEST_F(HfDirErrors, UnsupportedOrBadRopeScalingsAreRefusedByName) {
   edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0.0}}; });
   expect_error(d, "factor must be > 0, got 0");
   edit_config(d, [](nlohmann::json& j) {
-    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
-                         {"high_freq_factor", 1.0}, {"original_max_position_embeddings", 128}};
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 4.0},
+                         {"high_freq_factor", 1.0},
+                         {"original_max_position_embeddings", 128}};
   });
   expect_error(d, "0 < low_freq_factor < high_freq_factor, got 4 and 1");
   edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"factor", 2.0}}; });
@@ -263,7 +266,9 @@ TEST_F(HfDirErrors, UnsupportedOrBadRopeScalingsAreRefusedByName) {
   const models::HfConfig c = models::read_hf_config(d.string());
   EXPECT_EQ(c.llama.rope_scaling, ops::RopeScaling::None);
   // An unknown key is said, not silently dropped.
-  edit_config(d, [](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"beta", 1}}; });
+  edit_config(d, [](nlohmann::json& j) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}, {"beta", 1}};
+  });
   const models::HfConfig n = models::read_hf_config(d.string());
   ASSERT_EQ(n.notes.size(), 1u);
   EXPECT_NE(n.notes[0].find("rope_scaling's \"beta\" = 1 is not read"), std::string::npos) << n.notes[0];
@@ -284,8 +289,9 @@ TEST_F(HfDirErrors, ATiedLlamaHeadInTheFilesMustEqualTheEmbedding) {
     for (auto& [n, v] : t)
       if (n == "lm_head.weight") v = Tensor::zeros(emb.shape());
   });
-  expect_error(d, "lm_head.weight differs from model.embed_tokens.weight, but config.json says "
-                  "tie_word_embeddings = true");
+  expect_error(d,
+               "lm_head.weight differs from model.embed_tokens.weight, but config.json says "
+               "tie_word_embeddings = true");
   // An untied config needs the head.
   edit_weights(d, [](ckpt::NamedTensors& t) { std::erase_if(t, [](auto& e) { return e.first == "lm_head.weight"; }); });
   edit_config(d, [](nlohmann::json& j) { j["tie_word_embeddings"] = false; });

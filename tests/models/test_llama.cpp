@@ -38,11 +38,16 @@ namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/llama_tiny.safetensors";
 
-
 nlohmann::json config_json(const models::LLaMAConfig& c) {
-  return {{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
-          {"n_layer", c.n_layer},       {"n_head", c.n_head},           {"n_kv_head", c.n_kv_head},
-          {"max_position", c.max_position}, {"rms_norm_eps", c.rms_norm_eps}, {"rope_theta", c.rope_theta}};
+  return {{"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_kv_head", c.n_kv_head},
+          {"max_position", c.max_position},
+          {"rms_norm_eps", c.rms_norm_eps},
+          {"rope_theta", c.rope_theta}};
 }
 
 models::LLaMAConfig config_from_json(const nlohmann::json& j) { return test_support::llama_config_from_json(j); }
@@ -52,9 +57,9 @@ std::vector<std::string> hf_names(int64_t n_layer) {
   std::vector<std::string> n{"model.embed_tokens.weight"};
   for (int64_t i = 0; i < n_layer; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    for (const char* s : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
-                          "post_attention_layernorm"})
+    for (const char* s :
+         {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+          "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"})
       n.push_back(p + s + ".weight");
   }
   n.push_back("model.norm.weight");
@@ -147,8 +152,7 @@ TEST(LlamaCheckpoint, SaveLoadRoundTripUnderHuggingFaceNames) {
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) {
     EXPECT_EQ(pa[i].first, pb[i].first);
-    EXPECT_EQ(0, std::memcmp(pa[i].second.raw_data(), pb[i].second.raw_data(), pa[i].second.nbytes()))
-        << pa[i].first;
+    EXPECT_EQ(0, std::memcmp(pa[i].second.raw_data(), pb[i].second.raw_data(), pa[i].second.nbytes())) << pa[i].first;
   }
   Tensor ids = Tensor::from_vector_i64({1, 5, 9, 60, 0, 33, 2, 7}, {2, 4});
   Tensor targets = Tensor::from_vector_i64({5, 9, 60, 0, 33, 2, 7, 8}, {2, 4});

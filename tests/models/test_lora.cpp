@@ -195,7 +195,6 @@ TEST(LoraOptions, BadOptionsAreClearErrors) {
   }
 }
 
-
 // The adapter a fresh base model gets from `dir`, as a program loading a PEFT adapter does:
 // its config builds the adapters, then the tensors are copied in under the model's names.
 std::unique_ptr<models::CausalLM> load_adapted(const ckpt::SafetensorsReader& fixture, const std::string& dir) {
@@ -239,15 +238,16 @@ TEST_P(Lora, SavesInPeftsFormatAndLoadsBackIntoAFreshModel) {
   const auto adapted = nlohmann::json::parse(r_.metadata("adapted").value()).get<std::vector<std::string>>();
   EXPECT_EQ(st.names().size(), 2 * adapted.size());
   for (const std::string& layer : adapted) {
-    const std::string a = "base_model.model." + layer + ".lora_A.weight", b = "base_model.model." + layer + ".lora_B.weight";
+    const std::string a = "base_model.model." + layer + ".lora_A.weight",
+                      b = "base_model.model." + layer + ".lora_B.weight";
     ASSERT_TRUE(st.contains(a)) << a;
     ASSERT_TRUE(st.contains(b)) << b;
     EXPECT_EQ(st.info(a).shape[0], c.r) << a;
     EXPECT_EQ(st.info(b).shape[1], c.r) << b;
   }
   if (std::string(GetParam().name) == "gpt2") {
-    const auto golden = nlohmann::json::parse(
-        brigade::test_support::slurp(std::filesystem::path(BRIGADE_SOURCE_DIR) / "tests/models/golden/peft_gpt2_adapter_config.json"));
+    const auto golden = nlohmann::json::parse(brigade::test_support::slurp(
+        std::filesystem::path(BRIGADE_SOURCE_DIR) / "tests/models/golden/peft_gpt2_adapter_config.json"));
     EXPECT_EQ(nlohmann::json::parse(brigade::test_support::slurp(dir / "adapter_config.json")), golden);
   }
 

@@ -31,9 +31,9 @@
 #include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/parallel/data_parallel.h"
+#include "brigade/train/config.h"
 #include "brigade/train/executor.h"
 #include "brigade/train/trainer.h"
-#include "brigade/train/config.h"
 
 using namespace brigade;
 using nn::Recompute;
@@ -166,10 +166,11 @@ TEST(Recompute, Gpt2ShapeLossAndGradientsBitwiseAcrossPolicies) {
   for (const std::string p : {"full", "selective", "every_k"}) other[p] = step(m, policy(c, p), B, T);
   other["mixed"] = step(m, modes_of("ffssnnffssnn"), B, T);
   for (auto& [name, r] : other) expect_same_step(r, none, name);
-  std::printf("GPT-2 124M shape, B=%lld T=%lld: activation bytes held after the forward / step time\n",
-              (long long)B, (long long)T);
+  std::printf("GPT-2 124M shape, B=%lld T=%lld: activation bytes held after the forward / step time\n", (long long)B,
+              (long long)T);
   std::printf("  none      %10lld  %.2f s\n", (long long)none.held_after_forward, none.seconds);
-  for (auto& [name, r] : other) std::printf("  %-9s %10lld  %.2f s\n", name.c_str(), (long long)r.held_after_forward, r.seconds);
+  for (auto& [name, r] : other)
+    std::printf("  %-9s %10lld  %.2f s\n", name.c_str(), (long long)r.held_after_forward, r.seconds);
   EXPECT_LT(other["full"].held_after_forward, other["selective"].held_after_forward);
   EXPECT_LT(other["selective"].held_after_forward, none.held_after_forward);
   EXPECT_LT(other["every_k"].held_after_forward, none.held_after_forward);
@@ -205,11 +206,14 @@ TEST(Recompute, EstimateBoundsTheMeasuredPeakOnAGrid) {
     std::string modes;
   };
   const std::vector<Cfg> grid = {
-      {3, 64, 4, 100, 4, 32, 0.0, "nnn"},   {3, 64, 4, 100, 4, 32, 0.0, "fff"},   {3, 64, 4, 100, 4, 32, 0.0, "sss"},
-      {3, 64, 4, 100, 4, 32, 0.2, "nnn"},   {3, 64, 4, 100, 4, 32, 0.2, "fsn"},   {3, 64, 4, 100, 4, 32, 0.2, "sss"},
-      {4, 96, 3, 5000, 2, 16, 0.0, "nsfn"}, {4, 96, 3, 5000, 2, 16, 0.1, "ffff"}, {5, 32, 2, 64, 8, 24, 0.0, "fnsnf"},
-      {2, 128, 8, 300, 3, 40, 0.1, "sn"},   {2, 128, 8, 300, 3, 40, 0.0, "fs"},   {6, 48, 4, 2000, 1, 64, 0.0, "nnnnnn"},
-      {2, 64, 4, 50, 1, 4, 0.0, "fs"},      {3, 32, 4, 1000, 1, 1, 0.1, "nsf"},  {2, 256, 4, 128, 2, 8, 0.0, "sf"},
+      {3, 64, 4, 100, 4, 32, 0.0, "nnn"},   {3, 64, 4, 100, 4, 32, 0.0, "fff"},
+      {3, 64, 4, 100, 4, 32, 0.0, "sss"},   {3, 64, 4, 100, 4, 32, 0.2, "nnn"},
+      {3, 64, 4, 100, 4, 32, 0.2, "fsn"},   {3, 64, 4, 100, 4, 32, 0.2, "sss"},
+      {4, 96, 3, 5000, 2, 16, 0.0, "nsfn"}, {4, 96, 3, 5000, 2, 16, 0.1, "ffff"},
+      {5, 32, 2, 64, 8, 24, 0.0, "fnsnf"},  {2, 128, 8, 300, 3, 40, 0.1, "sn"},
+      {2, 128, 8, 300, 3, 40, 0.0, "fs"},   {6, 48, 4, 2000, 1, 64, 0.0, "nnnnnn"},
+      {2, 64, 4, 50, 1, 4, 0.0, "fs"},      {3, 32, 4, 1000, 1, 1, 0.1, "nsf"},
+      {2, 256, 4, 128, 2, 8, 0.0, "sf"},
   };
   for (const Cfg& k : grid) {
     models::GPTConfig c;
@@ -220,8 +224,8 @@ TEST(Recompute, EstimateBoundsTheMeasuredPeakOnAGrid) {
     const std::vector<Recompute> modes = modes_of(k.modes);
     const StepResult r = step(m, modes, k.B, k.T);
     const int64_t est = models::estimate_activation_peak(c, k.B, k.T, modes);
-    const std::string what = fmt::format("L{} C{} NH{} V{} B{} T{} dropout {} modes {}", k.L, k.C, k.NH, k.V, k.B,
-                                         k.T, k.dropout, k.modes);
+    const std::string what =
+        fmt::format("L{} C{} NH{} V{} B{} T{} dropout {} modes {}", k.L, k.C, k.NH, k.V, k.B, k.T, k.dropout, k.modes);
     EXPECT_LE(r.peak, est) << what;
     EXPECT_LE(double(est), 1.05 * double(r.peak)) << what;
   }
@@ -270,7 +274,8 @@ TEST(Recompute, TwoMicroBatchesWithDropoutBitwise) {
   Generator g(5);
   m.init_weights(g);
   const StepResult none = step(m, modes_of("nnnn"), 3, 32, 2);
-  for (const std::string s : {"ffff", "ssss", "fnfn", "sfns"}) expect_same_step(step(m, modes_of(s), 3, 32, 2), none, s);
+  for (const std::string s : {"ffff", "ssss", "fnfn", "sfns"})
+    expect_same_step(step(m, modes_of(s), 3, 32, 2), none, s);
 }
 
 TEST(Recompute, PlanPolicies) {
@@ -308,15 +313,15 @@ std::vector<parallel::ParamUnit> units_of(models::GPT& m) { return train::model_
 Tensor loss_with_outer_checkpoints(models::GPT& m, const Tensor& ids, const Tensor& targets) {
   auto& t = *m.transformer;
   const int64_t B = ids.size(0), T = ids.size(1), C = m.config().n_embd;
-  Tensor pos = Tensor::arange(T, DType::I64);                    // (T)
+  Tensor pos = Tensor::arange(T, DType::I64);                   // (T)
   Tensor x = F::add(t.wte->forward(ids), t.wpe->forward(pos));  // (B, T, C)
   x = t.drop->forward(x);
   F::CheckpointOptions o;
   o.rng = &m.dropout_generator();
   for (const auto& block : *t.h)
     x = F::checkpoint([&block](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {x}, o);
-  x = F::reshape(t.ln_f->forward(x), {B * T, C});                   // (B*T, C)
-  Tensor logits = F::matmul(x, t.wte->weight, false, true);         // (B*T, V)
+  x = F::reshape(t.ln_f->forward(x), {B * T, C});            // (B*T, C)
+  Tensor logits = F::matmul(x, t.wte->weight, false, true);  // (B*T, V)
   return F::cross_entropy(logits, targets.reshape({targets.numel()}));
 }
 

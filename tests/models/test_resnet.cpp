@@ -1,11 +1,10 @@
 // ResNet parity with the plain-PyTorch reference (tests/reference/resnet_ref.py; fixture
 // tests/fixtures/resnet_tiny.safetensors from make_resnet_fixture.py): for a tiny basic-block
-// and a tiny bottleneck config (small-input stem) and the bottleneck one with the ImageNet stem, train-mode logits and loss to 1e-5, every parameter gradient
-// to 1e-4, BatchNorm running statistics after the train-mode forward, eval-mode logits to
-// 1e-5 (relative errors: max|a - b| / max|b|). Also: torchvision names (parameters and
-// buffers, in module order), train/eval reaching every BatchNorm, a safetensors save/load
-// round trip by name, a Brigade checkpoint loading into the PyTorch model with the same
-// logits (skipped without torch), the same checks for channels-last activations
+// and a tiny bottleneck config (small-input stem) and the bottleneck one with the ImageNet stem, train-mode logits and
+// loss to 1e-5, every parameter gradient to 1e-4, BatchNorm running statistics after the train-mode forward, eval-mode
+// logits to 1e-5 (relative errors: max|a - b| / max|b|). Also: torchvision names (parameters and buffers, in module
+// order), train/eval reaching every BatchNorm, a safetensors save/load round trip by name, a Brigade checkpoint loading
+// into the PyTorch model with the same logits (skipped without torch), the same checks for channels-last activations
 // (model.memory_format), the standard ResNet-18/50 parameter counts, and the
 // measured speed of one ResNet-18 small-input training step (batch 64) for the report.
 #include <gtest/gtest.h>
@@ -32,7 +31,6 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/resnet_tiny.safetensors";
-
 
 models::ResNetConfig config_of(const ckpt::SafetensorsReader& r, const std::string& prefix) {
   auto j = nlohmann::json::parse(r.metadata("config." + prefix).value());

@@ -8,9 +8,9 @@
 //    holding fewer activation bytes at the end of the forward; the same under O2 bf16;
 //  - mixed precision on the convolution path (amp::Op::Conv / BatchNorm / Pool): under O1/O2
 //    the convs compute and return bf16, BatchNorm f32 at O1 and bf16 at O2 (mixed: computed
-//    in f32 on the bf16 activation) and O3, every parameter gradient is f32; O0 is bitwise the plain fp32 run; a tiny ResNet-18 (width 8) trained 20 AdamW steps
-//    under O2 bf16 (fp32 master weights) follows the fp32 losses within a few percent and
-//    decreases;
+//    in f32 on the bf16 activation) and O3, every parameter gradient is f32; O0 is bitwise the plain fp32 run; a tiny
+//    ResNet-18 (width 8) trained 20 AdamW steps under O2 bf16 (fp32 master weights) follows the fp32 losses within a
+//    few percent and decreases;
 //  - synchronised batch norm (fn::sync_batch_norm2d, nn::BatchNorm2d::sync) with a reducer
 //    that is the identity (a group of one) matches plain BatchNorm2d within 1e-6 relative:
 //    output, gx, gw, gb, running statistics, then eval; a tiny ResNet-18 with every
@@ -22,8 +22,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -137,7 +137,8 @@ TEST(ResNetBlocks, FindBlocksListsTheResidualBlocksByTorchvisionName) {
   std::vector<std::string> want;
   const int64_t per_stage[4] = {3, 4, 6, 3};
   for (int s = 0; s < 4; ++s)
-    for (int64_t j = 0; j < per_stage[s]; ++j) want.push_back("layer" + std::to_string(s + 1) + "." + std::to_string(j));
+    for (int64_t j = 0; j < per_stage[s]; ++j)
+      want.push_back("layer" + std::to_string(s + 1) + "." + std::to_string(j));
   EXPECT_EQ(block_names(*r50), want);
   // The blocks are the model's own modules: (*stages[k])[j] is the block named layer{k+1}.{j}.
   EXPECT_EQ(nn::find_blocks(*r18)[2].second, &(*r18->stages[1])[0]);
@@ -165,8 +166,8 @@ TEST_P(ResNetRecompute, FullAndSelectiveAreBitwiseNoneIncludingBatchNormBuffers)
   // Full keeps each block's input; Selective also its conv outputs (CheckpointKeep::GemmOutputs)
   EXPECT_LT(held[0], held[1]);
   EXPECT_LT(held[1], none.held_after_forward);
-  std::printf("activation bytes held after the forward: full %lld, selective %lld, none %lld\n",
-              (long long)held[0], (long long)held[1], (long long)none.held_after_forward);
+  std::printf("activation bytes held after the forward: full %lld, selective %lld, none %lld\n", (long long)held[0],
+              (long long)held[1], (long long)none.held_after_forward);
 }
 
 // The checkpoint replays the forward's policy: O2 (bf16 convs, kept as bf16 conv outputs by
@@ -193,7 +194,10 @@ TEST(ResNetAmp, ConvPathDtypesPerLevelAndFp32Gradients) {
   const models::ResNetConfig c = tiny(false);
   auto m = make(c);
   auto [x, labels] = batch(c, 4, 5);
-  struct Want { amp::Level level; DType conv, bn, relu; };
+  struct Want {
+    amp::Level level;
+    DType conv, bn, relu;
+  };
   for (Want w : {Want{amp::Level::O0, DType::F32, DType::F32, DType::F32},
                  Want{amp::Level::O1, DType::BF16, DType::F32, DType::F32},
                  Want{amp::Level::O2, DType::BF16, DType::BF16, DType::BF16},  // batch norm: mixed
@@ -356,7 +360,8 @@ TEST(SyncBatchNorm, ResNetOverTheOneRankWorldMatchesThePlainModelAndRecomputesBi
   auto [m, loss] = run(Recompute::None);
   EXPECT_LT(rel_err(loss, lp), 1e-6);
   auto pp = plain->named_parameters(), pm = m->named_parameters();
-  for (size_t i = 0; i < pp.size(); ++i) EXPECT_LT(rel_err(pm[i].second.grad(), pp[i].second.grad()), 1e-5) << pp[i].first;
+  for (size_t i = 0; i < pp.size(); ++i)
+    EXPECT_LT(rel_err(pm[i].second.grad(), pp[i].second.grad()), 1e-5) << pp[i].first;
   auto bp = plain->named_buffers(), bm = m->named_buffers();
   for (size_t i = 0; i < bp.size(); ++i)
     if (bp[i].first.find("num_batches") == std::string::npos) {

@@ -30,8 +30,6 @@ namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/swin_tiny.safetensors";
 
-
-
 models::SwinConfig config_from_json(const nlohmann::json& j) {
   models::SwinConfig c;
   c.image_size = j.at("image_size");
@@ -48,9 +46,9 @@ models::SwinConfig config_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json config_json(const models::SwinConfig& c) {
-  return {{"image_size", c.image_size}, {"patch_size", c.patch_size}, {"num_channels", c.num_channels},
-          {"embed_dim", c.embed_dim},   {"depths", c.depths},         {"num_heads", c.num_heads},
-          {"window_size", c.window_size}, {"mlp_ratio", c.mlp_ratio}, {"num_labels", c.num_labels},
+  return {{"image_size", c.image_size},        {"patch_size", c.patch_size}, {"num_channels", c.num_channels},
+          {"embed_dim", c.embed_dim},          {"depths", c.depths},         {"num_heads", c.num_heads},
+          {"window_size", c.window_size},      {"mlp_ratio", c.mlp_ratio},   {"num_labels", c.num_labels},
           {"layer_norm_eps", c.layer_norm_eps}};
 }
 
@@ -90,16 +88,17 @@ TEST_F(SwinParity, ParameterNamesAndShapesAreHuggingFaces) {
       if (name == s) return true;
     return false;
   };
-  for (const char* s : {"swin.embeddings.patch_embeddings.projection.weight", "swin.embeddings.patch_embeddings.projection.bias",
-                        "swin.embeddings.norm.weight", "swin.encoder.layers.0.blocks.1.layernorm_before.bias",
-                        "swin.encoder.layers.0.blocks.0.attention.self.relative_position_bias_table",
-                        "swin.encoder.layers.1.blocks.1.attention.self.query.weight",
-                        "swin.encoder.layers.0.blocks.0.attention.self.value.bias",
-                        "swin.encoder.layers.0.blocks.0.attention.output.dense.weight",
-                        "swin.encoder.layers.1.blocks.0.layernorm_after.weight",
-                        "swin.encoder.layers.1.blocks.0.intermediate.dense.bias", "swin.encoder.layers.0.blocks.1.output.dense.weight",
-                        "swin.encoder.layers.0.downsample.reduction.weight", "swin.encoder.layers.0.downsample.norm.weight",
-                        "swin.encoder.layers.0.downsample.norm.bias", "swin.layernorm.weight", "classifier.weight", "classifier.bias"})
+  for (const char* s :
+       {"swin.embeddings.patch_embeddings.projection.weight", "swin.embeddings.patch_embeddings.projection.bias",
+        "swin.embeddings.norm.weight", "swin.encoder.layers.0.blocks.1.layernorm_before.bias",
+        "swin.encoder.layers.0.blocks.0.attention.self.relative_position_bias_table",
+        "swin.encoder.layers.1.blocks.1.attention.self.query.weight",
+        "swin.encoder.layers.0.blocks.0.attention.self.value.bias",
+        "swin.encoder.layers.0.blocks.0.attention.output.dense.weight",
+        "swin.encoder.layers.1.blocks.0.layernorm_after.weight",
+        "swin.encoder.layers.1.blocks.0.intermediate.dense.bias", "swin.encoder.layers.0.blocks.1.output.dense.weight",
+        "swin.encoder.layers.0.downsample.reduction.weight", "swin.encoder.layers.0.downsample.norm.weight",
+        "swin.encoder.layers.0.downsample.norm.bias", "swin.layernorm.weight", "classifier.weight", "classifier.bias"})
     EXPECT_TRUE(has(s)) << s;
   EXPECT_FALSE(has("swin.encoder.layers.0.downsample.reduction.bias"));
   EXPECT_FALSE(has("swin.encoder.layers.1.downsample.norm.weight"));  // the last stage does not merge
@@ -237,11 +236,13 @@ TEST(SwinCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
   const fs::path dir = fs::temp_directory_path() / ("brigade_swin_py_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  ckpt::save_safetensors((dir / "model.safetensors").string(), m.named_parameters(), {{"config", config_json(c).dump()}});
+  ckpt::save_safetensors((dir / "model.safetensors").string(), m.named_parameters(),
+                         {{"config", config_json(c).dump()}});
   ckpt::save_safetensors((dir / "batch.safetensors").string(),
                          {{"images", images}, {"labels", labels}, {"loss", Tensor::full({}, loss)}}, {});
-  const std::string cmd = "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) + "/tests/reference/swin_ref.py check --weights " +
-                          (dir / "model.safetensors").string() + " --batch " + (dir / "batch.safetensors").string();
+  const std::string cmd = "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) +
+                          "/tests/reference/swin_ref.py check --weights " + (dir / "model.safetensors").string() +
+                          " --batch " + (dir / "batch.safetensors").string();
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   fs::remove_all(dir);
 }

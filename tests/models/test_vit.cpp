@@ -31,8 +31,6 @@ namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/vit_tiny.safetensors";
 
-
-
 models::ViTConfig config_from_json(const nlohmann::json& j) {
   models::ViTConfig c;
   c.image_size = j.at("image_size");
@@ -48,10 +46,14 @@ models::ViTConfig config_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json config_json(const models::ViTConfig& c) {
-  return {{"image_size", c.image_size},         {"patch_size", c.patch_size},
-          {"num_channels", c.num_channels},     {"hidden_size", c.hidden_size},
-          {"num_hidden_layers", c.num_hidden_layers}, {"num_attention_heads", c.num_attention_heads},
-          {"intermediate_size", c.intermediate_size}, {"num_labels", c.num_labels},
+  return {{"image_size", c.image_size},
+          {"patch_size", c.patch_size},
+          {"num_channels", c.num_channels},
+          {"hidden_size", c.hidden_size},
+          {"num_hidden_layers", c.num_hidden_layers},
+          {"num_attention_heads", c.num_attention_heads},
+          {"intermediate_size", c.intermediate_size},
+          {"num_labels", c.num_labels},
           {"layer_norm_eps", c.layer_norm_eps}};
 }
 
@@ -92,12 +94,12 @@ TEST_F(VitParity, ParameterNamesAndShapesAreHuggingFaces) {
       if (name == s) return true;
     return false;
   };
-  for (const char* s : {"vit.embeddings.cls_token", "vit.embeddings.position_embeddings",
-                        "vit.embeddings.patch_embeddings.projection.weight",
-                        "vit.encoder.layer.1.attention.attention.query.weight",
-                        "vit.encoder.layer.0.attention.output.dense.bias", "vit.encoder.layer.0.layernorm_before.weight",
-                        "vit.encoder.layer.0.intermediate.dense.weight", "vit.encoder.layer.1.output.dense.weight",
-                        "vit.encoder.layer.1.layernorm_after.bias", "vit.layernorm.weight", "classifier.bias"})
+  for (const char* s :
+       {"vit.embeddings.cls_token", "vit.embeddings.position_embeddings",
+        "vit.embeddings.patch_embeddings.projection.weight", "vit.encoder.layer.1.attention.attention.query.weight",
+        "vit.encoder.layer.0.attention.output.dense.bias", "vit.encoder.layer.0.layernorm_before.weight",
+        "vit.encoder.layer.0.intermediate.dense.weight", "vit.encoder.layer.1.output.dense.weight",
+        "vit.encoder.layer.1.layernorm_after.bias", "vit.layernorm.weight", "classifier.bias"})
     EXPECT_TRUE(has(s)) << s;
   EXPECT_EQ(params.front().first, "vit.embeddings.cls_token");  // HF order
   EXPECT_EQ(params.back().first, "classifier.bias");
@@ -170,8 +172,7 @@ TEST_F(VitParity, RunsUnderAutocastWithF32Gradients) {
       loss = m.loss(r_.get("images"), r_.get("labels"));
     }
     EXPECT_EQ(loss.dtype(), DType::F32);
-    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 2e-2 * std::abs(r_.get("loss").item()))
-        << amp::level_name(level);
+    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 2e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
     autograd::backward(loss);
     for (auto& [name, p] : m.named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;

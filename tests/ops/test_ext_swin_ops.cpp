@@ -95,7 +95,8 @@ Vec ref_roll(const Vec& x, int64_t B, int64_t H, int64_t W, int64_t C, int64_t s
     for (int64_t h = 0; h < H; ++h)
       for (int64_t w = 0; w < W; ++w)
         for (int64_t c = 0; c < C; ++c)
-          y[size_t(((b * H + h) * W + w) * C + c)] = x[size_t(((b * H + wrap(h - sh, H)) * W + wrap(w - sw, W)) * C + c)];
+          y[size_t(((b * H + h) * W + w) * C + c)] =
+              x[size_t(((b * H + wrap(h - sh, H)) * W + wrap(w - sw, W)) * C + c)];
   return y;
 }
 
@@ -125,9 +126,10 @@ int64_t rel_index(int64_t i, int64_t j, int64_t ws) {
 
 TEST(SwinOps, Roll2dForwardBackward) {
   for (auto [sh, sw] : {std::pair<int64_t, int64_t>{-2, -2}, {2, 2}, {1, -3}, {0, 5}, {7, 0}}) {
-    check_op("roll2d " + std::to_string(sh) + "," + std::to_string(sw), {{2, 4, 6, 3}}, {true},
-             [&](const std::vector<Tensor>& t) { return fn::roll2d(t[0], sh, sw); },
-             [&](const std::vector<Vec>& x) { return ref_roll(x[0], 2, 4, 6, 3, sh, sw); });
+    check_op(
+        "roll2d " + std::to_string(sh) + "," + std::to_string(sw), {{2, 4, 6, 3}}, {true},
+        [&](const std::vector<Tensor>& t) { return fn::roll2d(t[0], sh, sw); },
+        [&](const std::vector<Vec>& x) { return ref_roll(x[0], 2, 4, 6, 3, sh, sw); });
   }
 }
 
@@ -156,12 +158,14 @@ TEST(SwinOps, Roll2dCpuEqualsRefBitwiseAndInverse) {
 
 TEST(SwinOps, WindowPartitionAndReverse) {
   const int64_t B = 2, H = 4, W = 6, C = 3, ws = 2;
-  check_op("window_partition", {{B, H, W, C}}, {true},
-           [&](const std::vector<Tensor>& t) { return fn::window_partition(t[0], ws); },
-           [&](const std::vector<Vec>& x) { return ref_windows(x[0], B, H, W, C, ws, false); });
-  check_op("window_reverse", {{B * 6, ws * ws, C}}, {true},
-           [&](const std::vector<Tensor>& t) { return fn::window_reverse(t[0], ws, H, W); },
-           [&](const std::vector<Vec>& x) { return ref_windows(x[0], B, H, W, C, ws, true); });
+  check_op(
+      "window_partition", {{B, H, W, C}}, {true},
+      [&](const std::vector<Tensor>& t) { return fn::window_partition(t[0], ws); },
+      [&](const std::vector<Vec>& x) { return ref_windows(x[0], B, H, W, C, ws, false); });
+  check_op(
+      "window_reverse", {{B * 6, ws * ws, C}}, {true},
+      [&](const std::vector<Tensor>& t) { return fn::window_reverse(t[0], ws, H, W); },
+      [&](const std::vector<Vec>& x) { return ref_windows(x[0], B, H, W, C, ws, true); });
   const Tensor x = Tensor::arange(B * H * W * C).reshape({B, H, W, C});
   EXPECT_EQ(fn::window_partition(x, ws).shape(), Shape({B * 6, 4, C}));
   EXPECT_EQ(fn::window_reverse(fn::window_partition(x, ws), ws, H, W).to_vector(), x.to_vector());
@@ -170,18 +174,19 @@ TEST(SwinOps, WindowPartitionAndReverse) {
 
 TEST(SwinOps, PatchMergeIsHuggingFacesX0X1X2X3) {
   const int64_t B = 2, H = 4, W = 6, C = 3;
-  check_op("patch_merge", {{B, H, W, C}}, {true}, [&](const std::vector<Tensor>& t) { return fn::patch_merge(t[0]); },
-           [&](const std::vector<Vec>& x) {
-             Vec y(x[0].size());
-             for (int64_t b = 0; b < B; ++b)
-               for (int64_t i = 0; i < H / 2; ++i)
-                 for (int64_t j = 0; j < W / 2; ++j)
-                   for (int64_t k = 0; k < 4; ++k)  // x0 (0,0), x1 (1,0), x2 (0,1), x3 (1,1) as (row, col)
-                     for (int64_t c = 0; c < C; ++c)
-                       y[size_t(((b * (H / 2) + i) * (W / 2) + j) * 4 * C + k * C + c)] =
-                           x[0][size_t(((b * H + 2 * i + k % 2) * W + 2 * j + k / 2) * C + c)];
-             return y;
-           });
+  check_op(
+      "patch_merge", {{B, H, W, C}}, {true}, [&](const std::vector<Tensor>& t) { return fn::patch_merge(t[0]); },
+      [&](const std::vector<Vec>& x) {
+        Vec y(x[0].size());
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < H / 2; ++i)
+            for (int64_t j = 0; j < W / 2; ++j)
+              for (int64_t k = 0; k < 4; ++k)  // x0 (0,0), x1 (1,0), x2 (0,1), x3 (1,1) as (row, col)
+                for (int64_t c = 0; c < C; ++c)
+                  y[size_t(((b * (H / 2) + i) * (W / 2) + j) * 4 * C + k * C + c)] =
+                      x[0][size_t(((b * H + 2 * i + k % 2) * W + 2 * j + k / 2) * C + c)];
+        return y;
+      });
   EXPECT_THROW(fn::patch_merge(Tensor::zeros({1, 3, 4, 2})), ShapeError);
 }
 
@@ -199,15 +204,16 @@ TEST(SwinOps, RelativePositionIndexAndBias) {
   }
   const int64_t ws = 3, N = 9, NH = 2, R = 25;
   const Tensor index = ops::relative_position_index(ws);
-  check_op("relative_position_bias", {{R, NH}}, {true},
-           [&](const std::vector<Tensor>& t) { return fn::relative_position_bias(t[0], index); },
-           [&](const std::vector<Vec>& x) {
-             Vec y(size_t(NH * N * N));
-             for (int64_t h = 0; h < NH; ++h)
-               for (int64_t i = 0; i < N; ++i)
-                 for (int64_t j = 0; j < N; ++j) y[size_t((h * N + i) * N + j)] = x[0][size_t(rel_index(i, j, ws) * NH + h)];
-             return y;
-           });
+  check_op(
+      "relative_position_bias", {{R, NH}}, {true},
+      [&](const std::vector<Tensor>& t) { return fn::relative_position_bias(t[0], index); },
+      [&](const std::vector<Vec>& x) {
+        Vec y(size_t(NH * N * N));
+        for (int64_t h = 0; h < NH; ++h)
+          for (int64_t i = 0; i < N; ++i)
+            for (int64_t j = 0; j < N; ++j) y[size_t((h * N + i) * N + j)] = x[0][size_t(rel_index(i, j, ws) * NH + h)];
+        return y;
+      });
 }
 
 // HF's get_attn_mask: img_mask regions by slices (0, -ws), (-ws, -shift), (-shift, None).
@@ -234,7 +240,8 @@ std::vector<float> hf_mask(int64_t H, int64_t W, int64_t ws, int64_t s) {
 }
 
 TEST(SwinOps, ShiftMaskIsHuggingFaces) {
-  for (auto [H, W, ws, s] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 8, 4, 2}, {6, 9, 3, 1}, {14, 14, 7, 3}}) {
+  for (auto [H, W, ws, s] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 8, 4, 2}, {6, 9, 3, 1}, {14, 14, 7, 3}}) {
     const Tensor m = ops::swin_shift_mask(H, W, ws, s);
     EXPECT_EQ(m.shape(), Shape({(H / ws) * (W / ws), ws * ws, ws * ws}));
     EXPECT_EQ(m.to_vector(), hf_mask(H, W, ws, s));
@@ -277,20 +284,23 @@ TEST(SwinOps, WindowAttentionWithBiasAndMask) {
             for (double& e : s) z += (e = std::exp(e - mx));
             for (int64_t j = 0; j < N; ++j)
               for (int64_t c = 0; c < HS; ++c)
-                y[size_t(((r * NH + h) * N + i) * HS + c)] += s[size_t(j)] / z * v[size_t(((r * NH + h) * N + j) * HS + c)];
+                y[size_t(((r * NH + h) * N + i) * HS + c)] +=
+                    s[size_t(j)] / z * v[size_t(((r * NH + h) * N + j) * HS + c)];
           }
       return y;
     };
-    check_op(with_mask ? "window_attention masked" : "window_attention", {{BW, NH, N, HS}, {BW, NH, N, HS}, {BW, NH, N, HS}, {NH, N, N}, {nW, N, N}},
+    check_op(with_mask ? "window_attention masked" : "window_attention",
+             {{BW, NH, N, HS}, {BW, NH, N, HS}, {BW, NH, N, HS}, {NH, N, N}, {nW, N, N}},
              {true, true, true, true, false},
              [&](const std::vector<Tensor>& t) {
                return fn::window_attention(t[0], t[1], t[2], t[3], with_mask ? t[4] : Tensor(), scale);
              },
              ref, {{}, {}, {}, {}, mask});
   }
-  EXPECT_THROW(fn::window_attention(Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}),
-                                    Tensor::zeros({2, 4, 4}), Tensor::zeros({2, 4, 4}), 1.0),
-               ShapeError);  // 2 windows per image do not divide 3 rows
+  EXPECT_THROW(
+      fn::window_attention(Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}),
+                           Tensor::zeros({2, 4, 4}), Tensor::zeros({2, 4, 4}), 1.0),
+      ShapeError);  // 2 windows per image do not divide 3 rows
 }
 
 }  // namespace

@@ -26,10 +26,10 @@
 //    channels-last conv + batch norm against finite differences;
 //  - 16-bit batch norm (both layouts) and relu read and write 16-bit values themselves, bitwise
 //    the widened f32 op; O2's mixed batch norm is bitwise the cast form it replaces.
-#include <gtest/gtest.h>
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
+#include <gtest/gtest.h>
 #include <omp.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -228,8 +228,8 @@ TEST_P(AlignOpsVsTorch, GroupedDepthwiseAndAsymmetricConvolutions) {
     SCOPED_TRACE(name);
     const std::string p = std::string("conv.") + name;
     const auto j = nlohmann::json::parse(r_.metadata(p).value());
-    const ops::Conv2dParams cp{j.at("stride"), j.at("pad_top"), j.at("pad_bottom"), j.at("pad_left"),
-                               j.at("pad_right"), j.at("groups")};
+    const ops::Conv2dParams cp{j.at("stride"),   j.at("pad_top"),   j.at("pad_bottom"),
+                               j.at("pad_left"), j.at("pad_right"), j.at("groups")};
     const bool bias = j.at("bias");
     const Tensor x = leaf(r_.get(p + ".x")), w = leaf(r_.get(p + ".w"));
     const Tensor b = bias ? leaf(r_.get(p + ".b")) : Tensor();
@@ -244,8 +244,10 @@ TEST_P(AlignOpsVsTorch, GroupedDepthwiseAndAsymmetricConvolutions) {
     if (GetParam() == ops::Backend::Cpu) {
       const bool depthwise = cp.groups == x.size(1) && cp.groups == w.size(0);
       const std::string impl = ops::last_conv2d_impl();
-      if (depthwise) EXPECT_EQ(impl, "direct_depthwise f32");
-      else EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;  // oneDNN, not its reference kernel
+      if (depthwise)
+        EXPECT_EQ(impl, "direct_depthwise f32");
+      else
+        EXPECT_EQ(impl.find("ref"), std::string::npos) << impl;  // oneDNN, not its reference kernel
     }
     ++cases;
   }
@@ -277,6 +279,7 @@ class OmpThreads {
  public:
   explicit OmpThreads(int n) : prev_(omp_get_max_threads()) { omp_set_num_threads(n); }
   ~OmpThreads() { omp_set_num_threads(prev_); }
+
  private:
   int prev_;
 };
@@ -411,8 +414,8 @@ TEST(VisionOpsChannelsLast, ConvolutionsMatchTheNchwOracle) {
   };
   const std::vector<G> geoms = {
       {{2, 5, 9, 8}, {7, 5, 3, 3}, ops::Conv2dParams::symmetric(1, 1), true},
-      {{2, 5, 9, 8}, {6, 5, 3, 3}, ops::Conv2dParams{2, 2, 1, 0, 1, 1}, false},  // asymmetric padding
-      {{3, 8, 7, 7}, {16, 8, 1, 1}, ops::Conv2dParams::symmetric(2, 0), false},  // a downsample
+      {{2, 5, 9, 8}, {6, 5, 3, 3}, ops::Conv2dParams{2, 2, 1, 0, 1, 1}, false},   // asymmetric padding
+      {{3, 8, 7, 7}, {16, 8, 1, 1}, ops::Conv2dParams::symmetric(2, 0), false},   // a downsample
       {{2, 6, 8, 9}, {4, 3, 3, 3}, ops::Conv2dParams::symmetric(1, 1, 2), true},  // grouped
       {{2, 6, 8, 9}, {6, 1, 3, 3}, ops::Conv2dParams::symmetric(2, 1, 6), true},  // depthwise
       {{2, 3, 20, 20}, {8, 3, 7, 7}, ops::Conv2dParams::symmetric(2, 3), false},  // an ImageNet stem
@@ -458,7 +461,8 @@ TEST(VisionOpsChannelsLast, ConvolutionsMatchTheNchwOracle) {
   // a wrong layout is a shape error naming it
   ops::BackendScope cpu(ops::Backend::Cpu);
   try {
-    ops::conv2d(randn({2, 5, 9, 8}, 1), randn({7, 5, 3, 3}, 2), Tensor(), channels_last(ops::Conv2dParams::symmetric(1, 1)));
+    ops::conv2d(randn({2, 5, 9, 8}, 1), randn({7, 5, 3, 3}, 2), Tensor(),
+                channels_last(ops::Conv2dParams::symmetric(1, 1)));
     ADD_FAILURE() << "no error";
   } catch (const ShapeError& e) {
     EXPECT_NE(std::string(e.what()).find("channels-last (N, H, W, C)"), std::string::npos) << e.what();
@@ -468,8 +472,9 @@ TEST(VisionOpsChannelsLast, ConvolutionsMatchTheNchwOracle) {
 TEST(VisionOps16, Bf16ChannelsLastConvolutionsRunOneDnnBf16Primitives) {
   if (!ops::conv2d_native_bf16()) GTEST_SKIP() << "oneDNN has no non-reference bf16 convolution on this CPU";
   uint32_t seed = 401;
-  for (const auto& [xs, ws, p] : {std::tuple{Shape{4, 16, 14, 14}, Shape{32, 16, 3, 3}, ops::Conv2dParams::symmetric(2, 1)},
-                                  std::tuple{Shape{4, 16, 14, 14}, Shape{64, 16, 1, 1}, ops::Conv2dParams::symmetric(1, 0)}}) {
+  for (const auto& [xs, ws, p] :
+       {std::tuple{Shape{4, 16, 14, 14}, Shape{32, 16, 3, 3}, ops::Conv2dParams::symmetric(2, 1)},
+        std::tuple{Shape{4, 16, 14, 14}, Shape{64, 16, 1, 1}, ops::Conv2dParams::symmetric(1, 0)}}) {
     const Tensor x = randn(xs, seed++).to(DType::BF16), w = randn(ws, seed++).to(DType::BF16);
     ops::BackendScope cpu(ops::Backend::Cpu);
     const Tensor y = ops::conv2d(nhwc(x), w, Tensor(), channels_last(p));
@@ -525,9 +530,10 @@ TEST(VisionOpsChannelsLast, BatchNormAtOneTwoAndThreeThreads) {
   // bf16 input: widened, the output rounded once to bf16
   const ops::BatchNormOut h = ops::batch_norm2d(x.to(DType::BF16), w, b, Tensor(), Tensor(), true, 0.1, 1e-5, true);
   EXPECT_EQ(h.y.dtype(), DType::BF16);
-  EXPECT_LE(rel_err(h.y, ops::batch_norm2d(x.to(DType::BF16).to(DType::F32), w, b, Tensor(), Tensor(), true, 0.1,
-                                           1e-5, true).y),
-            kBf16);
+  EXPECT_LE(
+      rel_err(h.y,
+              ops::batch_norm2d(x.to(DType::BF16).to(DType::F32), w, b, Tensor(), Tensor(), true, 0.1, 1e-5, true).y),
+      kBf16);
 }
 
 // fn::conv2d and fn::batch_norm2d in channels-last form: gradients against central finite
@@ -579,8 +585,8 @@ TEST(VisionOps16, BatchNormOn16BitActivationsIsTheWidenedOpBitwise) {
   for (DType dt : {DType::BF16, DType::F16})
     for (bool cl : {false, true})
       for (bool training : {true, false}) {
-        SCOPED_TRACE(fmt::format("{} {} {}", dtype_name(dt), cl ? "channels-last" : "nchw",
-                                 training ? "training" : "eval"));
+        SCOPED_TRACE(
+            fmt::format("{} {} {}", dtype_name(dt), cl ? "channels-last" : "nchw", training ? "training" : "eval"));
         Tensor x = randn({5, 300, 7, 9}, 704), gy = randn({5, 300, 7, 9}, 705);  // 5*300*63 > 2^15
         if (cl) x = nhwc(x), gy = nhwc(gy);
         const Tensor x16 = x.to(dt), gy16 = gy.to(dt), xw = x16.to(DType::F32), gw = gy16.to(DType::F32);
@@ -591,8 +597,8 @@ TEST(VisionOps16, BatchNormOn16BitActivationsIsTheWidenedOpBitwise) {
           const ops::BatchNormOut ow = ops::batch_norm2d(xw, w, b, rmw, rvw, training, 0.1, 1e-5, cl);
           ASSERT_EQ(o.y.dtype(), dt);
           EXPECT_TRUE(bitwise_equal(o.y, ow.y.to(dt))) << threads << " threads";
-          for (auto [got, want] : {std::pair{o.mean, ow.mean}, std::pair{o.rstd, ow.rstd}, std::pair{rm, rmw},
-                                   std::pair{rv, rvw}})
+          for (auto [got, want] :
+               {std::pair{o.mean, ow.mean}, std::pair{o.rstd, ow.rstd}, std::pair{rm, rmw}, std::pair{rv, rvw}})
             EXPECT_TRUE(bitwise_equal(got, want)) << threads << " threads";
           const ops::BatchNormGrads g = ops::batch_norm2d_backward(gy16, x16, w, o.mean, o.rstd, training, cl);
           const ops::BatchNormGrads gw32 = ops::batch_norm2d_backward(gw, xw, w, ow.mean, ow.rstd, training, cl);
@@ -700,7 +706,8 @@ TEST(VisionOpsChannelsLast, MaxPoolIsTheNchwOpBitwise) {
   x = Tensor::from_vector(v, x.shape());
   const Tensor gy7 = randn({3, 300, 7, 6}, 802), gy6 = randn({3, 300, 6, 5}, 803);
   for (DType dt : {DType::F32, DType::BF16, DType::F16})
-    for (auto [k, s, p] : {std::tuple{int64_t(3), int64_t(2), int64_t(1)}, std::tuple{int64_t(2), int64_t(2), int64_t(0)}}) {
+    for (auto [k, s, p] :
+         {std::tuple{int64_t(3), int64_t(2), int64_t(1)}, std::tuple{int64_t(2), int64_t(2), int64_t(0)}}) {
       SCOPED_TRACE(fmt::format("{} k{} s{} p{}", dtype_name(dt), k, s, p));
       const Tensor xd = x.to(dt), gy = (k == 3 ? gy7 : gy6).to(dt);
       ops::MaxPoolOut want;

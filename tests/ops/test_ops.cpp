@@ -47,6 +47,7 @@ namespace {
 enum class Layout { Contig, Swap, Sliced, Expand };
 
 struct Input {
+  // clang-format off
   Shape shape;                 // logical shape
   Layout layout = Layout::Contig;
   int64_t d0 = -2, d1 = -1;    // Swap: stored with d0, d1 exchanged, viewed through transpose(d0, d1)
@@ -60,7 +61,12 @@ struct Input {
   Input& NoDiff() { diff = false; return *this; }
   Input& Range(double a, double b) { lo = a; hi = b; return *this; }
 };
-Input in(Shape s) { Input i; i.shape = std::move(s); return i; }
+// clang-format on
+Input in(Shape s) {
+  Input i;
+  i.shape = std::move(s);
+  return i;
+}
 
 const char* layout_name(Layout l) {
   switch (l) {
@@ -179,10 +185,10 @@ struct OpCase {
   std::function<std::vector<DVec>(const std::vector<DVec>&)> fwd_d;
   // ref kernels in double: grads of the diff inputs given gout. Optional.
   std::function<std::vector<DVec>(const std::vector<DVec>&, const DVec&)> bwd_d;
-  double tol_cpu = 2e-6;    // cpu vs ref (f32), forward and backward
-  double tol_f32 = 2e-6;    // ref f32 forward vs ref double forward
-  double tol_fd_d = 1e-7;   // ref double backward vs finite differences
-  double tol_fd_f = 5e-5;   // cpu f32 backward vs finite differences
+  double tol_cpu = 2e-6;   // cpu vs ref (f32), forward and backward
+  double tol_f32 = 2e-6;   // ref f32 forward vs ref double forward
+  double tol_fd_d = 1e-7;  // ref double backward vs finite differences
+  double tol_fd_f = 5e-5;  // cpu f32 backward vs finite differences
   // 16-bit variants: each output (in the dtype) vs ref f32 on the same rounded inputs, per
   // dtype: tol_bf16 / tol_f16 + tol_cpu. The default is one rounding of the output (kBf16,
   // kF16 below); a case whose test-side backward composes several ops rounds each
@@ -258,8 +264,8 @@ OpCase binary_case(const std::string& name, ref::BinaryOp op, std::vector<Input>
   return c;
 }
 
-OpCase unary_case(const std::string& name, std::function<Tensor(const Tensor&)> f, ref::UnaryOp op, double s,
-                  Input x, std::function<Tensor(const Tensor& x, const Tensor& y, const Tensor& g)> grad) {
+OpCase unary_case(const std::string& name, std::function<Tensor(const Tensor&)> f, ref::UnaryOp op, double s, Input x,
+                  std::function<Tensor(const Tensor& x, const Tensor& y, const Tensor& g)> grad) {
   OpCase c;
   c.name = name;
   c.inputs = {x};
@@ -288,9 +294,7 @@ OpCase matmul_case(Input a, Input b, bool ta, bool tb) {
                        layout_name(b.layout), ta ? "T" : "N", tb ? "T" : "N");
   c.inputs = {a, b};
   c.fwd = [ta, tb](const TVec& x) -> TVec { return {ops::matmul(x[0], x[1], ta, tb)}; };
-  c.bwd = [ta, tb](const TVec& x, const TVec&, const Tensor& g) -> TVec {
-    return matmul_grads(x[0], x[1], g, ta, tb);
-  };
+  c.bwd = [ta, tb](const TVec& x, const TVec&, const Tensor& g) -> TVec { return matmul_grads(x[0], x[1], g, ta, tb); };
   c.rounds16(2);  // the gradient GEMM's output, then sum_to over broadcast batch dims
   const Shape sa = a.shape, sb = b.shape;
   c.fwd_d = [sa, sb, ta, tb](const std::vector<DVec>& x) -> std::vector<DVec> {
@@ -299,17 +303,15 @@ OpCase matmul_case(Input a, Input b, bool ta, bool tb) {
     const Shape bs = ops::broadcast_shapes(ab, bb);
     const Shape ca = cstr(sa), cb = cstr(sb);
     Shape abst(bs.size(), 0), bbst(bs.size(), 0);
-    for (size_t i = 0; i < ab.size(); ++i)
-      abst[bs.size() - ab.size() + i] = ab[i] == 1 ? 0 : ca[i];
-    for (size_t i = 0; i < bb.size(); ++i)
-      bbst[bs.size() - bb.size() + i] = bb[i] == 1 ? 0 : cb[i];
+    for (size_t i = 0; i < ab.size(); ++i) abst[bs.size() - ab.size() + i] = ab[i] == 1 ? 0 : ca[i];
+    for (size_t i = 0; i < bb.size(); ++i) bbst[bs.size() - bb.size() + i] = bb[i] == 1 ? 0 : cb[i];
     const int64_t M = ta ? sa[na - 1] : sa[na - 2], K = ta ? sa[na - 2] : sa[na - 1];
     const int64_t N = tb ? sb[nb - 2] : sb[nb - 1];
     const int64_t sam = ta ? 1 : ca[na - 2], sak = ta ? ca[na - 2] : 1;
     const int64_t sbk = tb ? 1 : cb[nb - 2], sbn = tb ? cb[nb - 2] : 1;
     DVec y(static_cast<size_t>(shape_numel(bs) * M * N));
-    ref::matmul<double>(int(bs.size()), bs.data(), x[0].data(), abst.data(), sam, sak, x[1].data(), bbst.data(),
-                        sbk, sbn, y.data(), M, N, K);
+    ref::matmul<double>(int(bs.size()), bs.data(), x[0].data(), abst.data(), sam, sak, x[1].data(), bbst.data(), sbk,
+                        sbn, y.data(), M, N, K);
     return {y};
   };
   return c;
@@ -333,14 +335,13 @@ OpCase linear_case(Input x, Input w, bool bias, ops::WeightLayout layout) {
   const int64_t swo = oi ? IN : 1, swi = oi ? 1 : OUT;
   c.fwd_d = [=](const std::vector<DVec>& v) -> std::vector<DVec> {
     DVec y(static_cast<size_t>(N * OUT));
-    ref::linear<double>(N, IN, OUT, v[0].data(), IN, 1, v[1].data(), swo, swi, bias ? v[2].data() : nullptr,
-                        y.data());
+    ref::linear<double>(N, IN, OUT, v[0].data(), IN, 1, v[1].data(), swo, swi, bias ? v[2].data() : nullptr, y.data());
     return {y};
   };
   c.bwd_d = [=](const std::vector<DVec>& v, const DVec& g) -> std::vector<DVec> {
     DVec gx(static_cast<size_t>(N * IN)), gw(static_cast<size_t>(IN * OUT)), gb(static_cast<size_t>(OUT));
-    ref::linear_backward<double>(N, IN, OUT, g.data(), v[0].data(), IN, 1, v[1].data(), swo, swi, gx.data(),
-                                 gw.data(), swo, swi, gb.data());
+    ref::linear_backward<double>(N, IN, OUT, g.data(), v[0].data(), IN, 1, v[1].data(), swo, swi, gx.data(), gw.data(),
+                                 swo, swi, gb.data());
     if (bias) return {gx, gw, gb};
     return {gx, gw};
   };
@@ -373,8 +374,7 @@ OpCase reduce_case(const std::string& name, Input x, std::vector<int64_t> dims, 
       if (red[i]) so[i] = 0;
     DVec y(static_cast<size_t>(shape_numel(keep)));
     const Shape si = cstr(sh);
-    ref::reduce_sum<double>(int(sh.size()), sh.data(), v[0].data(), si.data(), y.data(), so.data(),
-                            int64_t(y.size()));
+    ref::reduce_sum<double>(int(sh.size()), sh.data(), v[0].data(), si.data(), y.data(), so.data(), int64_t(y.size()));
     if (is_mean)
       for (auto& e : y) e /= double(count);
     return {y};
@@ -403,8 +403,8 @@ std::vector<OpCase> all_cases() {
   std::vector<OpCase> cs;
 
   // ---- elementwise, with broadcasting and non-contiguous views
-  for (auto [nm, op] : {std::pair{"add", BinaryOp::Add}, {"sub", BinaryOp::Sub}, {"mul", BinaryOp::Mul},
-                        {"div", BinaryOp::Div}}) {
+  for (auto [nm, op] :
+       {std::pair{"add", BinaryOp::Add}, {"sub", BinaryOp::Sub}, {"mul", BinaryOp::Mul}, {"div", BinaryOp::Div}}) {
     const double lo = op == BinaryOp::Div ? 0.5 : -1.0;
     cs.push_back(binary_case(std::string(nm) + "_same", op, {in({3, 4}), in({3, 4}).Range(lo, 2)}));
     cs.push_back(binary_case(std::string(nm) + "_row_bcast", op, {in({2, 3, 5}), in({5}).Range(lo, 2)}));
@@ -412,28 +412,32 @@ std::vector<OpCase> all_cases() {
     cs.push_back(binary_case(std::string(nm) + "_views", op, {in({4, 3}).T(), in({4, 3}).Sliced().Range(lo, 2)}));
     cs.push_back(binary_case(std::string(nm) + "_expanded", op, {in({3, 4}).Expand(0), in({3, 4}).T().Range(lo, 2)}));
   }
-  cs.push_back(unary_case("add_scalar", [](const Tensor& x) { return ops::add_scalar(x, 0.75); },
-                          UnaryOp::AddScalar, 0.75, in({3, 5}).T(),
-                          [](const Tensor&, const Tensor&, const Tensor& g) { return ops::mul_scalar(g, 1.0); }));
-  cs.push_back(unary_case("mul_scalar", [](const Tensor& x) { return ops::mul_scalar(x, -1.5); },
-                          UnaryOp::MulScalar, -1.5, in({3, 5}).Sliced(),
-                          [](const Tensor&, const Tensor&, const Tensor& g) { return ops::mul_scalar(g, -1.5); }));
-  cs.push_back(unary_case("neg", [](const Tensor& x) { return ops::neg(x); }, UnaryOp::Neg, 0, in({2, 3, 4}),
-                          [](const Tensor&, const Tensor&, const Tensor& g) { return ops::neg(g); }));
-  cs.push_back(unary_case("exp", [](const Tensor& x) { return ops::exp(x); }, UnaryOp::Exp, 0, in({4, 6}).T(),
-                          [](const Tensor&, const Tensor& y, const Tensor& g) { return ops::mul(g, y); }));
-  cs.push_back(unary_case("log", [](const Tensor& x) { return ops::log(x); }, UnaryOp::Log, 0,
-                          in({4, 6}).Sliced().Range(0.2, 3),
-                          [](const Tensor& x, const Tensor&, const Tensor& g) { return ops::div(g, x); }));
-  cs.push_back(unary_case("tanh", [](const Tensor& x) { return ops::tanh(x); }, UnaryOp::Tanh, 0,
-                          in({5, 7}).Range(-3, 3), [](const Tensor&, const Tensor& y, const Tensor& g) {
-                            return ops::mul(g, ops::add_scalar(ops::neg(ops::mul(y, y)), 1.0));  // g (1 - y^2)
-                          }));
+  cs.push_back(unary_case(
+      "add_scalar", [](const Tensor& x) { return ops::add_scalar(x, 0.75); }, UnaryOp::AddScalar, 0.75, in({3, 5}).T(),
+      [](const Tensor&, const Tensor&, const Tensor& g) { return ops::mul_scalar(g, 1.0); }));
+  cs.push_back(unary_case(
+      "mul_scalar", [](const Tensor& x) { return ops::mul_scalar(x, -1.5); }, UnaryOp::MulScalar, -1.5,
+      in({3, 5}).Sliced(), [](const Tensor&, const Tensor&, const Tensor& g) { return ops::mul_scalar(g, -1.5); }));
+  cs.push_back(unary_case(
+      "neg", [](const Tensor& x) { return ops::neg(x); }, UnaryOp::Neg, 0, in({2, 3, 4}),
+      [](const Tensor&, const Tensor&, const Tensor& g) { return ops::neg(g); }));
+  cs.push_back(unary_case(
+      "exp", [](const Tensor& x) { return ops::exp(x); }, UnaryOp::Exp, 0, in({4, 6}).T(),
+      [](const Tensor&, const Tensor& y, const Tensor& g) { return ops::mul(g, y); }));
+  cs.push_back(unary_case(
+      "log", [](const Tensor& x) { return ops::log(x); }, UnaryOp::Log, 0, in({4, 6}).Sliced().Range(0.2, 3),
+      [](const Tensor& x, const Tensor&, const Tensor& g) { return ops::div(g, x); }));
+  cs.push_back(unary_case(
+      "tanh", [](const Tensor& x) { return ops::tanh(x); }, UnaryOp::Tanh, 0, in({5, 7}).Range(-3, 3),
+      [](const Tensor&, const Tensor& y, const Tensor& g) {
+        return ops::mul(g, ops::add_scalar(ops::neg(ops::mul(y, y)), 1.0));  // g (1 - y^2)
+      }));
   cs.back().rounds16(3);  // 16-bit: y*y, 1 - y*y and the product are each rounded
-  cs.push_back(unary_case("sqrt", [](const Tensor& x) { return ops::sqrt(x); }, UnaryOp::Sqrt, 0,
-                          in({3, 4}).Expand(1).Range(0.2, 3), [](const Tensor&, const Tensor& y, const Tensor& g) {
-                            return ops::div(ops::mul_scalar(g, 0.5), y);  // g / (2 sqrt(x))
-                          }));
+  cs.push_back(unary_case(
+      "sqrt", [](const Tensor& x) { return ops::sqrt(x); }, UnaryOp::Sqrt, 0, in({3, 4}).Expand(1).Range(0.2, 3),
+      [](const Tensor&, const Tensor& y, const Tensor& g) {
+        return ops::div(ops::mul_scalar(g, 0.5), y);  // g / (2 sqrt(x))
+      }));
 
   // ---- add_ (in place, src broadcast, non-contiguous dst)
   {
@@ -459,8 +463,11 @@ std::vector<OpCase> all_cases() {
   }
 
   // ---- sum_to, sum / mean / sum_all
-  for (auto [from, to] : {std::pair{Shape{2, 3, 4}, Shape{3, 1}}, {Shape{2, 3, 4}, Shape{4}},
-                          {Shape{2, 3, 4}, Shape{2, 1, 4}}, {Shape{3, 4}, Shape{3, 4}}, {Shape{5, 2}, Shape{}}}) {
+  for (auto [from, to] : {std::pair{Shape{2, 3, 4}, Shape{3, 1}},
+                          {Shape{2, 3, 4}, Shape{4}},
+                          {Shape{2, 3, 4}, Shape{2, 1, 4}},
+                          {Shape{3, 4}, Shape{3, 4}},
+                          {Shape{5, 2}, Shape{}}}) {
     OpCase c;
     c.name = fmt::format("sum_to_{}_{}", shape_str(from), shape_str(to));
     c.inputs = {from.size() >= 2 ? in(from).T() : in(from)};
@@ -488,8 +495,8 @@ std::vector<OpCase> all_cases() {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       cs.push_back(matmul_case(in(ta ? Shape{5, 3} : Shape{3, 5}), in(tb ? Shape{4, 5} : Shape{5, 4}), ta, tb));
-      cs.push_back(matmul_case(in(ta ? Shape{2, 3, 6, 5} : Shape{2, 3, 5, 6}), in(tb ? Shape{7, 6} : Shape{6, 7}),
-                               ta, tb));
+      cs.push_back(
+          matmul_case(in(ta ? Shape{2, 3, 6, 5} : Shape{2, 3, 5, 6}), in(tb ? Shape{7, 6} : Shape{6, 7}), ta, tb));
       cs.push_back(matmul_case(in(ta ? Shape{2, 1, 4, 3} : Shape{2, 1, 3, 4}).T(),
                                in(tb ? Shape{3, 5, 4} : Shape{3, 4, 5}).T(), ta, tb));
     }
@@ -555,14 +562,15 @@ std::vector<OpCase> all_cases() {
       return {y, m, r};
     };
     c.bwd_d = [=](const std::vector<DVec>& v, const DVec& g) -> std::vector<DVec> {
-      DVec y(static_cast<size_t>(N * C)), m(static_cast<size_t>(N)), r(static_cast<size_t>(N)), gx(static_cast<size_t>(N * C)), gw(static_cast<size_t>(C)), gb(static_cast<size_t>(C));
+      DVec y(static_cast<size_t>(N * C)), m(static_cast<size_t>(N)), r(static_cast<size_t>(N)),
+          gx(static_cast<size_t>(N * C)), gw(static_cast<size_t>(C)), gb(static_cast<size_t>(C));
       ref::layer_norm<double>(N, C, v[0].data(), v[1].data(), v[2].data(), 1e-5, y.data(), m.data(), r.data());
       ref::layer_norm_backward<double>(N, C, g.data(), v[0].data(), v[1].data(), m.data(), r.data(), gx.data(),
                                        gw.data(), gb.data());
       return {gx, gw, gb};
     };
     c.tol_cpu = 1e-5;
-    c.tol_fd_f = 2e-4;  // rstd amplifies f32 rounding of (x - mean)
+    c.tol_fd_f = 2e-4;                    // rstd amplifies f32 rounding of (x - mean)
     c.f32_outputs = {false, true, true};  // mean, rstd
     cs.push_back(c);
   }
@@ -611,7 +619,11 @@ std::vector<OpCase> all_cases() {
   }
 
   // ---- attention: causal and not; T not a multiple of any tile size; (B, T, NH, HS) views
-  struct AttnShape { int64_t B, NH, T, HS; bool causal; bool view; };
+  struct AttnShape {
+    int64_t B, NH, T, HS;
+    bool causal;
+    bool view;
+  };
   for (auto s : {AttnShape{2, 2, 7, 5, true, false}, AttnShape{1, 3, 9, 4, false, true},
                  AttnShape{2, 1, 70, 3, true, true}, AttnShape{1, 2, 67, 6, false, false},
                  // several query and key tiles (cpu kernel: 64 queries x 128 keys), ragged last tiles
@@ -640,10 +652,11 @@ std::vector<OpCase> all_cases() {
       return {o, l};
     };
     c.bwd_d = [=](const std::vector<DVec>& v, const DVec& g) -> std::vector<DVec> {
-      DVec o(static_cast<size_t>(BH * T * HS)), l(static_cast<size_t>(BH * T)), gq(o.size()), gk(o.size()), gv(o.size());
+      DVec o(static_cast<size_t>(BH * T * HS)), l(static_cast<size_t>(BH * T)), gq(o.size()), gk(o.size()),
+          gv(o.size());
       ref::attention<double>(BH, T, HS, v[0].data(), v[1].data(), v[2].data(), causal, scale, o.data(), l.data());
-      ref::attention_backward<double>(BH, T, HS, g.data(), v[0].data(), v[1].data(), v[2].data(), o.data(),
-                                      l.data(), causal, scale, gq.data(), gk.data(), gv.data());
+      ref::attention_backward<double>(BH, T, HS, g.data(), v[0].data(), v[1].data(), v[2].data(), o.data(), l.data(),
+                                      causal, scale, gq.data(), gk.data(), gv.data());
       return {gq, gk, gv};
     };
     c.tol_cpu = 1e-5;
@@ -967,8 +980,8 @@ class OmpThreads {
 
 struct BigCase {
   std::string name;
-  std::function<TVec()> run;   // forward + backward on the active backend; inputs captured
-  double tol = 2e-6;           // cpu vs ref, every output: the harness tolerance of the op
+  std::function<TVec()> run;       // forward + backward on the active backend; inputs captured
+  double tol = 2e-6;               // cpu vs ref, every output: the harness tolerance of the op
   std::vector<bool> bitwise = {};  // per output: thread-count independent (empty: all outputs)
   // Oracle in double, used instead of the Ref backend where ref's f32 rounding is the larger error.
   std::function<std::vector<DVec>()> exact = {};
@@ -979,25 +992,28 @@ std::vector<BigCase> all_big_cases() {
   // elementwise.cpp: n = 130 * 257 = 33410 > 1 << 15 (and not a multiple of any block size).
   const int64_t R = 130, C = 257;
   const Tensor a = randn({R, C}, 101), b = randn({R, C}, 102, 0.5, 2.0);
-  const Tensor at = randn({C, R}, 103).transpose(0, 1);                   // (R, C), column-major
+  const Tensor at = randn({C, R}, 103).transpose(0, 1);                    // (R, C), column-major
   const Tensor as = randn({R, 2 * C + 1}, 104).slice(1, 1, 2 * C + 1, 2);  // (R, C), stride 2
   const Tensor row = randn({C}, 105, 0.5, 2.0), col = randn({R, 1}, 106, 0.5, 2.0);
 
-  cs.push_back({"binary_contig", [=] {
-                  return TVec{ops::add(a, b), ops::sub(a, b), ops::mul(a, b), ops::div(a, b)};
-                }});
-  cs.push_back({"binary_strided_bcast", [=] {
-                  return TVec{ops::add(at, row), ops::mul(as, col), ops::div(at, b), ops::sub(row, as),
-                              ops::mul(at, as)};
-                }});
+  cs.push_back({"binary_contig", [=] { return TVec{ops::add(a, b), ops::sub(a, b), ops::mul(a, b), ops::div(a, b)}; }});
+  cs.push_back(
+      {"binary_strided_bcast", [=] {
+         return TVec{ops::add(at, row), ops::mul(as, col), ops::div(at, b), ops::sub(row, as), ops::mul(at, as)};
+       }});
   cs.push_back({"unary_contig", [=] {
-                  return TVec{ops::add_scalar(a, 0.75), ops::mul_scalar(a, -1.5), ops::neg(a), ops::exp(a),
-                              ops::tanh(a), ops::log(b), ops::sqrt(b)};
+                  return TVec{ops::add_scalar(a, 0.75),
+                              ops::mul_scalar(a, -1.5),
+                              ops::neg(a),
+                              ops::exp(a),
+                              ops::tanh(a),
+                              ops::log(b),
+                              ops::sqrt(b)};
                 }});
-  cs.push_back({"unary_strided", [=] {
-                  return TVec{ops::add_scalar(at, 0.75), ops::mul_scalar(as, -1.5), ops::neg(at), ops::exp(as),
-                              ops::tanh(at)};
-                }});
+  cs.push_back(
+      {"unary_strided", [=] {
+         return TVec{ops::add_scalar(at, 0.75), ops::mul_scalar(as, -1.5), ops::neg(at), ops::exp(as), ops::tanh(at)};
+       }});
   cs.push_back({"add_inplace_mul_scalar_inplace", [=] {
                   Tensor d0 = a.clone();  // contiguous dst and src
                   ops::add_(d0, b, -0.5);
@@ -1014,14 +1030,14 @@ std::vector<BigCase> all_big_cases() {
   // Reductions with short sums (<= 520 terms): column_sum (64-column chunks) and row sums.
   const Tensor a3 = randn({4, R, C}, 107);  // (4, R, C): column sums over 4 rows of 33410
   cs.push_back({"partial_sums", [=] {
-                  return TVec{ops::sum(a, {0}), ops::sum(a, {1}, true), ops::sum_to(a, {C}), ops::sum_to(a, {R, 1}),
-                              ops::mean(a, {0}), ops::sum(a3, {0}), ops::sum(a3, {0, 1}), ops::sum(at, {0}),
-                              ops::sum_to(as, {1, C})};
+                  return TVec{ops::sum(a, {0}),       ops::sum(a, {1}, true), ops::sum_to(a, {C}),
+                              ops::sum_to(a, {R, 1}), ops::mean(a, {0}),      ops::sum(a3, {0}),
+                              ops::sum(a3, {0, 1}),   ops::sum(at, {0}),      ops::sum_to(as, {1, C})};
                 }});
   {  // Long sums (33410 terms and more): contiguous_sum's 4096-blocks and row sums of whole
-     // slices (also summed in 4096-blocks). The ref kernel sums in f32 in one sequential chain (measured 1.5e-5 off on these
-     // sizes), so the oracle here is the sum in double. Positive values: no cancellation, so
-     // the f32 result must be within a few ulp per block of the exact sum.
+     // slices (also summed in 4096-blocks). The ref kernel sums in f32 in one sequential chain (measured 1.5e-5 off on
+     // these sizes), so the oracle here is the sum in double. Positive values: no cancellation, so the f32 result must
+     // be within a few ulp per block of the exact sum.
     const Tensor p = randn({R, C}, 128, 0, 1), p3 = randn({4, R, C}, 129, 0, 1);
     auto exact = [](const Tensor& t, int64_t parts) {  // sums of `parts` equal contiguous slices
       const std::vector<float> v = t.to_vector();
@@ -1032,15 +1048,19 @@ std::vector<BigCase> all_big_cases() {
     };
     DVec mean3 = exact(p3, 1);
     mean3[0] /= double(p3.numel());
-    cs.push_back({"long_sums", [=] {
+    cs.push_back({"long_sums",
+                  [=] {
                     return TVec{ops::sum_all(p), ops::sum_all(p3), ops::mean(p3, {}), ops::sum(p3, {1, 2}),
                                 ops::sum_to(p3, {4, 1, 1})};
                   },
-                  2e-6, {}, [=] {
+                  2e-6,
+                  {},
+                  [=] {
                     return std::vector<DVec>{exact(p, 1), exact(p3, 1), mean3, exact(p3, 4), exact(p3, 4)};
                   }});
   }
-  cs.push_back({"gelu", [=] {
+  cs.push_back({"gelu",
+                [=] {
                   Tensor x = ops::mul_scalar(a, 4.0);
                   return TVec{ops::gelu(x), ops::gelu_backward(b, x)};
                 },
@@ -1060,7 +1080,8 @@ std::vector<BigCase> all_big_cases() {
     const int64_t N = 200, LC = 130;
     const Tensor x = randn({N, LC}, 111, -2, 2), w = randn({LC}, 112, 0.5, 1.5), bb = randn({LC}, 113);
     const Tensor gy = randn({N, LC}, 114);
-    cs.push_back({"layer_norm", [=] {
+    cs.push_back({"layer_norm",
+                  [=] {
                     ops::LayerNormOut o = ops::layer_norm(x, w, bb, 1e-5);
                     ops::LayerNormGrads g = ops::layer_norm_backward(gy, x, w, o.mean, o.rstd);
                     return TVec{o.y, o.mean, o.rstd, g.gx, g.gw, g.gb};
@@ -1069,7 +1090,8 @@ std::vector<BigCase> all_big_cases() {
   }
   {  // softmax: N * C = 150 * 130 > 1 << 14
     const Tensor x = randn({150, 130}, 115, -5, 5), gy = randn({150, 130}, 116);
-    cs.push_back({"softmax", [=] {
+    cs.push_back({"softmax",
+                  [=] {
                     Tensor y = ops::softmax(x);
                     return TVec{y, ops::softmax_backward(gy, y)};
                   },
@@ -1080,7 +1102,8 @@ std::vector<BigCase> all_big_cases() {
     std::vector<int64_t> t;
     for (int64_t i = 0; i < N; ++i) t.push_back(i % 3 == 1 ? -100 : (i * 37 + 5) % V);
     const Tensor logits = randn({N, V}, 117, -4, 4), tt = Tensor::from_vector_i64(t, {N});
-    cs.push_back({"cross_entropy", [=] {
+    cs.push_back({"cross_entropy",
+                  [=] {
                     ops::CrossEntropyOut o = ops::cross_entropy(logits, tt, -100);
                     return TVec{o.loss, o.lse, ops::cross_entropy_backward(0.7, logits, tt, o.lse, -100)};
                   },
@@ -1098,7 +1121,8 @@ std::vector<BigCase> all_big_cases() {
                     ops::AttentionGrads r = ops::attention_backward(g, q, k, v, o.out, o.lse, causal, scale);
                     return TVec{o.out, o.lse, r.gq, r.gk, r.gv};
                   },
-                  1e-5, {false, false, false, false, false}});
+                  1e-5,
+                  {false, false, false, false, false}});
   }
   // linear: the bias grad is column_sum (elementwise.cpp) with N * OUT = 300 * 130 > 1 << 15;
   // y, gx, gw come from oneDNN (no thread-count claim). x has stride 2 in its last dim, which
@@ -1114,7 +1138,8 @@ std::vector<BigCase> all_big_cases() {
                     ops::LinearGrads r = ops::linear_backward(gy, x, w, layout);
                     return TVec{ops::linear(x, w, bias, layout), r.gx, r.gw, r.gb};
                   },
-                  2e-6, {false, false, false, true}});
+                  2e-6,
+                  {false, false, false, true}});
   }
   return cs;
 }
@@ -1252,7 +1277,8 @@ void expect_error(F f, const std::vector<std::string>& parts) {
     ADD_FAILURE() << "no exception thrown";
   } catch (const E& e) {
     const std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "message '" << msg << "' lacks '" << p << "'";
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "message '" << msg << "' lacks '" << p << "'";
   }
 }
 
@@ -1261,22 +1287,39 @@ TEST(Ops, BadInputsGiveHelpfulErrors) {
   expect_error<ShapeError>([&] { ops::add(a, b); }, {"add", "(2, 3)", "(4, 3)", "broadcast"});
   expect_error<ShapeError>([&] { ops::matmul(a, a); }, {"matmul", "inner", "K = 3", "K = 2"});
   expect_error<ShapeError>([&] { ops::matmul(a, Tensor::zeros({3})); }, {"matmul", "2 dims"});
-  expect_error<ShapeError>([&] { ops::linear(a, Tensor::zeros({5, 4}), Tensor(), ops::WeightLayout::OutIn); },
-                           {"linear", "3 input features", "expects 4"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::linear(a, Tensor::zeros({5, 4}), Tensor(), ops::WeightLayout::OutIn);
+      },
+      {"linear", "3 input features", "expects 4"});
   expect_error<ShapeError>([&] { ops::add(a, Tensor::zeros({2, 3}, DType::I32)); }, {"add", "f32", "i32"});
-  expect_error<ValueError>([&] { ops::embedding(Tensor::zeros({5, 2}), Tensor::from_vector_i64({1, 5}, {2})); },
-                           {"embedding", "id 5", "V = 5"});
-  expect_error<ValueError>([&] { ops::embedding(Tensor::zeros({5, 2}), Tensor::from_vector_i64({-1}, {1})); },
-                           {"id -1"});
   expect_error<ValueError>(
-      [&] { ops::cross_entropy(Tensor::zeros({2, 4}), Tensor::from_vector_i64({1, 9}, {2})); },
+      [&] {
+        ops::embedding(Tensor::zeros({5, 2}), Tensor::from_vector_i64({1, 5}, {2}));
+      },
+      {"embedding", "id 5", "V = 5"});
+  expect_error<ValueError>(
+      [&] {
+        ops::embedding(Tensor::zeros({5, 2}), Tensor::from_vector_i64({-1}, {1}));
+      },
+      {"id -1"});
+  expect_error<ValueError>(
+      [&] {
+        ops::cross_entropy(Tensor::zeros({2, 4}), Tensor::from_vector_i64({1, 9}, {2}));
+      },
       {"cross_entropy", "target 9", "V = 4"});
-  expect_error<ShapeError>([&] { ops::cross_entropy(Tensor::zeros({2, 4}), Tensor::from_vector_i64({1}, {1})); },
-                           {"cross_entropy", "targets"});
+  expect_error<ShapeError>(
+      [&] {
+        ops::cross_entropy(Tensor::zeros({2, 4}), Tensor::from_vector_i64({1}, {1}));
+      },
+      {"cross_entropy", "targets"});
   expect_error<ShapeError>([&] { ops::layer_norm(a, Tensor::ones({2}), Tensor::zeros({3}), 1e-5); },
                            {"layer_norm", "'w'", "(3)"});
   expect_error<ShapeError>(
-      [&] { ops::attention(Tensor::zeros({1, 2, 3, 4}), Tensor::zeros({1, 2, 4, 4}), Tensor::zeros({1, 2, 3, 4}), true, 1.0); },
+      [&] {
+        ops::attention(Tensor::zeros({1, 2, 3, 4}), Tensor::zeros({1, 2, 4, 4}), Tensor::zeros({1, 2, 3, 4}), true,
+                       1.0);
+      },
       {"attention", "'k'"});
   expect_error<ShapeError>([&] { ops::add_(a, Tensor::zeros({4, 2, 3})); }, {"add_", "broadcast to dst"});
   expect_error<ShapeError>([&] { ops::sum_to(a, {4}); }, {"sum_to"});
@@ -1379,8 +1422,8 @@ std::vector<float> conversion_values() {
   // the underflow ties around 2^-25.
   for (float f : {65504.0f, 65519.996f, 65520.0f, 65536.0f, 1e10f, -65520.0f, -65504.0f, 6.1035156e-5f /*2^-14*/,
                   6.0975552e-5f /*largest subnormal*/, 5.9604645e-8f /*2^-24*/, 2.9802322e-8f /*2^-25: tie -> 0*/,
-                  2.9802326e-8f /*just above: -> 2^-24*/, 8.940697e-8f /*1.5 * 2^-24: tie -> even 2^-23*/,
-                  1.0e-6f, -3.0e-7f, 1.0e-9f})
+                  2.9802326e-8f /*just above: -> 2^-24*/, 8.940697e-8f /*1.5 * 2^-24: tie -> even 2^-23*/, 1.0e-6f,
+                  -3.0e-7f, 1.0e-9f})
     v.push_back(f);
   // Ties: 1 + 2^-8 and 1 + 3 * 2^-8 (bf16, to even: 1 and 1 + 2^-6), 1 + 2^-11 and 1 + 3 * 2^-11 (f16).
   for (float f : {1.00390625f, 1.01171875f, -1.00390625f, 1.00048828125f, 1.00146484375f, 3.3895314e38f /*bf16 max*/,
@@ -1443,7 +1486,7 @@ TEST(Ops16, CastFromF32IsBitwiseTheScalarConversion) {
   const int64_t R = 9, C = 1021;
   const std::vector<float> vs(v.begin(), v.begin() + R * C);
   const Tensor xt = f32_tensor_bits(vs, {C, R}).transpose(0, 1);  // (R, C) viewing a (C, R) buffer
-  std::vector<float> vt(size_t(R * C));  // logical order of xt
+  std::vector<float> vt(size_t(R * C));                           // logical order of xt
   for (int64_t i = 0; i < R; ++i)
     for (int64_t j = 0; j < C; ++j) vt[size_t(i * C + j)] = vs[size_t(j * R + i)];
   Tensor wide = Tensor::zeros({R, 2 * C + 1});  // (R, 2C + 1)
@@ -1476,11 +1519,11 @@ TEST(Ops16, CastFromF32IsBitwiseTheScalarConversion) {
         EXPECT_EQ(mismatches(u16_of(ops::cast(xr, dt)), wr, vr, "offset f32->" + tag), 0);
         // Every small size (tails of the 16-lane loop).
         for (int64_t m = 0; m < 40; ++m)
-          EXPECT_EQ(mismatches(u16_of(ops::cast(x.narrow(0, 5, m), dt)),
-                               std::vector<uint16_t>(wv.begin() + 5, wv.begin() + 5 + m),
-                               std::vector<float>(v.begin() + 5, v.begin() + 5 + m),
-                               tag + " size " + std::to_string(m)),
-                    0);
+          EXPECT_EQ(
+              mismatches(u16_of(ops::cast(x.narrow(0, 5, m), dt)),
+                         std::vector<uint16_t>(wv.begin() + 5, wv.begin() + 5 + m),
+                         std::vector<float>(v.begin() + 5, v.begin() + 5 + m), tag + " size " + std::to_string(m)),
+              0);
       }
   }
 }
@@ -1522,7 +1565,8 @@ TEST(Ops16, CastFrom16BitIsBitwiseTheScalarConversion) {
         for (int64_t m = 0; m < 40; ++m)
           EXPECT_EQ(mismatches(u32_of(ops::cast(h.narrow(0, 3, m), DType::F32)),
                                std::vector<uint32_t>(want32.begin() + 3, want32.begin() + 3 + m), {},
-                               tag + " size " + std::to_string(m)), 0);
+                               tag + " size " + std::to_string(m)),
+                    0);
       }
   }
 }
@@ -1610,8 +1654,7 @@ TEST(Ops16, MixedDtypeRules) {
       const Tensor y = ops::linear(x16, w16, bias, ops::WeightLayout::OutIn);
       EXPECT_EQ(y.dtype(), BF);
       ops::BackendScope rs(ops::Backend::Ref);
-      near(y, ops::linear(w32(x16), w32(w16), bias.defined() ? w32(bias) : Tensor(), ops::WeightLayout::OutIn),
-           kBf16);
+      near(y, ops::linear(w32(x16), w32(w16), bias.defined() ? w32(bias) : Tensor(), ops::WeightLayout::OutIn), kBf16);
     }
     EXPECT_EQ(ops::linear(x16, w32t, Tensor(), ops::WeightLayout::OutIn).dtype(), F32);
     EXPECT_EQ(ops::linear(x16.to(H), w16.to(H), r({3}, 10, F32), ops::WeightLayout::OutIn).dtype(), H);
@@ -1696,7 +1739,9 @@ TEST(Ops16, MixedDtypeRules) {
   const Tensor a16 = randn({2, 3}, 24).to(BF);
   expect_error<ShapeError>([&] { ops::add(a16, Tensor::zeros({2, 3}, DType::I32)); }, {"add", "'b'", "i32"});
   expect_error<ShapeError>(
-      [&] { ops::linear(a16, Tensor::zeros({4, 3}, DType::I64), Tensor(), ops::WeightLayout::OutIn); },
+      [&] {
+        ops::linear(a16, Tensor::zeros({4, 3}, DType::I64), Tensor(), ops::WeightLayout::OutIn);
+      },
       {"linear", "'w'", "i64"});
   expect_error<ShapeError>([&] { ops::layer_norm(a16, Tensor::ones({3}, DType::I32), Tensor(), 1e-5); },
                            {"layer_norm", "'w'"});
@@ -1749,7 +1794,7 @@ TEST(Ops16, Bf16GemmsUseOneDnnBf16Primitives) {
   }
   // Batched, transposed, broadcast and strided (gathered) bf16 matmuls.
   const Tensor a = randn({3, 40, 24}, 46).to(DType::BF16), b = randn({24, 56}, 47).to(DType::BF16);
-  const Tensor at = randn({3, 24, 40}, 48).to(DType::BF16).transpose(1, 2);   // (3, 40, 24) strided
+  const Tensor at = randn({3, 24, 40}, 48).to(DType::BF16).transpose(1, 2);    // (3, 40, 24) strided
   const Tensor bs = randn({24, 113}, 49).to(DType::BF16).slice(1, 1, 113, 2);  // (24, 56), stride 2
   for (auto [p, q] : {std::pair{a, b}, {at, b}, {a, bs}}) {
     const Tensor c = ops::matmul(p, q);
@@ -1777,8 +1822,8 @@ TEST(Ops16, Bf16LinearAtOneTwoAndThreeThreads) {
   TVec want;
   {
     ops::BackendScope r(ops::Backend::Ref);
-    ops::LinearGrads g = ops::linear_backward(gy.to(DType::F32), x.to(DType::F32), w.to(DType::F32),
-                                              ops::WeightLayout::OutIn);
+    ops::LinearGrads g =
+        ops::linear_backward(gy.to(DType::F32), x.to(DType::F32), w.to(DType::F32), ops::WeightLayout::OutIn);
     want = {ops::linear(x.to(DType::F32), w.to(DType::F32), bias, ops::WeightLayout::OutIn), g.gx, g.gw, g.gb};
   }
   for (int threads : {1, 2, 3}) {
@@ -1822,10 +1867,10 @@ TEST(Ops16, Bf16LinearAtOneTwoAndThreeThreads) {
   for (int64_t i = 0; i < a.numel(); ++i)
     if (std::memcmp(pa + size_t(i) * es, pb + size_t(i) * es, es) != 0 &&
         !(any_nan && std::isnan(af.data<float>()[i]) && std::isnan(bf.data<float>()[i])))
-      return ::testing::AssertionFailure() << "first difference at flat element " << i << " of " << a.numel()
-                                           << " (got " << a.reshape({a.numel()}).narrow(0, i, 1).to(DType::F32).item()
-                                           << ", widened path "
-                                           << b.reshape({b.numel()}).narrow(0, i, 1).to(DType::F32).item() << ")";
+      return ::testing::AssertionFailure()
+             << "first difference at flat element " << i << " of " << a.numel() << " (got "
+             << a.reshape({a.numel()}).narrow(0, i, 1).to(DType::F32).item() << ", widened path "
+             << b.reshape({b.numel()}).narrow(0, i, 1).to(DType::F32).item() << ")";
   return ::testing::AssertionSuccess();
 }
 
@@ -1895,9 +1940,20 @@ TEST(Ops16, NativeKernelsKeepSpecialValuesLikeTheWidenedPath) {
           ops::add_(d, y, 0.3);
           Tensor e = x.clone();
           ops::mul_scalar_(e, 1e5);  // overflows f16
-          return TVec{ops::add(x, y), ops::mul(x, y), ops::div(x, y), ops::add_scalar(x, -0.0), ops::neg(y),
-                      ops::mul_scalar(x, 3.0), ops::exp(x), ops::sqrt(y), ops::gelu(x), ops::gelu_backward(y, x),
-                      ops::sum_to(x, x.shape()), d, e, ops::sum(y, {0})};
+          return TVec{ops::add(x, y),
+                      ops::mul(x, y),
+                      ops::div(x, y),
+                      ops::add_scalar(x, -0.0),
+                      ops::neg(y),
+                      ops::mul_scalar(x, 3.0),
+                      ops::exp(x),
+                      ops::sqrt(y),
+                      ops::gelu(x),
+                      ops::gelu_backward(y, x),
+                      ops::sum_to(x, x.shape()),
+                      d,
+                      e,
+                      ops::sum(y, {0})};
         },
         "special values", {13});
   }
@@ -1917,21 +1973,33 @@ std::vector<Big16Case> all_big16_cases() {
     Tensor a, b, at, as, row, col, a3;
   };
   auto ins = [=](DType dt) {
-    return In{randn({R, C}, 101).to(dt), randn({R, C}, 102, 0.5, 2.0).to(dt),
-              randn({C, R}, 103).to(dt).transpose(0, 1), randn({R, 2 * C + 1}, 104).to(dt).slice(1, 1, 2 * C + 1, 2),
-              randn({C}, 105, 0.5, 2.0).to(dt), randn({R, 1}, 106, 0.5, 2.0).to(dt), randn({4, R, C}, 107).to(dt)};
+    return In{randn({R, C}, 101).to(dt),
+              randn({R, C}, 102, 0.5, 2.0).to(dt),
+              randn({C, R}, 103).to(dt).transpose(0, 1),
+              randn({R, 2 * C + 1}, 104).to(dt).slice(1, 1, 2 * C + 1, 2),
+              randn({C}, 105, 0.5, 2.0).to(dt),
+              randn({R, 1}, 106, 0.5, 2.0).to(dt),
+              randn({4, R, C}, 107).to(dt)};
   };
   cs.push_back({"binary", [=](DType dt) {
                   const In x = ins(dt);
-                  return TVec{ops::add(x.a, x.b), ops::sub(x.a, x.b), ops::mul(x.a, x.b), ops::div(x.a, x.b),
-                              ops::add(x.at, x.row), ops::mul(x.as, x.col), ops::div(x.at, x.b),
-                              ops::sub(x.row, x.as), ops::mul(x.at, x.as)};
+                  return TVec{ops::add(x.a, x.b),  ops::sub(x.a, x.b),    ops::mul(x.a, x.b),
+                              ops::div(x.a, x.b),  ops::add(x.at, x.row), ops::mul(x.as, x.col),
+                              ops::div(x.at, x.b), ops::sub(x.row, x.as), ops::mul(x.at, x.as)};
                 }});
   cs.push_back({"unary", [=](DType dt) {
                   const In x = ins(dt);
-                  return TVec{ops::add_scalar(x.a, 0.75), ops::mul_scalar(x.a, -1.5), ops::neg(x.a), ops::exp(x.a),
-                              ops::tanh(x.a), ops::log(x.b), ops::sqrt(x.b), ops::add_scalar(x.at, 0.75),
-                              ops::mul_scalar(x.as, -1.5), ops::exp(x.as), ops::tanh(x.at)};
+                  return TVec{ops::add_scalar(x.a, 0.75),
+                              ops::mul_scalar(x.a, -1.5),
+                              ops::neg(x.a),
+                              ops::exp(x.a),
+                              ops::tanh(x.a),
+                              ops::log(x.b),
+                              ops::sqrt(x.b),
+                              ops::add_scalar(x.at, 0.75),
+                              ops::mul_scalar(x.as, -1.5),
+                              ops::exp(x.as),
+                              ops::tanh(x.at)};
                 }});
   cs.push_back({"in_place", [=](DType dt) {
                   const In x = ins(dt);
@@ -1953,23 +2021,25 @@ std::vector<Big16Case> all_big16_cases() {
                 }});
   cs.push_back({"sums", [=](DType dt) {
                   const In x = ins(dt);
-                  return TVec{ops::sum(x.a, {0}),       ops::sum(x.a, {1}, true),   ops::sum_to(x.a, {C}),
-                              ops::sum_to(x.a, {R, 1}), ops::mean(x.a, {0}),        ops::sum(x.a3, {0}),
-                              ops::sum(x.a3, {0, 1}),   ops::sum(x.at, {0}),        ops::sum_to(x.as, {1, C}),
-                              ops::sum_all(x.a),        ops::sum_all(x.a3),         ops::mean(x.a3, {}),
-                              ops::sum(x.a3, {1, 2}),   ops::sum_to(x.a3, {4, 1, 1}), ops::sum(x.a3, {0, 2}),
+                  return TVec{ops::sum(x.a, {0}),        ops::sum(x.a, {1}, true),     ops::sum_to(x.a, {C}),
+                              ops::sum_to(x.a, {R, 1}),  ops::mean(x.a, {0}),          ops::sum(x.a3, {0}),
+                              ops::sum(x.a3, {0, 1}),    ops::sum(x.at, {0}),          ops::sum_to(x.as, {1, C}),
+                              ops::sum_all(x.a),         ops::sum_all(x.a3),           ops::mean(x.a3, {}),
+                              ops::sum(x.a3, {1, 2}),    ops::sum_to(x.a3, {4, 1, 1}), ops::sum(x.a3, {0, 2}),
                               ops::sum_to(x.at, {R, C}), ops::mean(x.as, {1}, true)};
                 }});
-  cs.push_back({"gelu", [=](DType dt) {
-                  const In x = ins(dt);
-                  const Tensor x4 = ops::mul_scalar(x.a, 4.0);
-                  return TVec{ops::gelu(x4), ops::gelu_backward(x.b, x4), ops::gelu(x.at), ops::gelu_backward(x.as, x.at)};
-                }});
+  cs.push_back(
+      {"gelu", [=](DType dt) {
+         const In x = ins(dt);
+         const Tensor x4 = ops::mul_scalar(x.a, 4.0);
+         return TVec{ops::gelu(x4), ops::gelu_backward(x.b, x4), ops::gelu(x.at), ops::gelu_backward(x.as, x.at)};
+       }});
   cs.push_back({"dropout", [=](DType dt) {
                   const In x = ins(dt);
                   Generator g(42);
                   const ops::DropoutOut o = ops::dropout(x.at, 0.3, g);
-                  return TVec{o.y, o.mask, ops::dropout_backward(x.b, o.mask), ops::dropout_backward(randn({R, C}, 110), o.mask)};
+                  return TVec{o.y, o.mask, ops::dropout_backward(x.b, o.mask),
+                              ops::dropout_backward(randn({R, C}, 110), o.mask)};
                 }});
   cs.push_back({"embedding_backward", [=](DType dt) {
                   const int64_t N = 600, V = 500, EC = 70;  // N * C, V * C > 1 << 15
@@ -1979,19 +2049,20 @@ std::vector<Big16Case> all_big16_cases() {
                   return TVec{ops::embedding_backward(randn({N, EC}, 111).to(dt), idt, V),
                               ops::embedding_backward(randn({EC, N}, 112).to(dt).transpose(0, 1), idt, V)};
                 }});
-  cs.push_back({"layer_norm", [=](DType dt) {
-                  const int64_t N = 200, LC = 130;  // N * C > 1 << 14; 7 blocks of 32 rows
-                  const Tensor x = randn({N, LC}, 113, -2, 2).to(dt), gy = randn({N, LC}, 114).to(dt);
-                  const Tensor xt = randn({LC, N}, 115, -2, 2).to(dt).transpose(0, 1);  // (N, LC) strided
-                  const Tensor w = randn({LC}, 116, 0.5, 1.5), b = randn({LC}, 117);
-                  TVec r;
-                  for (const auto& [xx, ww, bb] : {std::tuple{x, w, b}, {xt, w.to(dt), b.to(dt)}, {x, w.to(dt), Tensor()}}) {
-                    const ops::LayerNormOut o = ops::layer_norm(xx, ww, bb, 1e-5);
-                    const ops::LayerNormGrads g = ops::layer_norm_backward(gy, xx, ww, o.mean, o.rstd);
-                    r.insert(r.end(), {o.y, o.mean, o.rstd, g.gx, g.gw, g.gb});
-                  }
-                  return r;
-                }});
+  cs.push_back(
+      {"layer_norm", [=](DType dt) {
+         const int64_t N = 200, LC = 130;  // N * C > 1 << 14; 7 blocks of 32 rows
+         const Tensor x = randn({N, LC}, 113, -2, 2).to(dt), gy = randn({N, LC}, 114).to(dt);
+         const Tensor xt = randn({LC, N}, 115, -2, 2).to(dt).transpose(0, 1);  // (N, LC) strided
+         const Tensor w = randn({LC}, 116, 0.5, 1.5), b = randn({LC}, 117);
+         TVec r;
+         for (const auto& [xx, ww, bb] : {std::tuple{x, w, b}, {xt, w.to(dt), b.to(dt)}, {x, w.to(dt), Tensor()}}) {
+           const ops::LayerNormOut o = ops::layer_norm(xx, ww, bb, 1e-5);
+           const ops::LayerNormGrads g = ops::layer_norm_backward(gy, xx, ww, o.mean, o.rstd);
+           r.insert(r.end(), {o.y, o.mean, o.rstd, g.gx, g.gw, g.gb});
+         }
+         return r;
+       }});
   cs.push_back({"softmax", [=](DType dt) {
                   const Tensor x = randn({150, 130}, 118, -5, 5).to(dt), gy = randn({150, 130}, 119).to(dt);
                   const Tensor xs = randn({150, 261}, 120, -5, 5).to(dt).slice(1, 1, 261, 2);  // (150, 130) stride 2
@@ -2035,14 +2106,18 @@ TEST_P(Native16Parallel, BitwiseTheWidenedPathAtOneTwoAndThreeThreads) {
   std::vector<TVec> runs;
   for (int threads : {1, 2, 3}) {
     OmpThreads t(threads);
-    expect_native_is_widened([&] { runs.push_back(c.run(dt)); return runs.back(); },
-                             c.name + " at " + std::to_string(threads) + " threads");
+    expect_native_is_widened(
+        [&] {
+          runs.push_back(c.run(dt));
+          return runs.back();
+        },
+        c.name + " at " + std::to_string(threads) + " threads");
   }
   // runs: native, widened for each thread count
   for (size_t r = 2; r < runs.size(); r += 2)
     for (size_t k = 0; k < runs[0].size(); ++k)
-      EXPECT_TRUE(same_bits(runs[r][k], runs[0][k])) << c.name << " output " << k << ": " << r / 2 + 1
-                                                     << " threads vs 1";
+      EXPECT_TRUE(same_bits(runs[r][k], runs[0][k]))
+          << c.name << " output " << k << ": " << r / 2 + 1 << " threads vs 1";
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, Native16Parallel,
@@ -2074,7 +2149,7 @@ TEST(Ops16, NativeKernelsAllocateOnlyTheirOutputs) {
   struct Check {
     const char* name;
     std::function<void()> run;
-    int64_t outputs;  // bytes the op's outputs take
+    int64_t outputs;         // bytes the op's outputs take
     int64_t per_thread = 0;  // scratch allowed per OpenMP thread (from the caching allocator)
   };
   // The attention kernels widen one head at a time into per-thread f32 buffers (at most 8
@@ -2091,7 +2166,12 @@ TEST(Ops16, NativeKernelsAllocateOnlyTheirOutputs) {
       {"sum_to (rows)", [&] { ops::sum_to(x, {C}); }, rs(2 * C)},
       {"gelu", [&] { ops::gelu(x); }, h},
       {"gelu_backward", [&] { ops::gelu_backward(y, x); }, h},
-      {"dropout", [&] { Generator g(1); ops::dropout(x, 0.1, g); }, 2 * h},
+      {"dropout",
+       [&] {
+         Generator g(1);
+         ops::dropout(x, 0.1, g);
+       },
+       2 * h},
       {"dropout_backward", [&] { ops::dropout_backward(y, x); }, h},
       {"softmax", [&] { ops::softmax(x); }, h},
       {"softmax_backward", [&] { ops::softmax_backward(y, x); }, h},

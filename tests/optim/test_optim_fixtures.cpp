@@ -144,7 +144,8 @@ TEST(LAMB, ShardedWithNormReductionMatchesWholeParameters) {
   int64_t N = 0;
   for (auto& [n, p] : whole) offset.push_back(N), N += p.numel();
   Tensor flat = Tensor::zeros({N}), gflat = Tensor::zeros({N});  // (N) parameters and gradients
-  for (size_t i = 0; i < whole.size(); ++i) flat.narrow(0, offset[i], whole[i].second.numel()).copy_(whole[i].second.view({-1}));
+  for (size_t i = 0; i < whole.size(); ++i)
+    flat.narrow(0, offset[i], whole[i].second.numel()).copy_(whole[i].second.view({-1}));
   const int64_t cut = offset[2] + 7;  // inside wte.weight (5x4)
   ASSERT_LT(cut, offset[3]);
 
@@ -165,9 +166,9 @@ TEST(LAMB, ShardedWithNormReductionMatchesWholeParameters) {
       views[size_t(r)].emplace_back(whole[i].first, pv);
       global.push_back(int(i));
     }
-    opts[size_t(r)] = std::make_unique<optim::LAMB>(
-        views[size_t(r)], optim::LAMBOptions{0.9, 0.999, 1e-6, 0.1},
-        [&](const std::string& name, const Tensor&) { return decays_by_name(fx, name); });
+    opts[size_t(r)] =
+        std::make_unique<optim::LAMB>(views[size_t(r)], optim::LAMBOptions{0.9, 0.999, 1e-6, 0.1},
+                                      [&](const std::string& name, const Tensor&) { return decays_by_name(fx, name); });
     opts[size_t(r)]->set_norm_reduction(global, int(whole.size()), [&, r](double* data, int64_t n) {
       slot[r].assign(data, data + n);
       sync.arrive_and_wait();

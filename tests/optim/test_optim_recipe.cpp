@@ -64,8 +64,8 @@ TEST(OptimRecipe, InvalidCombinationsAreConfigErrors) {
                   "schedule.decay_steps=20"},
                  {"schedule.min_lr = 0.5", "optim.lr", "below the peak"});
   expect_error({"schedule.name=step"}, {"schedule.step_every > 0", "e.g. 30"});
-  expect_error({"schedule.name=step", "schedule.step_every=90"}, {"schedule.step_every = 90", "90 steps after warmup",
-                                                                   "never decay"});
+  expect_error({"schedule.name=step", "schedule.step_every=90"},
+               {"schedule.step_every = 90", "90 steps after warmup", "never decay"});
   expect_error({"schedule.name=step", "schedule.step_every=30", "schedule.step_gamma=1"},
                {"schedule.step_gamma = 1", "(0, 1)"});
   expect_error({"schedule.step_every=30"}, {"schedule.step_every = 30", "only applies", "\"cosine\""});

@@ -55,20 +55,22 @@ Schedule make(ScheduleKind k) {
 }  // namespace
 
 TEST(Schedules, ConstantIsWarmupThenFlat) {
-  expect_schedule(make(ScheduleKind::Constant), [](int64_t) { return kLr; }, "constant");
+  expect_schedule(
+      make(ScheduleKind::Constant), [](int64_t) { return kLr; }, "constant");
 }
 
 TEST(Schedules, CosineFollowsHalfCosineToTheFloor) {
   expect_schedule(
-      make(ScheduleKind::Cosine),
-      [](int64_t t) { return kMin + (kLr - kMin) * (std::cos(kPi * frac(t)) + 1) / 2; }, "cosine");
+      make(ScheduleKind::Cosine), [](int64_t t) { return kMin + (kLr - kMin) * (std::cos(kPi * frac(t)) + 1) / 2; },
+      "cosine");
   const Schedule s = make(ScheduleKind::Cosine);
   EXPECT_NEAR(s.lr_at(kWarm + (kTotal - kWarm) / 2), (kLr + kMin) / 2, 1e-15);  // halfway: the mean
   EXPECT_DOUBLE_EQ(s.lr_at(kTotal + 5), kMin);
 }
 
 TEST(Schedules, LinearDecaysInAStraightLine) {
-  expect_schedule(make(ScheduleKind::Linear), [](int64_t t) { return kLr - (kLr - kMin) * frac(t); }, "linear");
+  expect_schedule(
+      make(ScheduleKind::Linear), [](int64_t t) { return kLr - (kLr - kMin) * frac(t); }, "linear");
   const Schedule s = make(ScheduleKind::Linear);
   EXPECT_NEAR(s.lr_at(kWarm + 50), kLr - (kLr - kMin) * 0.25, 1e-15);  // 50 of 200 steps
 }
@@ -101,13 +103,16 @@ TEST(Schedules, WarmupStableDecayHoldsThenDecaysOverTheLastSteps) {
   Schedule s = make(ScheduleKind::WSD);
   s.decay_steps = kDecay;
   s.decay_shape = DecayShape::Linear;
-  expect_schedule(s, [](int64_t t) { return kMin + (kLr - kMin) * (1 - q(t)); }, "wsd linear");
+  expect_schedule(
+      s, [](int64_t t) { return kMin + (kLr - kMin) * (1 - q(t)); }, "wsd linear");
   s.decay_shape = DecayShape::Cosine;
-  expect_schedule(s, [](int64_t t) { return kMin + (kLr - kMin) * (1 + std::cos(kPi * q(t))) / 2; }, "wsd cosine");
+  expect_schedule(
+      s, [](int64_t t) { return kMin + (kLr - kMin) * (1 + std::cos(kPi * q(t))) / 2; }, "wsd cosine");
   s.decay_shape = DecayShape::Sqrt;
-  expect_schedule(s, [](int64_t t) { return kMin + (kLr - kMin) * (1 - std::sqrt(q(t))); }, "wsd sqrt");
-  EXPECT_DOUBLE_EQ(s.lr_at(kTotal - kDecay - 1), kLr);    // still stable
-  EXPECT_DOUBLE_EQ(s.lr_at(kTotal - kDecay), kLr);        // q = 0
+  expect_schedule(
+      s, [](int64_t t) { return kMin + (kLr - kMin) * (1 - std::sqrt(q(t))); }, "wsd sqrt");
+  EXPECT_DOUBLE_EQ(s.lr_at(kTotal - kDecay - 1), kLr);                           // still stable
+  EXPECT_DOUBLE_EQ(s.lr_at(kTotal - kDecay), kLr);                               // q = 0
   EXPECT_NEAR(s.lr_at(kTotal - kDecay + 15), kMin + (kLr - kMin) * 0.5, 1e-15);  // sqrt(1/4) = 1/2
   EXPECT_DOUBLE_EQ(s.lr_at(kTotal), kMin);
   s.decay_steps = 0;

@@ -93,7 +93,7 @@ struct Curve {
 int64_t tiny_flat_floats() {
   auto r16 = [](int64_t n) { return (n + 15) / 16 * 16; };
   const int64_t C = kEmbd;
-  const int64_t per_layer = 4 * r16(C)                    // ln_1, ln_2
+  const int64_t per_layer = 4 * r16(C)                     // ln_1, ln_2
                             + r16(C * 3 * C) + r16(3 * C)  // c_attn
                             + r16(C * C) + r16(C)          // attn.c_proj
                             + r16(C * 4 * C) + r16(4 * C)  // c_fc
@@ -164,8 +164,8 @@ void expect_same_curve(const std::map<int64_t, double>& got, const std::map<int6
       continue;
     }
     ++compared;
-    EXPECT_LE(std::abs(it->second - w), tol * std::abs(w)) << what << " step " << step << ": " << it->second
-                                                           << " vs " << w;
+    EXPECT_LE(std::abs(it->second - w), tol * std::abs(w))
+        << what << " step " << step << ": " << it->second << " vs " << w;
   }
   EXPECT_GT(compared, 0u) << what;
   for (const auto& [step, g] : got)
@@ -176,7 +176,7 @@ TEST_F(DpTrain, DpMatchesSingleProcess) {
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
   const Curve ref = train_ok(0, "ref", "");  // one process, batch 8
   ASSERT_EQ(ref.loss.size(), 20u);
-  ASSERT_EQ(ref.val_loss.size(), 2u);  // steps 10 and 20
+  ASSERT_EQ(ref.val_loss.size(), 2u);                // steps 10 and 20
   ASSERT_LT(ref.loss.at(20), ref.loss.at(1) - 0.5);  // it learns, so the curves are not flat
 
   struct Run {
@@ -330,9 +330,11 @@ TEST_F(DpTrain, BytesSentMatchesFormula) {
     SCOPED_TRACE("dp " + std::to_string(P));
     ASSERT_EQ(tiny_flat_floats() % P, 0);
     const int64_t want = 2 * (P - 1) * G / P;
-    const Curve c = train_ok(P, "bytes" + std::to_string(P),
-                             "--set train.steps=3 --set schedule.warmup_steps=1 --set parallel.dp=" + std::to_string(P) + " --set train.batch_size=" +
-                                 std::to_string(8 / P) + " --set parallel.zero=0 --set parallel.allreduce=ring");
+    const Curve c =
+        train_ok(P, "bytes" + std::to_string(P),
+                 "--set train.steps=3 --set schedule.warmup_steps=1 --set parallel.dp=" + std::to_string(P) +
+                     " --set train.batch_size=" + std::to_string(8 / P) +
+                     " --set parallel.zero=0 --set parallel.allreduce=ring");
     ASSERT_EQ(c.bytes_sent.size(), 3u);
     for (const auto& [step, bytes] : c.bytes_sent) EXPECT_EQ(bytes, want) << "step " << step;
   }
@@ -345,8 +347,10 @@ TEST_F(DpTrain, MemoryShardsWithZero) {
   std::vector<nlohmann::json> ranks;  // per stage: memory.json "ranks"
   for (int zero = 0; zero <= 3; ++zero) {
     const std::string out_dir = "zero" + std::to_string(zero);
-    train_ok(2, out_dir, "--set train.steps=2 --set schedule.warmup_steps=1 --set parallel.dp=2 --set train.batch_size=4 --set parallel.zero=" +
-                             std::to_string(zero));
+    train_ok(2, out_dir,
+             "--set train.steps=2 --set schedule.warmup_steps=1 --set parallel.dp=2 --set train.batch_size=4 --set "
+             "parallel.zero=" +
+                 std::to_string(zero));
     const nlohmann::json m = memory(out_dir);
     ASSERT_TRUE(m.contains("ranks")) << m.dump();
     ASSERT_EQ(m["ranks"].size(), 2u) << m.dump();

@@ -137,8 +137,8 @@ void expect_same_curve(const std::map<int64_t, double>& got, const std::map<int6
       ADD_FAILURE() << what << ": no record for step " << step;
       continue;
     }
-    EXPECT_LE(std::abs(it->second - w), tol * std::abs(w)) << what << " step " << step << ": " << it->second
-                                                           << " vs " << w;
+    EXPECT_LE(std::abs(it->second - w), tol * std::abs(w))
+        << what << " step " << step << ": " << it->second << " vs " << w;
   }
   if (same_steps) {
     EXPECT_EQ(got.size(), want.size()) << what;
@@ -234,8 +234,9 @@ TEST_F(MpTrain, ResumesOnTheSameMeshAndSavesTheWholeModel) {
   expect_same_curve(cut.val_loss, whole.val_loss, "resumed val_loss", 1e-6, /*same_steps=*/false);
   // The checkpoint is the whole model: one process continues from its weights with a fresh optimizer
   // (a different mesh cannot take the per-rank optimizer state: that is a clear error instead).
-  const CmdResult other = run(2, "--quiet --no-sample --resume --set run.out_dir=whole --set train.steps=12 "
-                                 "--set parallel.tp=2");
+  const CmdResult other = run(2,
+                              "--quiet --no-sample --resume --set run.out_dir=whole --set train.steps=12 "
+                              "--set parallel.tp=2");
   EXPECT_NE(other.code, 0);
   EXPECT_NE(other.err.find("same mesh"), std::string::npos) << other.err;
   const CmdResult gen = run(0, "--ckpt whole/checkpoint --tokens 5 --prompt And", "", 60, "generate");

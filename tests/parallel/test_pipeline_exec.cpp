@@ -83,8 +83,8 @@ TEST(PipelineExecutor, EveryScheduleGivesTheOneProcessLossAndGradients) {
   auto world = dist::ProcessGroup::world();
   const int p = world->size(), me = world->rank();
   const int m = 2 * p;  // a multiple of p (interleaving)
-  for (const Case c : {Case{PipeSchedule::GPipe, 1}, Case{PipeSchedule::OneFOneB, 1}, Case{PipeSchedule::Interleaved, 2},
-                       Case{PipeSchedule::ZeroBubbleH1, 1}}) {
+  for (const Case c : {Case{PipeSchedule::GPipe, 1}, Case{PipeSchedule::OneFOneB, 1},
+                       Case{PipeSchedule::Interleaved, 2}, Case{PipeSchedule::ZeroBubbleH1, 1}}) {
     SCOPED_TRACE(std::string(pipe_schedule_name(c.kind)));
     const int S = p * c.v;
     // reference: every micro-batch through the whole chain in one process, loss mean over micro-batches
@@ -160,7 +160,7 @@ TEST(DeferredWeightGrads, BackwardInputThenWeightIsBitwiseOneBackward) {
       Tensor loss;
       {
         amp::AutocastScope ac(policy);
-        Tensor h = F::gelu(F::linear(x, w1, b1, ops::WeightLayout::InOut));          // (B, T, 2C)
+        Tensor h = F::gelu(F::linear(x, w1, b1, ops::WeightLayout::InOut));       // (B, T, 2C)
         Tensor z = F::matmul(F::reshape(h, {kB * kT, 2 * kC}), w2, false, true);  // (B*T, C)
         loss = F::mean_all(F::mul(z, z));
       }
@@ -171,7 +171,7 @@ TEST(DeferredWeightGrads, BackwardInputThenWeightIsBitwiseOneBackward) {
         autograd::backward(loss);
       }
       if (defer) {
-        EXPECT_EQ(tasks.size(), 2u);  // the linear (weight and bias) and the matmul's parameter operand
+        EXPECT_EQ(tasks.size(), 2u);      // the linear (weight and bias) and the matmul's parameter operand
         EXPECT_TRUE(x.grad().defined());  // the input gradient comes now
         EXPECT_FALSE(w1.grad().defined() || b1.grad().defined() || w2.grad().defined());
         for (auto& t : tasks) t();

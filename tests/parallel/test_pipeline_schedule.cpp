@@ -4,6 +4,7 @@
 // smaller bubble than 1F1B at the same in-flight count.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +12,6 @@
 #include <regex>
 #include <set>
 #include <tuple>
-#include <unistd.h>
 
 #include "brigade/core/error.h"
 #include "brigade/parallel/pipeline_schedule.h"
@@ -25,7 +25,7 @@ namespace {
 // then W) on the rank that owns the stage, each send has its receive, and on every rank
 // a micro-batch's forward comes before its backward.
 void expect_complete(const PipePlan& plan) {
-  std::map<std::tuple<int, int, int>, int> count;  // op, stage, mb
+  std::map<std::tuple<int, int, int>, int> count;         // op, stage, mb
   std::multiset<std::tuple<int, int, int>> sends, recvs;  // kind, receiving stage, mb
   for (int r = 0; r < plan.p; ++r) {
     std::set<std::pair<int, int>> forwarded;
@@ -168,8 +168,8 @@ TEST(PipeSchedule, DynamicPicksTheFastestThatFitsTheMemoryLimit) {
 TEST(PipeSchedule, TimelineSvgHasOneBoxPerComputeAction) {
   const PipeCosts c = PipeCosts::uniform(3, 1, 1, 1);
   const PipeSimulation sim = simulate_pipe_plan(build_pipe_plan(PipeSchedule::ZeroBubbleH1, 3, 6, 1, c), c);
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("brigade_pipe_" + std::to_string(::getpid()) + ".svg")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("brigade_pipe_" + std::to_string(::getpid()) + ".svg")).string();
   write_pipe_timeline_svg(path, sim.events, 3, "zb-h1 p=3 m=6");
   std::ifstream f(path);
   const std::string svg((std::istreambuf_iterator<char>(f)), {});

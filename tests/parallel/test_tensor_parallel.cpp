@@ -127,7 +127,7 @@ TEST(TensorParallel, VocabParallelEmbedding) {
   const int64_t V = cfg.vocab_size, C = cfg.n_embd, Vl = parallel::tp_padded_vocab(V, P) / P;
   Tensor W = leaf(randn({V, C}, 1));
   Tensor ids = random_ids({3, 7}, V, 2);
-  Tensor G = randn({3, 7, C}, 3);  // upstream gradient
+  Tensor G = randn({3, 7, C}, 3);      // upstream gradient
   Tensor want = F::embedding(W, ids);  // (3, 7, C)
   autograd::backward(F::sum_all(F::mul(want, G)));
 
@@ -166,9 +166,9 @@ TEST(TensorParallel, VocabParallelCrossEntropy) {
   autograd::backward(F::mul_scalar(want, 0.7));
 
   for (DType dt : {DType::F32, DType::BF16}) {
-    Tensor Ls = leaf(logits_shard(dt == DType::F32 ? L.detach() : L.detach().to(DType::BF16).to(DType::F32), start,
-                                  Vl, 50.0f)
-                         .to(dt));  // (N, Vl); padding columns large: they must not count
+    Tensor Ls =
+        leaf(logits_shard(dt == DType::F32 ? L.detach() : L.detach().to(DType::BF16).to(DType::F32), start, Vl, 50.0f)
+                 .to(dt));  // (N, Vl); padding columns large: they must not count
     Tensor got = parallel::vocab_parallel_cross_entropy(Ls, t, start, V, tp);
     EXPECT_EQ(got.dtype(), DType::F32);
     autograd::backward(F::mul_scalar(got, 0.7));
@@ -204,8 +204,8 @@ TEST(TensorParallel, GPTMatchesUnsharded) {
   Tensor want = full.loss(ids, targets);
   autograd::backward(want);
 
-  const std::vector<std::vector<nn::Recompute>> modes = {
-      {nn::Recompute::None, nn::Recompute::None}, {nn::Recompute::Full, nn::Recompute::Selective}};
+  const std::vector<std::vector<nn::Recompute>> modes = {{nn::Recompute::None, nn::Recompute::None},
+                                                         {nn::Recompute::Full, nn::Recompute::Selective}};
   for (const auto& m : modes) {
     SCOPED_TRACE(std::string("recompute ") + models::recompute_name(m[0]) + ", " + models::recompute_name(m[1]));
     models::GPT model(cfg);

@@ -36,8 +36,7 @@ inline double grad_err(const ckpt::SafetensorsReader& r, const std::string& name
                        const std::string& key_bias = "key.bias") {
   const Tensor want = r.get("grad." + name);
   const std::string& kb = key_bias;
-  if (name.size() < kb.size() || name.compare(name.size() - kb.size(), kb.size(), kb) != 0)
-    return rel_err(got, want);
+  if (name.size() < kb.size() || name.compare(name.size() - kb.size(), kb.size(), kb) != 0) return rel_err(got, want);
   std::vector<float> a = got.to_vector(), b = want.to_vector();
   std::vector<float> w = r.get("grad." + name.substr(0, name.size() - 4) + "weight").to_vector();
   double num = 0, den = 0;

@@ -73,7 +73,9 @@ inline constexpr const char* kTiedScaledLlama =
     "intermediate_size = 64\ntie_embeddings = true\nrope_scaling = \"llama3\"\nrope_scaling_factor = 4.0\n"
     "rope_low_freq_factor = 1.0\nrope_high_freq_factor = 4.0\nrope_original_max_positions = 16\n";
 
-inline bool have_fashion_mnist() { return std::filesystem::exists(std::filesystem::path(kFashionDir) / "t10k-images-idx3-ubyte.gz"); }
+inline bool have_fashion_mnist() {
+  return std::filesystem::exists(std::filesystem::path(kFashionDir) / "t10k-images-idx3-ubyte.gz");
+}
 
 // Fashion-MNIST's first n train / m test images as IDX files (uncompressed: the reader takes
 // plain files too) under `dir`.

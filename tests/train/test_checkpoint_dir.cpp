@@ -35,9 +35,8 @@ class CheckpointDir : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = fs::temp_directory_path() /
-            (std::string("brigade_ckpt_") + info->test_suite_name() + "_" + info->name() + "_" +
-             std::to_string(::getpid()));
+    root_ = fs::temp_directory_path() / (std::string("brigade_ckpt_") + info->test_suite_name() + "_" + info->name() +
+                                         "_" + std::to_string(::getpid()));
     fs::remove_all(root_);
     fs::create_directories(root_ / "run");
     ckpt_ = (root_ / "run" / "checkpoint").string();
@@ -313,8 +312,9 @@ TEST_F(CheckpointDir, StateJsonCountersMustBeWholeNumbers) {
   expect_error("\"step\" = -1 is not a whole number >= 0");
   state("\"step\": 3, \"tokens_seen\": 18446744073709551615");
   expect_error("\"tokens_seen\" = 18446744073709551615 is not a whole number >= 0");
-  state("\"step\": 3, \"tokens_seen\": 96, \"early_stop\": {\"best_step\": 2.5, \"best_val_loss\": 1, "
-        "\"evals_since_best\": 0}");
+  state(
+      "\"step\": 3, \"tokens_seen\": 96, \"early_stop\": {\"best_step\": 2.5, \"best_val_loss\": 1, "
+      "\"evals_since_best\": 0}");
   expect_error("\"early_stop.best_step\" = 2.5 is not a whole number >= 0");
   state("\"step\": 3, \"tokens_seen\": 96, \"optimizer_steps\": -1e300");
   expect_error("\"optimizer_steps\" = -1e+300 is not a whole number >= -1");
@@ -364,10 +364,12 @@ TEST_F(CheckpointDir, AnOptimizerIndexReadsOnlyItsOwnShards) {
                "a shard's \"lo\" = -1e+300 is not a whole number");
   expect_error([](nlohmann::json& j) { j["shards"][0]["hi"] = 1e300; },
                "a shard's \"hi\" = 1e+300 is not a whole number");
-  expect_error([](nlohmann::json& j) {
-    j["shards"][0]["lo"] = 4;
-    j["shards"][0]["hi"] = 0;
-  }, "a reversed range");
+  expect_error(
+      [](nlohmann::json& j) {
+        j["shards"][0]["lo"] = 4;
+        j["shards"][0]["hi"] = 0;
+      },
+      "a reversed range");
 }
 
 }  // namespace
@@ -384,8 +386,8 @@ TEST_F(CheckpointDir, AChangedByteInAnyFileIsAnErrorNamingTheFile) {
   const auto listed = nlohmann::json::parse(in)["files"];
   std::vector<std::string> files;
   for (auto& [rel, v] : listed.items()) files.push_back(rel);
-  EXPECT_EQ(files, (std::vector<std::string>{"model.safetensors", "optimizer.safetensors", "recipe.toml",
-                                             "state.json"}));
+  EXPECT_EQ(files,
+            (std::vector<std::string>{"model.safetensors", "optimizer.safetensors", "recipe.toml", "state.json"}));
   int copies = 0;
   auto copy = [&]() {
     const fs::path c = root_ / ("copy" + std::to_string(copies++));

@@ -141,9 +141,9 @@ TEST_P(Composition, MixedPrecisionTrainsAndSkipsAnInfOnEveryRank) {
   for (int s = 18; s <= 20; ++s) last += bf16.loss.at(s) / 3;
   EXPECT_LT(last, first) << c.name << ": O2 bf16 does not learn";
   if (!have_mpirun()) GTEST_SKIP() << "no mpirun for the fp16 case";
-  const std::string fp16 =
-      dp2() + " --set precision.level=O2 --set precision.dtype=fp16 --set precision.loss_scale=dynamic "
-              "--set precision.init_scale=1024";
+  const std::string fp16 = dp2() +
+                           " --set precision.level=O2 --set precision.dtype=fp16 --set precision.loss_scale=dynamic "
+                           "--set precision.init_scale=1024";
   const Curve r0 = ok(2, "fp16-r0", fp16, "BRIGADE_FAULT=0:3:inf_grad");
   const Curve r1 = ok(2, "fp16-r1", fp16, "BRIGADE_FAULT=1:3:inf_grad");
   ASSERT_EQ(r0.loss.size(), 10u);
@@ -179,8 +179,9 @@ TEST_P(Composition, ResumeIsBitwiseAndContinuesAtAnotherDpSize) {
 TEST_P(Composition, EarlyStoppingAndPeriodicCheckpoints) {
   const ModelCase& c = GetParam();
   // No evaluation after the first can improve by 100: the run stops at the second one.
-  const CmdResult es = run(1, "--set run.out_dir=early --set train.steps=40 --set train.eval_every=4 --set "
-                              "train.early_stop=true --set train.patience=1 --set train.min_delta=100");
+  const CmdResult es = run(1,
+                           "--set run.out_dir=early --set train.steps=40 --set train.eval_every=4 --set "
+                           "train.early_stop=true --set train.patience=1 --set train.min_delta=100");
   ASSERT_EQ(es.code, 0) << es.err;
   EXPECT_NE(es.out.find("early stop at step 8: best val loss"), std::string::npos) << c.name << "\n" << es.out;
   EXPECT_TRUE(fs::exists(dir_ / "early/best/model.safetensors"));

@@ -3,9 +3,9 @@
 // overrides, and the recipe_to_toml round trip.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "brigade/core/error.h"
 #include "brigade/train/config.h"
@@ -56,7 +56,8 @@ warmup_steps = 0
 min_lr = 1
 [train]
 steps = 10
-)", "r.toml");
+)",
+                          "r.toml");
   EXPECT_EQ(r.run.name, "x");
   EXPECT_EQ(r.run.seed, 7u);
   EXPECT_EQ(r.run.threads, 2);
@@ -289,7 +290,8 @@ TEST(Recipe, AlignStagesAreParsedOrRefusedNamingTheKey) {
     EXPECT_NE(e.find("p.toml"), std::string::npos) << e;  // names the recipe
   }
   // a key only ALIGN reads is refused on another model
-  EXPECT_NE(parse_error("[model]\ntype = \"clip\"\n[data]\ncorpus = \"fashion-mnist\"\n", {"model.stages=r1_k3_s1_e1_i32_o16"})
+  EXPECT_NE(parse_error("[model]\ntype = \"clip\"\n[data]\ncorpus = \"fashion-mnist\"\n",
+                        {"model.stages=r1_k3_s1_e1_i32_o16"})
                 .find("model.stages"),
             std::string::npos);
 }
@@ -314,18 +316,18 @@ TEST(Recipe, VisionKeysAreValidated) {
   // a vision model with a text corpus, and image data with a language model
   EXPECT_NE(parse_error(base, {"model.type=vit"}).find("data.corpus = \"fashion-mnist\""), std::string::npos)
       << parse_error(base, {"model.type=vit"});
-  EXPECT_NE(parse_error(base, fm).find("trains on text; use an image model (vit, resnet18, resnet50, swin, clip, align, flamingo)"),
+  EXPECT_NE(parse_error(base, fm).find(
+                "trains on text; use an image model (vit, resnet18, resnet50, swin, clip, align, flamingo)"),
             std::string::npos)
       << parse_error(base, fm);
   EXPECT_NE(parse_error(base, {"data.augment=true"}).find("data.augment"), std::string::npos);
   // synthetic images: any shape for the image classifiers, refused for the others
   for (const char* type : {"model.type=vit", "model.type=resnet18", "model.type=resnet50", "model.type=swin"})
-    EXPECT_EQ(parse_error(base, {"data.corpus=synthetic", type, "model.in_channels=3",
-                                 "model.num_classes=1000"}),
-              "")
+    EXPECT_EQ(parse_error(base, {"data.corpus=synthetic", type, "model.in_channels=3", "model.num_classes=1000"}), "")
         << type;
-  const Recipe s = parse_recipe(base, "p.toml", {"data.corpus=synthetic", "model.type=resnet50", "model.stem=imagenet",
-                                                 "model.image_size=224", "model.in_channels=3", "model.num_classes=1000"});
+  const Recipe s = parse_recipe(base, "p.toml",
+                                {"data.corpus=synthetic", "model.type=resnet50", "model.stem=imagenet",
+                                 "model.image_size=224", "model.in_channels=3", "model.num_classes=1000"});
   EXPECT_EQ(s.model.image_size, 224);
   EXPECT_EQ(s.model.stem, "imagenet");
   for (const char* type : {"model.type=gpt", "model.type=clip", "model.type=bert"}) {
@@ -335,8 +337,9 @@ TEST(Recipe, VisionKeysAreValidated) {
               std::string::npos)
         << e;
   }
-  EXPECT_NE(parse_error(base, {"data.corpus=synthetic", "model.type=vit", "model.num_classes=1"}).find("model.num_classes"),
-            std::string::npos);
+  EXPECT_NE(
+      parse_error(base, {"data.corpus=synthetic", "model.type=vit", "model.num_classes=1"}).find("model.num_classes"),
+      std::string::npos);
   // the type name
   EXPECT_NE(parse_error(base, {"model.type=resnet19"}).find("did you mean 'resnet18'"), std::string::npos)
       << parse_error(base, {"model.type=resnet19"});
@@ -357,7 +360,8 @@ TEST(Recipe, VisionKeysAreValidated) {
             std::string::npos)
       << with({"model.type=vit", "model.stem=imagenet"});
   EXPECT_EQ(with({"model.type=resnet18", "model.memory_format=channels_last"}), "");
-  EXPECT_EQ(parse_recipe(base, "p.toml", {"data.corpus=synthetic", "model.type=resnet50", "model.memory_format=channels_last"})
+  EXPECT_EQ(parse_recipe(base, "p.toml",
+                         {"data.corpus=synthetic", "model.type=resnet50", "model.memory_format=channels_last"})
                 .model.memory_format,
             "channels_last");
   EXPECT_NE(with({"model.type=resnet50", "model.memory_format=nhwc"})
@@ -384,8 +388,9 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_EQ(with({"model.type=vit", "parallel.tp=2", "parallel.pp=2"}), "");  // ViT has a plan and stages
   EXPECT_NE(with({"model.type=resnet18", "memory.recompute=budget", "memory.budget_mb=10"}).find("activation estimate"),
             std::string::npos);
-  EXPECT_NE(parse_error(base, {"parallel.sync_batchnorm=true"}).find("no BatchNorm (models with BatchNorm: resnet18, "
-                                                                      "resnet50, custom, align)"),
+  EXPECT_NE(parse_error(base, {"parallel.sync_batchnorm=true"})
+                .find("no BatchNorm (models with BatchNorm: resnet18, "
+                      "resnet50, custom, align)"),
             std::string::npos);
   // and what every model now composes with: accumulation, recompute, precision, data parallelism
   EXPECT_EQ(with({"model.type=vit", "train.accumulation=2", "memory.recompute=full", "parallel.zero=3"}), "");
@@ -406,8 +411,7 @@ TEST(Recipe, VisionKeysAreValidated) {
   EXPECT_NE(bad_window.find("does not divide stage 0's 14x14 grid"), std::string::npos) << bad_window;
   const std::string odd_grid = with({"model.type=swin", "model.patch_size=4", "model.depths=2,2"});
   EXPECT_NE(odd_grid.find("patch merging cannot halve"), std::string::npos) << odd_grid;
-  EXPECT_NE(with({"model.type=swin", "model.patch_size=2", "model.depths=0,2"}).find("at least 1"),
-            std::string::npos);
+  EXPECT_NE(with({"model.type=swin", "model.patch_size=2", "model.depths=0,2"}).find("at least 1"), std::string::npos);
   EXPECT_NE(with({"model.type=vit", "model.window_size=5"}).find("applies to model.type = \"swin\""),
             std::string::npos);
   EXPECT_NE(with({"model.type=vit", "model.text_width=32"}).find("applies to model.type = \"clip\""),
@@ -495,13 +499,17 @@ TEST(Recipe, RopeScalingAndTiedHeadKeysAreChecked) {
   }
   EXPECT_EQ(err({"model.rope_scaling=linear", "model.rope_scaling_factor=2.0", "model.tie_embeddings=true"}), "");
   EXPECT_EQ(err({"model.tie_embeddings=true", "model.n_kv_head=2", "parallel.tp=2"}), "");  // the tied plan
-  has(err({"model.rope_scaling=linear"}), "model.rope_scaling_factor = 0 must be > 0 with model.rope_scaling = \"linear\"");
-  has(err({"model.rope_scaling=linear", "model.rope_scaling_factor=-2.0"}), "model.rope_scaling_factor = -2 must be > 0");
-  has(err({"model.rope_scaling_factor=8.0"}), "model.rope_scaling_factor = 8 has no effect with model.rope_scaling = \"none\"");
+  has(err({"model.rope_scaling=linear"}),
+      "model.rope_scaling_factor = 0 must be > 0 with model.rope_scaling = \"linear\"");
+  has(err({"model.rope_scaling=linear", "model.rope_scaling_factor=-2.0"}),
+      "model.rope_scaling_factor = -2 must be > 0");
+  has(err({"model.rope_scaling_factor=8.0"}),
+      "model.rope_scaling_factor = 8 has no effect with model.rope_scaling = \"none\"");
   has(err({"model.rope_scaling=linear", "model.rope_scaling_factor=2.0", "model.rope_low_freq_factor=1.0"}),
       "model.rope_low_freq_factor = 1 has no effect with model.rope_scaling = \"linear\"");
   has(err({"model.rope_original_max_positions=8192"}), "model.rope_original_max_positions = 8192 has no effect");
-  has(err({"model.rope_scaling=llama3", "model.rope_scaling_factor=8.0"}), "model.rope_low_freq_factor = 0 must be > 0");
+  has(err({"model.rope_scaling=llama3", "model.rope_scaling_factor=8.0"}),
+      "model.rope_low_freq_factor = 0 must be > 0");
   std::vector<std::string> bad = l3;
   bad[3] = "model.rope_high_freq_factor=1.0";  // == low
   has(err(bad), "model.rope_high_freq_factor = 1 must be > model.rope_low_freq_factor = 1");
@@ -509,8 +517,10 @@ TEST(Recipe, RopeScalingAndTiedHeadKeysAreChecked) {
   has(err({"model.rope_scaling=dynamic"}), "model.rope_scaling = \"dynamic\" is not implemented");
   has(err({"model.rope_scaling=lineer"}), "model.rope_scaling = \"lineer\" is not a RoPE scaling");
   // llama keys on another model
-  has(parse_error(base, {"model.tie_embeddings=true"}), "model.tie_embeddings = true applies to model.type = \"llama\"");
-  has(parse_error(base, {"model.rope_scaling=linear"}), "model.rope_scaling = \"linear\" applies to model.type = \"llama\"");
+  has(parse_error(base, {"model.tie_embeddings=true"}),
+      "model.tie_embeddings = true applies to model.type = \"llama\"");
+  has(parse_error(base, {"model.rope_scaling=linear"}),
+      "model.rope_scaling = \"linear\" applies to model.type = \"llama\"");
 }
 
 TEST(Recipe, PrecisionKeysAreValidated) {
@@ -528,8 +538,7 @@ TEST(Recipe, PrecisionKeysAreValidated) {
   EXPECT_NE(msg({"precision.dtype=f16"}).find("\"bf16\" or \"fp16\""), std::string::npos);
   EXPECT_NE(msg({"precision.loss_scale=dynamc"}).find("did you mean 'dynamic'"), std::string::npos);
   EXPECT_NE(msg({"precision.level=O2", "precision.init_scale=0"}).find("min_scale <= init_scale"), std::string::npos);
-  EXPECT_NE(msg({"precision.level=O2", "precision.max_scale=100"}).find("init_scale <= max_scale"),
-            std::string::npos);
+  EXPECT_NE(msg({"precision.level=O2", "precision.max_scale=100"}).find("init_scale <= max_scale"), std::string::npos);
   EXPECT_NE(msg({"precision.growth=1"}).find("precision.growth = 1"), std::string::npos);
   EXPECT_NE(msg({"precision.backoff=1.5"}).find("precision.backoff"), std::string::npos);
   EXPECT_NE(msg({"precision.hysteresis=0"}).find("precision.hysteresis"), std::string::npos);

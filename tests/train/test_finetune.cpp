@@ -26,7 +26,6 @@
 
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/functions.h"
-#include "brigade/dist/process_group.h"
 #include "brigade/ckpt/peft.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
@@ -34,6 +33,7 @@
 #include "brigade/data/text/text_tokenizer.h"
 #include "brigade/data/text/token_file.h"
 #include "brigade/data/text/tokenizer.h"
+#include "brigade/dist/process_group.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/hf/hf_dir.h"
 #include "brigade/train/checkpoint.h"
@@ -134,8 +134,9 @@ class FineTune : public ::testing::TestWithParam<std::string> {
     std::ofstream(dir_ / name) << fine_tune_recipe(root_ / "hf", extra);
   }
   CmdResult run(int np, const std::string& args) {
-    return test_support::run_in(dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, np > 1 ? "" : "OMP_NUM_THREADS=1") +
-                                          " " + kBin + " train ft.toml --quiet --no-sample " + args);
+    return test_support::run_in(
+        dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, np > 1 ? "" : "OMP_NUM_THREADS=1") + " " + kBin +
+                  " train ft.toml --quiet --no-sample " + args);
   }
   Curve ok(int np, const std::string& out, const std::string& args = "") {
     const CmdResult r = run(np, "--set run.out_dir=" + out + " " + args);
@@ -332,7 +333,8 @@ TEST_P(FineTune, LoraWithABf16BaseIsTheBaseRoundedToBf16) {
   models::HfModel merged = models::load_hf_directory((dir_ / "merged").string());
   merged.model->train(false);
   EXPECT_LT(test_support::rel_err(logits_of(*merged.model), logits_of(adapted.lm())), 1e-5);
-  const CmdResult ex16 = test_support::run_in(dir_, kBin + " export --ckpt bf16/checkpoint --out merged16 --dtype bf16");
+  const CmdResult ex16 =
+      test_support::run_in(dir_, kBin + " export --ckpt bf16/checkpoint --out merged16 --dtype bf16");
   ASSERT_EQ(ex16.code, 0) << ex16.err;
   std::ifstream cfg(dir_ / "merged16" / "config.json");
   EXPECT_EQ(nlohmann::json::parse(cfg).at("torch_dtype"), "bfloat16");
@@ -486,9 +488,9 @@ std::string sft_recipe(const fs::path& init_from, const std::string& extra) {
 TEST_P(FineTune, SftTrainsOnCompletionsOnly) {
   write_sft(dir_ / "sft.jsonl", 40);
   for (const char* loss_on : {"completion", "all"}) {
-    train::Recipe r = train::parse_recipe(
-        sft_recipe(root_ / "hf", ""), "sft.toml", {"data.corpus=" + (dir_ / "sft.jsonl").string(),
-                                                   std::string("train.loss_on=") + loss_on});
+    train::Recipe r =
+        train::parse_recipe(sft_recipe(root_ / "hf", ""), "sft.toml",
+                            {"data.corpus=" + (dir_ / "sft.jsonl").string(), std::string("train.loss_on=") + loss_on});
     std::unique_ptr<train::Task> task = train::make_task(r);
     auto null_group = dist::ProcessGroup::world();
     task->open_data(*null_group, [](const std::string&) {});
@@ -578,9 +580,10 @@ TEST(SftData, ShapesTemplatesAndBadLines) {
   // the tokenizer of a tiny corpus
   const fs::path d = test_support::fresh_test_dir("brigade_sft_data");
   test_support::write_tiny_corpus(d / "c.txt");
-  const std::unique_ptr<data::TextTokenizer> own = data::brigade_tokenizer(
-      data::Tokenizer::train(test_support::slurp(d / "c.txt") + "<|>[]/_:STINY\n", data::TokenizerTrainOptions{.vocab_size = 160}),
-      d.string());
+  const std::unique_ptr<data::TextTokenizer> own =
+      data::brigade_tokenizer(data::Tokenizer::train(test_support::slurp(d / "c.txt") + "<|>[]/_:STINY\n",
+                                                     data::TokenizerTrainOptions{.vocab_size = 160}),
+                              d.string());
   const data::TextTokenizer& tok = *own;
   auto write = [&](const std::string& text) {
     std::ofstream(d / "s.jsonl") << text;
@@ -604,16 +607,18 @@ TEST(SftData, ShapesTemplatesAndBadLines) {
     all += piece.text;
     if (piece.trained) trained += piece.text;
   }
-  EXPECT_EQ(all, "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nwho built it<|im_end|>\n"
-                 "<|im_start|>assistant\nthe king<|im_end|>\n");
+  EXPECT_EQ(all,
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nwho built it<|im_end|>\n"
+            "<|im_start|>assistant\nthe king<|im_end|>\n");
   EXPECT_EQ(trained, "the king<|im_end|>\n");
   all.clear();
   for (const data::Piece& piece : data::render_chat(m, "llama-2", "x")) all += piece.text;
   EXPECT_EQ(all, "<s>[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nwho built it [/INST] the king </s>");
   all.clear();
   for (const data::Piece& piece : data::render_chat(m, "llama-3", "x")) all += piece.text;
-  EXPECT_EQ(all, "<|start_header_id|>system<|end_header_id|>\n\nbe brief<|eot_id|><|start_header_id|>user<|end_header_id|>"
-                 "\n\nwho built it<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nthe king<|eot_id|>");
+  EXPECT_EQ(all,
+            "<|start_header_id|>system<|end_header_id|>\n\nbe brief<|eot_id|><|start_header_id|>user<|end_header_id|>"
+            "\n\nwho built it<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nthe king<|eot_id|>");
   // each bad line: one error naming the file and line
   const std::vector<std::pair<std::string, std::string>> bad{
       {"{\"text\": \"a\"}\nnot json\n", ":2: not a JSON object"},
@@ -626,7 +631,8 @@ TEST(SftData, ShapesTemplatesAndBadLines) {
        ":1: \"text\" must be a string, got an array"},
       {"{\"messages\": [{\"role\": \"bot\", \"content\": \"x\"}]}\n", ":1: role \"bot\""},
       {"{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n", ":1: no \"assistant\" message"},
-      {"{\"text\": \"a\"}\n{\"prompt\": \"b\", \"completion\": \"c\"}\n", ":2: a prompt-completion sample in a file of text"},
+      {"{\"text\": \"a\"}\n{\"prompt\": \"b\", \"completion\": \"c\"}\n",
+       ":2: a prompt-completion sample in a file of text"},
   };
   for (auto& [text, want] : bad) {
     try {
@@ -724,8 +730,7 @@ TEST(FineTuneRecipe, InitFromFillsTheShapeFromAHuggingFaceConfig) {
   EXPECT_EQ(error_of("[model]\ninit_from = \"" + dir.string() + "\"\nn_layer = " + std::to_string(c.llama.n_layer) +
                      "\n[train]\nseq_len = 8\n"),
             "");
-  const std::string e =
-      error_of("[model]\ninit_from = \"" + dir.string() + "\"\nn_layer = 7\n[train]\nseq_len = 8\n");
+  const std::string e = error_of("[model]\ninit_from = \"" + dir.string() + "\"\nn_layer = 7\n[train]\nseq_len = 8\n");
   EXPECT_NE(e.find("model.n_layer = 7"), std::string::npos) << e;
   EXPECT_NE(e.find("model.n_layer = " + std::to_string(c.llama.n_layer)), std::string::npos) << e;
 }
@@ -750,8 +755,8 @@ TEST(FineTuneRecipe, InitFromReadsTheRopeScalingAndTheTiedHead) {
   EXPECT_NE(e.find("holds a model with model.rope_scaling_factor = 8"), std::string::npos) << e;
   const std::string t = error_of(head + "tie_embeddings = false\n" + tail);
   EXPECT_EQ(t, "");  // false is the default: "not set", so the directory's true stands
-  const train::Recipe lin = train::parse_recipe(
-      "[model]\ninit_from = \"" + (kHf / "llama_linear").string() + "\"\n" + tail, "test.toml");
+  const train::Recipe lin =
+      train::parse_recipe("[model]\ninit_from = \"" + (kHf / "llama_linear").string() + "\"\n" + tail, "test.toml");
   EXPECT_EQ(lin.model.rope_scaling, "linear");
   EXPECT_EQ(lin.model.rope_scaling_factor, 4.0);
   EXPECT_EQ(lin.model.rope_low_freq_factor, 0.0);
@@ -811,8 +816,7 @@ TEST(FineTuneRecipe, BadFineTuningSettingsAreClearErrors) {
             "");
   const std::string rank = error_of("[finetune]\nmethod = \"lora\"\n[lora]\nr = 0\n");
   EXPECT_NE(rank.find("lora.r = 0"), std::string::npos) << rank;
-  const std::string noval =
-      error_of("[data]\nformat = \"jsonl\"\ncorpus = \"s.jsonl\"\nval_fraction = 0.0\n");
+  const std::string noval = error_of("[data]\nformat = \"jsonl\"\ncorpus = \"s.jsonl\"\nval_fraction = 0.0\n");
   EXPECT_NE(noval.find("needs data.val_fraction > 0"), std::string::npos) << noval;
   const std::string vit = error_of(
       "[model]\ntype = \"vit\"\npatch_size = 7\n[data]\ncorpus = \"fashion-mnist\"\n[finetune]\nmethod = \"lora\"\n");

@@ -63,7 +63,8 @@ class FlamingoTrain : public ::testing::Test {
     std::ofstream(dir_ / "gpt.toml") << "[run]\nname = \"gpt\"\nout_dir = \"gpt\"\nseed = 4\nthreads = 1\n[model]\n"
                                         "vocab_size = 128\nblock_size = 64\nn_layer = 2\nn_head = 2\nn_embd = 32\n"
                                         "[data]\ncorpus = \"corpus.txt\"\ndir = \"data\"\nval_fraction = 0.1\n"
-                                     << "[train]\nseq_len = 16\n" << common(3, 4).substr(8);
+                                     << "[train]\nseq_len = 16\n"
+                                     << common(3, 4).substr(8);
     for (const char* t : {"clip", "gpt"}) {
       const CmdResult r = test_support::run_in(dir_, kBin + " train " + t + ".toml --quiet --no-sample");
       ASSERT_EQ(r.code, 0) << t << "\n" << r.err;
@@ -78,8 +79,9 @@ class FlamingoTrain : public ::testing::Test {
     if (!HasFailure() && !dir_.empty()) fs::remove_all(dir_);
   }
   CmdResult run(int np, const std::string& args) {
-    return test_support::run_in(dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, np > 1 ? "" : "OMP_NUM_THREADS=1") +
-                                          " " + kBin + " train r.toml --quiet --no-sample " + args);
+    return test_support::run_in(
+        dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, np > 1 ? "" : "OMP_NUM_THREADS=1") + " " + kBin +
+                  " train r.toml --quiet --no-sample " + args);
   }
   Curve ok(int np, const std::string& out, const std::string& args = "") {
     const CmdResult r = run(np, "--set run.out_dir=" + out + " " + args);
@@ -118,7 +120,8 @@ TEST_F(FlamingoTrain, FrozenTowersStayBitwiseTheGatesTrainAndTheTableHasBothCont
     auto j = nlohmann::json::parse(line);
     if (j.contains("zero_shot_accuracy")) last = j;
   }
-  for (const char* k : {"zero_shot_accuracy", "four_shot_accuracy", "gates_zero_accuracy", "shuffled_images_accuracy"}) {
+  for (const char* k :
+       {"zero_shot_accuracy", "four_shot_accuracy", "gates_zero_accuracy", "shuffled_images_accuracy"}) {
     ASSERT_TRUE(last.contains(k)) << last.dump();
     EXPECT_GE(last[k].get<double>(), 0.0);
     EXPECT_LE(last[k].get<double>(), 1.0);
@@ -146,7 +149,7 @@ TEST_F(FlamingoTrain, AtStepZeroTheModelIsTheLanguageModel) {
   autograd::NoGradGuard ng;
   // text alone: the first V columns are the GPT checkpoint's logits, bitwise
   const Tensor lm_ids = Tensor::from_vector_i64({5, 9, 17, 40}, {1, 4});
-  const std::vector<float> want = gpt->forward(lm_ids).contiguous().to_vector();  // (1, 4, V)
+  const std::vector<float> want = gpt->forward(lm_ids).contiguous().to_vector();        // (1, 4, V)
   const std::vector<float> fp = fl.forward(Tensor(), lm_ids).contiguous().to_vector();  // (1, 4, V + 2)
   for (int64_t t = 0; t < 4; ++t)
     for (int64_t v = 0; v < V; ++v)

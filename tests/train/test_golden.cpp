@@ -80,8 +80,8 @@ TEST_P(Golden, MetricsBitwiseUnchanged) {
   const std::string text = brigade::test_support::slurp(recipe);
   if (text.find("fashion-mnist") != std::string::npos && !fs::exists(fs::path(kFashion) / "t10k-images-idx3-ubyte.gz"))
     GTEST_SKIP() << kFashion << " is missing (apt install dataset-fashion-mnist)";
-  const std::string cmd = "cd '" + dir_.string() + "' && ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 timeout 300 " + kBin + " train '" + recipe.string() +
-                          "' --quiet --no-sample > out.txt 2> err.txt";
+  const std::string cmd = "cd '" + dir_.string() + "' && ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 timeout 300 " + kBin +
+                          " train '" + recipe.string() + "' --quiet --no-sample > out.txt 2> err.txt";
   const int st = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
       << brigade::test_support::slurp(dir_ / "err.txt") << brigade::test_support::slurp(dir_ / "out.txt");
@@ -119,7 +119,8 @@ TEST_P(Golden, MetricsBitwiseUnchanged) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Golden,
                          ::testing::Values("gpt-base", "gpt-mixed", "gpt-fp16", "gpt-early", "llama", "bert", "vit",
-                                           "resnet18", "resnet50", "swin", "clip", "align", "bert-nodrop", "vit-nodrop"),
+                                           "resnet18", "resnet50", "swin", "clip", "align", "bert-nodrop",
+                                           "vit-nodrop"),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            std::string s = p.param;
                            for (char& c : s)

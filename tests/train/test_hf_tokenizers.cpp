@@ -80,7 +80,8 @@ void write_model(const fs::path& dir, const std::string& type, int64_t vocab) {
 
 std::string recipe(const fs::path& init_from, const std::string& extra = "") {
   return "[run]\nname = \"hf\"\nout_dir = \"out\"\nseed = 3\nthreads = 1\n[model]\ninit_from = \"" +
-         init_from.string() + "\"\n[data]\ncorpus = \"docs\"\ndir = \"data\"\nval_fraction = 0.1\n[train]\nsteps = 2\n"
+         init_from.string() +
+         "\"\n[data]\ncorpus = \"docs\"\ndir = \"data\"\nval_fraction = 0.1\n[train]\nsteps = 2\n"
          "batch_size = 2\nseq_len = 16\neval_every = 2\neval_batches = 1\nlog_every = 1\n[optim]\nlr = 1e-3\n"
          "[schedule]\nwarmup_steps = 1\n" +
          extra;
@@ -193,10 +194,9 @@ TEST_F(HfTokenizers, LlamaSentencePieceDocumentsStartWithBos) {
     FAIL() << "python3-sentencepiece is missing for /usr/bin/python3: run scripts/install-deps.sh";
   const auto docs = documents();
   const std::string text = "Then the king's 7 naïve words\nwent up ☃\n";
-  const std::vector<std::string> segments = {"[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nwho [/INST]", " the king ",
-                                             "</s>"};
-  const auto ids = sp_oracle({docs[0], docs[1], text, "\n", "[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nwho [/INST]",
-                              " the king "});
+  const std::vector<std::string> segments = {"[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nwho [/INST]", " the king ", "</s>"};
+  const auto ids =
+      sp_oracle({docs[0], docs[1], text, "\n", "[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nwho [/INST]", " the king "});
   const fs::path hf = dir_ / "llama";
   write_model(hf, "llama", kSpVocab);
   fs::copy_file(dir_ / "m.model", hf / "tokenizer.model");
@@ -233,12 +233,12 @@ TEST_F(HfTokenizers, LlamaSentencePieceDocumentsStartWithBos) {
   EXPECT_EQ(json::parse(ev.out)["tokens"].get<int64_t>(), int64_t(ids[2].size()));  // BOS + ids, one fewer scored
 
   // llama-2 chat: the template's "<s>" is the one BOS, its "</s>" the end token; each piece encoded alone
-  std::ofstream(dir_ / "s.jsonl")
-      << json{{"messages", json::array({json{{"role", "system"}, {"content", "be brief"}},
-                                        json{{"role", "user"}, {"content", "who"}},
-                                        json{{"role", "assistant"}, {"content", "the king"}}})}}
-             .dump()
-      << "\n";
+  std::ofstream(dir_ / "s.jsonl") << json{{"messages",
+                                           json::array({json{{"role", "system"}, {"content", "be brief"}},
+                                                        json{{"role", "user"}, {"content", "who"}},
+                                                        json{{"role", "assistant"}, {"content", "the king"}}})}}
+                                         .dump()
+                                  << "\n";
   data::SftOptions o;
   o.chat_template = "llama-2";
   const auto tok = data::load_text_tokenizer(hf.string());
@@ -250,8 +250,8 @@ TEST_F(HfTokenizers, LlamaSentencePieceDocumentsStartWithBos) {
   sample.push_back(2);
   const std::vector<std::string> pieces = [&] {
     std::vector<std::string> p;
-    for (const auto& piece : data::render_chat({{"system", "be brief"}, {"user", "who"}, {"assistant", "the king"}},
-                                               "llama-2", "x"))
+    for (const auto& piece :
+         data::render_chat({{"system", "be brief"}, {"user", "who"}, {"assistant", "the king"}}, "llama-2", "x"))
       p.push_back(piece.text);
     return p;
   }();

@@ -25,17 +25,17 @@
 #include <string>
 #include <vector>
 
-#include "support/test_support.h"
 #include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
 #include "brigade/models/gpt/gpt.h"
-#include "brigade/train/config.h"
 #include "brigade/ops/ops.h"
+#include "brigade/train/config.h"
 #include "brigade/train/memory_plan.h"
 #include "brigade/train/model_configs.h"
 #include "brigade/train/registry.h"
 #include "brigade/train/task.h"
 #include "brigade/train/trainer.h"
+#include "support/test_support.h"
 
 namespace fs = std::filesystem;
 using namespace brigade;

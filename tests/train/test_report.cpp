@@ -81,7 +81,8 @@ TEST(EarlyStop, PatienceOneStopsAtTheFirstNonImprovement) {
 TEST(EarlyStop, NaNNeverImproves) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   EarlyStopper es(2, 0.0);
-  EXPECT_EQ(feed(es, {nan, 3.0, nan, nan}, 1), (std::vector<V>{V::NoImprovement, V::Improved, V::NoImprovement, V::Stop}));
+  EXPECT_EQ(feed(es, {nan, 3.0, nan, nan}, 1),
+            (std::vector<V>{V::NoImprovement, V::Improved, V::NoImprovement, V::Stop}));
   EXPECT_EQ(es.state().best_step, 2);
 }
 
@@ -171,8 +172,8 @@ TEST(EarlyStop, StateTravelsInStateJsonAndOldCheckpointsReadAsNone) {
     if (tag[0] == '?' || tag[0] == '!') continue;
     if (tag[0] == '/') {
       if (stack.empty() || stack.back() != tag.substr(1))
-        return ::testing::AssertionFailure() << "</" << tag.substr(1) << "> closes "
-                                             << (stack.empty() ? "nothing" : stack.back());
+        return ::testing::AssertionFailure()
+               << "</" << tag.substr(1) << "> closes " << (stack.empty() ? "nothing" : stack.back());
       stack.pop_back();
       continue;
     }
@@ -210,8 +211,8 @@ TEST(Plot, OnePolylinePerSeriesWithEveryPointAxesAndLegend) {
   EXPECT_NE(svg.find(">step</text>"), std::string::npos);
   EXPECT_NE(svg.find(">cross-entropy</text>"), std::string::npos);
   EXPECT_NE(svg.find(">tiny: loss</text>"), std::string::npos);
-  EXPECT_NE(svg.find(">train loss</text>"), std::string::npos);           // legend
-  EXPECT_NE(svg.find("val &lt;loss&gt; &amp; co"), std::string::npos);    // escaped
+  EXPECT_NE(svg.find(">train loss</text>"), std::string::npos);         // legend
+  EXPECT_NE(svg.find("val &lt;loss&gt; &amp; co"), std::string::npos);  // escaped
   EXPECT_EQ(svg.find("<loss>"), std::string::npos);
   EXPECT_EQ(std::count(svg.begin(), svg.end(), '\0'), 0);
   // 3 markers for the val series

@@ -34,8 +34,7 @@ double max_finite(DType dt) {
 
 LossScaler::LossScaler(LossScalerOptions o) : o_(o) {
   if (o_.mode == ScaleMode::None) return;
-  BRIGADE_CHECK(o_.init_scale > 0 && o_.min_scale > 0 && o_.min_scale <= o_.init_scale &&
-                    o_.init_scale <= o_.max_scale,
+  BRIGADE_CHECK(o_.init_scale > 0 && o_.min_scale > 0 && o_.min_scale <= o_.init_scale && o_.init_scale <= o_.max_scale,
                 ValueError, "loss scaler: need 0 < min_scale <= init_scale <= max_scale, got {} <= {} <= {}",
                 o_.min_scale, o_.init_scale, o_.max_scale);
   BRIGADE_CHECK(o_.growth > 1 && o_.backoff > 0 && o_.backoff < 1 && o_.growth_interval >= 1 && o_.hysteresis >= 1,
@@ -106,9 +105,9 @@ bool LossScaler::update(const UnscaleResult& r) {
 
 std::string LossScaler::state() const {
   if (!enabled()) return "";
-  return nlohmann::json{{"mode", scale_mode_name(o_.mode)}, {"scale", scale_},       {"good_steps", good_},
-                        {"streak", streak_},                {"overflows", overflows_}, {"skipped", skipped_},
-                        {"window_amax", window_amax_}}
+  return nlohmann::json{
+      {"mode", scale_mode_name(o_.mode)}, {"scale", scale_},     {"good_steps", good_},        {"streak", streak_},
+      {"overflows", overflows_},          {"skipped", skipped_}, {"window_amax", window_amax_}}
       .dump();
 }
 
@@ -121,7 +120,8 @@ void LossScaler::set_state(const std::string& json) {
       const std::optional<int64_t> n = json_int64(j.at(field));
       BRIGADE_CHECK(n && *n >= 0, CheckpointError,
                     "the loss-scaler state in state.json is malformed: \"{}\" holds {}, not a whole number >= 0; "
-                    "the checkpoint is damaged: resume from another one", field, j.at(field).dump());
+                    "the checkpoint is damaged: resume from another one",
+                    field, j.at(field).dump());
       return *n;
     };
     scale_ = j.at("scale").get<double>();
@@ -131,9 +131,10 @@ void LossScaler::set_state(const std::string& json) {
     skipped_ = whole("skipped");
     window_amax_ = j.at("window_amax").get<double>();
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("the loss-scaler state in state.json is malformed ({}); the checkpoint is "
-                                      "damaged: resume from another one",
-                                      e.what()));
+    throw CheckpointError(
+        fmt::format("the loss-scaler state in state.json is malformed ({}); the checkpoint is "
+                    "damaged: resume from another one",
+                    e.what()));
   }
   BRIGADE_CHECK(scale_ > 0 && std::isfinite(scale_), CheckpointError,
                 "the loss-scaler state in state.json has scale {}; the checkpoint is damaged", scale_);

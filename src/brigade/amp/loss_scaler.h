@@ -31,14 +31,14 @@ ScaleMode scale_mode_from_name(std::string_view s);  // ValueError naming the ac
 
 struct LossScalerOptions {
   ScaleMode mode = ScaleMode::None;
-  double init_scale = 65536.0;       // static: the scale; dynamic/adaptive: the start (2^16)
-  double growth = 2.0;               // dynamic: factor after growth_interval clean steps
-  double backoff = 0.5;              // factor on overflow
-  int64_t growth_interval = 1000;    // clean steps in a row before growing
+  double init_scale = 65536.0;     // static: the scale; dynamic/adaptive: the start (2^16)
+  double growth = 2.0;             // dynamic: factor after growth_interval clean steps
+  double backoff = 0.5;            // factor on overflow
+  int64_t growth_interval = 1000;  // clean steps in a row before growing
   double min_scale = 1.0;
-  double max_scale = 16777216.0;     // 2^24
-  int64_t hysteresis = 2;            // adaptive: consecutive overflows tolerated before backing off (k)
-  DType dtype = DType::F16;          // adaptive: whose max finite value the target keeps clear of
+  double max_scale = 16777216.0;  // 2^24
+  int64_t hysteresis = 2;         // adaptive: consecutive overflows tolerated before backing off (k)
+  DType dtype = DType::F16;       // adaptive: whose max finite value the target keeps clear of
 };
 
 // Adaptive growth keeps the largest observed (unscaled) gradient x scale this far below
@@ -70,14 +70,14 @@ class LossScaler {
   int64_t overflows() const { return overflows_; }
   int64_t skipped() const { return skipped_; }
 
-  std::string state() const;               // JSON
+  std::string state() const;                // JSON
   void set_state(const std::string& json);  // "" keeps the initial state; CheckpointError on bad JSON
 
  private:
   LossScalerOptions o_;
   double scale_ = 1.0;
-  int64_t good_ = 0;        // clean steps in a row since the last change of scale
-  int64_t streak_ = 0;      // overflows in a row
+  int64_t good_ = 0;    // clean steps in a row since the last change of scale
+  int64_t streak_ = 0;  // overflows in a row
   int64_t overflows_ = 0;
   int64_t skipped_ = 0;
   double window_amax_ = 0;  // adaptive: largest unscaled |gradient| since the last change of scale

@@ -50,9 +50,9 @@ Level level_from_name(std::string_view s) {
 }
 
 std::string_view op_name(Op op) {
-  constexpr std::string_view names[] = {"linear",     "matmul",     "attention", "conv",          "embedding",
-                                        "gelu",       "elementwise", "pool",      "layer_norm",    "batch_norm",
-                                        "softmax",    "cross_entropy", "reduction", "dropout"};
+  constexpr std::string_view names[] = {"linear",  "matmul",        "attention", "conv",       "embedding",
+                                        "gelu",    "elementwise",   "pool",      "layer_norm", "batch_norm",
+                                        "softmax", "cross_entropy", "reduction", "dropout"};
   static_assert(std::size(names) == size_t(Op::kCount), "one name per op kind");
   return names[size_t(op)];
 }

@@ -26,6 +26,7 @@ enum class Level : uint8_t {
 
 // The kinds of op the table distinguishes (each fn:: function maps to one).
 enum class Op : uint8_t {
+  // clang-format off
   Linear, Matmul, Attention, Conv,      // GEMM-shaped: the allow-list (conv: conv2d, grouped and depthwise too)
   Embedding, Gelu, Elementwise,         // add/sub/mul, relu, sigmoid and scalar ops
   Pool,                                 // max_pool2d, avg_pool2d (elementwise rules)
@@ -33,25 +34,26 @@ enum class Op : uint8_t {
                                         // label smoothing too; reduction: sums, means, spatial_mean)
   Dropout,
   kCount
+  // clang-format on
 };
 
 enum class Rule : uint8_t {
-  Keep,  // run in the inputs' dtype; inputs of different floating dtypes are promoted to f32
-  F32,   // cast floating inputs to f32
-  Low,   // cast floating inputs to the policy's low dtype (bf16 or f16)
-  Mixed, // no casts: a 16-bit activation stays 16-bit beside fp32 parameters; the kernel widens
-         // it exactly, computes in f32 and rounds its output once to the activation's dtype
-         // (batch norm at O2: its statistics are f32, its input and output are not, and no
-         // cast passes run around it)
+  Keep,   // run in the inputs' dtype; inputs of different floating dtypes are promoted to f32
+  F32,    // cast floating inputs to f32
+  Low,    // cast floating inputs to the policy's low dtype (bf16 or f16)
+  Mixed,  // no casts: a 16-bit activation stays 16-bit beside fp32 parameters; the kernel widens
+          // it exactly, computes in f32 and rounds its output once to the activation's dtype
+          // (batch norm at O2: its statistics are f32, its input and output are not, and no
+          // cast passes run around it)
 };
 
 // The table (policy.cpp): rule(op, level).
 Rule rule(Op op, Level level);
 
-std::string_view level_name(Level l);  // "O0".."O3"
+std::string_view level_name(Level l);       // "O0".."O3"
 Level level_from_name(std::string_view s);  // ValueError naming the accepted values
-std::string_view op_name(Op op);       // "linear", ...
-std::string_view rule_name(Rule r);    // "keep", "f32", "low"
+std::string_view op_name(Op op);            // "linear", ...
+std::string_view rule_name(Rule r);         // "keep", "f32", "low"
 
 struct Policy {
   Level level = Level::O0;

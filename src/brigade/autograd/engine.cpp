@@ -53,7 +53,8 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& grad_out) {
 
 void set_grad_ready_hook(const Tensor& leaf, std::function<void()> hook) {
   BRIGADE_CHECK(leaf.defined() && leaf.is_leaf() && leaf.requires_grad(), ValueError,
-                "set_grad_ready_hook(): {} is not a leaf that requires grad", leaf.defined() ? leaf.str() : "undefined");
+                "set_grad_ready_hook(): {} is not a leaf that requires grad",
+                leaf.defined() ? leaf.str() : "undefined");
   auto node = std::dynamic_pointer_cast<AccumulateGrad>(gradient_edge(leaf));
   BRIGADE_ASSERT(node != nullptr, "no AccumulateGrad for leaf {}", leaf.str());
   node->grad_ready_hook = std::move(hook);

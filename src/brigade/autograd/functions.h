@@ -123,8 +123,7 @@ Tensor l2_normalize(const Tensor& x);
 // its output is kept (CheckpointKeep::GemmOutputs).
 // channels_last: x is (N, H, W, C) (ops::batch_norm2d's channels-last form).
 Tensor batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
-                    const Tensor& running_var, bool training, double momentum, double eps,
-                    bool channels_last = false);
+                    const Tensor& running_var, bool training, double momentum, double eps, bool channels_last = false);
 
 // Synchronised batch norm (torch.nn.SyncBatchNorm): the batch statistics of a training
 // batch_norm2d taken over every rank of a group (data parallelism: each rank holds some rows

@@ -19,8 +19,6 @@ DType rules::policy_dtype(amp::Op op, std::initializer_list<const Tensor*> input
   }
 }
 
-bool rules::policy_mixed(amp::Op op) {
-  return amp::rule(op, amp::current_policy().level) == amp::Rule::Mixed;
-}
+bool rules::policy_mixed(amp::Op op) { return amp::rule(op, amp::current_policy().level) == amp::Rule::Mixed; }
 
 }  // namespace brigade::fn

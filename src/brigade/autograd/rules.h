@@ -4,8 +4,8 @@
 // the fn:: functions of functions.h instead.
 #pragma once
 #include <initializer_list>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "brigade/amp/policy.h"

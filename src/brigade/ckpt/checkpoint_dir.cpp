@@ -50,15 +50,15 @@ std::string repair_interrupted_save(const std::string& dir) {
   fs::rename(old, final_dir, ec);
   if (ec) {
     if (fs::exists(final_dir / "state.json")) return "";  // another process restored it first
-    throw IoError(fmt::format("could not restore the previous checkpoint {} to {}: {}; rename it by hand",
-                              old.string(), dir, ec.message()));
+    throw IoError(fmt::format("could not restore the previous checkpoint {} to {}: {}; rename it by hand", old.string(),
+                              dir, ec.message()));
   }
   std::string tmp_note;
   if (fs::exists(tmp, ec)) {
     fs::remove_all(tmp, ec);
-    tmp_note = ec ? fmt::format(" (could not remove the unfinished {}: {}; remove it by hand)", tmp.string(),
-                                ec.message())
-                  : fmt::format(" and removed the unfinished {}", tmp.string());
+    tmp_note =
+        ec ? fmt::format(" (could not remove the unfinished {}: {}; remove it by hand)", tmp.string(), ec.message())
+           : fmt::format(" and removed the unfinished {}", tmp.string());
   }
   fsync_dir(final_dir.parent_path().empty() ? fs::path(".") : final_dir.parent_path());
   return fmt::format("{}: a save was interrupted; restored the previous checkpoint from {}{}", dir, old.string(),
@@ -144,10 +144,10 @@ void verify_checkpoint(const std::string& dir_in) {
   static std::mutex mu;
   static std::set<std::string> verified;
   struct stat st {};
-  const std::string key = fs::weakly_canonical(dir, ec).string() + "|" +
-                          (::stat(sums.c_str(), &st) == 0 ? fmt::format("{}:{}:{}", st.st_ino, st.st_mtim.tv_sec,
-                                                                        st.st_mtim.tv_nsec)
-                                                          : std::string());
+  const std::string key =
+      fs::weakly_canonical(dir, ec).string() + "|" +
+      (::stat(sums.c_str(), &st) == 0 ? fmt::format("{}:{}:{}", st.st_ino, st.st_mtim.tv_sec, st.st_mtim.tv_nsec)
+                                      : std::string());
   {
     std::lock_guard<std::mutex> lock(mu);
     if (verified.count(key)) return;
@@ -156,12 +156,14 @@ void verify_checkpoint(const std::string& dir_in) {
   try {
     j = nlohmann::json::parse(read_checkpoint_file(sums));
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("{}: {} is corrupted ({}); the checkpoint cannot be trusted: resume from "
-                                      "another one, or delete {} to read it unverified",
-                                      dir.string(), sums.string(), e.what(), kChecksumFile));
+    throw CheckpointError(
+        fmt::format("{}: {} is corrupted ({}); the checkpoint cannot be trusted: resume from "
+                    "another one, or delete {} to read it unverified",
+                    dir.string(), sums.string(), e.what(), kChecksumFile));
   }
   BRIGADE_CHECK(j.is_object() && j.value("algorithm", "") == "crc32" && j.contains("files") && j["files"].is_object(),
-                CheckpointError, "{}: {} is not a checksum list this version reads; delete it to read the checkpoint "
+                CheckpointError,
+                "{}: {} is not a checksum list this version reads; delete it to read the checkpoint "
                 "unverified",
                 dir.string(), sums.string());
   for (auto& [rel, want] : j["files"].items()) {
@@ -207,15 +209,17 @@ std::string open_checkpoint(const std::string& dir_in, const std::function<void(
         fs::exists(dir + ".tmp", ec)
             ? fmt::format(" ({}.tmp is an unfinished save; no checkpoint was completed there)", dir)
             : "";
-    throw CheckpointError(fmt::format("{}: no such checkpoint directory{}; pass the folder written by `brigade "
-                                      "train` (<run.out_dir>/checkpoint, e.g. runs/gpt-kjv/checkpoint)",
-                                      dir, unfinished));
+    throw CheckpointError(
+        fmt::format("{}: no such checkpoint directory{}; pass the folder written by `brigade "
+                    "train` (<run.out_dir>/checkpoint, e.g. runs/gpt-kjv/checkpoint)",
+                    dir, unfinished));
   }
   if (!fs::exists(d / "recipe.toml", ec)) {
     const bool parent = fs::exists(d / "checkpoint" / "recipe.toml", ec) || fs::exists(d / "checkpoint.old", ec);
-    throw CheckpointError(fmt::format("{} is not a Brigade checkpoint (no recipe.toml); {}pass the directory "
-                                      "written by `brigade train`, e.g. runs/<name>/checkpoint",
-                                      dir, parent ? fmt::format("did you mean {}/checkpoint? ", dir) : ""));
+    throw CheckpointError(
+        fmt::format("{} is not a Brigade checkpoint (no recipe.toml); {}pass the directory "
+                    "written by `brigade train`, e.g. runs/<name>/checkpoint",
+                    dir, parent ? fmt::format("did you mean {}/checkpoint? ", dir) : ""));
   }
   verify_checkpoint(dir);
   return dir;
@@ -274,9 +278,10 @@ void fault_after_write(const fs::path& tmp, const fs::path& file) {
   if (total <= uint64_t(limit)) return;
   const uint64_t size = fs::file_size(file), over = total - uint64_t(limit);
   fs::resize_file(file, size > over ? size - over : 0);
-  throw IoError(fmt::format("could not write {}: No space left on device (simulated by "
-                            "BRIGADE_CKPT_FAIL_AFTER_BYTES={})",
-                            file.string(), limit));
+  throw IoError(
+      fmt::format("could not write {}: No space left on device (simulated by "
+                  "BRIGADE_CKPT_FAIL_AFTER_BYTES={})",
+                  file.string(), limit));
 }
 
 namespace {
@@ -304,9 +309,10 @@ void guarded_write(const std::string& tmp, uint64_t needed, const std::function<
     const std::string prev = fs::exists(fs::path(dir) / "state.json", ec)
                                  ? fmt::format("the previous checkpoint in {} is intact", dir)
                                  : fmt::format("{} holds no previous checkpoint", dir);
-    return fmt::format("saving checkpoint {} failed: {}; the save needs {} and {} is free on {}; {}; {}; free "
-                       "disk space there or point run.out_dir at another disk",
-                       dir, what, fmt_bytes(needed), free_s, parent.string(), removed, prev);
+    return fmt::format(
+        "saving checkpoint {} failed: {}; the save needs {} and {} is free on {}; {}; {}; free "
+        "disk space there or point run.out_dir at another disk",
+        dir, what, fmt_bytes(needed), free_s, parent.string(), removed, prev);
   };
   try {
     write();
@@ -319,8 +325,6 @@ void guarded_write(const std::string& tmp, uint64_t needed, const std::function<
     throw;
   }
 }
-
-
 
 std::string begin_checkpoint(const std::string& dir) {
   const fs::path tmp = dir + ".tmp";
@@ -380,9 +384,8 @@ void write_optimizer_index(const std::string& tmp, int dp, int64_t numel, const 
   j["states"] = state_names;
   for (const auto& e : layout) j["layout"].push_back({{"name", e.name}, {"offset", e.offset}, {"numel", e.numel}});
   for (int r = 0; r < dp; ++r)
-    j["shards"].push_back({{"file", shard_file(r, dp)},
-                           {"lo", shard_ranges[size_t(r)].first},
-                           {"hi", shard_ranges[size_t(r)].second}});
+    j["shards"].push_back(
+        {{"file", shard_file(r, dp)}, {"lo", shard_ranges[size_t(r)].first}, {"hi", shard_ranges[size_t(r)].second}});
   const std::string text = j.dump(1) + "\n";
   const fs::path file = fs::path(tmp) / kIndexFile;
   guarded_write(tmp, text.size(), [&] {
@@ -439,15 +442,16 @@ std::map<std::string, Tensor> read_optimizer_flat(const std::string& dir, const 
       for (const auto& sh : j.at("shards")) {
         const int64_t slo = whole(sh.at("lo"), "a shard's \"lo\""), shi = whole(sh.at("hi"), "a shard's \"hi\"");
         BRIGADE_CHECK(slo <= shi, CheckpointError,
-                      "{}: a shard holds elements [{}, {}), a reversed range; the index is damaged",
-                      ip.string(), slo, shi);
+                      "{}: a shard holds elements [{}, {}), a reversed range; the index is damaged", ip.string(), slo,
+                      shi);
         const int64_t a = std::max(lo, slo), b = std::min(hi, shi);
         if (a >= b) continue;
         const std::string shard_name = sh.at("file").get<std::string>();
         BRIGADE_CHECK(path_stays_inside(shard_name), CheckpointError,
                       "{}: shard file {} is not a file of the checkpoint folder (an absolute path or one with "
                       "\"..\"); the index is damaged or was not written by Brigade",
-                      ip.string(), nlohmann::json(shard_name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+                      ip.string(),
+                      nlohmann::json(shard_name).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
         const std::string file = (fs::path(dir) / shard_name).string();
         SafetensorsReader r(file);
         for (auto& [name, dst] : out) {

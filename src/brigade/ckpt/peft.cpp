@@ -14,9 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_lora_name(const std::string& n) {
-  return n.ends_with(".lora_A.weight") || n.ends_with(".lora_B.weight");
-}
+bool is_lora_name(const std::string& n) { return n.ends_with(".lora_A.weight") || n.ends_with(".lora_B.weight"); }
 
 }  // namespace
 
@@ -88,14 +86,16 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     if (j.contains("base_model_name_or_path") && j.at("base_model_name_or_path").is_string())
       c.base_model_name_or_path = j.at("base_model_name_or_path");
     const std::string bias = j.value("bias", std::string("none"));
-    BRIGADE_CHECK(bias == "none", CheckpointError, "{}: bias is \"{}\"; only \"none\" is supported",
-                  cfg_path.string(), bias);
+    BRIGADE_CHECK(bias == "none", CheckpointError, "{}: bias is \"{}\"; only \"none\" is supported", cfg_path.string(),
+                  bias);
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("{}: a field has the wrong type ({})", cfg_path.string(), e.what()));
   }
   const fs::path st = fs::path(dir) / "adapter_model.safetensors";
-  BRIGADE_CHECK(fs::exists(st), CheckpointError, "{}: missing (an adapter directory holds adapter_config.json and "
-                "adapter_model.safetensors)", st.string());
+  BRIGADE_CHECK(fs::exists(st), CheckpointError,
+                "{}: missing (an adapter directory holds adapter_config.json and "
+                "adapter_model.safetensors)",
+                st.string());
   SafetensorsReader r(st.string());
   const std::string prefix = kPeftPrefix;
   for (const std::string& key : r.names()) {

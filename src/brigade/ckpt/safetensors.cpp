@@ -35,11 +35,10 @@ struct SpecDType {
   std::optional<DType> dtype;
 };
 constexpr SpecDType kSpecDTypes[] = {
-    {"F32", 4, DType::F32},       {"BF16", 2, DType::BF16},       {"F16", 2, DType::F16},
-    {"I32", 4, DType::I32},       {"I64", 8, DType::I64},         {"F64", 8, std::nullopt},
-    {"I8", 1, std::nullopt},      {"U8", 1, std::nullopt},        {"I16", 2, std::nullopt},
-    {"U16", 2, std::nullopt},     {"U32", 4, std::nullopt},       {"U64", 8, std::nullopt},
-    {"BOOL", 1, std::nullopt},    {"F8_E4M3", 1, std::nullopt},   {"F8_E5M2", 1, std::nullopt},
+    {"F32", 4, DType::F32},    {"BF16", 2, DType::BF16},     {"F16", 2, DType::F16},       {"I32", 4, DType::I32},
+    {"I64", 8, DType::I64},    {"F64", 8, std::nullopt},     {"I8", 1, std::nullopt},      {"U8", 1, std::nullopt},
+    {"I16", 2, std::nullopt},  {"U16", 2, std::nullopt},     {"U32", 4, std::nullopt},     {"U64", 8, std::nullopt},
+    {"BOOL", 1, std::nullopt}, {"F8_E4M3", 1, std::nullopt}, {"F8_E5M2", 1, std::nullopt},
 };
 
 std::string errno_str() { return std::strerror(errno); }
@@ -48,7 +47,7 @@ std::string errno_str() { return std::strerror(errno); }
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
 struct Layout {
-  std::string header;                        // JSON + space padding, length % 8 == 0
+  std::string header;                            // JSON + space padding, length % 8 == 0
   std::vector<std::pair<size_t, Tensor>> items;  // (index into input, contiguous tensor) in data order
   uint64_t data_bytes = 0;
 };
@@ -57,7 +56,8 @@ Layout make_layout(const NamedTensors& tensors, const std::map<std::string, std:
   std::set<std::string> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& [name, t] = tensors[i];
-    BRIGADE_CHECK(!name.empty(), ValueError, "save_safetensors: tensor #{} has an empty name; give every tensor a name", i);
+    BRIGADE_CHECK(!name.empty(), ValueError, "save_safetensors: tensor #{} has an empty name; give every tensor a name",
+                  i);
     BRIGADE_CHECK(name != kMetadataKey, ValueError,
                   "save_safetensors: '{}' is reserved for metadata and cannot name a tensor", name);
     BRIGADE_CHECK(seen.insert(name).second, ValueError,
@@ -81,9 +81,8 @@ Layout make_layout(const NamedTensors& tensors, const std::map<std::string, std:
     const auto& [name, t] = tensors[i];
     Tensor c = t.contiguous();
     const uint64_t n = c.nbytes();
-    js[name] = {{"dtype", std::string(safetensors_dtype(t.dtype()))},
-                {"shape", t.shape()},
-                {"data_offsets", {off, off + n}}};
+    js[name] = {
+        {"dtype", std::string(safetensors_dtype(t.dtype()))}, {"shape", t.shape()}, {"data_offsets", {off, off + n}}};
     off += n;
     L.items.emplace_back(i, std::move(c));
   }
@@ -92,8 +91,8 @@ Layout make_layout(const NamedTensors& tensors, const std::map<std::string, std:
   try {
     header = js.dump();
   } catch (const nlohmann::json::exception& e) {
-    throw ValueError(fmt::format("save_safetensors: a tensor name or metadata string is not valid UTF-8 ({})",
-                                 e.what()));
+    throw ValueError(
+        fmt::format("save_safetensors: a tensor name or metadata string is not valid UTF-8 ({})", e.what()));
   }
   header.append((8 - header.size() % 8) % 8, ' ');
   L.header = std::move(header);
@@ -111,8 +110,7 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   while (n > 0) {
     const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t(1) << 30));
     if (w < 0 && errno == EINTR) continue;
-    BRIGADE_CHECK(w > 0, IoError, "could not write {}: {}; check free disk space and permissions", path,
-                  errno_str());
+    BRIGADE_CHECK(w > 0, IoError, "could not write {}: {}; check free disk space and permissions", path, errno_str());
     p += w;
     n -= size_t(w);
   }
@@ -167,8 +165,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::string tmp = (dir / (target.filename().string() + ".tmp.XXXXXX")).string();
   const int fd = ::mkstemp(tmp.data());
-  BRIGADE_CHECK(fd >= 0, IoError, "could not create a temporary file next to {}: {}; check that {} exists and is writable",
-                path, errno_str(), dir.string());
+  BRIGADE_CHECK(fd >= 0, IoError,
+                "could not create a temporary file next to {}: {}; check that {} exists and is writable", path,
+                errno_str(), dir.string());
   try {
     ::fchmod(fd, 0644);
     const std::string len = le_u64(L.header.size());
@@ -255,9 +254,10 @@ void SafetensorsReader::open(const std::string& path) {
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("{}: the header is not valid JSON ({}); the file is corrupt; re-save or "
-                                      "re-download it",
-                                      where, e.what()));
+    throw CheckpointError(
+        fmt::format("{}: the header is not valid JSON ({}); the file is corrupt; re-save or "
+                    "re-download it",
+                    where, e.what()));
   }
   BRIGADE_CHECK(dup_key.empty(), CheckpointError,
                 "{}: the header names '{}' more than once; the file is corrupt (each tensor name must be unique)",
@@ -287,8 +287,8 @@ void SafetensorsReader::open(const std::string& path) {
       BRIGADE_CHECK(f.key() == "dtype" || f.key() == "shape" || f.key() == "data_offsets", CheckpointError,
                     "{}: unexpected field '{}' (expected dtype, shape, data_offsets); the file is corrupt", at,
                     f.key());
-    BRIGADE_CHECK(v.contains("dtype") && v["dtype"].is_string(), CheckpointError,
-                  "{}: missing or non-string \"dtype\"", at);
+    BRIGADE_CHECK(v.contains("dtype") && v["dtype"].is_string(), CheckpointError, "{}: missing or non-string \"dtype\"",
+                  at);
     BRIGADE_CHECK(v.contains("shape") && v["shape"].is_array(), CheckpointError, "{}: missing or non-array \"shape\"",
                   at);
     BRIGADE_CHECK(v.contains("data_offsets") && v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
@@ -315,8 +315,8 @@ void SafetensorsReader::open(const std::string& path) {
                     "{}: data_offsets {} must be non-negative integers", at, v["data_offsets"].dump());
     ti.begin = v["data_offsets"][0].get<uint64_t>();
     ti.end = v["data_offsets"][1].get<uint64_t>();
-    BRIGADE_CHECK(ti.begin <= ti.end, CheckpointError, "{}: data_offsets [{}, {}] end before they begin", at,
-                  ti.begin, ti.end);
+    BRIGADE_CHECK(ti.begin <= ti.end, CheckpointError, "{}: data_offsets [{}, {}] end before they begin", at, ti.begin,
+                  ti.end);
     BRIGADE_CHECK(ti.end <= buffer, CheckpointError,
                   "{}: data_offsets [{}, {}] run past the data buffer ({} bytes); the file is truncated; re-save or "
                   "re-download it",
@@ -349,8 +349,8 @@ void SafetensorsReader::open(const std::string& path) {
     prev = kv->first;
     order_.push_back(kv->first);
   }
-  BRIGADE_CHECK(pos == buffer, CheckpointError,
-                "{}: the tensors cover {} bytes but the data buffer holds {}; {}", where, pos, buffer,
+  BRIGADE_CHECK(pos == buffer, CheckpointError, "{}: the tensors cover {} bytes but the data buffer holds {}; {}",
+                where, pos, buffer,
                 pos < buffer ? "trailing bytes belong to no tensor (the file is corrupt)"
                              : "the file is truncated; re-save or re-download it");
 }
@@ -362,7 +362,7 @@ void SafetensorsReader::read_at(uint64_t offset, void* dst, uint64_t n, const st
     if (r < 0 && errno == EINTR) continue;
     BRIGADE_CHECK(r >= 0, CheckpointError, "{}: read error in {} ({})", err_prefix(path_), what, errno_str());
     BRIGADE_CHECK(r > 0, CheckpointError,
-                  "{}: unexpected end of file while reading {}; the file was truncated after it was opened", 
+                  "{}: unexpected end of file while reading {}; the file was truncated after it was opened",
                   err_prefix(path_), what);
     p += r;
     n -= uint64_t(r);
@@ -384,10 +384,10 @@ const TensorInfo& SafetensorsReader::info(const std::string& name) const {
   if (it == infos_.end()) {
     std::string some;
     for (size_t i = 0; i < order_.size() && i < 5; ++i) some += (i ? ", " : "") + order_[i];
-    throw CheckpointError(fmt::format("{}: has no tensor named '{}' ({} tensors{}{}); check the name and that the "
-                                      "checkpoint matches the model",
-                                      err_prefix(path_), name, order_.size(), order_.empty() ? "" : ", e.g. ",
-                                      some));
+    throw CheckpointError(
+        fmt::format("{}: has no tensor named '{}' ({} tensors{}{}); check the name and that the "
+                    "checkpoint matches the model",
+                    err_prefix(path_), name, order_.size(), order_.empty() ? "" : ", e.g. ", some));
   }
   return it->second;
 }
@@ -417,12 +417,12 @@ void SafetensorsReader::get_into(const std::string& name, const Tensor& dst) con
                 "{}: tensor '{}' has shape {} but the destination has shape {}; the checkpoint was written for a "
                 "different model configuration",
                 err_prefix(path_), name, shape_str(ti.shape), shape_str(dst.shape()));
-  BRIGADE_CHECK(ti.dtype.has_value() &&
-                    (*ti.dtype == dst.dtype() || (is_floating(*ti.dtype) && is_floating(dst.dtype()))),
-                CheckpointError,
-                "{}: tensor '{}' is stored as {} and cannot be loaded into a {} tensor; load it with get() and "
-                "convert explicitly",
-                err_prefix(path_), name, ti.dtype_name, dtype_name(dst.dtype()));
+  BRIGADE_CHECK(
+      ti.dtype.has_value() && (*ti.dtype == dst.dtype() || (is_floating(*ti.dtype) && is_floating(dst.dtype()))),
+      CheckpointError,
+      "{}: tensor '{}' is stored as {} and cannot be loaded into a {} tensor; load it with get() and "
+      "convert explicitly",
+      err_prefix(path_), name, ti.dtype_name, dtype_name(dst.dtype()));
   if (*ti.dtype == dst.dtype() && dst.is_contiguous()) {
     if (ti.nbytes() > 0)
       read_at(data_start() + ti.begin, dst.raw_data(), ti.nbytes(), fmt::format("tensor '{}'", name));

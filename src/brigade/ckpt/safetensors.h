@@ -76,7 +76,7 @@ class SafetensorsReader {
   std::vector<std::string> names() const;  // in data order (as written)
   size_t size() const { return order_.size(); }
   bool contains(const std::string& name) const { return infos_.count(name) != 0; }
-  const TensorInfo& info(const std::string& name) const;  // CheckpointError if absent
+  const TensorInfo& info(const std::string& name) const;   // CheckpointError if absent
   uint64_t data_start() const { return 8 + header_len_; }  // file offset of the data buffer
 
   // An owned contiguous copy of tensor `name` in its stored dtype.

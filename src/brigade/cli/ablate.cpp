@@ -10,8 +10,8 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -47,9 +47,12 @@ std::vector<std::string> split_values(const std::string& s) {
   std::string cur;
   bool quoted = false, escaped = false;
   for (char c : s) {
-    if (quoted && escaped) escaped = false;
-    else if (quoted && c == '\\') escaped = true;
-    else if (c == '"') quoted = !quoted;
+    if (quoted && escaped)
+      escaped = false;
+    else if (quoted && c == '\\')
+      escaped = true;
+    else if (c == '"')
+      quoted = !quoted;
     else if (c == ',' && !quoted) {
       out.push_back(trim(cur));
       cur.clear();
@@ -111,7 +114,8 @@ class SignalForwarder {
   }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 // Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed).
@@ -126,8 +130,10 @@ int run_child(const std::vector<std::string>& args, const std::string& log) {
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
-  BRIGADE_CHECK(rc == 0, IoError, "cannot start {}: {}; check that the brigade binary (and mpirun for parallel.dp > 1) "
-                "can be executed", args[0], std::strerror(rc));
+  BRIGADE_CHECK(rc == 0, IoError,
+                "cannot start {}: {}; check that the brigade binary (and mpirun for parallel.dp > 1) "
+                "can be executed",
+                args[0], std::strerror(rc));
   bool forwarded = false;
   int status = 0;
   for (;;) {
@@ -179,8 +185,10 @@ VaryAxis parse_vary(const std::string& text) {
                 "--vary '{}' must look like section.key=v1,v2,... (e.g. --vary train.accumulation=1,2)", text);
   a.values = split_values(text.substr(eq + 1));
   for (const auto& v : a.values)
-    BRIGADE_CHECK(!v.empty(), ConfigError, "--vary '{}': empty value in the list; separate values by single commas, "
-                  "e.g. {}=1,2", text, a.key);
+    BRIGADE_CHECK(!v.empty(), ConfigError,
+                  "--vary '{}': empty value in the list; separate values by single commas, "
+                  "e.g. {}=1,2",
+                  text, a.key);
   BRIGADE_CHECK(a.key != "run.out_dir", ConfigError,
                 "--vary '{}': ablate gives every variant its own folder under --out; vary another key", text);
   // The key and every value must be what --set accepts (unknown keys get a did-you-mean).
@@ -245,10 +253,10 @@ bool read_variant_result(VariantResult& v) {
 }
 
 std::string ablation_table(const std::vector<VariantResult>& vs) {
-  std::string t =
-      "| # | variant | steps | " + (vs.empty() ? std::string("tokens") : vs[0].item) + "/s | vs base | params MiB | grads MiB | optimizer MiB | activations MiB | "
-      "peak total MiB | vs base | train loss | val loss | vs base |\n"
-      "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  std::string t = "| # | variant | steps | " + (vs.empty() ? std::string("tokens") : vs[0].item) +
+                  "/s | vs base | params MiB | grads MiB | optimizer MiB | activations MiB | "
+                  "peak total MiB | vs base | train loss | val loss | vs base |\n"
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   const VariantResult* base = !vs.empty() && vs[0].ok ? &vs[0] : nullptr;
   for (size_t i = 0; i < vs.size(); ++i) {
     const VariantResult& v = vs[i];
@@ -263,9 +271,8 @@ std::string ablation_table(const std::vector<VariantResult>& vs) {
     };
     const bool has_val = v.final_val_loss >= 0;
     t += fmt::format("| {} | {} | {} | {:.0f} | {} | {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} |\n", i + 1,
-                     md_escape(v.label), v.steps, v.items_per_s,
-                     delta(v.items_per_s, base ? base->items_per_s : 0), mib(v.peak[0]), mib(v.peak[1]),
-                     mib(v.peak[2]), mib(v.peak[3]), mib(v.peak_total),
+                     md_escape(v.label), v.steps, v.items_per_s, delta(v.items_per_s, base ? base->items_per_s : 0),
+                     mib(v.peak[0]), mib(v.peak[1]), mib(v.peak[2]), mib(v.peak[3]), mib(v.peak_total),
                      delta(double(v.peak_total), base ? double(base->peak_total) : 0), v.final_loss,
                      has_val ? fmt::format("{:.4f}", v.final_val_loss) : "",
                      has_val && (i == 0 || (base && base->final_val_loss >= 0))
@@ -307,7 +314,8 @@ int run_ablation(const AblateOptions& o) {
   const std::vector<std::vector<std::string>> combos = variant_overrides(axes);
   BRIGADE_CHECK(combos.size() <= 256, ConfigError,
                 "--vary gives {} variants; that is too many to run one after another (at most 256): vary fewer keys "
-                "or values", combos.size());
+                "or values",
+                combos.size());
 
   const fs::path out =
       o.out_dir.empty() ? fs::path(base.run.out_dir).parent_path() / (base.run.name + "-ablate") : fs::path(o.out_dir);
@@ -351,8 +359,8 @@ int run_ablation(const AblateOptions& o) {
   auto say = [&](const std::string& s) {
     if (!o.quiet) fmt::print(stderr, "{}\n", s);
   };
-  say(fmt::format("ablate: {} variant{} x {} steps of {} -> {}", combos.size(), combos.size() == 1 ? "" : "s",
-                  o.steps, o.recipe, out.string()));
+  say(fmt::format("ablate: {} variant{} x {} steps of {} -> {}", combos.size(), combos.size() == 1 ? "" : "s", o.steps,
+                  o.recipe, out.string()));
   bool interrupted = false;
   {
     SignalForwarder forward;
@@ -371,9 +379,9 @@ int run_ablation(const AblateOptions& o) {
       std::vector<std::string> args;
       if (r.parallel.dp > 1)
         args = {mpirun, "--oversubscribe", "--bind-to", "none", "-np", std::to_string(r.parallel.dp)};
-      for (const std::string& a : {binary, std::string("train"), o.recipe, std::string("--no-sample"),
-                                   std::string("--stop-at"), std::to_string(o.steps), std::string("--set"),
-                                   std::string("train.log_every=1")})
+      for (const std::string& a :
+           {binary, std::string("train"), o.recipe, std::string("--no-sample"), std::string("--stop-at"),
+            std::to_string(o.steps), std::string("--set"), std::string("train.log_every=1")})
         args.push_back(a);
       for (const auto& s : sets) args.insert(args.end(), {"--set", s});
       args.insert(args.end(), {"--set", "run.out_dir=" + v.dir});
@@ -426,8 +434,7 @@ int run_ablation(const AblateOptions& o) {
   for (size_t i = 0; i < results.size(); ++i) {
     const VariantResult& v = results[i];
     md += fmt::format("- {}: `{}`{}\n", i + 1, v.dir, v.ok ? "" : " — " + (v.error.empty() ? "not run" : v.error));
-    nlohmann::json j{{"variant", i + 1}, {"label", v.label}, {"overrides", v.overrides}, {"dir", v.dir},
-                     {"ok", v.ok}};
+    nlohmann::json j{{"variant", i + 1}, {"label", v.label}, {"overrides", v.overrides}, {"dir", v.dir}, {"ok", v.ok}};
     if (v.ok) {
       nlohmann::json peak;
       for (int t = 0; t < kNumMemTags && t < int(v.peak.size()); ++t)
@@ -460,8 +467,8 @@ int run_ablation(const AblateOptions& o) {
   std::vector<std::string> failed;
   for (size_t i = 0; i < results.size(); ++i)
     if (!results[i].ok) failed.push_back(fmt::format("{} ({})", i + 1, results[i].error));
-  BRIGADE_CHECK(failed.empty(), ValueError, "{} of {} variants failed: {}; the report lists the others",
-                failed.size(), results.size(), join(failed, "; "));
+  BRIGADE_CHECK(failed.empty(), ValueError, "{} of {} variants failed: {}; the report lists the others", failed.size(),
+                results.size(), join(failed, "; "));
   return 0;
 }
 

@@ -23,18 +23,18 @@
 namespace brigade::cli {
 
 struct AblateOptions {
-  std::string recipe;                 // recipe file
-  std::vector<std::string> sets;      // --set overrides applied to every variant
-  std::vector<std::string> vary;      // "section.key=v1,v2,..." (repeatable)
-  int64_t steps = 100;                // steps per variant (train --stop-at)
-  std::string out_dir;                // "" = <run.out_dir's parent>/<run.name>-ablate
-  std::string binary;                 // the brigade executable ("" = this process's)
-  bool quiet = false;                 // no per-variant progress lines
+  std::string recipe;             // recipe file
+  std::vector<std::string> sets;  // --set overrides applied to every variant
+  std::vector<std::string> vary;  // "section.key=v1,v2,..." (repeatable)
+  int64_t steps = 100;            // steps per variant (train --stop-at)
+  std::string out_dir;            // "" = <run.out_dir's parent>/<run.name>-ablate
+  std::string binary;             // the brigade executable ("" = this process's)
+  bool quiet = false;             // no per-variant progress lines
 };
 
 struct VaryAxis {
   std::string key;
-  std::vector<std::string> values;    // as typed (TOML values or bare words)
+  std::vector<std::string> values;  // as typed (TOML values or bare words)
 };
 
 // Parses "section.key=v1,v2,..." (values split at commas outside double quotes).
@@ -44,17 +44,17 @@ VaryAxis parse_vary(const std::string& text);
 std::vector<std::vector<std::string>> variant_overrides(const std::vector<VaryAxis>& axes);
 
 struct VariantResult {
-  std::string label;                  // "train.accumulation=2, optim.lr=3e-3"
-  std::string dir;                    // its run.out_dir
+  std::string label;  // "train.accumulation=2, optim.lr=3e-3"
+  std::string dir;    // its run.out_dir
   std::vector<std::string> overrides;
   bool ok = false;
-  std::string error;                  // why it failed (when !ok)
-  double seconds = 0.0;               // wall time of the child
-  double items_per_s = 0.0;           // median over the logged steps (tokens, images or pairs)
+  std::string error;         // why it failed (when !ok)
+  double seconds = 0.0;      // wall time of the child
+  double items_per_s = 0.0;  // median over the logged steps (tokens, images or pairs)
   std::string item = "tokens";
-  std::array<int64_t, 6> peak{};      // bytes by MemTag: params grads optimizer activations workspace other
+  std::array<int64_t, 6> peak{};  // bytes by MemTag: params grads optimizer activations workspace other
   int64_t peak_total = 0;
-  int64_t steps = 0;                  // steps completed
+  int64_t steps = 0;  // steps completed
   double final_loss = 0.0, final_val_loss = -1.0;
   train::RunMetrics metrics;
 };

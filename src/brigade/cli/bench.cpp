@@ -5,8 +5,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "brigade/amp/loss_scaler.h"
@@ -28,8 +28,8 @@ using namespace brigade::train;  // the recipes, tasks and trainer these command
 
 BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   const Recipe r = deterministic_split(recipe);  // parallel.deterministic: micro-steps of one atom each
-  BRIGADE_CHECK(o.steps >= 1 && o.warmup >= 0, ConfigError, "bench: --steps must be >= 1 and --warmup >= 0, got {} and {}",
-                o.steps, o.warmup);
+  BRIGADE_CHECK(o.steps >= 1 && o.warmup >= 0, ConfigError,
+                "bench: --steps must be >= 1 and --warmup >= 0, got {} and {}", o.steps, o.warmup);
   BRIGADE_CHECK(r.parallel.dp == 1, ConfigError,
                 "bench: runs one process; parallel.dp = {} is for `brigade train` under mpirun (bench/dp_bench.py "
                 "times it)",
@@ -101,7 +101,8 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   {
     struct rusage ru1 {};
     getrusage(RUSAGE_SELF, &ru1);
-    res.timed_page_faults_per_step = double(ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt) / double(o.steps);
+    res.timed_page_faults_per_step =
+        double(ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt) / double(o.steps);
     res.timed_os_allocs_per_step = double(Allocator::instance().stats().os_allocs - os_allocs0) / double(o.steps);
   }
   std::vector<double> s = res.step_seconds;
@@ -124,33 +125,33 @@ std::string bench_json(const Recipe& r, const BenchResult& b) {
   nlohmann::json peaks;
   for (int i = 0; i < kNumMemTags; ++i) peaks[std::string(mem_tag_name(MemTag(i)))] = b.memory.peak[size_t(i)];
   nlohmann::json j{{"engine", "brigade"},
-                        {"model", r.model.type},
-                        {"item", item_name(b.item)},
-                        {"n_layer", r.model.n_layer},
-                        {"n_embd", r.model.n_embd},
-                        {"n_head", r.model.n_head},
-                        {"vocab_size", r.model.vocab_size},
-                        {"batch_size", r.train.batch_size},
-                        {"seq_len", r.train.seq_len},
-                        {"precision", r.precision.level + (r.precision.level == "O0" ? "" : " " + r.precision.dtype)},
-                        {"threads", omp_get_max_threads()},
-                        {"parameters", b.parameters},
-                        {"steps", b.step_seconds.size()},
-                        {"step_seconds", b.step_seconds},
-                        {"median_step_s", b.median_step_s},
-                        {"items_per_s", b.items_per_s},
-                        {item_rate_key(b.item), b.items_per_s},
-                        {"flops_per_item", b.flops_per_item},
-                        {"achieved_gflops", b.achieved_gflops},
-                        {"gemm_peak_f32_gflops", b.gemm_peak_f32},
-                        {"gemm_peak_bf16_gflops", b.gemm_peak_bf16},
-                        {"mfu", b.mfu},
-                        {"peak_rss_bytes", b.peak_rss_bytes},
-                        {"timed_page_faults_per_step", b.timed_page_faults_per_step},
-                        {"timed_os_allocs_per_step", b.timed_os_allocs_per_step},
-                        {"allocator_peak_bytes", peaks},
-                        {"allocator_peak_total", b.memory.peak_total},
-                        {"last_loss", b.last_loss}};
+                   {"model", r.model.type},
+                   {"item", item_name(b.item)},
+                   {"n_layer", r.model.n_layer},
+                   {"n_embd", r.model.n_embd},
+                   {"n_head", r.model.n_head},
+                   {"vocab_size", r.model.vocab_size},
+                   {"batch_size", r.train.batch_size},
+                   {"seq_len", r.train.seq_len},
+                   {"precision", r.precision.level + (r.precision.level == "O0" ? "" : " " + r.precision.dtype)},
+                   {"threads", omp_get_max_threads()},
+                   {"parameters", b.parameters},
+                   {"steps", b.step_seconds.size()},
+                   {"step_seconds", b.step_seconds},
+                   {"median_step_s", b.median_step_s},
+                   {"items_per_s", b.items_per_s},
+                   {item_rate_key(b.item), b.items_per_s},
+                   {"flops_per_item", b.flops_per_item},
+                   {"achieved_gflops", b.achieved_gflops},
+                   {"gemm_peak_f32_gflops", b.gemm_peak_f32},
+                   {"gemm_peak_bf16_gflops", b.gemm_peak_bf16},
+                   {"mfu", b.mfu},
+                   {"peak_rss_bytes", b.peak_rss_bytes},
+                   {"timed_page_faults_per_step", b.timed_page_faults_per_step},
+                   {"timed_os_allocs_per_step", b.timed_os_allocs_per_step},
+                   {"allocator_peak_bytes", peaks},
+                   {"allocator_peak_total", b.memory.peak_total},
+                   {"last_loss", b.last_loss}};
   if (b.item == ItemKind::Token) j["flops_per_token"] = b.flops_per_item;
   return j.dump();
 }

@@ -20,8 +20,8 @@
 namespace brigade::cli {
 
 struct BenchOptions {
-  int64_t steps = 10;   // timed steps
-  int64_t warmup = 2;   // untimed steps first (primitive creation, allocator warm-up)
+  int64_t steps = 10;  // timed steps
+  int64_t warmup = 2;  // untimed steps first (primitive creation, allocator warm-up)
 };
 
 struct BenchResult {
@@ -32,8 +32,8 @@ struct BenchResult {
   double gemm_peak_f32 = 0, gemm_peak_bf16 = 0;  // GFLOP/s, this process
   double mfu = 0;                                // against the peak of the GEMM dtype of the precision level
   int64_t parameters = 0;
-  int64_t peak_rss_bytes = 0;                    // getrusage: the whole process, allocator included
-  MemStats memory;                               // allocator live/peak by tag
+  int64_t peak_rss_bytes = 0;  // getrusage: the whole process, allocator included
+  MemStats memory;             // allocator live/peak by tag
   // steady state: page faults (getrusage minor + major) and allocator blocks taken from
   // the OS, per timed step; both 0 in an allocation-free step
   double timed_page_faults_per_step = 0, timed_os_allocs_per_step = 0;

@@ -8,15 +8,15 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "brigade/core/error.h"
-#include "brigade/dist/process_group.h"
-#include "brigade/data/text/prepare.h"
-#include "brigade/data/text/text_tokenizer.h"
-#include "brigade/data/text/tokenizer.h"
-#include "brigade/models/gpt/gpt.h"
 #include "brigade/cli/ablate.h"
 #include "brigade/cli/bench.h"
 #include "brigade/cli/supervise.h"
+#include "brigade/core/error.h"
+#include "brigade/data/text/prepare.h"
+#include "brigade/data/text/text_tokenizer.h"
+#include "brigade/data/text/tokenizer.h"
+#include "brigade/dist/process_group.h"
+#include "brigade/models/gpt/gpt.h"
 #include "brigade/train/checkpoint.h"
 #include "brigade/train/config.h"
 #include "brigade/train/finetune.h"
@@ -51,8 +51,8 @@ int cmd_prepare(const std::string& recipe_path, const std::vector<std::string>& 
   return 0;
 }
 
-int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, train::TrainOptions o,
-              bool dry_run, bool json, bool resume_if_any) {
+int cmd_train(const std::string& recipe_path, const std::vector<std::string>& sets, train::TrainOptions o, bool dry_run,
+              bool json, bool resume_if_any) {
   train::Recipe r = train::load_recipe(recipe_path, sets);
   BRIGADE_CHECK(!(resume_if_any && o.resume), ConfigError, "--resume-if-any and --resume: give one of them");
   if (resume_if_any) o.resume = train::checkpoint_exists((fs::path(r.run.out_dir) / "checkpoint").string());
@@ -68,7 +68,7 @@ int cmd_train(const std::string& recipe_path, const std::vector<std::string>& se
     return 0;
   }
   const train::TrainResult res = train::train(r, o);
-  if (res.interrupted) return 130;  // the conventional exit status after SIGINT
+  if (res.interrupted) return 130;             // the conventional exit status after SIGINT
   if (dist::Env::world_rank() != 0) return 0;  // rank 0 reports for the job
   fmt::print("{}\n", res.evaluated ? res.final_line : std::string("no evaluation was run"));
   if (res.early_stopped)
@@ -105,8 +105,11 @@ int cmd_eval(const std::string& ckpt, int threads, bool json, const std::string&
     if (threads > 0) omp_set_num_threads(threads);
     const train::TextEval e = train::evaluate_on_file(ckpt, data_file);
     if (json)
-      fmt::print("{}\n", nlohmann::json{{"loss", e.loss}, {"perplexity", e.perplexity}, {"tokens", e.tokens},
-                                        {"windows", e.windows}, {"data", data_file}}
+      fmt::print("{}\n", nlohmann::json{{"loss", e.loss},
+                                        {"perplexity", e.perplexity},
+                                        {"tokens", e.tokens},
+                                        {"windows", e.windows},
+                                        {"data", data_file}}
                              .dump());
     else
       fmt::print("loss {:.4f} | perplexity {:.2f} | {} tokens scored in {} windows of {}\n", e.loss, e.perplexity,
@@ -196,35 +199,41 @@ int run(int argc, char** argv) {
   gen->add_option("--threads", threads, "OpenMP threads (0 = all cores)");
   std::string gen_adapter;
   bool greedy = false;
-  gen->add_option("--adapter", gen_adapter, "A PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) "
-                                            "to apply to the checkpoint's model first");
+  gen->add_option("--adapter", gen_adapter,
+                  "A PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) "
+                  "to apply to the checkpoint's model first");
   gen->add_flag("--greedy", greedy, "Greedy decoding: the most likely token each step (= --top-k 1)");
 
-  auto* ev = app.add_subcommand("eval", "Evaluate a checkpoint as its run's final evaluation: a language model's val "
-                                        "loss, bert's masked-LM loss and accuracy, an image classifier's Fashion-MNIST "
-                                        "test accuracy, clip's zero-shot accuracy");
+  auto* ev = app.add_subcommand("eval",
+                                "Evaluate a checkpoint as its run's final evaluation: a language model's val "
+                                "loss, bert's masked-LM loss and accuracy, an image classifier's Fashion-MNIST "
+                                "test accuracy, clip's zero-shot accuracy");
   ev->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/vit-fashion/checkpoint)")->required();
   ev->add_option("--threads", threads, "OpenMP threads (0 = the recipe's run.threads)");
   ev->add_flag("--json", json, "Print the evaluation's metrics.jsonl fields as one JSON line");
   std::string eval_data;
-  ev->add_option("--data", eval_data, "A language model's loss and perplexity on this file instead: text (encoded "
-                                      "with the checkpoint's tokenizer) or a prepared .bin token file");
+  ev->add_option("--data", eval_data,
+                 "A language model's loss and perplexity on this file instead: text (encoded "
+                 "with the checkpoint's tokenizer) or a prepared .bin token file");
 
   cli::AblateOptions aopts;
   std::string export_out, export_dtype = "f32", export_format = "hf";
   bool export_adapter = false;
-  auto* ex = app.add_subcommand("export", "Write a gpt or llama checkpoint as a Hugging Face model directory "
-                                          "(LoRA adapters merged), or a LoRA run's adapters as PEFT files");
+  auto* ex = app.add_subcommand("export",
+                                "Write a gpt or llama checkpoint as a Hugging Face model directory "
+                                "(LoRA adapters merged), or a LoRA run's adapters as PEFT files");
   ex->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/gpt-kjv/checkpoint)")->required();
   ex->add_option("--out", export_out, "Output directory (replaced atomically)")->required();
   ex->add_option("--dtype", export_dtype, "Weight dtype: f32, bf16 or f16")->capture_default_str();
   ex->add_option("--format", export_format, "hf (a Hugging Face directory) or gguf (one GGUF v3 file for llama.cpp)")
       ->capture_default_str();
-  ex->add_flag("--adapter", export_adapter, "Only the LoRA adapters, as PEFT's adapter_model.safetensors + "
-                                            "adapter_config.json");
+  ex->add_flag("--adapter", export_adapter,
+               "Only the LoRA adapters, as PEFT's adapter_model.safetensors + "
+               "adapter_config.json");
 
-  auto* abl = app.add_subcommand("ablate", "Run a recipe under each combination of --vary values and compare "
-                                           "tokens/s, peak memory and loss (table + loss-curve plot)");
+  auto* abl = app.add_subcommand("ablate",
+                                 "Run a recipe under each combination of --vary values and compare "
+                                 "tokens/s, peak memory and loss (table + loss-curve plot)");
   abl->add_option("recipe", recipe, "Recipe TOML file")->required();
   abl->add_option("--vary", aopts.vary, "section.key=v1,v2,... (repeatable; every combination runs)")
       ->required()
@@ -236,8 +245,9 @@ int run(int argc, char** argv) {
   abl->add_flag("--quiet", aopts.quiet, "No per-variant progress lines");
 
   cli::BenchOptions bopts;
-  auto* bench = app.add_subcommand("bench", "Time training steps of a recipe's model on random ids (no data) and "
-                                            "print one JSON line: tokens/s, GFLOP/s, MFU, GEMM peaks, peak RSS");
+  auto* bench = app.add_subcommand("bench",
+                                   "Time training steps of a recipe's model on random ids (no data) and "
+                                   "print one JSON line: tokens/s, GFLOP/s, MFU, GEMM peaks, peak RSS");
   bench->add_option("recipe", recipe, "Recipe TOML file")->required();
   bench->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)");
   bench->add_option("--steps", bopts.steps, "Timed steps")->capture_default_str();
@@ -257,8 +267,7 @@ int run(int argc, char** argv) {
     const std::string first = argv[1];
     if (app.get_subcommands().empty() && !first.empty() && first[0] != '-') {  // not a command at all
       std::string names;
-      for (const CLI::App* c : app.get_subcommands({}))
-        names += (names.empty() ? "" : ", ") + c->get_name();
+      for (const CLI::App* c : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + c->get_name();
       fmt::print(stderr, "brigade: error: unknown command '{}'; the commands are {} (see `brigade --help`)\n", first,
                  names);
       return 2;
@@ -283,8 +292,9 @@ int run(int argc, char** argv) {
                               } catch (const brigade::Error& e) {
                                 return finish(1, e.what());
                               } catch (const std::bad_alloc&) {
-                                return finish(1, "out of memory; reduce train.batch_size, train.seq_len or the "
-                                                 "model size");
+                                return finish(1,
+                                              "out of memory; reduce train.batch_size, train.seq_len or the "
+                                              "model size");
                               } catch (const std::exception& e) {
                                 return finish(3, fmt::format("internal error: {} (please report this)", e.what()));
                               }

@@ -47,7 +47,8 @@ int supervise(int max_restarts, const std::string& ckpt_dir, bool resume, const 
                 "loop the launcher instead: `for i in 1 2 3; do mpirun ... brigade train R --resume-if-any && break; "
                 "done` (docs/reliability.md)");
   const std::string before = checkpoint_identity(ckpt_dir);
-  struct sigaction term {}, old_term {}, ign {}, old_int {};
+  struct sigaction term {
+  }, old_term{}, ign{}, old_int{};
   term.sa_handler = forward_term;
   sigemptyset(&term.sa_mask);
   ign.sa_handler = SIG_IGN;  // Ctrl-C reaches the child too (same process group); it checkpoints and exits

@@ -55,9 +55,10 @@ void* Allocator::allocate(size_t bytes, MemTag tag) {
       p = std::aligned_alloc(64, n);
     }
     if (!p)
-      throw Error(fmt::format("out of memory: could not allocate {} bytes for {}; reduce batch size, "
-                              "sequence length or model size",
-                              n, mem_tag_name(tag)));
+      throw Error(
+          fmt::format("out of memory: could not allocate {} bytes for {}; reduce batch size, "
+                      "sequence length or model size",
+                      n, mem_tag_name(tag)));
     std::lock_guard<std::mutex> lk(mu_);
     stats_.os_allocs++;
   }

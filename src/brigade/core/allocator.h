@@ -21,9 +21,9 @@ struct MemStats {
   std::array<int64_t, kNumMemTags> live{};  // bytes currently held by tensors, per tag
   std::array<int64_t, kNumMemTags> peak{};  // high-water mark of live, per tag
   int64_t live_total = 0;
-  int64_t peak_total = 0;                   // high-water mark of the sum over tags
-  int64_t cached = 0;                       // bytes in free lists, ready for reuse
-  int64_t os_allocs = 0;                    // blocks obtained from the OS so far
+  int64_t peak_total = 0;  // high-water mark of the sum over tags
+  int64_t cached = 0;      // bytes in free lists, ready for reuse
+  int64_t os_allocs = 0;   // blocks obtained from the OS so far
 };
 
 class Allocator {
@@ -33,8 +33,8 @@ class Allocator {
   void* allocate(size_t bytes, MemTag tag);
   void deallocate(void* p, size_t bytes, MemTag tag);
   MemStats stats() const;
-  void reset_peak();        // peak := live, per tag and in total
-  void empty_cache();       // return cached blocks to the OS
+  void reset_peak();   // peak := live, per tag and in total
+  void empty_cache();  // return cached blocks to the OS
   static size_t round_size(size_t bytes);
 
  private:

@@ -36,7 +36,10 @@ float f16_to_float(uint16_t h) {
       u = sign;
     } else {  // denormal: renormalise
       int e = -1;
-      do { ++e; man <<= 1; } while ((man & 0x400u) == 0);
+      do {
+        ++e;
+        man <<= 1;
+      } while ((man & 0x400u) == 0);
       man &= 0x3ffu;
       u = sign | (uint32_t(127 - 15 - e) << 23) | (man << 13);
     }
@@ -56,9 +59,9 @@ uint16_t float_to_f16(float f) {
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t absu = u & 0x7fffffffu;
   if (absu > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((absu >> 13) & 0x3ffu));  // NaN
-  if (absu >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65520: Inf
-  if (absu < 0x38800000u) {                                   // below the smallest normal half
-    if (absu < 0x33000000u) return uint16_t(sign);            // < 2^-25 rounds to zero
+  if (absu >= 0x477ff000u) return uint16_t(sign | 0x7c00u);                           // rounds to >= 65520: Inf
+  if (absu < 0x38800000u) {                                                           // below the smallest normal half
+    if (absu < 0x33000000u) return uint16_t(sign);                                    // < 2^-25 rounds to zero
     uint32_t e = absu >> 23;
     uint32_t man = (absu & 0x7fffffu) | 0x800000u;
     uint32_t shift = 126 - e;  // 14..24 (value = man * 2^(e-150), half denorm unit 2^-24)

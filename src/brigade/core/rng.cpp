@@ -64,11 +64,11 @@ float cephes_logf(float x) {
   float y = p[0];
   for (int i = 1; i < 9; ++i) y = std::fma(y, x, p[i]);  // y = y*x + p[i] (contracted)
   y = y * x;
-  tmp = e * -2.12194440e-4f;        // e * q1
-  y = std::fma(y, z, tmp);          // y*z + tmp (contracted)
-  y = std::fma(-z, 0.5f, y);        // y - z*0.5 (contracted)
+  tmp = e * -2.12194440e-4f;  // e * q1
+  y = std::fma(y, z, tmp);    // y*z + tmp (contracted)
+  y = std::fma(-z, 0.5f, y);  // y - z*0.5 (contracted)
   x = x + y;
-  x = std::fma(e, 0.693359375f, x); // x + e*q2 (contracted)
+  x = std::fma(e, 0.693359375f, x);  // x + e*q2 (contracted)
   if (invalid) x = f32_from_bits(0xffffffffu);
   return x;
 }
@@ -183,8 +183,7 @@ std::vector<int64_t> iteration_offsets(const Tensor& t) {
 void check_fillable(const Tensor& t, const char* what) {
   BRIGADE_CHECK(t.defined(), ValueError, "Generator::{}: the tensor is undefined", what);
   BRIGADE_CHECK(is_floating(t.dtype()), ValueError,
-                "Generator::{}: tensor {} has integer dtype; random fills need f32, bf16 or f16",
-                what, t.str());
+                "Generator::{}: tensor {} has integer dtype; random fills need f32, bf16 or f16", what, t.str());
 }
 
 }  // namespace
@@ -204,7 +203,8 @@ void Generator::manual_seed(uint64_t seed) {
 }
 
 void Generator::twist() {
-  for (int j = 0; j < kN - kM; ++j) mt_[size_t(j)] = mt_[size_t(j + kM)] ^ twist_word(mt_[size_t(j)], mt_[size_t(j + 1)]);
+  for (int j = 0; j < kN - kM; ++j)
+    mt_[size_t(j)] = mt_[size_t(j + kM)] ^ twist_word(mt_[size_t(j)], mt_[size_t(j + 1)]);
   for (int j = kN - kM; j < kN - 1; ++j)
     mt_[size_t(j)] = mt_[size_t(j + kM - kN)] ^ twist_word(mt_[size_t(j)], mt_[size_t(j + 1)]);
   mt_[kN - 1] = mt_[kM - 1] ^ twist_word(mt_[kN - 1], mt_[0]);
@@ -230,9 +230,7 @@ uint64_t Generator::random64() {
 // ---------------------------------------------------------------- scalar distributions
 
 // at::uniform_real_distribution<float>(0, 1): x * (to - from) + from with to=1, from=0.
-float Generator::uniform_float() {
-  return float(random() & ((1u << 24) - 1)) * (1.0f / float(1u << 24));
-}
+float Generator::uniform_float() { return float(random() & ((1u << 24) - 1)) * (1.0f / float(1u << 24)); }
 
 double Generator::uniform_double() {
   return double(random64() & ((uint64_t(1) << 53) - 1)) * (1.0 / double(uint64_t(1) << 53));
@@ -356,7 +354,8 @@ void Generator::set_state(const std::string& s) {
   is >> hd >> db >> hf >> fb;
   std::string rest;
   BRIGADE_CHECK(!is.fail() && !(is >> rest) && idx >= 0 && idx <= kN && (hd == 0 || hd == 1) && (hf == 0 || hf == 1),
-                ValueError, "Generator::set_state: the RNG state string is truncated or corrupt; "
+                ValueError,
+                "Generator::set_state: the RNG state string is truncated or corrupt; "
                 "pass an unmodified string returned by Generator::state()");
   seed_ = seed;
   idx_ = int(idx);
@@ -369,8 +368,7 @@ void Generator::set_state(const std::string& s) {
 
 bool Generator::operator==(const Generator& o) const {
   return mt_ == o.mt_ && idx_ == o.idx_ && seed_ == o.seed_ && has_next_normal_ == o.has_next_normal_ &&
-         std::memcmp(&next_normal_, &o.next_normal_, 8) == 0 &&
-         has_next_float_normal_ == o.has_next_float_normal_ &&
+         std::memcmp(&next_normal_, &o.next_normal_, 8) == 0 && has_next_float_normal_ == o.has_next_float_normal_ &&
          bits_of(next_float_normal_) == bits_of(o.next_float_normal_);
 }
 

@@ -36,8 +36,8 @@ class Generator {
 
   // One sample of torch's scalar distributions (at::uniform_real_distribution /
   // at::normal_distribution<double>), advancing the stream exactly as torch does.
-  float uniform_float();    // [0, 1): (random() & (2^24-1)) * 2^-24 (dropout masks)
-  double uniform_double();  // [0, 1): (random64() & (2^53-1)) * 2^-53
+  float uniform_float();                                      // [0, 1): (random() & (2^24-1)) * 2^-24 (dropout masks)
+  double uniform_double();                                    // [0, 1): (random64() & (2^53-1)) * 2^-53
   double normal_double(double mean = 0.0, double std = 1.0);  // Box-Muller, caches the sine half
 
   // In-place fills matching torch.Tensor.normal_ / uniform_ on f32 tensors, bit for bit,

@@ -32,9 +32,7 @@ Shape contiguous_strides(const Shape& s) {
   return st;
 }
 
-Storage::Storage(size_t nbytes, MemTag t) : bytes(nbytes), tag(t) {
-  data = Allocator::instance().allocate(nbytes, t);
-}
+Storage::Storage(size_t nbytes, MemTag t) : bytes(nbytes), tag(t) { data = Allocator::instance().allocate(nbytes, t); }
 Storage::Storage(void* external, size_t nbytes, std::function<void()> release_fn)
     : data(external), bytes(nbytes), tag(MemTag::Other), release(std::move(release_fn)) {
   if (!release) release = [] {};
@@ -61,8 +59,7 @@ Tensor Tensor::empty(const Shape& shape, DType dt) { return empty(shape, dt, Mem
 
 Tensor Tensor::empty(const Shape& shape, DType dt, MemTag tag) {
   for (int64_t d : shape)
-    BRIGADE_CHECK(d >= 0, ShapeError, "cannot create a tensor of shape {}: sizes must be >= 0",
-                  shape_str(shape));
+    BRIGADE_CHECK(d >= 0, ShapeError, "cannot create a tensor of shape {}: sizes must be >= 0", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(size_t(shape_numel(shape)) * dtype_size(dt), tag);
   impl->shape = shape;
@@ -86,8 +83,8 @@ Tensor Tensor::full(const Shape& shape, double value, DType dt) {
 // A fresh tensor of dtype dt holding v (of dtype src_dt) in shape `shape`, for from_vector(_i64) (fn).
 template <class V>
 static Tensor tensor_of_values(const std::vector<V>& v, const Shape& shape, DType src_dt, DType dt, const char* fn) {
-  BRIGADE_CHECK(int64_t(v.size()) == shape_numel(shape), ShapeError, "{}: {} values do not fill shape {}", fn,
-                v.size(), shape_str(shape));
+  BRIGADE_CHECK(int64_t(v.size()) == shape_numel(shape), ShapeError, "{}: {} values do not fill shape {}", fn, v.size(),
+                shape_str(shape));
   Tensor src = Tensor::from_blob(const_cast<V*>(v.data()), shape, src_dt);
   Tensor t = Tensor::empty(shape, dt);
   copy_strided(t, src);
@@ -110,8 +107,7 @@ Tensor Tensor::arange(int64_t n, DType dt) {
 
 Tensor Tensor::from_blob(void* data, const Shape& shape, DType dt, std::function<void()> release) {
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(data, size_t(shape_numel(shape)) * dtype_size(dt),
-                                            std::move(release));
+  impl->storage = std::make_shared<Storage>(data, size_t(shape_numel(shape)) * dtype_size(dt), std::move(release));
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dt;
@@ -123,8 +119,8 @@ Tensor Tensor::from_blob(void* data, const Shape& shape, DType dt, std::function
 static int64_t wrap_dim(int64_t d, int64_t ndim, const char* what) {
   BRIGADE_CHECK(ndim > 0, ShapeError, "{}: a 0-d tensor has no dimension {}", what, d);
   int64_t r = d < 0 ? d + ndim : d;
-  BRIGADE_CHECK(r >= 0 && r < ndim, ShapeError,
-                "{}: dimension {} is out of range for a tensor with {} dimensions", what, d, ndim);
+  BRIGADE_CHECK(r >= 0 && r < ndim, ShapeError, "{}: dimension {} is out of range for a tensor with {} dimensions",
+                what, d, ndim);
   return r;
 }
 
@@ -148,8 +144,10 @@ std::string Tensor::str() const {
 }
 
 void* Tensor::raw_data() const {
-  BRIGADE_ASSERT(impl_->storage->materialized(), "tensor {} '{}' used while its storage is released (a sharded "
-                 "parameter read outside its gather)", str(), impl_->meta ? impl_->meta->name : std::string());
+  BRIGADE_ASSERT(impl_->storage->materialized(),
+                 "tensor {} '{}' used while its storage is released (a sharded "
+                 "parameter read outside its gather)",
+                 str(), impl_->meta ? impl_->meta->name : std::string());
   return static_cast<char*>(impl_->storage->data) + impl_->offset * int64_t(element_size());
 }
 
@@ -167,8 +165,7 @@ static constexpr bool dtype_matches(DType d) {
 template <typename T>
 T* Tensor::data() const {
   BRIGADE_CHECK(defined(), ValueError, "data(): the tensor is undefined");
-  BRIGADE_CHECK(dtype_matches<T>(dtype()), ShapeError, "data(): tensor {} accessed with the wrong element type",
-                str());
+  BRIGADE_CHECK(dtype_matches<T>(dtype()), ShapeError, "data(): tensor {} accessed with the wrong element type", str());
   return static_cast<T*>(raw_data());
 }
 template float* Tensor::data<float>() const;
@@ -203,8 +200,8 @@ static Shape infer_shape(const Shape& shape, int64_t numel, const Shape& from) {
     }
   }
   if (infer >= 0) {
-    BRIGADE_CHECK(known > 0 && numel % known == 0, ShapeError, "reshape {} -> {}: sizes do not divide",
-                  shape_str(from), shape_str(shape));
+    BRIGADE_CHECK(known > 0 && numel % known == 0, ShapeError, "reshape {} -> {}: sizes do not divide", shape_str(from),
+                  shape_str(shape));
     s[size_t(infer)] = numel / known;
   }
   BRIGADE_CHECK(shape_numel(s) == numel, ShapeError, "reshape {} -> {}: element counts differ ({} vs {})",
@@ -301,8 +298,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   d = wrap_dim(d, dim(), "narrow");
   BRIGADE_CHECK(start >= 0 && length >= 0 && start + length <= shape()[size_t(d)], ShapeError,
-                "narrow: [{}, {}) is outside dimension {} of size {}", start, start + length, d,
-                shape()[size_t(d)]);
+                "narrow: [{}, {}) is outside dimension {} of size {}", start, start + length, d, shape()[size_t(d)]);
   return slice(d, start, start + length);
 }
 
@@ -343,8 +339,10 @@ Tensor Tensor::expand(const Shape& shape) const {
   Shape s(shape.size()), st(shape.size(), 0);
   for (size_t i = 0; i < shape.size(); ++i) {
     if (i < lead) {
-      BRIGADE_CHECK(shape[i] >= 0, ShapeError, "expand {} -> {}: new leading dimension {} must be >= 0 (-1 only "
-                    "keeps an existing dimension)", shape_str(this->shape()), shape_str(shape), i);
+      BRIGADE_CHECK(shape[i] >= 0, ShapeError,
+                    "expand {} -> {}: new leading dimension {} must be >= 0 (-1 only "
+                    "keeps an existing dimension)",
+                    shape_str(this->shape()), shape_str(shape), i);
       s[i] = shape[i];
       continue;
     }
@@ -365,22 +363,32 @@ namespace {
 template <typename T>
 inline float load_f(const T* p);
 template <>
-inline float load_f(const float* p) { return *p; }
+inline float load_f(const float* p) {
+  return *p;
+}
 template <>
-inline float load_f(const bf16* p) { return bf16_to_float(p->bits); }
+inline float load_f(const bf16* p) {
+  return bf16_to_float(p->bits);
+}
 template <>
-inline float load_f(const f16* p) { return f16_to_float(p->bits); }
+inline float load_f(const f16* p) {
+  return f16_to_float(p->bits);
+}
 
 template <typename D, typename S>
 inline D convert(const S& s) {
   if constexpr (std::is_same_v<D, S>) {
     return s;
   } else if constexpr (std::is_same_v<D, bf16>) {
-    if constexpr (std::is_same_v<S, f16>) return bf16{float_to_bf16(f16_to_float(s.bits))};
-    else return bf16{float_to_bf16(float(s))};
+    if constexpr (std::is_same_v<S, f16>)
+      return bf16{float_to_bf16(f16_to_float(s.bits))};
+    else
+      return bf16{float_to_bf16(float(s))};
   } else if constexpr (std::is_same_v<D, f16>) {
-    if constexpr (std::is_same_v<S, bf16>) return f16{float_to_f16(bf16_to_float(s.bits))};
-    else return f16{float_to_f16(float(s))};
+    if constexpr (std::is_same_v<S, bf16>)
+      return f16{float_to_f16(bf16_to_float(s.bits))};
+    else
+      return f16{float_to_f16(float(s))};
   } else if constexpr (std::is_same_v<S, bf16>) {
     return D(bf16_to_float(s.bits));
   } else if constexpr (std::is_same_v<S, f16>) {
@@ -439,8 +447,8 @@ void copy_from(const Tensor& dst, const Tensor& src) {
 }  // namespace
 
 void copy_strided(const Tensor& dst, const Tensor& src) {
-  BRIGADE_CHECK(dst.shape() == src.shape(), ShapeError, "copy: shapes differ, destination {} vs source {}",
-                dst.str(), src.str());
+  BRIGADE_CHECK(dst.shape() == src.shape(), ShapeError, "copy: shapes differ, destination {} vs source {}", dst.str(),
+                src.str());
   switch (dst.dtype()) {
     case DType::F32: return copy_from<float>(dst, src);
     case DType::BF16: return copy_from<bf16>(dst, src);
@@ -486,8 +494,8 @@ double Tensor::at(const std::vector<int64_t>& idx) const {
   BRIGADE_CHECK(int64_t(idx.size()) == dim(), ShapeError, "at: {} indices for tensor {}", idx.size(), str());
   int64_t off = 0;
   for (size_t i = 0; i < idx.size(); ++i) {
-    BRIGADE_CHECK(idx[i] >= 0 && idx[i] < shape()[i], ShapeError, "at: index {} out of range in dim {} of {}",
-                  idx[i], i, str());
+    BRIGADE_CHECK(idx[i] >= 0 && idx[i] < shape()[i], ShapeError, "at: index {} out of range in dim {} of {}", idx[i],
+                  i, str());
     off += idx[i] * strides()[i];
   }
   const char* base = static_cast<const char*>(raw_data()) + off * int64_t(element_size());

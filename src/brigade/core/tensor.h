@@ -49,17 +49,17 @@ struct Node;
 // engine that uses it lives in autograd/).
 struct AutogradMeta {
   bool requires_grad = false;
-  std::shared_ptr<struct TensorImpl> grad;     // accumulated gradient (leaves), same shape
-  std::shared_ptr<autograd::Node> grad_fn;     // producer (non-leaves)
+  std::shared_ptr<struct TensorImpl> grad;           // accumulated gradient (leaves), same shape
+  std::shared_ptr<autograd::Node> grad_fn;           // producer (non-leaves)
   std::shared_ptr<autograd::Node> grad_accumulator;  // cached AccumulateGrad node (leaves)
-  std::string name;                            // parameter name, for messages
+  std::string name;                                  // parameter name, for messages
 };
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
   int64_t offset = 0;  // in elements
   Shape shape;
-  Shape strides;       // in elements
+  Shape strides;  // in elements
   DType dtype = DType::F32;
   std::unique_ptr<AutogradMeta> meta;  // null until autograd touches the tensor
 };
@@ -86,7 +86,7 @@ class Tensor {
   const Shape& shape() const { return impl_->shape; }
   const Shape& strides() const { return impl_->strides; }
   int64_t dim() const { return int64_t(impl_->shape.size()); }
-  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t size(int64_t d) const;  // negative d counts from the end
   int64_t stride(int64_t d) const;
   int64_t numel() const { return shape_numel(impl_->shape); }
   DType dtype() const { return impl_->dtype; }
@@ -97,7 +97,7 @@ class Tensor {
   bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
   // No other handle or view shares this tensor's data: an op may overwrite it in place.
   bool sole_owner() const { return impl_ && impl_.use_count() == 1 && impl_->storage.use_count() == 1; }
-  std::string str() const;          // "f32(2, 3)"
+  std::string str() const;  // "f32(2, 3)"
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   MemTag tag() const { return impl_->storage->tag; }
@@ -119,33 +119,33 @@ class Tensor {
   Tensor select(int64_t d, int64_t index) const;  // drops dim d
   Tensor unsqueeze(int64_t d) const;
   Tensor squeeze(int64_t d) const;
-  Tensor expand(const Shape& shape) const;        // broadcast view (stride 0)
+  Tensor expand(const Shape& shape) const;  // broadcast view (stride 0)
   Tensor flatten() const { return reshape({numel()}); }
 
   // ---- copies ----
-  Tensor contiguous() const;              // self if already contiguous
-  Tensor clone() const;                   // always a fresh contiguous copy
-  Tensor to(DType dt) const;              // self if same dtype
-  Tensor& copy_(const Tensor& src);       // elementwise copy with dtype conversion; shapes must match
+  Tensor contiguous() const;         // self if already contiguous
+  Tensor clone() const;              // always a fresh contiguous copy
+  Tensor to(DType dt) const;         // self if same dtype
+  Tensor& copy_(const Tensor& src);  // elementwise copy with dtype conversion; shapes must match
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
 
   // ---- scalar access (slow; for tests, logging and small tensors) ----
-  double item() const;                      // numel must be 1
+  double item() const;  // numel must be 1
   double at(const std::vector<int64_t>& idx) const;
-  std::vector<float> to_vector() const;     // any float/int dtype, in logical order
+  std::vector<float> to_vector() const;  // any float/int dtype, in logical order
   std::vector<int64_t> to_vector_i64() const;
 
   // ---- autograd (the engine lives in autograd/) ----
   bool requires_grad() const { return impl_ && impl_->meta && impl_->meta->requires_grad; }
   Tensor& set_requires_grad(bool r);
-  Tensor grad() const;                    // undefined tensor if none
+  Tensor grad() const;  // undefined tensor if none
   void set_grad(const Tensor& g);
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   bool is_leaf() const { return !impl_ || !impl_->meta || !impl_->meta->grad_fn; }
-  AutogradMeta& meta() const;             // creates on first use
-  const std::string& name() const;        // set by nn::Module for parameters
-  Tensor detach() const;                  // same storage, no autograd history
+  AutogradMeta& meta() const;       // creates on first use
+  const std::string& name() const;  // set by nn::Module for parameters
+  Tensor detach() const;            // same storage, no autograd history
 
  private:
   std::shared_ptr<TensorImpl> impl_;

@@ -15,8 +15,8 @@ namespace brigade::data {
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   tmp_path_ = path_ + ".tmp." + std::to_string(::getpid());
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  BRIGADE_CHECK(fd_ >= 0, IoError, "cannot create '{}': {}; check that the folder exists and is writable",
-                tmp_path_, std::strerror(errno));
+  BRIGADE_CHECK(fd_ >= 0, IoError, "cannot create '{}': {}; check that the folder exists and is writable", tmp_path_,
+                std::strerror(errno));
 }
 
 AtomicFile::~AtomicFile() {
@@ -30,8 +30,7 @@ void AtomicFile::write(const void* data, size_t bytes) {
   while (bytes > 0) {
     ssize_t n = ::write(fd_, p, bytes);
     if (n < 0 && errno == EINTR) continue;
-    BRIGADE_CHECK(n > 0, IoError, "cannot write '{}': {}; check free disk space", tmp_path_,
-                  std::strerror(errno));
+    BRIGADE_CHECK(n > 0, IoError, "cannot write '{}': {}; check free disk space", tmp_path_, std::strerror(errno));
     p += n;
     bytes -= size_t(n);
   }
@@ -39,13 +38,12 @@ void AtomicFile::write(const void* data, size_t bytes) {
 
 void AtomicFile::commit() {
   BRIGADE_ASSERT(fd_ >= 0 && !committed_, "double commit of {}", path_);
-  BRIGADE_CHECK(::fsync(fd_) == 0, IoError, "cannot fsync '{}': {}; check the disk", tmp_path_,
-                std::strerror(errno));
+  BRIGADE_CHECK(::fsync(fd_) == 0, IoError, "cannot fsync '{}': {}; check the disk", tmp_path_, std::strerror(errno));
   int rc = ::close(fd_);
   fd_ = -1;
   BRIGADE_CHECK(rc == 0, IoError, "cannot close '{}': {}; check free disk space", tmp_path_, std::strerror(errno));
-  BRIGADE_CHECK(::rename(tmp_path_.c_str(), path_.c_str()) == 0, IoError, "cannot rename '{}' to '{}': {}",
-                tmp_path_, path_, std::strerror(errno));
+  BRIGADE_CHECK(::rename(tmp_path_.c_str(), path_.c_str()) == 0, IoError, "cannot rename '{}' to '{}': {}", tmp_path_,
+                path_, std::strerror(errno));
   committed_ = true;
   std::string dir = std::filesystem::path(path_).parent_path().string();
   if (dir.empty()) dir = ".";

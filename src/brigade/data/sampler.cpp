@@ -17,8 +17,8 @@ uint64_t splitmix64(uint64_t x) {
 BatchSampler::BatchSampler(const TokenDataset& ds, int64_t B, int64_t T, uint64_t seed, int rank, int world)
     : ds_(&ds), B_(B), T_(T), seed_(seed), rank_(rank), world_(world) {
   BRIGADE_CHECK(ds.is_open(), ValueError, "BatchSampler: the token dataset is not open");
-  BRIGADE_CHECK(B > 0 && T > 0, ValueError, "BatchSampler: batch size {} and sequence length {} must be positive",
-                B, T);
+  BRIGADE_CHECK(B > 0 && T > 0, ValueError, "BatchSampler: batch size {} and sequence length {} must be positive", B,
+                T);
   BRIGADE_CHECK(world > 0 && rank >= 0 && rank < world, ValueError, "BatchSampler: rank {} is not in [0, {})", rank,
                 world);
   BRIGADE_CHECK(ds.size() >= T + 1, DataError,
@@ -50,10 +50,9 @@ void BatchSampler::fill(const int64_t* offsets, Tensor& x, Tensor& y) const {
     if (!t->defined()) {
       *t = Tensor::empty({B_, T_}, DType::I64);  // (B, T)
     } else {
-      BRIGADE_CHECK(t->dtype() == DType::I64 && t->dim() == 2 && t->size(0) == B_ && t->size(1) == T_ &&
-                        t->is_contiguous(),
-                    ShapeError, "BatchSampler: batch tensor is {}, expected a contiguous i64({}, {})", t->str(), B_,
-                    T_);
+      BRIGADE_CHECK(
+          t->dtype() == DType::I64 && t->dim() == 2 && t->size(0) == B_ && t->size(1) == T_ && t->is_contiguous(),
+          ShapeError, "BatchSampler: batch tensor is {}, expected a contiguous i64({}, {})", t->str(), B_, T_);
     }
   }
   int64_t* xp = x.data<int64_t>();

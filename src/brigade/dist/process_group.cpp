@@ -183,15 +183,15 @@ void exchange(const Comm& c, const float* sbuf, int64_t ns, int dst, float* rbuf
   reqs.reserve(static_cast<size_t>((ns + piece - 1) / piece + (nr + piece - 1) / piece));
   for (int64_t off = 0; off < nr; off += piece) {
     reqs.emplace_back();
-    check_mpi(MPI_Irecv(rbuf + off, static_cast<int>(std::min(piece, nr - off)), MPI_FLOAT, src, tag, c.comm,
-                        &reqs.back()),
-              "MPI_Irecv");
+    check_mpi(
+        MPI_Irecv(rbuf + off, static_cast<int>(std::min(piece, nr - off)), MPI_FLOAT, src, tag, c.comm, &reqs.back()),
+        "MPI_Irecv");
   }
   for (int64_t off = 0; off < ns; off += piece) {
     reqs.emplace_back();
-    check_mpi(MPI_Isend(sbuf + off, static_cast<int>(std::min(piece, ns - off)), MPI_FLOAT, dst, tag, c.comm,
-                        &reqs.back()),
-              "MPI_Isend");
+    check_mpi(
+        MPI_Isend(sbuf + off, static_cast<int>(std::min(piece, ns - off)), MPI_FLOAT, dst, tag, c.comm, &reqs.back()),
+        "MPI_Isend");
   }
   check_mpi(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   c.bytes_sent += ns * static_cast<int64_t>(sizeof(float));
@@ -355,10 +355,10 @@ void check_p2p(const char* fn, const char* role, const char* self_verb, int peer
 namespace detail {
 MessageLimits message_limits() { return g_limits; }
 void set_message_limits(MessageLimits limits) {
-  BRIGADE_CHECK(limits.piece >= 1 && limits.piece <= INT_MAX && limits.library_max >= 1 &&
-                    limits.library_max <= INT_MAX,
-                InternalError, "set_message_limits: piece ({}) and library_max ({}) must be in [1, INT_MAX]",
-                limits.piece, limits.library_max);
+  BRIGADE_CHECK(
+      limits.piece >= 1 && limits.piece <= INT_MAX && limits.library_max >= 1 && limits.library_max <= INT_MAX,
+      InternalError, "set_message_limits: piece ({}) and library_max ({}) must be in [1, INT_MAX]", limits.piece,
+      limits.library_max);
   g_limits = limits;
 }
 }  // namespace detail
@@ -472,9 +472,7 @@ void ProcessGroup::allreduce(float* data, int64_t n, AllreduceAlgo algo) {
   if (n == 0 || size_ == 1) return;
   const Comm c{as_comm(comm_), rank_, size_, bytes_sent_};
   switch (algo) {
-    case AllreduceAlgo::Mpi:
-      library_allreduce(c, data, n, MPI_FLOAT, sizeof(float), MPI_SUM);
-      return;
+    case AllreduceAlgo::Mpi: library_allreduce(c, data, n, MPI_FLOAT, sizeof(float), MPI_SUM); return;
     case AllreduceAlgo::Ring: {
       const std::vector<int64_t> counts = even_counts(n, size_), offs = offsets_of(counts);
       ring_reduce_scatter(c, data, data + offs[static_cast<size_t>(rank_)], counts, offs);
@@ -503,8 +501,7 @@ void ProcessGroup::allreduce_max(double* data, int64_t n) {
   library_allreduce(Comm{as_comm(comm_), rank_, size_, bytes_sent_}, data, n, MPI_DOUBLE, sizeof(double), MPI_MAX);
 }
 
-void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts,
-                                  AllreduceAlgo algo) {
+void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector<int64_t>& counts, AllreduceAlgo algo) {
   const WatchScope watch("reduce_scatter", size_);  // parallel.timeout_s (watchdog.h)
   const auto [offs, total, mine, own_slot] = slot_layout(counts, size_, rank_, in, out, "reduce_scatter", "in", "out");
   if (size_ == 1) {
@@ -534,9 +531,7 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
       bytes_sent_ += total * static_cast<int64_t>(sizeof(float));
       return;
     }
-    case AllreduceAlgo::Ring:
-      ring_reduce_scatter(c, in, out, counts, offs);
-      return;
+    case AllreduceAlgo::Ring: ring_reduce_scatter(c, in, out, counts, offs); return;
     case AllreduceAlgo::Tree: {
       // Reduce the full buffer to rank 0 (into a temporary on ranks with children),
       // then rank 0 sends every rank its slice point to point (counted exactly).
@@ -578,8 +573,7 @@ void ProcessGroup::allgather(const float* in, float* out, const std::vector<int6
     idispls[i] = static_cast<int>(offs[i]);
   }
   // Our slot of out already holds our data, so MPI_IN_PLACE serves both cases.
-  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, icounts.data(), idispls.data(), MPI_FLOAT,
-                           c.comm),
+  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, icounts.data(), idispls.data(), MPI_FLOAT, c.comm),
             "MPI_Allgatherv");
   bytes_sent_ += mine * (size_ - 1) * static_cast<int64_t>(sizeof(float));
 }

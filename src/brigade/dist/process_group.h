@@ -50,12 +50,12 @@ struct Env {
   // MPI was initialized by init() (or init() ran under a launcher and found MPI
   // already initialized by someone else); false again after finalize().
   static bool using_mpi();
-  static int world_rank();     // 0 without MPI (kept after finalize())
-  static int world_size();     // 1 without MPI (kept after finalize())
+  static int world_rank();  // 0 without MPI (kept after finalize())
+  static int world_size();  // 1 without MPI (kept after finalize())
   // Ends every rank of the job with `code` (stdio flushed; MPI_Abort under MPI,
   // std::_Exit otherwise).
   [[noreturn]] static void abort(int code);
-  static void finalize();      // MPI_Finalize if init() initialized MPI
+  static void finalize();  // MPI_Finalize if init() initialized MPI
 };
 
 enum class AllreduceAlgo { Mpi, Ring, Tree };

@@ -29,8 +29,8 @@ struct Slot {
   std::atomic<bool> used{false};
   std::atomic<const char*> op{nullptr};  // non-null while the thread waits in an operation
   std::atomic<int> ranks{0};
-  std::atomic<int64_t> since_ns{0};      // start of the current operation
-  std::atomic<int64_t> last_end_ns{0};   // end of the previous one (0: none yet)
+  std::atomic<int64_t> since_ns{0};     // start of the current operation
+  std::atomic<int64_t> last_end_ns{0};  // end of the previous one (0: none yet)
 };
 constexpr int kSlots = 32;
 Slot g_slots[kSlots];
@@ -66,7 +66,7 @@ thread_local ThreadSlot t_slot;
 struct Answer {
   int32_t waiting = 0;  // 1: in an operation
   int32_t ranks = 0;
-  double seconds = 0;   // in the operation, or since the last one ended (-1: none yet)
+  double seconds = 0;  // in the operation, or since the last one ended (-1: none yet)
   char op[40] = {0};
 };
 
@@ -213,9 +213,10 @@ std::string Watchdog::start(double timeout_s) {
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
   if (provided < MPI_THREAD_MULTIPLE)
-    return fmt::format("parallel.timeout_s = {:g} is not enforced: the hung-rank watchdog needs MPI_THREAD_MULTIPLE, "
-                       "and this MPI library provides less (a hung rank then hangs the job)",
-                       timeout_s);
+    return fmt::format(
+        "parallel.timeout_s = {:g} is not enforced: the hung-rank watchdog needs MPI_THREAD_MULTIPLE, "
+        "and this MPI library provides less (a hung rank then hangs the job)",
+        timeout_s);
   if (g_comm == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &g_comm);
   g_runner = std::make_unique<Runner>(g_comm, timeout_s);
   return "";

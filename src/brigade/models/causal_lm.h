@@ -15,15 +15,15 @@ namespace brigade::models {
 
 class CausalLM : public nn::Module {
  public:
-  virtual const char* arch() const = 0;                                      // "gpt", "llama"
-  virtual Tensor forward(const Tensor& ids) const = 0;                       // ids (B, T) -> logits (B, T, V)
-  virtual Tensor loss(const Tensor& ids, const Tensor& targets) const = 0;   // mean cross-entropy, 0-d f32
+  virtual const char* arch() const = 0;                                     // "gpt", "llama"
+  virtual Tensor forward(const Tensor& ids) const = 0;                      // ids (B, T) -> logits (B, T, V)
+  virtual Tensor loss(const Tensor& ids, const Tensor& targets) const = 0;  // mean cross-entropy, 0-d f32
   // The forward in pieces (pipeline stages): loss(ids, targets) ==
   // head_loss(run_blocks(embed(ids), 0, L), targets), with L = blocks().size().
-  virtual Tensor embed(const Tensor& ids) const = 0;                               // (B, T) -> (B, T, C)
+  virtual Tensor embed(const Tensor& ids) const = 0;                                 // (B, T) -> (B, T, C)
   virtual Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const = 0;  // blocks [begin, end)
-  virtual Tensor head_loss(const Tensor& x, const Tensor& targets) const = 0;      // (B, T, C) -> 0-d
-  virtual int64_t hidden_size() const = 0;                                         // C
+  virtual Tensor head_loss(const Tensor& x, const Tensor& targets) const = 0;        // (B, T, C) -> 0-d
+  virtual int64_t hidden_size() const = 0;                                           // C
   // Parameters the head reads besides embed (a head tied to the token embedding): a pipeline
   // keeps them on its first and last stage and sums their gradients.
   virtual std::vector<std::string> tied_parameters() const { return {}; }

@@ -17,14 +17,14 @@ EncoderSelfAttention::EncoderSelfAttention(int64_t D, int64_t n_head) : n_head(n
 Tensor EncoderSelfAttention::forward(const Tensor& x, const Tensor& key_mask) const {
   BRIGADE_CHECK(x.dim() == 3, ShapeError, "EncoderSelfAttention: x must be (B, T, D), got {}", shape_str(x.shape()));
   const int64_t B = x.size(0), T = x.size(1);
-  const Tensor qp = query->forward(x);           // (B, T, NH * HS): D, or D / tp under tensor parallelism
+  const Tensor qp = query->forward(x);  // (B, T, NH * HS): D, or D / tp under tensor parallelism
   const int64_t W = qp.size(2), HS = W / n_head;
   auto heads = [&](const Tensor& y) {  // (B, T, NH * HS) -> (B, NH, T, HS) view
     return fn::transpose(fn::reshape(y, {B, T, n_head, HS}), 1, 2);
   };
-  const Tensor q = heads(qp);                 // (B, NH, T, HS)
-  const Tensor k = heads(key->forward(x));    // (B, NH, T, HS)
-  const Tensor v = heads(value->forward(x));  // (B, NH, T, HS)
+  const Tensor q = heads(qp);                                  // (B, NH, T, HS)
+  const Tensor k = heads(key->forward(x));                     // (B, NH, T, HS)
+  const Tensor v = heads(value->forward(x));                   // (B, NH, T, HS)
   const Tensor o = fn::attention_key_mask(q, k, v, key_mask);  // (B, NH, T, HS)
   return fn::reshape(fn::transpose(o, 1, 2), {B, T, W});       // (B, T, NH * HS)
 }

@@ -12,8 +12,7 @@ Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t 
 Conv2d::Conv2d(int64_t in, int64_t out, int64_t kernel, const ops::Conv2dParams& p, bool has_bias)
     : in_channels(in), out_channels(out), kernel(kernel), stride(p.stride), padding(p.pad_top), params(p) {
   BRIGADE_CHECK(in >= 1 && out >= 1 && kernel >= 1 && p.stride >= 1 && p.pad_top >= 0 && p.pad_bottom >= 0 &&
-                    p.pad_left >= 0 && p.pad_right >= 0 && p.groups >= 1 && in % p.groups == 0 &&
-                    out % p.groups == 0,
+                    p.pad_left >= 0 && p.pad_right >= 0 && p.groups >= 1 && in % p.groups == 0 && out % p.groups == 0,
                 ConfigError,
                 "Conv2d({}, {}, kernel={}, stride={}, padding (top {}, bottom {}, left {}, right {}), groups={}): "
                 "channels, kernel, stride and groups must be >= 1, padding >= 0, and groups must divide both "
@@ -36,9 +35,9 @@ PatchEmbedding::PatchEmbedding(int64_t in_channels, int64_t D, int64_t patch)
 Tensor PatchEmbedding::forward(const Tensor& images) const {
   BRIGADE_CHECK(images.dim() == 4 && images.size(1) == in_channels, ShapeError,
                 "PatchEmbedding: images must be (N, C={}, H, W), got {}", in_channels, shape_str(images.shape()));
-  const Tensor patches = fn::patchify(images, patch);                                  // (N, P, C*p*p)
-  const Tensor w = fn::reshape(weight, {dim, in_channels * patch * patch});           // (D, C*p*p)
-  return fn::linear(patches, w, bias, WeightLayout::OutIn);                            // (N, P, D)
+  const Tensor patches = fn::patchify(images, patch);                        // (N, P, C*p*p)
+  const Tensor w = fn::reshape(weight, {dim, in_channels * patch * patch});  // (D, C*p*p)
+  return fn::linear(patches, w, bias, WeightLayout::OutIn);                  // (N, P, D)
 }
 
 void PatchEmbedding::parameter_replaced(const std::string& name, const Tensor& t) {

@@ -21,7 +21,7 @@ class Conv2d : public Module {
   Conv2d(int64_t in, int64_t out, int64_t kernel, const ops::Conv2dParams& p, bool bias);
   Tensor forward(const Tensor& x) const;  // (N, in, H, W) -> (N, out, OH, OW); params.channels_last: NHWC
   int64_t in_channels, out_channels, kernel;
-  int64_t stride, padding;     // the symmetric constructor's; `params` holds the geometry either way
+  int64_t stride, padding;  // the symmetric constructor's; `params` holds the geometry either way
   ops::Conv2dParams params;
   Tensor weight, bias;  // (out, in / groups, kernel, kernel), (out) or undefined
 
@@ -59,7 +59,7 @@ class PatchEmbedding : public Module {
  public:
   PatchEmbedding(int64_t in_channels, int64_t D, int64_t patch);
   Tensor forward(const Tensor& images) const;  // (N, C, H, W) -> (N, (H/p) * (W/p), D)
-  Tensor weight, bias;                          // (D, C, p, p), (D)
+  Tensor weight, bias;                         // (D, C, p, p), (D)
   int64_t in_channels, dim, patch;
 
  protected:

@@ -34,9 +34,7 @@ Tensor Linear::lm_loss(const Tensor& x, const Tensor& targets) const {
 Tensor LinearShard::lm_loss(const Linear& layer, const Tensor& x, const Tensor& targets) const {
   return F::cross_entropy(forward(layer, x), targets);
 }
-void Linear::parameter_replaced(const std::string& name, const Tensor& t) {
-  (name == "weight" ? weight : bias) = t;
-}
+void Linear::parameter_replaced(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
 
 Embedding::Embedding(int64_t num, int64_t dim) { weight = register_parameter("weight", {num, dim}); }
 Tensor Embedding::forward(const Tensor& ids) const {
@@ -56,14 +54,11 @@ LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
   bias = register_parameter("bias", {dim});
 }
 Tensor LayerNorm::forward(const Tensor& x) const { return F::layer_norm(x, weight, bias, eps); }
-void LayerNorm::parameter_replaced(const std::string& name, const Tensor& t) {
-  (name == "weight" ? weight : bias) = t;
-}
+void LayerNorm::parameter_replaced(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
 
 Tensor Dropout::forward(const Tensor& x) const { return F::dropout(x, p, is_training(), *gen_); }
 
-CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t n_head, double dropout, Generator* gen)
-    : n_head(n_head) {
+CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t n_head, double dropout, Generator* gen) : n_head(n_head) {
   BRIGADE_CHECK(C % n_head == 0, ConfigError, "n_embd={} is not divisible by n_head={}", C, n_head);
   c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, true, WeightLayout::InOut));
   c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, true, WeightLayout::InOut));
@@ -74,9 +69,9 @@ void CausalSelfAttention::check_heads(int64_t parts) const { check_head_count(n_
 void CausalSelfAttention::divide_heads(int64_t parts) { divide_head_count(n_head, parts); }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) const {
-  Tensor qkv = c_attn->forward(x);                     // (B, T, 3C)
-  Tensor y = F::causal_self_attention(qkv, n_head);    // (B, T, C)
-  return resid_drop->forward(c_proj->forward(y));      // (B, T, C)
+  Tensor qkv = c_attn->forward(x);                   // (B, T, 3C)
+  Tensor y = F::causal_self_attention(qkv, n_head);  // (B, T, C)
+  return resid_drop->forward(c_proj->forward(y));    // (B, T, C)
 }
 
 MLP::MLP(int64_t C, double dropout, Generator* gen) {
@@ -86,12 +81,11 @@ MLP::MLP(int64_t C, double dropout, Generator* gen) {
 }
 
 Tensor MLP::forward(const Tensor& x) const {
-  Tensor h = F::gelu(c_fc->forward(x));  // (B, T, 4C)
+  Tensor h = F::gelu(c_fc->forward(x));      // (B, T, 4C)
   return drop->forward(c_proj->forward(h));  // (B, T, C)
 }
 
-TransformerBlock::TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen)
-    : gen_(gen) {
+TransformerBlock::TransformerBlock(int64_t C, int64_t n_head, double dropout, double eps, Generator* gen) : gen_(gen) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(C, eps));
   attn = register_module("attn", std::make_shared<CausalSelfAttention>(C, n_head, dropout, gen));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(C, eps));
@@ -132,7 +126,8 @@ std::vector<std::pair<std::string, Block*>> find_blocks(const Module& root) {
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) const {
-  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);  // (B, T, C)
+  return run(
+      {x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);  // (B, T, C)
 }
 
 }  // namespace brigade::nn

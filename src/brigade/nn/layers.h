@@ -116,7 +116,7 @@ class Dropout : public Module {
 class CausalSelfAttention : public Module, public HeadParallel {
  public:
   CausalSelfAttention(int64_t C, int64_t n_head, double dropout, Generator* gen);
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) const;           // (B, T, C) -> (B, T, C)
   void check_heads(int64_t parts) const override;  // parts must divide n_head
   void divide_heads(int64_t parts) override;
   std::shared_ptr<Linear> c_attn, c_proj;

@@ -54,9 +54,10 @@ std::vector<std::string> apply_lora(Module& root, const LoraOptions& o, Generato
     if (!found) {
       std::string names;
       for (auto& [name, l] : all) names += (names.empty() ? "" : ", ") + name;
-      throw ConfigError(fmt::format("LoRA: target module \"{}\" matches no Linear layer of the model; its Linear "
-                                    "layers are: {}",
-                                    t, names));
+      throw ConfigError(
+          fmt::format("LoRA: target module \"{}\" matches no Linear layer of the model; its Linear "
+                      "layers are: {}",
+                      t, names));
     }
   }
   for (auto& [name, l] : all) {  // every check before anything changes

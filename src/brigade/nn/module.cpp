@@ -6,8 +6,7 @@
 namespace brigade::nn {
 
 Tensor Module::register_parameter(const std::string& name, const Shape& shape) {
-  for (auto& [n, t] : params_)
-    BRIGADE_CHECK(n != name, ValueError, "parameter '{}' registered twice", name);
+  for (auto& [n, t] : params_) BRIGADE_CHECK(n != name, ValueError, "parameter '{}' registered twice", name);
   Tensor p = Tensor::empty(shape, DType::F32, MemTag::Params);  // shape as given by the layer
   p.zero_();
   p.set_requires_grad(true);
@@ -31,9 +30,10 @@ void Module::set_parameter(const std::string& name, const Tensor& t) {
   }
   std::string have;
   for (auto& [n, p] : params_) have += (have.empty() ? "" : ", ") + n;
-  throw ValueError(fmt::format("set_parameter('{}'): this module has no such parameter (it has: {}); pass a "
-                               "local name, not a dotted path",
-                               name, have.empty() ? "none" : have));
+  throw ValueError(
+      fmt::format("set_parameter('{}'): this module has no such parameter (it has: {}); pass a "
+                  "local name, not a dotted path",
+                  name, have.empty() ? "none" : have));
 }
 
 void Module::collect(const std::string& prefix, NamedTensors& out) const {

@@ -25,7 +25,7 @@ class Module {
   NamedTensors named_parameters() const;  // depth-first, registration order
   std::vector<Tensor> parameters() const;
   int64_t num_parameters() const;
-  void zero_grad();                        // grads set to zero (buffers kept)
+  void zero_grad();  // grads set to zero (buffers kept)
   void train(bool on = true);
   bool is_training() const { return training_; }
   // Stores each parameter's full name in its tensor (for error messages).

@@ -40,7 +40,7 @@ const char* tp_style_name(TpStyle s);  // "column", "row", "vocab_embedding", "v
 struct TpRule {
   std::string pattern;  // module path, '*' = one segment
   TpStyle style = TpStyle::Column;
-  int64_t groups = 1;   // Column / VocabHead: equal parts of the output split separately
+  int64_t groups = 1;  // Column / VocabHead: equal parts of the output split separately
 };
 
 struct TpPlan {

@@ -33,11 +33,10 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
                      o.lse.data<float>());
     return o;
   }
-  if (auto r = via_f32({q.dtype(), DType::F32},
-                       [&](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
-                         return attention(q_, k_, v_, causal, scale);
-                       },
-                       q, k, v))
+  if (auto r = via_f32(
+          {q.dtype(), DType::F32},
+          [&](const Tensor& q_, const Tensor& k_, const Tensor& v_) { return attention(q_, k_, v_, causal, scale); }, q,
+          k, v))
     return *r;
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
@@ -62,9 +61,8 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
   check_same_shape(gout, q, "attention_backward", "gout", "q");
   check_same_shape(out, q, "attention_backward", "out", "q");
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
-  BRIGADE_CHECK(lse.shape() == Shape({B, NH, T}), ShapeError,
-                "attention_backward: lse must be (B, NH, T) = {}, got {}", shape_str({B, NH, T}),
-                shape_str(lse.shape()));
+  BRIGADE_CHECK(lse.shape() == Shape({B, NH, T}), ShapeError, "attention_backward: lse must be (B, NH, T) = {}, got {}",
+                shape_str({B, NH, T}), shape_str(lse.shape()));
   if (native16({&gout, &q, &k, &v, &out}) && lse.dtype() == DType::F32) {
     const Tensor lc = lse.contiguous();
     AttentionGrads g = AttentionGrads::empty(q.shape(), q.dtype());  // each (B, NH, T, HS)
@@ -73,13 +71,14 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
                               g.gv.raw_data());
     return g;
   }
-  if (auto r = via_f32({q.dtype(), k.dtype(), v.dtype()},
-                       [&](const Tensor& g_, const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& o_,
-                           const Tensor& l_) { return attention_backward(g_, q_, k_, v_, o_, l_, causal, scale); },
-                       gout, q, k, v, out, lse))
+  if (auto r = via_f32(
+          {q.dtype(), k.dtype(), v.dtype()},
+          [&](const Tensor& g_, const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& o_,
+              const Tensor& l_) { return attention_backward(g_, q_, k_, v_, o_, l_, causal, scale); },
+          gout, q, k, v, out, lse))
     return *r;
-  Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
-         oc = out.contiguous(), lc = lse.contiguous();
+  Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(),
+         lc = lse.contiguous();
   AttentionGrads g = AttentionGrads::empty(q.shape());  // each (B, NH, T, HS)
   BRIGADE_DISPATCH(attention_backward, B * NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
                    vc.data<float>(), oc.data<float>(), lc.data<float>(), causal, scale, g.gq.data<float>(),
@@ -97,8 +96,8 @@ std::vector<uint8_t> key_mask_bytes(const Tensor& key_mask, int64_t B, int64_t T
   if (key_mask.dtype() == DType::I32 || key_mask.dtype() == DType::I64) {
     const std::vector<int64_t> m = key_mask.to_vector_i64();
     for (size_t i = 0; i < m.size(); ++i) {
-      BRIGADE_CHECK(m[i] == 0 || m[i] == 1, ValueError, "{}: key_mask must hold 0 or 1, got {} at index {}", op,
-                    m[i], i);
+      BRIGADE_CHECK(m[i] == 0 || m[i] == 1, ValueError, "{}: key_mask must hold 0 or 1, got {} at index {}", op, m[i],
+                    i);
       keep[i] = uint8_t(m[i]);
     }
   } else {
@@ -140,13 +139,12 @@ AttentionOut attention_key_mask(const Tensor& q, const Tensor& k, const Tensor& 
                                    scale, o.out.data<float>(), o.lse.data<float>());
   else
     cpu::attention_key_mask(B, NH, T, HS, qc.data<float>(), kc.data<float>(), vc.data<float>(), keep.data(), scale,
-                           o.out.data<float>(), o.lse.data<float>());
+                            o.out.data<float>(), o.lse.data<float>());
   return o;
 }
 
 AttentionGrads attention_key_mask_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& out, const Tensor& lse, const Tensor& key_mask,
-                                           double scale) {
+                                           const Tensor& out, const Tensor& lse, const Tensor& key_mask, double scale) {
   const char* op = "attention_key_mask_backward";
   check_qkv(q, k, v, op);
   check_float(gout, op, "gout");
@@ -167,8 +165,8 @@ AttentionGrads attention_key_mask_backward(const Tensor& gout, const Tensor& q, 
     g.gv = round_to(g.gv, v.dtype());
     return g;
   }
-  Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(),
-         oc = out.contiguous(), lc = lse.contiguous();
+  Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(),
+         lc = lse.contiguous();
   AttentionGrads g = AttentionGrads::empty(q.shape());  // each (B, NH, T, HS)
   if (!on_cpu())
     ref::attention_key_mask_backward<float>(B, NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
@@ -176,8 +174,8 @@ AttentionGrads attention_key_mask_backward(const Tensor& gout, const Tensor& q, 
                                             g.gq.data<float>(), g.gk.data<float>(), g.gv.data<float>());
   else
     cpu::attention_key_mask_backward(B, NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
-                                    vc.data<float>(), oc.data<float>(), lc.data<float>(), keep.data(), scale,
-                                    g.gq.data<float>(), g.gk.data<float>(), g.gv.data<float>());
+                                     vc.data<float>(), oc.data<float>(), lc.data<float>(), keep.data(), scale,
+                                     g.gq.data<float>(), g.gk.data<float>(), g.gv.data<float>());
   return g;
 }
 
@@ -212,8 +210,7 @@ Tensor repeat_kv_backward(const Tensor& gy, int64_t n_rep) {
 Tensor swin_shift_mask(int64_t H, int64_t W, int64_t ws, int64_t shift) {
   BRIGADE_CHECK(ws > 0 && H > 0 && W > 0 && H % ws == 0 && W % ws == 0, ValueError,
                 "swin_shift_mask: the {}x{} grid must be a positive multiple of the window size {}", H, W, ws);
-  BRIGADE_CHECK(shift > 0 && shift < ws, ValueError, "swin_shift_mask: shift must be in (0, {}), got {}", ws,
-                shift);
+  BRIGADE_CHECK(shift > 0 && shift < ws, ValueError, "swin_shift_mask: shift must be in (0, {}), got {}", ws, shift);
   auto region = [&](int64_t i, int64_t n) { return i < n - ws ? 0 : (i < n - shift ? 1 : 2); };
   std::vector<int64_t> img(size_t(H * W));
   for (int64_t h = 0; h < H; ++h)

@@ -12,7 +12,9 @@ namespace brigade::ops {
 // ---------------- scaled dot-product attention (Vaswani et al. 2017), optionally causal.
 // q, k, v: (B, NH, T, HS). out: (B, NH, T, HS); lse: (B, NH, T) log-sum-exp of the scaled
 // scores of each query row, saved for the backward (which recomputes probabilities).
-struct AttentionOut { Tensor out, lse; };
+struct AttentionOut {
+  Tensor out, lse;
+};
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
 struct AttentionGrads {
   Tensor gq, gk, gv;
@@ -33,8 +35,7 @@ int64_t attention_workspace_per_thread(int64_t T, int64_t HS);
 AttentionOut attention_key_mask(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask,
                                 double scale);
 AttentionGrads attention_key_mask_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& out, const Tensor& lse, const Tensor& key_mask,
-                                           double scale);
+                                           const Tensor& out, const Tensor& lse, const Tensor& key_mask, double scale);
 // key_mask (B, T) as bytes (1 = attend), checked as above; for tests and the autograd node.
 std::vector<uint8_t> key_mask_bytes(const Tensor& key_mask, int64_t B, int64_t T, const char* op);
 

@@ -11,8 +11,10 @@ using namespace detail;
 
 Tensor cast(const Tensor& x, DType dt) {
   check_float(x, "cast", "x");
-  BRIGADE_CHECK(is_floating(dt), ShapeError, "cast: the target dtype is {}, but cast converts between floating "
-                "dtypes (f32, bf16, f16); use Tensor::to for integers", dtype_name(dt));
+  BRIGADE_CHECK(is_floating(dt), ShapeError,
+                "cast: the target dtype is {}, but cast converts between floating "
+                "dtypes (f32, bf16, f16); use Tensor::to for integers",
+                dtype_name(dt));
   Tensor y = Tensor::empty(x.shape(), dt);  // same as x
   if (x.numel() == 0) return y;
   if (on_cpu())

@@ -29,9 +29,9 @@ int64_t conv_out_size2(int64_t in, int64_t k, int64_t stride, int64_t lo, int64_
 ref::ConvGeom conv_geom(const Tensor& x, const Tensor& w, const Conv2dParams& p, const char* op) {
   check_nchw(x, op, "x");
   check_nchw(w, op, "w");
-  BRIGADE_CHECK(p.stride >= 1 && p.pad_top >= 0 && p.pad_bottom >= 0 && p.pad_left >= 0 && p.pad_right >= 0,
-                ValueError, "{}: stride {} must be >= 1 and padding (top {}, bottom {}, left {}, right {}) >= 0", op,
-                p.stride, p.pad_top, p.pad_bottom, p.pad_left, p.pad_right);
+  BRIGADE_CHECK(p.stride >= 1 && p.pad_top >= 0 && p.pad_bottom >= 0 && p.pad_left >= 0 && p.pad_right >= 0, ValueError,
+                "{}: stride {} must be >= 1 and padding (top {}, bottom {}, left {}, right {}) >= 0", op, p.stride,
+                p.pad_top, p.pad_bottom, p.pad_left, p.pad_right);
   // channels-last x is (N, H, W, C)
   const int64_t C = p.channels_last ? x.size(3) : x.size(1), H = p.channels_last ? x.size(1) : x.size(2),
                 W = p.channels_last ? x.size(2) : x.size(3);
@@ -43,8 +43,8 @@ ref::ConvGeom conv_geom(const Tensor& x, const Tensor& w, const Conv2dParams& p,
                 "{}: w {} expects {} input channels per group but x {} {} has {} in {} group(s); w must be "
                 "(O, C / groups, KH, KW)",
                 op, shape_str(w.shape()), w.size(1), layout, shape_str(x.shape()), C, p.groups);
-  ref::ConvGeom g{x.size(0), C, H, W, w.size(0), w.size(2), w.size(3), p.stride, p.pad_top,
-                 p.pad_bottom, p.pad_left, p.pad_right, p.groups, 0, 0};
+  ref::ConvGeom g{x.size(0),    C,          H,           W,        w.size(0), w.size(2), w.size(3), p.stride, p.pad_top,
+                  p.pad_bottom, p.pad_left, p.pad_right, p.groups, 0,         0};
   g.OH = conv_out_size2(g.H, g.KH, p.stride, p.pad_top, p.pad_bottom, op);
   g.OW = conv_out_size2(g.W, g.KW, p.stride, p.pad_left, p.pad_right, op);
   return g;
@@ -56,8 +56,8 @@ struct PoolGeom {
 PoolGeom pool_geom(const Shape& xs, int64_t k, int64_t s, int64_t p, const char* op) {
   check_window(k, s, p, op);
   BRIGADE_CHECK(xs.size() == 4, ShapeError, "{}: x must be 4-D (N, C, H, W), got {}", op, shape_str(xs));
-  BRIGADE_CHECK(2 * p <= k, ValueError, "{}: padding {} must be at most half the kernel {} (as torch requires)", op,
-                p, k);
+  BRIGADE_CHECK(2 * p <= k, ValueError, "{}: padding {} must be at most half the kernel {} (as torch requires)", op, p,
+                k);
   return {xs[0] * xs[1], xs[2], xs[3], conv_out_size(xs[2], k, s, p, op), conv_out_size(xs[3], k, s, p, op)};
 }
 
@@ -103,7 +103,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
   // the ref backend has the NCHW oracle only: the same convolution on permuted copies
   if (cl && !on_cpu()) return nhwc_of(conv2d(nchw_view(x), w, bias, nchw_params(p)));
   const Shape ys = cl ? Shape{g.N, g.OH, g.OW, g.O} : Shape{g.N, g.O, g.OH, g.OW};
-  if (on_cpu() && g.groups == 1 && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 && cpu::conv2d_bf16_available()) {
+  if (on_cpu() && g.groups == 1 && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 &&
+      cpu::conv2d_bf16_available()) {
     // native: oneDNN's bf16 convolution, f32 accumulation, the output rounded once to bf16
     const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(f32_of(bias));
     Tensor y = Tensor::empty(ys, DType::BF16);  // (N, O, OH, OW) or channels-last (N, OH, OW, O)
@@ -116,7 +117,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
   }
   const Tensor xc = x.contiguous(), wc = w.contiguous(), bc = contig(bias);
   Tensor y = Tensor::empty(ys);  // (N, O, OH, OW) or channels-last (N, OH, OW, O)
-  if (cl) {  // oneDNN has depthwise kernels of its own for NHWC
+  if (cl) {                      // oneDNN has depthwise kernels of its own for NHWC
     cpu::conv2d(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>(), DType::F32, true);
   } else if (on_cpu() && ref::is_depthwise(g)) {
     cpu::depthwise_conv2d(g, xc.data<float>(), wc.data<float>(), fptr(bc), y.data<float>());
@@ -146,8 +147,8 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
     r.gx = nhwc_of(r.gx);
     return r;
   }
-  if (on_cpu() && g.groups == 1 && gy.dtype() == DType::BF16 && x.dtype() == DType::BF16 &&
-      w.dtype() == DType::BF16 && cpu::conv2d_bf16_available()) {
+  if (on_cpu() && g.groups == 1 && gy.dtype() == DType::BF16 && x.dtype() == DType::BF16 && w.dtype() == DType::BF16 &&
+      cpu::conv2d_bf16_available()) {
     // native: bf16 operands, f32 accumulation; gx written in bf16 by oneDNN, gw and gb
     // computed in f32 and rounded once to bf16
     const Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous();
@@ -158,7 +159,7 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
     if (need_gb) gb32 = Tensor::empty({g.O});                   // (O) f32
     if (!need_gx && !need_gw && !need_gb) return r;
     cpu::conv2d_backward(g, gyc.raw_data(), xc.raw_data(), wc.raw_data(), need_gx ? r.gx.raw_data() : nullptr,
-                        fptr_mut(gw32), fptr_mut(gb32), DType::BF16, cl);
+                         fptr_mut(gw32), fptr_mut(gb32), DType::BF16, cl);
     r.gw = round_to(gw32, DType::BF16);
     r.gb = round_to(gb32, DType::BF16);
     return r;
@@ -178,17 +179,17 @@ Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
   if (!need_gx && !need_gw && !need_gb) return r;
   if (cl) {
     cpu::conv2d_backward(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx), fptr_mut(r.gw),
-                        fptr_mut(r.gb), DType::F32, true);
+                         fptr_mut(r.gb), DType::F32, true);
   } else if (on_cpu() && ref::is_depthwise(g)) {
     if (need_gx) cpu::depthwise_conv2d_backward_data(g, gyc.data<float>(), wc.data<float>(), r.gx.data<float>());
     if (need_gw || need_gb)
       cpu::depthwise_conv2d_backward_weights(g, gyc.data<float>(), xc.data<float>(), fptr_mut(r.gw), fptr_mut(r.gb));
   } else if (on_cpu()) {
     cpu::conv2d_backward(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx), fptr_mut(r.gw),
-                        fptr_mut(r.gb));
+                         fptr_mut(r.gb));
   } else {
     ref::conv2d_backward<float>(g, gyc.data<float>(), xc.data<float>(), wc.data<float>(), fptr_mut(r.gx),
-                               fptr_mut(r.gw), fptr_mut(r.gb));
+                                fptr_mut(r.gw), fptr_mut(r.gb));
   }
   return r;
 }
@@ -211,10 +212,10 @@ MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t p
     }
     const Tensor xc = x.contiguous();
     MaxPoolOut o;
-    o.y = Tensor::empty({N, g.OH, g.OW, C}, x.dtype());    // (N, OH, OW, C)
+    o.y = Tensor::empty({N, g.OH, g.OW, C}, x.dtype());     // (N, OH, OW, C)
     o.idx = Tensor::empty({N, g.OH, g.OW, C}, DType::I64);  // (N, OH, OW, C)
     cpu::max_pool_rows(g.H, g.W, g.OH, g.OW, N, C, kernel, stride, padding, x.dtype(), xc.raw_data(), o.y.raw_data(),
-                      o.idx.data<int64_t>());
+                       o.idx.data<int64_t>());
     return o;
   }
   const PoolGeom g = pool_geom(x.shape(), kernel, stride, padding, "max_pool2d");
@@ -233,7 +234,7 @@ MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t p
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
   for_each_plane(g.P, HW, [&](int64_t p) {
     ref::max_pool2d_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, xp + p * HW, yp + p * OHW,
-                                ip + p * OHW);
+                                 ip + p * OHW);
   });
   return o;
 }
@@ -250,8 +251,8 @@ Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_s
   const Tensor ic = idx.contiguous();
   const int64_t* ip = ic.data<int64_t>();
   for (int64_t i = 0; i < idx.numel(); ++i)
-    BRIGADE_CHECK(ip[i] >= -1 && ip[i] < HW, ValueError, "max_pool2d_backward: index {} outside a plane of {}",
-                  ip[i], HW);
+    BRIGADE_CHECK(ip[i] >= -1 && ip[i] < HW, ValueError, "max_pool2d_backward: index {} outside a plane of {}", ip[i],
+                  HW);
   if (channels_last) {
     if (!on_cpu()) {
       const Shape xs{x_shape[0], x_shape[3], x_shape[1], x_shape[2]};
@@ -260,7 +261,7 @@ Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_s
     const Tensor gyc = gy.contiguous();
     Tensor gx = Tensor::empty(x_shape, gy.dtype());  // (N, H, W, C)
     cpu::max_pool_rows_backward(x_shape[0], HW, gy.size(1) * gy.size(2), x_shape[3], gy.dtype(), gyc.raw_data(), ip,
-                               gx.raw_data());
+                                gx.raw_data());
     return gx;
   }
   if (is_half(gy)) return round_to(max_pool2d_backward(f32_of(gy), idx, x_shape), gy.dtype());

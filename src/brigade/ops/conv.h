@@ -37,7 +37,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
 // The same with `padding` on every side and groups 1 (bitwise the call above with
 // Conv2dParams::symmetric(stride, padding)).
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t stride, int64_t padding);
-struct Conv2dGrads { Tensor gx, gw, gb; };  // each undefined when not asked for
+struct Conv2dGrads {
+  Tensor gx, gw, gb;
+};  // each undefined when not asked for
 Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dParams& p,
                             bool need_gx = true, bool need_gw = true, bool need_gb = true);
 Conv2dGrads conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, int64_t stride, int64_t padding,
@@ -53,7 +55,9 @@ std::string last_conv2d_impl();
 // in the window (padding counts as -inf); NaN wins, as in torch. channels_last: x (N, H, W, C),
 // y and idx (N, OH, OW, C), idx still h * W + w (bitwise the NCHW op on the same values; the cpu
 // kernel reads and writes 16-bit x and y itself).
-struct MaxPoolOut { Tensor y, idx; };
+struct MaxPoolOut {
+  Tensor y, idx;
+};
 MaxPoolOut max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, bool channels_last = false);
 // gx (x_shape) = gy routed to the argmax of each window (summed where windows overlap, in output
 // order). channels_last: gy, idx (N, OH, OW, C), x_shape (N, H, W, C).

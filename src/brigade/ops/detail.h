@@ -13,8 +13,9 @@
 #include "brigade/ops/ref/kernels.h"
 
 // Call kernel `fn` of the active backend with the same arguments (f32 everywhere).
-#define BRIGADE_DISPATCH(fn, ...) \
-  (::brigade::ops::current_backend() == ::brigade::ops::Backend::Cpu ? cpu::fn(__VA_ARGS__) : ref::fn<float>(__VA_ARGS__))
+#define BRIGADE_DISPATCH(fn, ...)                                                           \
+  (::brigade::ops::current_backend() == ::brigade::ops::Backend::Cpu ? cpu::fn(__VA_ARGS__) \
+                                                                     : ref::fn<float>(__VA_ARGS__))
 
 namespace brigade::ops::detail {
 
@@ -23,15 +24,17 @@ inline bool on_cpu() { return current_backend() == Backend::Cpu; }
 // ---------------------------------------------------------------- argument checks
 
 inline void check_defined(const Tensor& t, const char* op, const char* name) {
-  BRIGADE_CHECK(t.defined(), ValueError, "{}: argument '{}' is an undefined tensor; pass a tensor created by a "
-                "factory or another op", op, name);
+  BRIGADE_CHECK(t.defined(), ValueError,
+                "{}: argument '{}' is an undefined tensor; pass a tensor created by a "
+                "factory or another op",
+                op, name);
 }
 
 inline void check_float(const Tensor& t, const char* op, const char* name) {
   check_defined(t, op, name);
   BRIGADE_CHECK(is_floating(t.dtype()), ShapeError,
-                "{}: '{}' is {} but must be a floating tensor (f32, bf16 or f16); convert it with ops::cast", op,
-                name, t.str());
+                "{}: '{}' is {} but must be a floating tensor (f32, bf16 or f16); convert it with ops::cast", op, name,
+                t.str());
 }
 
 inline void check_ids(const Tensor& t, const char* op, const char* name) {
@@ -41,8 +44,8 @@ inline void check_ids(const Tensor& t, const char* op, const char* name) {
 }
 
 inline void check_same_shape(const Tensor& a, const Tensor& b, const char* op, const char* an, const char* bn) {
-  BRIGADE_CHECK(a.shape() == b.shape(), ShapeError, "{}: '{}' has shape {} but '{}' has shape {}; they must match",
-                op, an, shape_str(a.shape()), bn, shape_str(b.shape()));
+  BRIGADE_CHECK(a.shape() == b.shape(), ShapeError, "{}: '{}' has shape {} but '{}' has shape {}; they must match", op,
+                an, shape_str(a.shape()), bn, shape_str(b.shape()));
 }
 
 // (B, NH, T, HS) head tensors.
@@ -55,7 +58,8 @@ inline void check_writable(const Tensor& t, const char* op) {
   for (int64_t i = 0; i < t.dim(); ++i)
     BRIGADE_CHECK(t.shape()[size_t(i)] <= 1 || t.strides()[size_t(i)] != 0, ValueError,
                   "{}: the destination {} is an expanded (stride 0) view and cannot be written in place; "
-                  "write into a contiguous tensor (e.g. .clone()) instead", op, t.str());
+                  "write into a contiguous tensor (e.g. .clone()) instead",
+                  op, t.str());
 }
 
 inline int64_t wrap_dim(int64_t d, int64_t nd, const char* op) {
@@ -69,17 +73,16 @@ inline int64_t wrap_dim(int64_t d, int64_t nd, const char* op) {
 // NCHW (or channels-last NHWC) activations, per-channel vectors and pooling windows.
 inline void check_nchw(const Tensor& t, const char* op, const char* name) {
   check_float(t, op, name);
-  BRIGADE_CHECK(t.dim() == 4, ShapeError, "{}: '{}' must be 4-D (N, C, H, W), got {}", op, name,
-                shape_str(t.shape()));
+  BRIGADE_CHECK(t.dim() == 4, ShapeError, "{}: '{}' must be 4-D (N, C, H, W), got {}", op, name, shape_str(t.shape()));
 }
 inline void check_per_channel(const Tensor& t, int64_t C, const char* op, const char* name) {
   check_float(t, op, name);
-  BRIGADE_CHECK(t.dim() == 1 && t.size(0) == C, ShapeError, "{}: '{}' must be ({}) (one value per channel), got {}",
-                op, name, C, shape_str(t.shape()));
+  BRIGADE_CHECK(t.dim() == 1 && t.size(0) == C, ShapeError, "{}: '{}' must be ({}) (one value per channel), got {}", op,
+                name, C, shape_str(t.shape()));
 }
 inline void check_window(int64_t k, int64_t s, int64_t p, const char* op) {
-  BRIGADE_CHECK(k >= 1 && s >= 1 && p >= 0, ValueError,
-                "{}: kernel {} and stride {} must be >= 1 and padding {} >= 0", op, k, s, p);
+  BRIGADE_CHECK(k >= 1 && s >= 1 && p >= 0, ValueError, "{}: kernel {} and stride {} must be >= 1 and padding {} >= 0",
+                op, k, s, p);
 }
 
 inline std::vector<int64_t> ids_vector(const Tensor& ids) { return ids.to_vector_i64(); }
@@ -104,7 +107,8 @@ inline Shape broadcast_named(const Shape& a, const Shape& b, const char* op) {
     const int64_t db = i < nd - b.size() ? 1 : b[i - (nd - b.size())];
     BRIGADE_CHECK(da == db || da == 1 || db == 1, ShapeError,
                   "{}: shapes {} and {} do not broadcast: dimension {} (from the right) is {} vs {}; sizes must "
-                  "match or one of them must be 1", op, shape_str(a), shape_str(b), int64_t(nd - i), da, db);
+                  "match or one of them must be 1",
+                  op, shape_str(a), shape_str(b), int64_t(nd - i), da, db);
     out[i] = da == 1 ? db : da;
   }
   return out;

@@ -3,8 +3,8 @@
 // In its own file so that binaries which never call dropout do not need rng.cpp.
 #include <algorithm>
 
-#include "brigade/ops/dropout.h"
 #include "brigade/ops/detail.h"
+#include "brigade/ops/dropout.h"
 
 namespace brigade::ops {
 
@@ -76,7 +76,7 @@ Tensor dropout_backward(const Tensor& gy, const Tensor& mask) {
   BRIGADE_CHECK(gy.shape() == mask.shape(), ShapeError,
                 "dropout_backward: gy has shape {} but mask has shape {}; they must match", shape_str(gy.shape()),
                 shape_str(mask.shape()));
-  if (is_half(mask) && native16_on()) {  // gy: any floating dtype; gx in the mask's
+  if (is_half(mask) && native16_on()) {                   // gy: any floating dtype; gx in the mask's
     Tensor gx = Tensor::empty(gy.shape(), mask.dtype());  // same as gy
     cpu::binary16(ref::BinaryOp::Mul, strided(gy), strided(mask), mask.dtype(), gx.raw_data());
     return gx;

@@ -22,8 +22,8 @@ Tensor binary_op(BinaryOp op, const char* name, const Tensor& a, const Tensor& b
     cpu::binary16(op, strided(a, out, sa), strided(b, out, sb), a.dtype(), y.raw_data());
     return y;
   }
-  if (auto r = via_f32({same_or_f32(a, b)}, [&](const Tensor& x, const Tensor& y) { return binary_op(op, name, x, y); },
-                       a, b))
+  if (auto r = via_f32(
+          {same_or_f32(a, b)}, [&](const Tensor& x, const Tensor& y) { return binary_op(op, name, x, y); }, a, b))
     return *r;
   const Shape out = broadcast_named(a.shape(), b.shape(), name);
   Tensor y = Tensor::empty(out);  // broadcast(a, b)
@@ -40,10 +40,11 @@ Tensor unary_op(UnaryOp op, double s, const char* name, const Tensor& a) {
     cpu::unary16(op, s, strided(a), a.dtype(), y.raw_data());
     return y;
   }
-  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return unary_op(op, s, name, x); }, a)) return *r;
+  if (auto r = via_f32(
+          {a.dtype()}, [&](const Tensor& x) { return unary_op(op, s, name, x); }, a))
+    return *r;
   Tensor y = Tensor::empty(a.shape());  // same as a
-  BRIGADE_DISPATCH(unary, op, s, int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data(),
-                   y.data<float>());
+  BRIGADE_DISPATCH(unary, op, s, int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data(), y.data<float>());
   return y;
 }
 
@@ -112,10 +113,13 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   const Shape& gs = g.shape();
   BRIGADE_CHECK(shape.size() <= gs.size() && broadcast_named(shape, gs, "sum_to") == gs, ShapeError,
                 "sum_to: target shape {} does not broadcast to the gradient's shape {}; sum_to only undoes "
-                "broadcasting", shape_str(shape), shape_str(gs));
+                "broadcasting",
+                shape_str(shape), shape_str(gs));
   const bool n16 = native16({&g});
   if (!n16)
-    if (auto r = via_f32({g.dtype()}, [&](const Tensor& x) { return sum_to(x, shape); }, g)) return *r;
+    if (auto r = via_f32(
+            {g.dtype()}, [&](const Tensor& x) { return sum_to(x, shape); }, g))
+      return *r;
   Tensor y = Tensor::empty(shape, g.dtype());  // shape
   const Shape cs = contiguous_strides(shape);
   Shape so(gs.size(), 0);
@@ -139,7 +143,9 @@ Tensor gelu(const Tensor& x) {
     cpu::gelu16(strided(x), x.dtype(), y.raw_data());
     return y;
   }
-  if (auto r = via_f32({x.dtype()}, [](const Tensor& x_) { return gelu(x_); }, x)) return *r;
+  if (auto r = via_f32(
+          {x.dtype()}, [](const Tensor& x_) { return gelu(x_); }, x))
+    return *r;
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // same as x
   BRIGADE_DISPATCH(gelu, x.numel(), xc.data<float>(), y.data<float>());
@@ -155,14 +161,14 @@ Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
     cpu::gelu_backward16(strided(gy), strided(x), x.dtype(), gx.raw_data());
     return gx;
   }
-  if (auto r = via_f32({x.dtype()}, [](const Tensor& g_, const Tensor& x_) { return gelu_backward(g_, x_); }, gy, x))
+  if (auto r = via_f32(
+          {x.dtype()}, [](const Tensor& g_, const Tensor& x_) { return gelu_backward(g_, x_); }, gy, x))
     return *r;
   Tensor gyc = gy.contiguous(), xc = x.contiguous();
   Tensor gx = Tensor::empty(x.shape());  // same as x
   BRIGADE_DISPATCH(gelu_backward, x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
   return gx;
 }
-
 
 // ---------------------------------------------------------------- GELU (exact, erf)
 
@@ -262,7 +268,8 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y) {
   if (is_half(gy) && gy.dtype() == y.dtype() && on_cpu()) {
     const Tensor gc = gy.contiguous(), yc = y.contiguous();
     Tensor gx = Tensor::empty(y.shape(), gy.dtype());  // y's shape, gy's dtype
-    cpu::relu_backward16(y.numel(), cpu::inf_bits(y.dtype()), gc.data<uint16_t>(), yc.data<uint16_t>(), gx.data<uint16_t>());
+    cpu::relu_backward16(y.numel(), cpu::inf_bits(y.dtype()), gc.data<uint16_t>(), yc.data<uint16_t>(),
+                         gx.data<uint16_t>());
     return gx;
   }
   if (is_half(gy) || is_half(y)) return round_to(relu_backward(f32_of(gy), f32_of(y)), gy.dtype());
@@ -336,21 +343,23 @@ Tensor unary_backward_f32(const Tensor& gy, const Tensor& y, const char* op, Cpu
 }  // namespace
 
 Tensor sigmoid(const Tensor& x) {
-  return unary_f32(x, "sigmoid", [](float v) { return 1.0f / (1.0f + std::exp(-v)); }, ref::sigmoid<float>);
+  return unary_f32(
+      x, "sigmoid", [](float v) { return 1.0f / (1.0f + std::exp(-v)); }, ref::sigmoid<float>);
 }
 
 Tensor sigmoid_backward(const Tensor& gy, const Tensor& y) {
-  return unary_backward_f32(gy, y, "sigmoid_backward", [](float g, float v) { return g * v * (1.0f - v); },
-                            ref::sigmoid_backward<float>);
+  return unary_backward_f32(
+      gy, y, "sigmoid_backward", [](float g, float v) { return g * v * (1.0f - v); }, ref::sigmoid_backward<float>);
 }
 
 Tensor reciprocal(const Tensor& x) {
-  return unary_f32(x, "reciprocal", [](float v) { return 1.0f / v; }, ref::reciprocal<float>);
+  return unary_f32(
+      x, "reciprocal", [](float v) { return 1.0f / v; }, ref::reciprocal<float>);
 }
 
 Tensor reciprocal_backward(const Tensor& gy, const Tensor& y) {
-  return unary_backward_f32(gy, y, "reciprocal_backward", [](float g, float v) { return -(g * v * v); },
-                            ref::reciprocal_backward<float>);
+  return unary_backward_f32(
+      gy, y, "reciprocal_backward", [](float g, float v) { return -(g * v * v); }, ref::reciprocal_backward<float>);
 }
 
 }  // namespace brigade::ops

@@ -19,9 +19,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   const int64_t na = a.dim(), nb = b.dim();
   const int64_t M = trans_a ? a.size(-1) : a.size(-2), K = trans_a ? a.size(-2) : a.size(-1);
   const int64_t K2 = trans_b ? b.size(-1) : b.size(-2), N = trans_b ? b.size(-2) : b.size(-1);
-  BRIGADE_CHECK(K == K2, ShapeError,
-                "matmul: inner dimensions differ: a {}{} gives K = {} but b {}{} gives K = {}", shape_str(a.shape()),
-                trans_a ? " (transposed)" : "", K, shape_str(b.shape()), trans_b ? " (transposed)" : "", K2);
+  BRIGADE_CHECK(K == K2, ShapeError, "matmul: inner dimensions differ: a {}{} gives K = {} but b {}{} gives K = {}",
+                shape_str(a.shape()), trans_a ? " (transposed)" : "", K, shape_str(b.shape()),
+                trans_b ? " (transposed)" : "", K2);
   const Shape ab(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
   const Shape bshape = broadcast_named(ab, bb, "matmul (batch dims)");
   // Batch strides of a/b over bshape (0 where broadcast): view the batch part as its own tensor.
@@ -32,23 +32,25 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
     return st;
   };
   const Shape abst = batch_strides(a, ab), bbst = batch_strides(b, bb);
-  const int64_t sam = trans_a ? a.stride(na - 1) : a.stride(na - 2), sak = trans_a ? a.stride(na - 2) : a.stride(na - 1);
-  const int64_t sbk = trans_b ? b.stride(nb - 1) : b.stride(nb - 2), sbn = trans_b ? b.stride(nb - 2) : b.stride(nb - 1);
+  const int64_t sam = trans_a ? a.stride(na - 1) : a.stride(na - 2),
+                sak = trans_a ? a.stride(na - 2) : a.stride(na - 1);
+  const int64_t sbk = trans_b ? b.stride(nb - 1) : b.stride(nb - 2),
+                sbn = trans_b ? b.stride(nb - 2) : b.stride(nb - 1);
   Shape out = bshape;
   out.push_back(M);
   out.push_back(N);
-  if (gemm16({&a, &b})) {  // oneDNN 16-bit GEMM, f32 accumulation, rounded once
+  if (gemm16({&a, &b})) {                      // oneDNN 16-bit GEMM, f32 accumulation, rounded once
     Tensor c = Tensor::empty(out, a.dtype());  // (..., M, N)
     cpu::matmul16(a.dtype(), a.dtype(), int(bshape.size()), bshape.data(), a.data<uint16_t>(), abst.data(), sam, sak,
                   b.data<uint16_t>(), bbst.data(), sbk, sbn, c.raw_data(), M, N, K);
     return c;
   }
-  if (auto r = via_f32({same_or_f32(a, b)},
-                       [&](const Tensor& x, const Tensor& y) { return matmul(x, y, trans_a, trans_b); }, a, b))
+  if (auto r = via_f32(
+          {same_or_f32(a, b)}, [&](const Tensor& x, const Tensor& y) { return matmul(x, y, trans_a, trans_b); }, a, b))
     return *r;
   Tensor c = Tensor::empty(out);  // (..., M, N)
-  BRIGADE_DISPATCH(matmul, int(bshape.size()), bshape.data(), a.data<float>(), abst.data(), sam, sak,
-                   b.data<float>(), bbst.data(), sbk, sbn, c.data<float>(), M, N, K);
+  BRIGADE_DISPATCH(matmul, int(bshape.size()), bshape.data(), a.data<float>(), abst.data(), sam, sak, b.data<float>(),
+                   bbst.data(), sbk, sbn, c.data<float>(), M, N, K);
   return c;
 }
 
@@ -71,8 +73,9 @@ LinearDims linear_dims(const Tensor& x, const Tensor& w, WeightLayout layout, co
   d.swi = oi ? w.stride(1) : w.stride(0);
   BRIGADE_CHECK(x.size(-1) == d.IN, ShapeError,
                 "{}: x {} has {} input features but the weight {} ({} layout) expects {}; check the layer sizes "
-                "and the WeightLayout", op, shape_str(x.shape()), x.size(-1), shape_str(w.shape()),
-                oi ? "OutIn (out, in)" : "InOut (in, out)", d.IN);
+                "and the WeightLayout",
+                op, shape_str(x.shape()), x.size(-1), shape_str(w.shape()), oi ? "OutIn (out, in)" : "InOut (in, out)",
+                d.IN);
   d.N = d.IN ? x.numel() / d.IN : 0;
   d.x2 = x.reshape({d.N, d.IN});  // (N, IN), a view when the strides allow it
   return d;
@@ -99,13 +102,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout
                   bc.defined() ? bc.dtype() : DType::F32, y.raw_data());
     return y;
   }
-  if (auto r = via_f32({same_or_f32(x, w)},
-                       [&](const Tensor& a, const Tensor& b, const Tensor& c) { return linear(a, b, c, layout); },
-                       x, w, bias))
+  if (auto r = via_f32(
+          {same_or_f32(x, w)},
+          [&](const Tensor& a, const Tensor& b, const Tensor& c) { return linear(a, b, c, layout); }, x, w, bias))
     return *r;
   Tensor y = Tensor::empty(out);  // (..., OUT)
-  BRIGADE_DISPATCH(linear, d.N, d.IN, d.OUT, d.x2.data<float>(), d.x2.stride(0), d.x2.stride(1), w.data<float>(),
-                   d.swo, d.swi, bc.defined() ? bc.data<float>() : nullptr, y.data<float>());
+  BRIGADE_DISPATCH(linear, d.N, d.IN, d.OUT, d.x2.data<float>(), d.x2.stride(0), d.x2.stride(1), w.data<float>(), d.swo,
+                   d.swi, bc.defined() ? bc.data<float>() : nullptr, y.data<float>());
   return y;
 }
 
@@ -125,21 +128,21 @@ LinearGrads linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, 
     if (need_gx) g.gx = Tensor::empty(x.shape(), dt);  // (..., IN)
     if (need_gw) g.gw = Tensor::empty(w.shape(), dt);  // (OUT, IN) or (IN, OUT)
     cpu::linear_backward16(dt, d.N, d.IN, d.OUT, gyc.data<uint16_t>(), d.x2.data<uint16_t>(), d.x2.stride(0),
-                           d.x2.stride(1), w.data<uint16_t>(), d.swo, d.swi,
-                           need_gx ? g.gx.data<uint16_t>() : nullptr, need_gw ? g.gw.data<uint16_t>() : nullptr,
-                           oi ? d.IN : 1, oi ? 1 : d.OUT);
-    if (need_gb) {  // column sums of gy in f32, rounded once
+                           d.x2.stride(1), w.data<uint16_t>(), d.swo, d.swi, need_gx ? g.gx.data<uint16_t>() : nullptr,
+                           need_gw ? g.gw.data<uint16_t>() : nullptr, oi ? d.IN : 1, oi ? 1 : d.OUT);
+    if (need_gb) {                                                       // column sums of gy in f32, rounded once
       Tensor gyf = cast(gyc, DType::F32), gbf = Tensor::empty({d.OUT});  // (N, OUT), (OUT)
       cpu::column_sum(d.N, d.OUT, gyf.data<float>(), gbf.data<float>());
       g.gb = cast(gbf, dt);  // (OUT)
     }
     return g;
   }
-  if (auto r = via_f32({x.dtype(), w.dtype(), gy.dtype()},
-                       [&](const Tensor& gy_, const Tensor& x_, const Tensor& w_) {
-                         return linear_backward(gy_, x_, w_, layout, need_gx, need_gw, need_gb);
-                       },
-                       gy, x, w))
+  if (auto r = via_f32(
+          {x.dtype(), w.dtype(), gy.dtype()},
+          [&](const Tensor& gy_, const Tensor& x_, const Tensor& w_) {
+            return linear_backward(gy_, x_, w_, layout, need_gx, need_gw, need_gb);
+          },
+          gy, x, w))
     return *r;
   Tensor gyc = gy.contiguous();
   LinearGrads g;

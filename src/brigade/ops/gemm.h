@@ -17,7 +17,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans
 enum class WeightLayout { OutIn, InOut };
 // y (..., out) = x (..., in) @ W (+ bias (out))
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, WeightLayout layout);
-struct LinearGrads { Tensor gx, gw, gb; };  // gb undefined when need_gb is false
+struct LinearGrads {
+  Tensor gx, gw, gb;
+};  // gb undefined when need_gb is false
 LinearGrads linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, WeightLayout layout,
                             bool need_gx = true, bool need_gw = true, bool need_gb = true);
 

@@ -14,8 +14,8 @@ std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets
                                      const char* op) {
   check_float(logits, op, "logits");
   check_ids(targets, op, "targets");
-  BRIGADE_CHECK(logits.dim() == 2, ShapeError, "{}: logits must be (N, V), got {}; flatten (B, T, V) to (B*T, V)",
-                op, shape_str(logits.shape()));
+  BRIGADE_CHECK(logits.dim() == 2, ShapeError, "{}: logits must be (N, V), got {}; flatten (B, T, V) to (B*T, V)", op,
+                shape_str(logits.shape()));
   BRIGADE_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0), ShapeError,
                 "{}: targets must be (N) = ({}) to match logits {}, got {}", op, logits.size(0),
                 shape_str(logits.shape()), shape_str(targets.shape()));
@@ -23,8 +23,8 @@ std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets
   std::vector<int64_t> t = ids_vector(targets);
   for (size_t i = 0; i < t.size(); ++i)
     BRIGADE_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), ValueError,
-                  "{}: target {} at row {} is outside [0, V) with V = {} and is not ignore_index ({})", op, t[i], i,
-                  V, ignore_index);
+                  "{}: target {} at row {} is outside [0, V) with V = {} and is not ignore_index ({})", op, t[i], i, V,
+                  ignore_index);
   return t;
 }
 }  // namespace
@@ -39,8 +39,8 @@ CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64
     cpu::cross_entropy16(N, V, strided(logits), t.data(), ignore_index, o.loss.data<float>(), o.lse.data<float>());
     return o;
   }
-  if (auto r = via_f32({DType::F32, DType::F32},
-                       [&](const Tensor& l_) { return cross_entropy(l_, targets, ignore_index); }, logits))
+  if (auto r = via_f32(
+          {DType::F32, DType::F32}, [&](const Tensor& l_) { return cross_entropy(l_, targets, ignore_index); }, logits))
     return *r;
   const int64_t N = logits.size(0), V = logits.size(1);
   Tensor lc = logits.contiguous();
@@ -70,11 +70,12 @@ Tensor cross_entropy_backward_impl(double gloss, const Tensor& logits, const Ten
                                   logits.dtype(), g.raw_data());
     return g;
   }
-  if (auto r = via_f32({logits.dtype()},
-                       [&](const Tensor& l_, const Tensor& s_) {
-                         return cross_entropy_backward(gloss, l_, targets, s_, ignore_index);
-                       },
-                       logits, lse))
+  if (auto r = via_f32(
+          {logits.dtype()},
+          [&](const Tensor& l_, const Tensor& s_) {
+            return cross_entropy_backward(gloss, l_, targets, s_, ignore_index);
+          },
+          logits, lse))
     return *r;
   Tensor lc = logits.contiguous(), sc = lse.contiguous();
   Tensor g = in_place ? logits : Tensor::empty({N, V});  // (N, V)
@@ -91,12 +92,11 @@ Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& 
 
 Tensor cross_entropy_backward_(double gloss, Tensor logits, const Tensor& targets, const Tensor& lse,
                                int64_t ignore_index) {
-  const bool in_place = on_cpu() && logits.defined() && logits.dim() == 2 &&
-                        logits.is_contiguous() && logits.sole_owner() && lse.dtype() == DType::F32 &&
+  const bool in_place = on_cpu() && logits.defined() && logits.dim() == 2 && logits.is_contiguous() &&
+                        logits.sole_owner() && lse.dtype() == DType::F32 &&
                         (logits.dtype() == DType::F32 || native16({&logits}));
   return cross_entropy_backward_impl(gloss, logits, targets, lse, ignore_index, in_place);
 }
-
 
 // ---------------------------------------------------------------- cross-entropy with label smoothing
 
@@ -110,8 +110,7 @@ std::vector<int64_t> smoothed_targets(const Tensor& logits, const Tensor& target
 
 }  // namespace
 
-CrossEntropyOut cross_entropy_smoothed(const Tensor& logits, const Tensor& targets, double eps,
-                                       int64_t ignore_index) {
+CrossEntropyOut cross_entropy_smoothed(const Tensor& logits, const Tensor& targets, double eps, int64_t ignore_index) {
   const char* op = "cross_entropy_smoothed";
   const std::vector<int64_t> t = smoothed_targets(logits, targets, eps, ignore_index, op);
   if (is_half(logits)) return cross_entropy_smoothed(f32_of(logits), targets, eps, ignore_index);
@@ -176,8 +175,8 @@ Tensor cross_entropy_smoothed_backward(double gloss, const Tensor& logits, const
   }
   int64_t count = 0;
   for (int64_t n = 0; n < N; ++n) count += t[size_t(n)] != ignore_index;
-  // forward: row loss = (1 - eps)(lse - x[t]) + eps (lse - mean_v x[v])
-  //   -> d/dx[v] = softmax[v] - (1 - eps) [v == t] - eps / V, times gloss / count
+    // forward: row loss = (1 - eps)(lse - x[t]) + eps (lse - mean_v x[v])
+    //   -> d/dx[v] = softmax[v] - (1 - eps) [v == t] - eps / V, times gloss / count
 #pragma omp parallel for schedule(static) if (N * V > (1 << 14))
   for (int64_t n = 0; n < N; ++n) {
     float* gr = gp + n * V;

@@ -10,7 +10,9 @@ namespace brigade::ops {
 
 // ---------------- fused log-softmax + cross-entropy (torch.nn.functional.cross_entropy,
 // reduction='mean' over targets != ignore_index). logits (N, V); targets (N) i32/i64.
-struct CrossEntropyOut { Tensor loss, lse; };  // loss: 0-d; lse: (N)
+struct CrossEntropyOut {
+  Tensor loss, lse;
+};  // loss: 0-d; lse: (N)
 CrossEntropyOut cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
 // glogits (N, V) = gloss * (softmax(logits) - onehot(target)) / count
 Tensor cross_entropy_backward(double gloss, const Tensor& logits, const Tensor& targets, const Tensor& lse,

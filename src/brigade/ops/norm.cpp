@@ -36,11 +36,9 @@ LayerNormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, doubl
                       o.mean.data<float>(), o.rstd.data<float>());
     return o;
   }
-  if (auto r = via_f32({x.dtype(), DType::F32, DType::F32},
-                       [&](const Tensor& x_, const Tensor& w_, const Tensor& b_) {
-                         return layer_norm(x_, w_, b_, eps);
-                       },
-                       x, w, b))
+  if (auto r = via_f32(
+          {x.dtype(), DType::F32, DType::F32},
+          [&](const Tensor& x_, const Tensor& w_, const Tensor& b_) { return layer_norm(x_, w_, b_, eps); }, x, w, b))
     return *r;
   Tensor xc = x.contiguous(), wc = w.contiguous();
   bc = bc.contiguous();
@@ -75,11 +73,12 @@ LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tens
     g.gb = round_to(g.gb, w.dtype());
     return g;
   }
-  if (auto r = via_f32({x.dtype(), w.dtype(), w.dtype()},
-                       [](const Tensor& gy_, const Tensor& x_, const Tensor& w_, const Tensor& m_, const Tensor& r_) {
-                         return layer_norm_backward(gy_, x_, w_, m_, r_);
-                       },
-                       gy, x, w, mean, rstd))
+  if (auto r = via_f32(
+          {x.dtype(), w.dtype(), w.dtype()},
+          [](const Tensor& gy_, const Tensor& x_, const Tensor& w_, const Tensor& m_, const Tensor& r_) {
+            return layer_norm_backward(gy_, x_, w_, m_, r_);
+          },
+          gy, x, w, mean, rstd))
     return *r;
   Tensor gyc = gy.contiguous(), xc = x.contiguous(), wc = w.contiguous(), mc = mean.contiguous(),
          rc = rstd.contiguous();
@@ -87,11 +86,10 @@ LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tens
   g.gx = Tensor::empty(x.shape());  // (..., C)
   g.gw = Tensor::empty({C});        // (C)
   g.gb = Tensor::empty({C});        // (C)
-  BRIGADE_DISPATCH(layer_norm_backward, N, C, gyc.data<float>(), xc.data<float>(), wc.data<float>(),
-                   mc.data<float>(), rc.data<float>(), g.gx.data<float>(), g.gw.data<float>(), g.gb.data<float>());
+  BRIGADE_DISPATCH(layer_norm_backward, N, C, gyc.data<float>(), xc.data<float>(), wc.data<float>(), mc.data<float>(),
+                   rc.data<float>(), g.gx.data<float>(), g.gw.data<float>(), g.gb.data<float>());
   return g;
 }
-
 
 // ---------------------------------------------------------------- RMSNorm
 
@@ -144,7 +142,7 @@ RMSNormGrads rms_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& 
   g.gw = Tensor::empty({C});        // (C)
   if (on_cpu())
     cpu::rms_norm_backward(N, C, gc.data<float>(), xc.data<float>(), wc.data<float>(), rc.data<float>(),
-                          g.gx.data<float>(), g.gw.data<float>());
+                           g.gx.data<float>(), g.gw.data<float>());
   else
     ref::rms_norm_backward<float>(N, C, gc.data<float>(), xc.data<float>(), wc.data<float>(), rc.data<float>(),
                                   g.gx.data<float>(), g.gw.data<float>());
@@ -210,10 +208,11 @@ BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, con
   if (on_cpu() && channels_last) {
     cpu::batch_norm_rows(N, C, x.dtype(), xc.raw_data(), wp, bp, training, rm, rv, eps, o.y.raw_data(), mp, sp, vp);
   } else if (on_cpu()) {
-    cpu::batch_norm_planes(N, C, HW, x.dtype(), xc.raw_data(), wp, bp, training, rm, rv, eps, o.y.raw_data(), mp, sp, vp);
+    cpu::batch_norm_planes(N, C, HW, x.dtype(), xc.raw_data(), wp, bp, training, rm, rv, eps, o.y.raw_data(), mp, sp,
+                           vp);
   } else {
-    ref::batch_norm2d<float, float>(N, C, HW, 0, C, xc.data<float>(), wp, bp, training, rm, rv, eps,
-                                   o.y.data<float>(), mp, sp, vp);
+    ref::batch_norm2d<float, float>(N, C, HW, 0, C, xc.data<float>(), wp, bp, training, rm, rv, eps, o.y.data<float>(),
+                                    mp, sp, vp);
   }
   if (training && running_mean.defined()) {
     const double M = double(N * HW), unbias = M / (M - 1);
@@ -257,13 +256,13 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
   float *gwp = r.gw.data<float>(), *gbp = r.gb.data<float>();
   if (on_cpu() && channels_last) {
     cpu::batch_norm_rows_backward(N, C, gy.dtype(), gyc.raw_data(), x.dtype(), xc.raw_data(), wp, mp, sp, training,
-                                 r.gx.raw_data(), gwp, gbp);
+                                  r.gx.raw_data(), gwp, gbp);
   } else if (on_cpu()) {
-    cpu::batch_norm_planes_backward(N, C, HW, gy.dtype(), gyc.raw_data(), x.dtype(), xc.raw_data(), wp, mp, sp, training,
-                              r.gx.raw_data(), gwp, gbp);
+    cpu::batch_norm_planes_backward(N, C, HW, gy.dtype(), gyc.raw_data(), x.dtype(), xc.raw_data(), wp, mp, sp,
+                                    training, r.gx.raw_data(), gwp, gbp);
   } else {
-    ref::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gyc.data<float>(), xc.data<float>(), wp, mp, sp,
-                                            training, r.gx.data<float>(), gwp, gbp);
+    ref::batch_norm2d_backward<float, float>(N, C, HW, 0, C, gyc.data<float>(), xc.data<float>(), wp, mp, sp, training,
+                                             r.gx.data<float>(), gwp, gbp);
   }
   return r;
 }
@@ -338,8 +337,8 @@ ChannelSums batch_norm2d_grad_sums(const Tensor& gy0, const Tensor& x0, const Te
   const char* op = "batch_norm2d_grad_sums";
   check_bn_stats(x0, mean0, rstd0, op);
   check_nchw(gy0, op, "gy");
-  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op,
-                shape_str(gy0.shape()), shape_str(x0.shape()));
+  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op, shape_str(gy0.shape()),
+                shape_str(x0.shape()));
   const Tensor gy = f32_of(gy0).contiguous(), x = f32_of(x0).contiguous(), mean = f32_of(mean0).contiguous(),
                rstd = f32_of(rstd0).contiguous();
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
@@ -364,8 +363,8 @@ Tensor batch_norm2d_backward_input(const Tensor& gy0, const Tensor& x0, const Te
   const char* op = "batch_norm2d_backward_input";
   check_bn_stats(x0, mean0, rstd0, op);
   check_nchw(gy0, op, "gy");
-  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op,
-                shape_str(gy0.shape()), shape_str(x0.shape()));
+  BRIGADE_CHECK(gy0.shape() == x0.shape(), ShapeError, "{}: gy {} must have x's shape {}", op, shape_str(gy0.shape()),
+                shape_str(x0.shape()));
   const int64_t N = x0.size(0), C = x0.size(1), HW = x0.size(2) * x0.size(3);
   check_per_channel(w0, C, op, "w");
   BRIGADE_CHECK(int64_t(sums.s1.size()) == C && int64_t(sums.s2.size()) == C, ShapeError,
@@ -400,9 +399,8 @@ Tensor batch_norm2d_backward_input(const Tensor& gy0, const Tensor& x0, const Te
   return round_to(gx, x0.dtype());
 }
 
-void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& running_var,
-                                 const std::vector<double>& mean, const std::vector<double>& var_unbiased,
-                                 double momentum) {
+void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& running_var, const std::vector<double>& mean,
+                                 const std::vector<double>& var_unbiased, double momentum) {
   const char* op = "batch_norm2d_update_running";
   const int64_t C = int64_t(mean.size());
   BRIGADE_CHECK(int64_t(var_unbiased.size()) == C, ShapeError, "{}: {} means but {} variances", op, C,

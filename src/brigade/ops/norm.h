@@ -10,17 +10,25 @@
 namespace brigade::ops {
 
 // ---------------- layer norm over the last dim (Ba et al. 2016; torch.nn.LayerNorm)
-struct LayerNormOut { Tensor y, mean, rstd; };  // mean, rstd: (N) with N = numel / C
+struct LayerNormOut {
+  Tensor y, mean, rstd;
+};  // mean, rstd: (N) with N = numel / C
 LayerNormOut layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps);
-struct LayerNormGrads { Tensor gx, gw, gb; };
+struct LayerNormGrads {
+  Tensor gx, gw, gb;
+};
 LayerNormGrads layer_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                    const Tensor& rstd);
 
 // ---------------- RMSNorm over the last dim (Zhang & Sennrich 2019; HF LlamaRMSNorm):
 //   rstd = 1 / sqrt(mean_c(x^2) + eps); y = x * rstd * w.   x (..., C), w (C).
-struct RMSNormOut { Tensor y, rstd; };  // rstd: (N) with N = numel / C, f32
+struct RMSNormOut {
+  Tensor y, rstd;
+};  // rstd: (N) with N = numel / C, f32
 RMSNormOut rms_norm(const Tensor& x, const Tensor& w, double eps);
-struct RMSNormGrads { Tensor gx, gw; };
+struct RMSNormGrads {
+  Tensor gx, gw;
+};
 RMSNormGrads rms_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
 // ---------------- batch norm over (N, H, W) per channel (torch.nn.functional.batch_norm)
@@ -34,13 +42,17 @@ RMSNormGrads rms_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& 
 // dim). The ref backend runs the NCHW oracle on it as (N H W, C, 1) (the same bytes); the cpu
 // kernels accumulate fixed blocks of rows in double, vectorised over channels, and add the
 // blocks in order: bitwise reproducible for any thread count, like the NCHW kernels.
-struct BatchNormOut { Tensor y, mean, rstd; };
+struct BatchNormOut {
+  Tensor y, mean, rstd;
+};
 BatchNormOut batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
                           const Tensor& running_var, bool training, double momentum, double eps,
                           bool channels_last = false);
 // Training: the backward of batch statistics (mean and variance depend on x); eval: an
 // affine map, gx = gy w rstd. gw = sum gy xhat, gb = sum gy over (N, H, W).
-struct BatchNormGrads { Tensor gx, gw, gb; };
+struct BatchNormGrads {
+  Tensor gx, gw, gb;
+};
 BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                      const Tensor& rstd, bool training, bool channels_last = false);
 
@@ -67,8 +79,7 @@ Tensor batch_norm2d_backward_input(const Tensor& gy, const Tensor& x, const Tens
                                    const Tensor& rstd, const ChannelSums& sums, double M);
 // running = (1 - momentum) running + momentum stat, per channel (torch's rule), for f32 (C)
 // running_mean / running_var given the batch mean and the unbiased batch variance.
-void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& running_var,
-                                 const std::vector<double>& mean, const std::vector<double>& var_unbiased,
-                                 double momentum);
+void batch_norm2d_update_running(const Tensor& running_mean, const Tensor& running_var, const std::vector<double>& mean,
+                                 const std::vector<double>& var_unbiased, double momentum);
 
 }  // namespace brigade::ops

@@ -74,12 +74,13 @@
 namespace brigade::ops {
 
 enum class Backend { Ref, Cpu };
-Backend current_backend();               // thread-local; Cpu by default
+Backend current_backend();  // thread-local; Cpu by default
 void set_backend(Backend b);
-class BackendScope {                     // RAII switch, used by the op harness
+class BackendScope {  // RAII switch, used by the op harness
  public:
   explicit BackendScope(Backend b) : prev_(current_backend()) { set_backend(b); }
   ~BackendScope() { set_backend(prev_); }
+
  private:
   Backend prev_;
 };

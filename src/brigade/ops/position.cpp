@@ -27,11 +27,9 @@ void check_rope_spec(const RopeSpec& r, const char* op) {
   BRIGADE_CHECK(r.factor > 0.0 && std::isfinite(r.factor), ValueError,
                 "{}: the {} RoPE scaling's factor must be > 0, got {}", op, name, r.factor);
   if (r.scaling != RopeScaling::Llama3) return;
-  BRIGADE_CHECK(r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor &&
-                    std::isfinite(r.high_freq_factor),
-                ValueError,
-                "{}: the llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got {} and {}", op,
-                r.low_freq_factor, r.high_freq_factor);
+  BRIGADE_CHECK(r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor && std::isfinite(r.high_freq_factor),
+                ValueError, "{}: the llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor, got {} and {}",
+                op, r.low_freq_factor, r.high_freq_factor);
   BRIGADE_CHECK(r.original_max_positions > 0.0 && std::isfinite(r.original_max_positions), ValueError,
                 "{}: the llama3 RoPE scaling's original_max_positions must be > 0, got {}", op,
                 r.original_max_positions);
@@ -42,8 +40,8 @@ Tensor rope_impl(const Tensor& x, const RopeSpec& spec, int64_t pos0, double sig
   check_float(x, op, "x");
   check_heads(x, op, "x");
   const int64_t B = x.size(0), NH = x.size(1), T = x.size(2), HS = x.size(3);
-  BRIGADE_CHECK(HS % 2 == 0, ShapeError, "{}: the head size HS = {} of x {} must be even (RoPE rotates pairs)", op,
-                HS, shape_str(x.shape()));
+  BRIGADE_CHECK(HS % 2 == 0, ShapeError, "{}: the head size HS = {} of x {} must be even (RoPE rotates pairs)", op, HS,
+                shape_str(x.shape()));
   check_rope_spec(spec, op);
   BRIGADE_CHECK(pos0 >= 0, ValueError, "{}: the first position pos0 must be >= 0, got {}", op, pos0);
   if (any_not_f32({&x})) return round_to(rope_impl(f32_of(x), spec, pos0, sign, op), x.dtype());
@@ -81,7 +79,7 @@ Tensor roll2d(const Tensor& x, int64_t shift_h, int64_t shift_w) {
                           static_cast<uint16_t*>(y.raw_data()));
   } else {
     cpu::roll2d(B, H, W, C, shift_h, shift_w, dtype_size(x.dtype()), static_cast<const char*>(xc.raw_data()),
-               static_cast<char*>(y.raw_data()));
+                static_cast<char*>(y.raw_data()));
   }
   return y;
 }

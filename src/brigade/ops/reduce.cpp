@@ -48,7 +48,9 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   check_float(a, "sum", "a");
   const std::vector<bool> red = reduce_mask(a, dims, "sum");
   if (native16({&a})) return sum_dims(a, red, keepdim, a.dtype());
-  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return sum(x, dims, keepdim); }, a)) return *r;
+  if (auto r = via_f32(
+          {a.dtype()}, [&](const Tensor& x) { return sum(x, dims, keepdim); }, a))
+    return *r;
   return sum_dims(a, red, keepdim, DType::F32);
 }
 
@@ -61,7 +63,9 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
     mul_scalar_(s, 1.0 / double(count));
     return cast(s, a.dtype());
   }
-  if (auto r = via_f32({a.dtype()}, [&](const Tensor& x) { return mean(x, dims, keepdim); }, a)) return *r;
+  if (auto r = via_f32(
+          {a.dtype()}, [&](const Tensor& x) { return mean(x, dims, keepdim); }, a))
+    return *r;
   Tensor s = sum(a, dims, keepdim);
   const int64_t count = s.numel() ? a.numel() / s.numel() : 0;
   mul_scalar_(s, 1.0 / double(count));
@@ -75,9 +79,8 @@ int64_t sum_squares_workspace(int64_t n) { return cpu::sum_squares_workspace(n);
 double sum_squares(const Tensor& a) {
   check_float(a, "sum_squares", "a");
   if (is_half(a)) return sum_squares(cast(a, DType::F32));
-  return on_cpu()
-             ? cpu::sum_squares(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data())
-             : ref::sum_squares<float>(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data());
+  return on_cpu() ? cpu::sum_squares(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data())
+                  : ref::sum_squares<float>(int(a.dim()), a.shape().data(), a.data<float>(), a.strides().data());
 }
 
 Tensor softmax(const Tensor& x) {
@@ -89,7 +92,9 @@ Tensor softmax(const Tensor& x) {
     cpu::softmax16(N, C, strided(x), x.dtype(), y.raw_data());
     return y;
   }
-  if (auto r = via_f32({x.dtype()}, [](const Tensor& x_) { return softmax(x_); }, x)) return *r;
+  if (auto r = via_f32(
+          {x.dtype()}, [](const Tensor& x_) { return softmax(x_); }, x))
+    return *r;
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // (..., C)
@@ -108,7 +113,8 @@ Tensor softmax_backward(const Tensor& gy, const Tensor& y) {
     cpu::softmax_backward16(N, C, strided(gy), strided(y), y.dtype(), gx.raw_data());
     return gx;
   }
-  if (auto r = via_f32({y.dtype()}, [](const Tensor& g_, const Tensor& y_) { return softmax_backward(g_, y_); }, gy, y))
+  if (auto r = via_f32(
+          {y.dtype()}, [](const Tensor& g_, const Tensor& y_) { return softmax_backward(g_, y_); }, gy, y))
     return *r;
   const int64_t C = y.size(-1), N = C ? y.numel() / C : 0;
   Tensor gyc = gy.contiguous(), yc = y.contiguous();
@@ -116,7 +122,6 @@ Tensor softmax_backward(const Tensor& gy, const Tensor& y) {
   BRIGADE_DISPATCH(softmax_backward, N, C, gyc.data<float>(), yc.data<float>(), gx.data<float>());
   return gx;
 }
-
 
 // ---------------------------------------------------------------- spatial mean
 

@@ -11,8 +11,8 @@ namespace brigade::ops {
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
-Tensor sum_all(const Tensor& a);          // 0-d
-double sum_squares(const Tensor& a);      // sum of a^2 in double (for global-norm clipping)
+Tensor sum_all(const Tensor& a);      // 0-d
+double sum_squares(const Tensor& a);  // sum of a^2 in double (for global-norm clipping)
 // Caching-allocator workspace (MemTag::Workspace) the cpu kernel of sum_squares takes over n
 // contiguous f32 elements (once), for memory planning.
 int64_t sum_squares_workspace(int64_t n);

@@ -107,8 +107,8 @@ class LAMB final : public Optimizer {
  private:
   LAMBOptions o_;
   std::vector<bool> decay_;
-  std::vector<Tensor> m_, v_;   // exp_avg, exp_avg_sq: same shapes as the parameters
-  std::vector<int> global_;     // global parameter of each optimizer parameter
+  std::vector<Tensor> m_, v_;  // exp_avg, exp_avg_sq: same shapes as the parameters
+  std::vector<int> global_;    // global parameter of each optimizer parameter
   int num_global_ = 0;
   AllreduceSum allreduce_;
   std::vector<double> ratios_;  // (num_global)

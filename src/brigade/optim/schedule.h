@@ -29,12 +29,12 @@ DecayShape decay_shape_from_name(const std::string& name);
 struct Schedule {
   ScheduleKind kind = ScheduleKind::Cosine;
   double base_lr = 1e-3;
-  double min_lr = 0.0;          // floor of every decaying schedule
+  double min_lr = 0.0;  // floor of every decaying schedule
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
-  int64_t step_every = 0;       // step: decay period (> 0)
-  double step_gamma = 0.1;      // step: factor per period
-  int64_t decay_steps = 0;      // wsd: length of the final decay (> 0)
+  int64_t step_every = 0;                       // step: decay period (> 0)
+  double step_gamma = 0.1;                      // step: factor per period
+  int64_t decay_steps = 0;                      // wsd: length of the final decay (> 0)
   DecayShape decay_shape = DecayShape::Linear;  // wsd: shape of the final decay
   // lr for optimizer step `step` (0-based); see the formulas above.
   double lr_at(int64_t step) const;

@@ -60,7 +60,6 @@ void add_into(float* acc, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + x[i];
 }
 
-
 // "exp_avg.transformer.h.0.ln_1.weight" -> {"exp_avg", "transformer.h.0.ln_1.weight"}
 std::pair<std::string, std::string> split_state_name(const std::string& n) {
   const size_t dot = n.find('.');
@@ -90,8 +89,7 @@ DataParallel::DataParallel(std::vector<ParamUnit> units, std::shared_ptr<dist::P
                     "data parallel: parameter '{}' ({}) must be a contiguous f32 tensor that requires grad", name,
                     p.str());
       BRIGADE_CHECK(seen.insert(p.impl()).second, ValueError,
-                    "data parallel: parameter '{}' appears twice in the units (tied weights belong to one unit)",
-                    name);
+                    "data parallel: parameter '{}' appears twice in the units (tied weights belong to one unit)", name);
       u.params.push_back(params_.size());
       unit_of_param_.push_back(int(units_.size()));
       params_.emplace_back(name, p);
@@ -128,7 +126,8 @@ DataParallel::DataParallel(std::vector<ParamUnit> units, std::shared_ptr<dist::P
       u.storage = zeroed_storage(u.end - u.begin, MemTag::Params);
       for (size_t i : u.params) {
         const Tensor& p = params_[i].second;
-        std::memcpy(fptr(u.storage) + (layout_[i].offset - u.begin), p.data<float>(), size_t(p.numel()) * sizeof(float));
+        std::memcpy(fptr(u.storage) + (layout_[i].offset - u.begin), p.data<float>(),
+                    size_t(p.numel()) * sizeof(float));
         rebind(p, u.storage, layout_[i].offset - u.begin);
       }
       u.storage->free_data();  // gathered on demand from the shards
@@ -311,8 +310,7 @@ void DataParallel::arm_bucket(size_t b) {
   std::memset(bk.buffer.raw_data(), 0, size_t(bk.end - bk.begin) * sizeof(float));
   for (size_t i : bk.params) {
     Tensor p = params_[i].second;  // shares the parameter's TensorImpl
-    if (!p.grad().defined())
-      p.set_grad(view_of(bk.buffer.impl()->storage, layout_[i].offset - bk.begin, p.shape()));
+    if (!p.grad().defined()) p.set_grad(view_of(bk.buffer.impl()->storage, layout_[i].offset - bk.begin, p.shape()));
   }
 }
 

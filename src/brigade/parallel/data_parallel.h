@@ -67,17 +67,17 @@ namespace brigade::parallel {
 
 // Parameters gathered and released together under ZeRO-3, in forward order.
 struct ParamUnit {
-  std::string name;               // e.g. "transformer.h.3"
-  nn::NamedTensors params;        // full names
-  nn::Module* module = nullptr;   // its forward hooks gather/release the unit; null = gathered for the whole step
+  std::string name;              // e.g. "transformer.h.3"
+  nn::NamedTensors params;       // full names
+  nn::Module* module = nullptr;  // its forward hooks gather/release the unit; null = gathered for the whole step
 };
 
 struct DataParallelOptions {
   int zero = 0;
   dist::AllreduceAlgo algo = dist::AllreduceAlgo::Mpi;
   int64_t bucket_bytes = int64_t(4) << 20;
-  bool overlap = true;            // communicate during the backward (communication thread)
-  int64_t accumulation = 1;       // micro-steps per optimizer step
+  bool overlap = true;       // communicate during the backward (communication thread)
+  int64_t accumulation = 1;  // micro-steps per optimizer step
   // false: no gradient hooks; every bucket is communicated in finish_gradients(), after the
   // whole step's backward work (pipeline schedules, whose weight gradients may come late and
   // out of micro-step order, and the tied embedding's cross-stage sum). ZeRO 0 and 1 only.
@@ -92,7 +92,7 @@ struct DataParallelOptions {
 struct FlatEntry {
   std::string name;
   int64_t offset = 0, numel = 0;
-  bool decay = false;             // weight decay applies (the parameter is a matrix)
+  bool decay = false;  // weight decay applies (the parameter is a matrix)
 };
 
 class DataParallel {
@@ -130,9 +130,9 @@ class DataParallel {
 
   // ---- outside the step (evaluation, checkpoints, sampling). ZeRO-3 only, no-ops otherwise;
   // collective: every rank calls them together.
-  void gather_persistent();   // the units without a module (eval then gathers the rest via hooks)
+  void gather_persistent();  // the units without a module (eval then gathers the rest via hooks)
   void release_persistent();
-  void gather_all();          // every unit, kept until release_all()
+  void gather_all();  // every unit, kept until release_all()
   void release_all();
   // Calls fn(unit parameters) for each unit in turn, gathered (ZeRO-3: one unit at a time,
   // released after fn returns; otherwise all parameters at once). For checkpoints.
@@ -140,7 +140,7 @@ class DataParallel {
 
   // ---- flat layout, for sharded checkpoints
   const std::vector<FlatEntry>& layout() const { return layout_; }
-  int64_t flat_numel() const { return numel_; }   // end of the last parameter (no padding)
+  int64_t flat_numel() const { return numel_; }  // end of the last parameter (no padding)
   int64_t shard_begin() const { return lo_; }
   int64_t shard_end() const { return std::min(hi_, numel_); }
   // Rank r's shard, clipped to the parameters: [r S, min((r+1) S, flat_numel)).
@@ -166,19 +166,19 @@ class DataParallel {
   struct Unit {
     std::string name;
     nn::Module* module = nullptr;
-    std::vector<size_t> params;       // indices into params_
-    int64_t begin = 0, end = 0;       // flat range
-    std::shared_ptr<Storage> storage; // ZeRO-3: the gathered parameters
+    std::vector<size_t> params;        // indices into params_
+    int64_t begin = 0, end = 0;        // flat range
+    std::shared_ptr<Storage> storage;  // ZeRO-3: the gathered parameters
     enum State { Released, Pending, Gathered } state = Gathered;
     int64_t ticket = 0;
   };
   struct Bucket {
-    std::vector<size_t> params;       // indices into params_
-    int64_t begin = 0, end = 0;       // flat range (contiguous)
-    int unit = -1;                    // ZeRO-3: the unit it belongs to
-    int ready = 0;                    // gradients ready in this micro-step
+    std::vector<size_t> params;  // indices into params_
+    int64_t begin = 0, end = 0;  // flat range (contiguous)
+    int unit = -1;               // ZeRO-3: the unit it belongs to
+    int ready = 0;               // gradients ready in this micro-step
     bool fired = false;
-    Tensor buffer;                    // ZeRO-2/3: (end - begin) gradients, armed just in time
+    Tensor buffer;  // ZeRO-2/3: (end - begin) gradients, armed just in time
   };
 
   void on_grad_ready(size_t bucket);

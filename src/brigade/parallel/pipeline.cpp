@@ -125,8 +125,8 @@ PipeStepResult PipelineExecutor::run(const std::vector<PipeChunk>& chunks, doubl
       }
       case PipeOp::SendGrad: {
         Tensor g = in_grad[k];
-        BRIGADE_CHECK(g.defined(), InternalError, "pipeline stage {} has no input gradient for micro-batch {}",
-                      a.stage, a.mb);
+        BRIGADE_CHECK(g.defined(), InternalError, "pipeline stage {} has no input gradient for micro-batch {}", a.stage,
+                      a.mb);
         if (g.dtype() != DType::F32) g = ops::cast(g, DType::F32);
         pp_.isend(g.raw_data(), g.nbytes(), plan_.rank_of(a.stage - 1), tag(1, a.stage - 1, a.mb));
         keep.push_back(g);

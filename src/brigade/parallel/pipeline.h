@@ -42,11 +42,11 @@ struct PipeChunk {
 };
 
 struct PipeStepResult {
-  double loss_sum = 0.0;            // last stage: sum of the micro-batches' losses; 0 elsewhere
-  std::vector<PipeEvent> events;    // this rank's compute actions, measured (seconds from the step start)
-  double busy = 0.0;                // seconds spent in compute actions
-  double makespan = 0.0;            // seconds from the step start to the last action's end
-  int peak_in_flight = 0;           // micro-batches holding activations at once on this rank
+  double loss_sum = 0.0;          // last stage: sum of the micro-batches' losses; 0 elsewhere
+  std::vector<PipeEvent> events;  // this rank's compute actions, measured (seconds from the step start)
+  double busy = 0.0;              // seconds spent in compute actions
+  double makespan = 0.0;          // seconds from the step start to the last action's end
+  int peak_in_flight = 0;         // micro-batches holding activations at once on this rank
 };
 
 class PipelineExecutor {

@@ -44,7 +44,8 @@ namespace {
 void check_costs(const PipeCosts& c, int stages, const char* what) {
   BRIGADE_CHECK(int(c.forward.size()) == stages && int(c.backward_input.size()) == stages &&
                     int(c.backward_weight.size()) == stages,
-                ValueError, "{}: the costs give {} / {} / {} stages (forward / backward-input / backward-weight) "
+                ValueError,
+                "{}: the costs give {} / {} / {} stages (forward / backward-input / backward-weight) "
                 "but the plan has {}",
                 what, c.forward.size(), c.backward_input.size(), c.backward_weight.size(), stages);
 }
@@ -150,8 +151,8 @@ std::vector<std::vector<PipeAction>> zb_h1_order(int p, int m, const PipeCosts& 
     for (int r = 0; r < p; ++r) {
       Rank& rk = ranks[size_t(r)];
       if (rk.done()) continue;
-      const bool can = !rk.pending_w.empty() || (rk.next < rk.core.size() &&
-                                                  ready(rk.core[rk.next]) < std::numeric_limits<double>::infinity());
+      const bool can = !rk.pending_w.empty() ||
+                       (rk.next < rk.core.size() && ready(rk.core[rk.next]) < std::numeric_limits<double>::infinity());
       if (can && (pick < 0 || rk.free < ranks[size_t(pick)].free)) pick = r;
     }
     if (pick < 0) break;
@@ -315,14 +316,15 @@ PipeChoice choose_pipe_plan(int p, int m, const std::vector<int>& virtual_stages
     PipeSchedule kind;
     int v;
   };
-  std::vector<Candidate> cands = {{PipeSchedule::OneFOneB, 1}, {PipeSchedule::ZeroBubbleH1, 1},
-                                  {PipeSchedule::GPipe, 1}};
+  std::vector<Candidate> cands = {
+      {PipeSchedule::OneFOneB, 1}, {PipeSchedule::ZeroBubbleH1, 1}, {PipeSchedule::GPipe, 1}};
   for (int v : virtual_stages)
     if (v > 1 && m % p == 0) cands.push_back({PipeSchedule::Interleaved, v});
   PipeChoice best;
   bool found = false;
-  best.table = "| schedule | v | predicted time | bubble | peak in-flight (max over ranks) | fits |\n"
-               "|---|---:|---:|---:|---:|---|\n";
+  best.table =
+      "| schedule | v | predicted time | bubble | peak in-flight (max over ranks) | fits |\n"
+      "|---|---:|---:|---:|---:|---|\n";
   for (const Candidate& c : cands) {
     const PipeCosts costs = costs_for_v(c.v);
     PipePlan plan = build_pipe_plan(c.kind, p, m, c.v, costs);
@@ -353,32 +355,34 @@ void write_pipe_timeline_svg(const std::string& path, const std::vector<PipeEven
   const double sx = t_end > 0 ? (W - left - 20) / t_end : 1.0;
   std::ofstream f(path);
   BRIGADE_CHECK(f.good(), IoError, "cannot write {}: check the folder exists and is writable", path);
-  f << fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-                   "font-size=\"10\">\n",
-                   W, H);
+  f << fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
+      "font-size=\"10\">\n",
+      W, H);
   f << fmt::format("<text x=\"{}\" y=\"20\" font-size=\"14\">{}</text>\n", left, title);
   for (int r = 0; r < p; ++r)
     f << fmt::format("<text x=\"5\" y=\"{:.1f}\">rank {}</text>\n", top + row * r + row * 0.6, r);
   for (const PipeEvent& e : events) {
-    const char* colour = e.action.op == PipeOp::Forward        ? "#6fa8dc"
+    const char* colour = e.action.op == PipeOp::Forward          ? "#6fa8dc"
                          : e.action.op == PipeOp::BackwardWeight ? "#93c47d"
                                                                  : "#e69138";
     const double x = left + e.start * sx, w = std::max(0.5, (e.end - e.start) * sx), y = top + row * e.rank;
-    f << fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
-                     "stroke=\"#333\" stroke-width=\"0.5\"><title>{} stage {} mb {}: {:.4g} to {:.4g}</title></rect>\n",
-                     x, y + 2, w, row - 4, colour, pipe_op_name(e.action.op), e.action.stage, e.action.mb, e.start,
-                     e.end);
+    f << fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\" "
+        "stroke=\"#333\" stroke-width=\"0.5\"><title>{} stage {} mb {}: {:.4g} to {:.4g}</title></rect>\n",
+        x, y + 2, w, row - 4, colour, pipe_op_name(e.action.op), e.action.stage, e.action.mb, e.start, e.end);
     if (w > 12)
-      f << fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", x + w / 2,
-                       y + row * 0.62, e.action.mb);
+      f << fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", x + w / 2, y + row * 0.62,
+                       e.action.mb);
   }
   const double axis_y = top + row * p + 12;
   f << fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\n", left, axis_y, W - 20, axis_y);
   f << fmt::format("<text x=\"{}\" y=\"{}\">0</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.4g}</text>\n", left,
                    axis_y + 14, W - 20, axis_y + 14, t_end);
-  f << fmt::format("<text x=\"{}\" y=\"{}\">F = forward (blue), B / Bi = backward (orange), W = backward-weight "
-                   "(green); the number is the micro-batch</text>\n",
-                   left + 80, axis_y + 14);
+  f << fmt::format(
+      "<text x=\"{}\" y=\"{}\">F = forward (blue), B / Bi = backward (orange), W = backward-weight "
+      "(green); the number is the micro-batch</text>\n",
+      left + 80, axis_y + 14);
   f << "</svg>\n";
 }
 

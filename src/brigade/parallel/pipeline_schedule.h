@@ -40,7 +40,7 @@
 namespace brigade::parallel {
 
 enum class PipeSchedule : uint8_t { GPipe, OneFOneB, Interleaved, ZeroBubbleH1 };
-std::string_view pipe_schedule_name(PipeSchedule s);      // "gpipe", "1f1b", "interleaved", "zb-h1"
+std::string_view pipe_schedule_name(PipeSchedule s);       // "gpipe", "1f1b", "interleaved", "zb-h1"
 PipeSchedule pipe_schedule_from_name(std::string_view s);  // ValueError naming the accepted values
 
 enum class PipeOp : uint8_t {
@@ -96,8 +96,8 @@ struct PipeEvent {
 struct PipeSimulation {
   std::vector<PipeEvent> events;  // compute actions only, in start order per rank
   double makespan = 0;
-  double ideal = 0;               // the busiest rank's compute time
-  double bubble = 0;              // (makespan - ideal) / ideal
+  double ideal = 0;                 // the busiest rank's compute time
+  double bubble = 0;                // (makespan - ideal) / ideal
   std::vector<int> peak_in_flight;  // (p) micro-batches holding activations at once, per rank
 };
 

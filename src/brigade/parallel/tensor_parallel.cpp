@@ -135,7 +135,7 @@ Tensor vocab_parallel_embedding(const Tensor& weight_shard, const Tensor& ids, i
     id[i] = local[i] ? id[i] - vocab_start : 0;
   }
   Tensor local_ids = Tensor::from_vector_i64(id, ids.shape());  // same shape as ids
-  Tensor out = ops::embedding(w, local_ids);                     // (..., C)
+  Tensor out = ops::embedding(w, local_ids);                    // (..., C)
   const size_t row = size_t(w.size(1)) * out.element_size();
   auto* bytes = static_cast<unsigned char*>(out.raw_data());
   for (size_t i = 0; i < local.size(); ++i)
@@ -160,8 +160,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
   BRIGADE_CHECK(vocab_start >= 0 && vocab_size > 0, ValueError,
                 "vocab_parallel_cross_entropy: vocab_start = {} and vocab_size = {} must be >= 0 and > 0", vocab_start,
                 vocab_size);
-  const Tensor lg = logits_shard.dtype() == DType::F32 ? logits_shard.contiguous()
-                                                        : logits_shard.to(DType::F32);  // (N, Vl) f32
+  const Tensor lg =
+      logits_shard.dtype() == DType::F32 ? logits_shard.contiguous() : logits_shard.to(DType::F32);  // (N, Vl) f32
   const int64_t valid = std::clamp<int64_t>(vocab_size - vocab_start, 0, Vl);  // non-padding columns here
   std::vector<int64_t> t = targets.to_vector_i64();
   int64_t count = 0;
@@ -176,7 +176,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_shard, const Tensor& ta
   std::vector<double> m(static_cast<size_t>(N), -std::numeric_limits<double>::infinity());
   std::vector<float> lse_local;
   if (valid > 0) {
-    Tensor zero_t = Tensor::zeros({N}, DType::I64);                      // (N): any valid target
+    Tensor zero_t = Tensor::zeros({N}, DType::I64);                                  // (N): any valid target
     lse_local = ops::cross_entropy(lg.narrow(1, 0, valid), zero_t).lse.to_vector();  // (N)
     for (int64_t i = 0; i < N; ++i) m[size_t(i)] = lse_local[size_t(i)];
   }
@@ -287,19 +287,14 @@ std::vector<Match> match_plan(const nn::Module& model, const nn::TpPlan& plan) {
       switch (rule.style) {
         case nn::TpStyle::Column:
         case nn::TpStyle::Row:
-        case nn::TpStyle::VocabHead:
-          want = check_unsharded<nn::Linear>(m, path, "an nn::Linear");
-          break;
-        case nn::TpStyle::VocabEmbedding:
-          want = check_unsharded<nn::Embedding>(m, path, "an nn::Embedding");
-          break;
+        case nn::TpStyle::VocabHead: want = check_unsharded<nn::Linear>(m, path, "an nn::Linear"); break;
+        case nn::TpStyle::VocabEmbedding: want = check_unsharded<nn::Embedding>(m, path, "an nn::Embedding"); break;
         case nn::TpStyle::Heads:
           if (!dynamic_cast<nn::HeadParallel*>(m)) want = "an attention implementing nn::HeadParallel";
           break;
       }
-      BRIGADE_CHECK(want == nullptr, ValueError,
-                    "tensor-parallel plan: rule \"{}\" ({}) matches {}, which is not {}", rule.pattern,
-                    nn::tp_style_name(rule.style), path, want);
+      BRIGADE_CHECK(want == nullptr, ValueError, "tensor-parallel plan: rule \"{}\" ({}) matches {}, which is not {}",
+                    rule.pattern, nn::tp_style_name(rule.style), path, want);
       BRIGADE_CHECK(rule.groups >= 1 && (rule.groups == 1 || rule.style == nn::TpStyle::Column), ValueError,
                     "tensor-parallel plan: rule \"{}\" has groups = {}; only a column rule may split its output in "
                     "groups (>= 1)",
@@ -415,11 +410,10 @@ Tensor tp_shard_param(const TpLayout& layout, const std::string& name, const Ten
   return shard;
 }
 
-Tensor tp_gather_param(const TpLayout& layout, const std::string& name, const Tensor& local,
-                       dist::ProcessGroup& tp) {
+Tensor tp_gather_param(const TpLayout& layout, const std::string& name, const Tensor& local, dist::ProcessGroup& tp) {
   const int P = tp.size();
-  BRIGADE_CHECK(P == layout.size(), ValueError,
-                "tp_gather_param({}): the layout is for {} ranks, the group has {}", name, layout.size(), P);
+  BRIGADE_CHECK(P == layout.size(), ValueError, "tp_gather_param({}): the layout is for {} ranks, the group has {}",
+                name, layout.size(), P);
   const TpSplit& s = layout.split(name);
   if (!s.sharded) return local.clone();
   const SplitViews v = views_of(s, P);
@@ -430,12 +424,12 @@ Tensor tp_gather_param(const TpLayout& layout, const std::string& name, const Te
   Shape all = v.shard;
   all.insert(all.begin(), P);
   Tensor gathered = Tensor::empty(all, DType::F32);  // (P, shard...)
-  tp.allgather(mine.data<float>(), gathered.data<float>(),
-               std::vector<int64_t>(static_cast<size_t>(P), local.numel()));
+  tp.allgather(mine.data<float>(), gathered.data<float>(), std::vector<int64_t>(static_cast<size_t>(P), local.numel()));
   Shape padded = s.full;
   padded[size_t(s.dim)] = s.padded;
   Tensor full = Tensor::empty(padded, local.dtype());  // padded full shape
-  for (int r = 0; r < P; ++r) full.view(v.full_view).select(s.dim + 1, r).copy_(gathered.select(0, r).view(v.shard_view));
+  for (int r = 0; r < P; ++r)
+    full.view(v.full_view).select(s.dim + 1, r).copy_(gathered.select(0, r).view(v.shard_view));
   return s.padded == s.real ? full : full.narrow(s.dim, 0, s.real).clone();
 }
 
@@ -484,8 +478,8 @@ class VocabParallel final : public nn::EmbeddingShard {
   }
   Tensor lookup(const nn::Embedding& e, const Tensor& ids) const override {
     for (int64_t id : ids.to_vector_i64())
-      BRIGADE_CHECK(id >= 0 && id < vocab_size, ValueError, "embedding: token id {} outside the vocabulary [0, {})",
-                    id, vocab_size);
+      BRIGADE_CHECK(id >= 0 && id < vocab_size, ValueError, "embedding: token id {} outside the vocabulary [0, {})", id,
+                    vocab_size);
     return vocab_parallel_embedding(e.weight, ids, vocab_start, *tp_);  // (..., C)
   }
   Tensor attend(const nn::Embedding&, const Tensor&) const override {

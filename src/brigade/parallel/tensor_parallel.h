@@ -84,9 +84,9 @@ struct TpSplit {
   bool sharded = false;  // false: replicated (every rank holds it whole)
   int64_t dim = 0;
   int64_t groups = 1;
-  Shape full;            // the whole parameter (as the checkpoint holds it)
-  int64_t real = 0;      // extent along dim without padding (a vocabulary: V)
-  int64_t padded = 0;    // extent along dim with padding (V_pad, a multiple of size)
+  Shape full;                               // the whole parameter (as the checkpoint holds it)
+  int64_t real = 0;                         // extent along dim without padding (a vocabulary: V)
+  int64_t padded = 0;                       // extent along dim with padding (V_pad, a multiple of size)
   nn::TpStyle style = nn::TpStyle::Column;  // the rule that split it (sharded only)
 };
 

@@ -81,7 +81,8 @@ void AccumulationPolicy::set_state(const std::string& text) {
       const std::optional<int64_t> n = json_int64(j.at(field));
       BRIGADE_CHECK(n && *n >= 0, CheckpointError,
                     "the accumulation state in state.json is corrupted: \"{}\" holds {}, not a whole number >= 0; "
-                    "resume from another checkpoint", field, j.at(field).dump());
+                    "resume from another checkpoint",
+                    field, j.at(field).dump());
       return *n;
     };
     current_ = std::clamp(whole("current"), start_, max_);

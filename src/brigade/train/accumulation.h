@@ -32,8 +32,8 @@ class AccumulationPolicy {
   // noise_scale: one step's measurement (squared L2 norms of the mean gradient over
   // b_small and b_big rows, b_small < b_big). Updates the accumulation of later steps.
   void observe(double g_small_sq, int64_t b_small, double g_big_sq, int64_t b_big);
-  double noise_scale() const;   // smoothed B_simple in rows; 0 before any measurement
-  std::string state() const;    // JSON, for state.json
+  double noise_scale() const;  // smoothed B_simple in rows; 0 before any measurement
+  std::string state() const;   // JSON, for state.json
   void set_state(const std::string& json);
 
  private:

@@ -25,18 +25,25 @@ void write_checkpoint_files(const std::string& tmp_dir, const nn::NamedTensors& 
                             const TrainState& state, const Recipe& recipe, const std::string& tokenizer_dir) {
   const fs::path tmp(tmp_dir);
   const ModelConfig& mc = recipe.model;
-  nlohmann::json cfg{{"type", mc.type},       {"vocab_size", mc.vocab_size}, {"block_size", mc.block_size},
-                     {"n_layer", mc.n_layer}, {"n_head", mc.n_head},         {"n_embd", mc.n_embd},
+  nlohmann::json cfg{{"type", mc.type},
+                     {"vocab_size", mc.vocab_size},
+                     {"block_size", mc.block_size},
+                     {"n_layer", mc.n_layer},
+                     {"n_head", mc.n_head},
+                     {"n_embd", mc.n_embd},
                      {"layer_norm_eps", mc.layer_norm_eps}};
   const std::map<std::string, std::string> meta{{"format", "pt"}, {"brigade.config", cfg.dump()}};
   const nn::NamedTensors opt_state = opt ? opt->state_tensors() : nn::NamedTensors{};
-  nlohmann::json js{{"version", kStateVersion},        {"step", state.step},
-                    {"tokens_seen", state.tokens_seen}, {"rng_state", state.rng_state},
+  nlohmann::json js{{"version", kStateVersion},
+                    {"step", state.step},
+                    {"tokens_seen", state.tokens_seen},
+                    {"rng_state", state.rng_state},
                     // null before the first evaluation (never a sentinel number)
                     {"last_val_loss", std::isfinite(state.last_val_loss) ? nlohmann::json(state.last_val_loss)
                                                                          : nlohmann::json(nullptr)},
                     {"accumulation", state.accumulation_state},
-                    {"loss_scaler", state.scaler_state}, {"optimizer_steps", state.optimizer_steps}};
+                    {"loss_scaler", state.scaler_state},
+                    {"optimizer_steps", state.optimizer_steps}};
   if (!state.guard_state.empty()) js["step_guard"] = state.guard_state;
   if (state.early_stop.best_step > 0)
     js["early_stop"] = {{"best_step", state.early_stop.best_step},
@@ -104,9 +111,10 @@ TrainState checkpoint_state(const std::string& dir) {
   try {
     js = nlohmann::json::parse(ckpt::read_checkpoint_file(p));
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("checkpoint state {} is corrupted ({}); resume from another checkpoint or "
-                                      "start without --resume",
-                                      p.string(), e.what()));
+    throw CheckpointError(
+        fmt::format("checkpoint state {} is corrupted ({}); resume from another checkpoint or "
+                    "start without --resume",
+                    p.string(), e.what()));
   }
   BRIGADE_CHECK(js.is_object(), CheckpointError,
                 "checkpoint state {} is not a JSON object; resume from another checkpoint or start without --resume",
@@ -123,14 +131,15 @@ TrainState checkpoint_state(const std::string& dir) {
   };
   TrainState s;
   try {
-    BRIGADE_CHECK(json_int64(js.at("version")) == kStateVersion, CheckpointError,
-                  "{}: unsupported state version {}", p.string(), js.at("version").dump());
+    BRIGADE_CHECK(json_int64(js.at("version")) == kStateVersion, CheckpointError, "{}: unsupported state version {}",
+                  p.string(), js.at("version").dump());
     s.step = whole(js.at("step"), "step", 0);
     s.tokens_seen = whole(js.at("tokens_seen"), "tokens_seen", 0);
     s.rng_state = js.at("rng_state").get<std::string>();
     // null: no evaluation yet (older checkpoints wrote -1 for that)
     const auto& lv = js.at("last_val_loss");
-    s.last_val_loss = lv.is_null() || lv.get<double>() < 0 ? std::numeric_limits<double>::quiet_NaN() : lv.get<double>();
+    s.last_val_loss =
+        lv.is_null() || lv.get<double>() < 0 ? std::numeric_limits<double>::quiet_NaN() : lv.get<double>();
     if (js.contains("early_stop")) {  // absent in older checkpoints and before the first evaluation
       const auto& es = js.at("early_stop");
       BRIGADE_CHECK(es.is_object(), CheckpointError, "checkpoint state {}: \"early_stop\" = {} is not an object",
@@ -145,9 +154,10 @@ TrainState checkpoint_state(const std::string& dir) {
       s.optimizer_steps = whole(js.at("optimizer_steps"), "optimizer_steps", -1);
     s.guard_state = js.value("step_guard", std::string());  // absent: nothing to keep
   } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError(fmt::format("checkpoint state {} is missing a field or has one of the wrong type ({}); the "
-                                      "file is damaged: resume from another checkpoint or start without --resume",
-                                      p.string(), e.what()));
+    throw CheckpointError(
+        fmt::format("checkpoint state {} is missing a field or has one of the wrong type ({}); the "
+                    "file is damaged: resume from another checkpoint or start without --resume",
+                    p.string(), e.what()));
   }
   return s;
 }
@@ -158,12 +168,11 @@ void load_model_weights(const std::string& path, const nn::Module& model) {
   for (auto& [name, p] : model.named_parameters()) {
     expected.insert(name);
     BRIGADE_CHECK(r.contains(name), CheckpointError,
-                  "{}: parameter '{}' is missing; the checkpoint was written for a different model config", path,
-                  name);
+                  "{}: parameter '{}' is missing; the checkpoint was written for a different model config", path, name);
     Tensor t = r.get(name);
     BRIGADE_CHECK(t.shape() == p.shape(), CheckpointError,
-                  "{}: parameter '{}' has shape {} but the model expects {}; check model.* in the recipe", path,
-                  name, shape_str(t.shape()), shape_str(p.shape()));
+                  "{}: parameter '{}' has shape {} but the model expects {}; check model.* in the recipe", path, name,
+                  shape_str(t.shape()), shape_str(p.shape()));
     p.copy_(t);
   }
   for (const std::string& name : r.names())

@@ -9,8 +9,8 @@
 // ckpt/checkpoint_dir.h describes.
 #pragma once
 #include <cstdint>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -34,16 +34,16 @@ using ckpt::write_optimizer_index;
 using ckpt::write_optimizer_shard;
 
 struct TrainState {
-  int64_t step = 0;             // optimizer steps completed
+  int64_t step = 0;  // optimizer steps completed
   int64_t tokens_seen = 0;
-  std::string rng_state;        // model (dropout) generator
+  std::string rng_state;                                            // model (dropout) generator
   double last_val_loss = std::numeric_limits<double>::quiet_NaN();  // NaN (null in state.json): none yet
-  EarlyStopState early_stop;    // train.early_stop: best so far and evaluations since (absent = none yet)
+  EarlyStopState early_stop;       // train.early_stop: best so far and evaluations since (absent = none yet)
   std::string accumulation_state;  // adaptive accumulation (AccumulationPolicy::state); "" = none
-  std::string scaler_state;     // loss scaler (amp::LossScaler::state); "" = none
-  std::string guard_state;      // non-finite / spike decisions (StepGuard::state); "" = none
-  int64_t optimizer_steps = -1; // updates the optimizer made (< step when loss scaling skipped some);
-                                // -1 (absent in older checkpoints) = step
+  std::string scaler_state;        // loss scaler (amp::LossScaler::state); "" = none
+  std::string guard_state;         // non-finite / spike decisions (StepGuard::state); "" = none
+  int64_t optimizer_steps = -1;    // updates the optimizer made (< step when loss scaling skipped some);
+                                   // -1 (absent in older checkpoints) = step
 };
 
 void save_checkpoint(const std::string& dir, const nn::Module& model, const optim::Optimizer* opt,

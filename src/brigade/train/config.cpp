@@ -8,13 +8,13 @@
 #include "brigade/train/finetune.h"
 #include "brigade/train/registry.h"
 
+#include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "brigade/core/error.h"
 
@@ -31,8 +31,10 @@ struct Field {
   std::string name() const { return std::string(section) + "." + key; }
 };
 
-#define BRIGADE_FIELD(sec, member, kind) \
-  Field { #sec, #member, Kind::kind, [](Recipe& r) -> void* { return &r.sec.member; } }
+#define BRIGADE_FIELD(sec, member, kind)                                         \
+  Field {                                                                        \
+#sec, #member, Kind::kind, [](Recipe & r) -> void* { return &r.sec.member; } \
+  }
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> kFields = {
@@ -172,7 +174,7 @@ const std::vector<Field>& fields() {
 }
 #undef BRIGADE_FIELD
 
-const char* const kSections[] = {"run",    "model",     "data",     "train", "optim", "schedule",
+const char* const kSections[] = {"run",      "model",  "data",      "train",    "optim", "schedule",
                                  "parallel", "memory", "precision", "finetune", "lora",  "sample"};
 
 const Field* find_field(std::string_view section, std::string_view key) {
@@ -256,8 +258,10 @@ std::string toml_string(std::string_view s) {
       case '\b': out += "\\b"; break;
       case '\f': out += "\\f"; break;
       default:
-        if (c < 0x20 || c == 0x7F) out += fmt::format("\\u{:04X}", unsigned(c));
-        else out += char(c);
+        if (c < 0x20 || c == 0x7F)
+          out += fmt::format("\\u{:04X}", unsigned(c));
+        else
+          out += char(c);
     }
   }
   return out + "\"";
@@ -288,8 +292,8 @@ std::string position(const std::string& origin, const toml::source_region& src) 
 // Stores `v` into the field; `where` prefixes the message ("recipe f.toml:3:9").
 void assign(const Field& f, Recipe& r, const toml::node& v, const std::string& where) {
   auto type_error = [&]() {
-    return ConfigError(fmt::format("{}: key '{}' must be {}, got {} ({}); fix the value in the recipe or --set",
-                                   where, f.name(), expected_name(f.kind), type_name(v), show_value(v)));
+    return ConfigError(fmt::format("{}: key '{}' must be {}, got {} ({}); fix the value in the recipe or --set", where,
+                                   f.name(), expected_name(f.kind), type_name(v), show_value(v)));
   };
   void* p = f.ptr(r);
   switch (f.kind) {
@@ -317,9 +321,12 @@ void assign(const Field& f, Recipe& r, const toml::node& v, const std::string& w
       break;
     }
     case Kind::Float: {
-      if (auto d = v.as_floating_point()) *static_cast<double*>(p) = d->get();
-      else if (auto i = v.as_integer()) *static_cast<double*>(p) = double(i->get());
-      else throw type_error();
+      if (auto d = v.as_floating_point())
+        *static_cast<double*>(p) = d->get();
+      else if (auto i = v.as_integer())
+        *static_cast<double*>(p) = double(i->get());
+      else
+        throw type_error();
       break;
     }
     case Kind::String: {
@@ -361,9 +368,10 @@ void apply_table(Recipe& r, const toml::table& root, const std::string& origin) 
     const std::string where = "recipe " + position(origin, k.source());
     if (!is_section(sec)) {
       if (v.is_table()) {
-        throw ConfigError(fmt::format("{}: unknown section '[{}]'{}; sections are [run] [model] [data] [train] "
-                                      "[optim] [schedule] [parallel] [memory] [precision] [finetune] [lora] [sample]",
-                                      where, sec, suggest(sec, {std::begin(kSections), std::end(kSections)})));
+        throw ConfigError(
+            fmt::format("{}: unknown section '[{}]'{}; sections are [run] [model] [data] [train] "
+                        "[optim] [schedule] [parallel] [memory] [precision] [finetune] [lora] [sample]",
+                        where, sec, suggest(sec, {std::begin(kSections), std::end(kSections)})));
       }
       std::string hint;
       for (const auto& f : fields())
@@ -371,9 +379,10 @@ void apply_table(Recipe& r, const toml::table& root, const std::string& origin) 
           hint = fmt::format(" (did you mean '{}'?)", f.name());
           break;
         }
-      throw ConfigError(fmt::format("{}: unknown top-level key '{}'{}; every key belongs under a [section] "
-                                    "header, e.g. [train] then steps = 1000",
-                                    where, sec, hint));
+      throw ConfigError(
+          fmt::format("{}: unknown top-level key '{}'{}; every key belongs under a [section] "
+                      "header, e.g. [train] then steps = 1000",
+                      where, sec, hint));
     }
     const toml::table* t = v.as_table();
     BRIGADE_CHECK(t != nullptr, ConfigError, "{}: '{}' must be a table ([{}]), got {}; write it as a section", where,
@@ -411,9 +420,10 @@ void apply_override(Recipe& r, const std::string& text) {
   const Field* f = find_field(sec, name);
   if (!f) {
     std::string hint = dot == std::string::npos ? suggest_key("", name) : suggest_key(sec, name);
-    throw ConfigError(fmt::format("override '{}': unknown key '{}'{}; keys look like section.key, see "
-                                  "docs/recipes.md",
-                                  text, key, hint));
+    throw ConfigError(
+        fmt::format("override '{}': unknown key '{}'{}; keys look like section.key, see "
+                    "docs/recipes.md",
+                    text, key, hint));
   }
   const std::string raw = trim(std::string_view(text).substr(eq + 1));
   const std::string where = fmt::format("override '{}'", text);
@@ -524,11 +534,13 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
     fail(fmt::format("train.spike_window = {} must be >= 2 (steps of history for train.spike_zscore)",
                      r.train.spike_window));
   if (r.train.nonfinite == "rollback" && (r.parallel.tp > 1 || r.parallel.pp > 1))
-    fail("train.nonfinite = \"rollback\" is not supported with tensor or pipeline parallelism (parallel.tp / "
-         "parallel.pp > 1) yet; use \"skip\" or \"stop\"");
+    fail(
+        "train.nonfinite = \"rollback\" is not supported with tensor or pipeline parallelism (parallel.tp / "
+        "parallel.pp > 1) yet; use \"skip\" or \"stop\"");
   if (r.train.early_stop && r.train.eval_every == 0)
-    fail("train.early_stop = true needs periodic evaluations, but train.eval_every = 0 (only at the end); set "
-         "train.eval_every to a positive period, e.g. 100");
+    fail(
+        "train.early_stop = true needs periodic evaluations, but train.eval_every = 0 (only at the end); set "
+        "train.eval_every to a positive period, e.g. 100");
 
   one_of(r.optim.name, "optim.name", "a known optimizer", {"lamb", "adamw", "sgd"});
   real(r.optim.lr, "optim.lr", "> 0", "; use e.g. 1e-3");
@@ -549,100 +561,119 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   non_negative(r.train.accumulation_max, "train.accumulation_max", "0 = train.accumulation");
   non_negative(r.train.ramp_steps, "train.ramp_steps", "0 = no ramp");
   if (am == "static" && r.train.accumulation_max != 0 && r.train.accumulation_max != r.train.accumulation)
-    fail(fmt::format("train.accumulation_max = {} has no effect with train.accumulation_mode = \"static\"; set "
-                     "accumulation_mode = \"ramp\" or \"noise_scale\", or remove accumulation_max",
-                     r.train.accumulation_max));
+    fail(
+        fmt::format("train.accumulation_max = {} has no effect with train.accumulation_mode = \"static\"; set "
+                    "accumulation_mode = \"ramp\" or \"noise_scale\", or remove accumulation_max",
+                    r.train.accumulation_max));
   if (am != "static" && r.train.accumulation_max <= r.train.accumulation)
-    fail(fmt::format("train.accumulation_mode = \"{}\" needs train.accumulation_max > train.accumulation ({} <= {}); "
-                     "raise accumulation_max",
-                     am, r.train.accumulation_max, r.train.accumulation));
+    fail(
+        fmt::format("train.accumulation_mode = \"{}\" needs train.accumulation_max > train.accumulation ({} <= {}); "
+                    "raise accumulation_max",
+                    am, r.train.accumulation_max, r.train.accumulation));
   if (am == "ramp" && r.train.ramp_steps <= 0)
     fail("train.accumulation_mode = \"ramp\" needs train.ramp_steps > 0 (steps to reach accumulation_max)");
   if (am == "noise_scale" && r.train.accumulation < 2)
-    fail(fmt::format("train.accumulation_mode = \"noise_scale\" measures the gradient of one micro-batch against "
-                     "the whole step, so it needs train.accumulation >= 2 (got {})",
-                     r.train.accumulation));
+    fail(
+        fmt::format("train.accumulation_mode = \"noise_scale\" measures the gradient of one micro-batch against "
+                    "the whole step, so it needs train.accumulation >= 2 (got {})",
+                    r.train.accumulation));
   if (am == "noise_scale" && r.parallel.zero >= 2)
-    fail(fmt::format("train.accumulation_mode = \"noise_scale\" needs the local micro-batch gradient, which ZeRO-{} "
-                     "does not keep; use parallel.zero = 0 or 1",
-                     r.parallel.zero));
+    fail(
+        fmt::format("train.accumulation_mode = \"noise_scale\" needs the local micro-batch gradient, which ZeRO-{} "
+                    "does not keep; use parallel.zero = 0 or 1",
+                    r.parallel.zero));
   real(r.train.noise_ema, "train.noise_ema", "[0, 1)", "; use e.g. 0.9");
 
   if (r.parallel.dp < 1 || r.parallel.dp > 65536)
-    fail(fmt::format("parallel.dp = {} must be between 1 and 65536; it must equal the number of processes "
-                     "(mpirun -np <dp>)",
-                     r.parallel.dp));
+    fail(
+        fmt::format("parallel.dp = {} must be between 1 and 65536; it must equal the number of processes "
+                    "(mpirun -np <dp>)",
+                    r.parallel.dp));
   if (r.parallel.zero < 0 || r.parallel.zero > 3)
-    fail(fmt::format("parallel.zero = {} is not a ZeRO stage; use 0 (none), 1 (optimizer state), 2 (+ gradients) or "
-                     "3 (+ parameters)",
-                     r.parallel.zero));
+    fail(
+        fmt::format("parallel.zero = {} is not a ZeRO stage; use 0 (none), 1 (optimizer state), 2 (+ gradients) or "
+                    "3 (+ parameters)",
+                    r.parallel.zero));
   one_of(r.parallel.allreduce, "parallel.allreduce", "a known algorithm", {"mpi", "ring", "tree"});
   real(r.parallel.bucket_mb, "parallel.bucket_mb", "(0, 4096]", "; use e.g. 4 or 25");
-  for (auto [key, v] : {std::pair<const char*, int64_t>{"tp", r.parallel.tp}, {"pp", r.parallel.pp},
-                        {"microbatches", r.parallel.microbatches}, {"virtual_stages", r.parallel.virtual_stages}})
+  for (auto [key, v] : {std::pair<const char*, int64_t>{"tp", r.parallel.tp},
+                        {"pp", r.parallel.pp},
+                        {"microbatches", r.parallel.microbatches},
+                        {"virtual_stages", r.parallel.virtual_stages}})
     if (v < 1 || v > 65536) fail(fmt::format("parallel.{} = {} must be between 1 and 65536", key, v));
   if (r.parallel.max_in_flight < 0)
     fail(fmt::format("parallel.max_in_flight = {} must be >= 0 (0 = no limit)", r.parallel.max_in_flight));
   const std::string& ps = r.parallel.schedule;
   one_of(ps, "parallel.schedule", "a pipeline schedule", {"gpipe", "1f1b", "interleaved", "zb-h1", "dynamic"});
   if (r.train.batch_size % r.parallel.microbatches != 0)
-    fail(fmt::format("parallel.microbatches = {} must divide train.batch_size = {} (each pipeline micro-batch is "
-                     "batch_size / microbatches rows)",
-                     r.parallel.microbatches, r.train.batch_size));
+    fail(
+        fmt::format("parallel.microbatches = {} must divide train.batch_size = {} (each pipeline micro-batch is "
+                    "batch_size / microbatches rows)",
+                    r.parallel.microbatches, r.train.batch_size));
   if (r.parallel.virtual_stages > 1 && ps != "interleaved" && ps != "dynamic")
-    fail(fmt::format("parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (or \"dynamic\"); "
-                     "\"{}\" runs one stage per rank",
-                     r.parallel.virtual_stages, ps));
+    fail(
+        fmt::format("parallel.virtual_stages = {} needs parallel.schedule = \"interleaved\" (or \"dynamic\"); "
+                    "\"{}\" runs one stage per rank",
+                    r.parallel.virtual_stages, ps));
   if (ps == "interleaved" && r.parallel.microbatches % r.parallel.pp != 0)
-    fail(fmt::format("parallel.schedule = \"interleaved\" runs micro-batches in groups of parallel.pp = {}: "
-                     "parallel.microbatches = {} must be a multiple of it",
-                     r.parallel.pp, r.parallel.microbatches));
+    fail(
+        fmt::format("parallel.schedule = \"interleaved\" runs micro-batches in groups of parallel.pp = {}: "
+                    "parallel.microbatches = {} must be a multiple of it",
+                    r.parallel.pp, r.parallel.microbatches));
   if (r.parallel.atom_rows < 1)
     fail(fmt::format("parallel.atom_rows = {} must be >= 1 (rows per atom of parallel.deterministic)",
                      r.parallel.atom_rows));
   if (r.parallel.deterministic) {
     const int64_t rows = r.train.batch_size * r.train.accumulation, a = r.parallel.atom_rows;
-    const std::string split =
-        fmt::format("train.batch_size x train.accumulation = {} x {} = {} rows per rank", r.train.batch_size,
-                    r.train.accumulation, rows);
+    const std::string split = fmt::format("train.batch_size x train.accumulation = {} x {} = {} rows per rank",
+                                          r.train.batch_size, r.train.accumulation, rows);
     if (rows % a != 0)
-      fail(fmt::format("parallel.deterministic = true: {} is not a multiple of parallel.atom_rows = {}; every rank "
-                       "must hold whole atoms",
-                       split, a));
+      fail(
+          fmt::format("parallel.deterministic = true: {} is not a multiple of parallel.atom_rows = {}; every rank "
+                      "must hold whole atoms",
+                      split, a));
     else if (((rows / a) & (rows / a - 1)) != 0)
-      fail(fmt::format("parallel.deterministic = true: {} make {} atoms of parallel.atom_rows = {} per rank; the "
-                       "canonical summation tree needs a power of two (1, 2, 4, 8, ...): change batch_size, "
-                       "accumulation or atom_rows",
-                       split, rows / a, a));
+      fail(
+          fmt::format("parallel.deterministic = true: {} make {} atoms of parallel.atom_rows = {} per rank; the "
+                      "canonical summation tree needs a power of two (1, 2, 4, 8, ...): change batch_size, "
+                      "accumulation or atom_rows",
+                      split, rows / a, a));
     if (r.parallel.tp > 1 || r.parallel.pp > 1)
-      fail(fmt::format("parallel.deterministic = true is for data parallelism; it does not combine with "
-                       "parallel.tp = {} / parallel.pp = {} yet",
-                       r.parallel.tp, r.parallel.pp));
+      fail(
+          fmt::format("parallel.deterministic = true is for data parallelism; it does not combine with "
+                      "parallel.tp = {} / parallel.pp = {} yet",
+                      r.parallel.tp, r.parallel.pp));
     if (r.train.accumulation_mode != "static")
-      fail(fmt::format("parallel.deterministic = true needs train.accumulation_mode = \"static\" (the atoms per "
-                       "step are fixed), not \"{}\"",
-                       r.train.accumulation_mode));
+      fail(
+          fmt::format("parallel.deterministic = true needs train.accumulation_mode = \"static\" (the atoms per "
+                      "step are fixed), not \"{}\"",
+                      r.train.accumulation_mode));
     if (r.parallel.sync_batchnorm)
-      fail("parallel.deterministic = true normalises each atom with its own statistics; it does not combine with "
-           "parallel.sync_batchnorm = true");
+      fail(
+          "parallel.deterministic = true normalises each atom with its own statistics; it does not combine with "
+          "parallel.sync_batchnorm = true");
     if (r.parallel.allreduce == "ring")
-      fail("parallel.allreduce = \"ring\" has no effect with parallel.deterministic = true (gradients are summed "
-           "by the binomial tree, in a fixed order); remove it or set \"tree\"");
+      fail(
+          "parallel.allreduce = \"ring\" has no effect with parallel.deterministic = true (gradients are summed "
+          "by the binomial tree, in a fixed order); remove it or set \"tree\"");
   }
   if (r.parallel.tp > 1 || r.parallel.pp > 1) {
     const std::string what = fmt::format("parallel.tp = {}, parallel.pp = {}", r.parallel.tp, r.parallel.pp);
     if (r.parallel.zero > 1)
-      fail(fmt::format("{}: model parallelism combines with ZeRO-0 or ZeRO-1 on the dp axis; parallel.zero = {} "
-                       "is not supported with it",
-                       what, r.parallel.zero));
+      fail(
+          fmt::format("{}: model parallelism combines with ZeRO-0 or ZeRO-1 on the dp axis; parallel.zero = {} "
+                      "is not supported with it",
+                      what, r.parallel.zero));
     if (r.train.accumulation_mode == "noise_scale")
-      fail(fmt::format("{}: train.accumulation_mode = \"noise_scale\" is not supported with model parallelism; use "
-                       "\"static\" or \"ramp\"",
-                       what));
+      fail(
+          fmt::format("{}: train.accumulation_mode = \"noise_scale\" is not supported with model parallelism; use "
+                      "\"static\" or \"ramp\"",
+                      what));
     if (r.optim.name == "lamb" && r.parallel.tp > 1)
-      fail(fmt::format("{}: LAMB's trust ratios need whole-matrix norms, which tensor parallelism splits; use "
-                       "optim.name = \"adamw\" or \"sgd\", or parallel.tp = 1",
-                       what));
+      fail(
+          fmt::format("{}: LAMB's trust ratios need whole-matrix norms, which tensor parallelism splits; use "
+                      "optim.name = \"adamw\" or \"sgd\", or parallel.tp = 1",
+                      what));
   }
 
   const std::string& rc = r.memory.recompute;
@@ -653,9 +684,10 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   if (rc == "budget" && r.memory.budget_mb <= 0)
     fail("memory.recompute = \"budget\" needs memory.budget_mb > 0 (the peak activation MiB of a step)");
   if (rc != "budget" && r.memory.budget_mb > 0)
-    fail(fmt::format("memory.budget_mb = {} has no effect with memory.recompute = \"{}\"; set recompute = "
-                     "\"budget\" or remove budget_mb",
-                     r.memory.budget_mb, rc));
+    fail(
+        fmt::format("memory.budget_mb = {} has no effect with memory.recompute = \"{}\"; set recompute = "
+                    "\"budget\" or remove budget_mb",
+                    r.memory.budget_mb, rc));
 
   const PrecisionConfig& pc = r.precision;
   one_of(pc.level, "precision.level", "an AMP level", {"O0", "O1", "O2", "O3"},
@@ -663,18 +695,21 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
   one_of(pc.dtype, "precision.dtype", "a low-precision dtype", {"bf16", "fp16"});
   const std::string& ls = pc.loss_scale;
   one_of(ls, "precision.loss_scale", "a loss-scaling mode", {"auto", "none", "static", "dynamic", "adaptive"});
-  if (!(pc.min_scale > 0 && pc.min_scale <= pc.init_scale && pc.init_scale <= pc.max_scale && std::isfinite(pc.max_scale)))
-    fail(fmt::format("precision: need 0 < min_scale <= init_scale <= max_scale (finite), got min_scale = {}, "
-                     "init_scale = {}, max_scale = {}",
-                     pc.min_scale, pc.init_scale, pc.max_scale));
+  if (!(pc.min_scale > 0 && pc.min_scale <= pc.init_scale && pc.init_scale <= pc.max_scale &&
+        std::isfinite(pc.max_scale)))
+    fail(
+        fmt::format("precision: need 0 < min_scale <= init_scale <= max_scale (finite), got min_scale = {}, "
+                    "init_scale = {}, max_scale = {}",
+                    pc.min_scale, pc.init_scale, pc.max_scale));
   real(pc.growth, "precision.growth", "> 1", "; use e.g. 2");
   real(pc.backoff, "precision.backoff", "(0, 1)", "; use e.g. 0.5");
   positive(pc.growth_interval, "precision.growth_interval");
   positive(pc.hysteresis, "precision.hysteresis");
   if (pc.level == "O0" && (ls == "static" || ls == "dynamic" || ls == "adaptive"))
-    fail(fmt::format("precision.loss_scale = \"{}\" with precision.level = \"O0\": fp32 gradients need no loss "
-                     "scaling; set precision.level to \"O1\", \"O2\" or \"O3\", or loss_scale to \"auto\"",
-                     ls));
+    fail(
+        fmt::format("precision.loss_scale = \"{}\" with precision.level = \"O0\": fp32 gradients need no loss "
+                    "scaling; set precision.level to \"O1\", \"O2\" or \"O3\", or loss_scale to \"auto\"",
+                    ls));
 
   const std::string& sn = r.schedule.name;
   one_of(sn, "schedule.name", "a known schedule", {"constant", "cosine", "linear", "step", "wsd"});
@@ -684,39 +719,45 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
                      r.schedule.warmup_steps, r.train.steps));
   real(r.schedule.min_lr, "schedule.min_lr", ">= 0");
   if (sn != "constant" && r.schedule.min_lr > r.optim.lr)
-    fail(fmt::format("schedule.min_lr = {} exceeds optim.lr = {}; the floor of the \"{}\" schedule must be below the "
-                     "peak lr",
-                     r.schedule.min_lr, r.optim.lr, sn));
+    fail(
+        fmt::format("schedule.min_lr = {} exceeds optim.lr = {}; the floor of the \"{}\" schedule must be below the "
+                    "peak lr",
+                    r.schedule.min_lr, r.optim.lr, sn));
   const int64_t after_warmup = r.train.steps - r.schedule.warmup_steps;
   if (sn == "step" && r.schedule.step_every <= 0)
-    fail(fmt::format("schedule.name = \"step\" needs schedule.step_every > 0 (got {}): the period in steps between "
-                     "lr decays, e.g. {}",
-                     r.schedule.step_every, std::max<int64_t>(after_warmup / 3, 1)));
+    fail(
+        fmt::format("schedule.name = \"step\" needs schedule.step_every > 0 (got {}): the period in steps between "
+                    "lr decays, e.g. {}",
+                    r.schedule.step_every, std::max<int64_t>(after_warmup / 3, 1)));
   if (sn == "step" && r.schedule.step_every >= after_warmup)
-    fail(fmt::format("schedule.step_every = {} is not below the {} steps after warmup, so the lr would never decay; "
-                     "lower schedule.step_every or use schedule.name = \"constant\"",
-                     r.schedule.step_every, after_warmup));
+    fail(
+        fmt::format("schedule.step_every = {} is not below the {} steps after warmup, so the lr would never decay; "
+                    "lower schedule.step_every or use schedule.name = \"constant\"",
+                    r.schedule.step_every, after_warmup));
   if (sn != "step" && r.schedule.step_every != 0)
     fail(fmt::format("schedule.step_every = {} only applies to schedule.name = \"step\" (this is \"{}\"); remove it",
                      r.schedule.step_every, sn));
   real(r.schedule.step_gamma, "schedule.step_gamma", "(0, 1)", ": the lr factor per step period, e.g. 0.1 or 0.5");
   if (sn == "wsd" && r.schedule.decay_steps <= 0)
-    fail(fmt::format("schedule.name = \"wsd\" needs schedule.decay_steps > 0 (got {}): the length of the final "
-                     "decay, e.g. {} (20% of train.steps)",
-                     r.schedule.decay_steps, std::max<int64_t>(r.train.steps / 5, 1)));
+    fail(
+        fmt::format("schedule.name = \"wsd\" needs schedule.decay_steps > 0 (got {}): the length of the final "
+                    "decay, e.g. {} (20% of train.steps)",
+                    r.schedule.decay_steps, std::max<int64_t>(r.train.steps / 5, 1)));
   if (sn == "wsd" && r.schedule.decay_steps > after_warmup)
-    fail(fmt::format("schedule.decay_steps = {} is longer than the {} steps after warmup (train.steps {} - "
-                     "schedule.warmup_steps {}); shorten the decay or the warmup",
-                     r.schedule.decay_steps, after_warmup, r.train.steps, r.schedule.warmup_steps));
+    fail(
+        fmt::format("schedule.decay_steps = {} is longer than the {} steps after warmup (train.steps {} - "
+                    "schedule.warmup_steps {}); shorten the decay or the warmup",
+                    r.schedule.decay_steps, after_warmup, r.train.steps, r.schedule.warmup_steps));
   if (sn != "wsd" && r.schedule.decay_steps != 0)
     fail(fmt::format("schedule.decay_steps = {} only applies to schedule.name = \"wsd\" (this is \"{}\"); remove it",
                      r.schedule.decay_steps, sn));
   const std::string& shape = r.schedule.decay_shape;
   one_of(shape, "schedule.decay_shape", "a known shape", {"linear", "cosine", "sqrt"});
   if (sn != "wsd" && shape != "linear")
-    fail(fmt::format("schedule.decay_shape = \"{}\" only applies to schedule.name = \"wsd\" (this is \"{}\"); "
-                     "remove it",
-                     shape, sn));
+    fail(
+        fmt::format("schedule.decay_shape = \"{}\" only applies to schedule.name = \"wsd\" (this is \"{}\"); "
+                    "remove it",
+                    shape, sn));
 
   non_negative(r.sample.tokens, "sample.tokens", "0 = no sample");
   real(r.sample.temperature, "sample.temperature", "> 0", "; use e.g. 0.8 (small values approach greedy)");
@@ -726,15 +767,15 @@ void validate_recipe(const Recipe& r, const std::string& origin) {
                      r.model.vocab_size));
 }
 
-Recipe parse_recipe(const std::string& toml_text, const std::string& origin,
-                    const std::vector<std::string>& overrides, bool resolve) {
+Recipe parse_recipe(const std::string& toml_text, const std::string& origin, const std::vector<std::string>& overrides,
+                    bool resolve) {
   toml::table root;
   try {
     root = toml::parse(toml_text, origin);
   } catch (const toml::parse_error& e) {
     const auto& b = e.source().begin;
-    throw ConfigError(fmt::format("recipe {}:{}:{}: invalid TOML: {}; fix the syntax", origin, b.line, b.column,
-                                  e.description()));
+    throw ConfigError(
+        fmt::format("recipe {}:{}:{}: invalid TOML: {}; fix the syntax", origin, b.line, b.column, e.description()));
   }
   Recipe r;
   r.path = origin;
@@ -800,8 +841,8 @@ std::vector<int64_t> parse_count_list(const std::string& key, const std::string&
       used = 0;  // not a number: reported below
     }
     BRIGADE_CHECK(used > 0 && item.find_first_not_of(' ', used) == std::string::npos, ConfigError,
-                  "{} = \"{}\": \"{}\" is not a count; write counts separated by commas, e.g. \"3,4,5\"", key,
-                  value, item);
+                  "{} = \"{}\": \"{}\" is not a count; write counts separated by commas, e.g. \"3,4,5\"", key, value,
+                  item);
     out.push_back(v);
   }
   return out;

@@ -9,10 +9,13 @@ namespace brigade::train {
 
 EarlyStopper::EarlyStopper(int64_t patience, double min_delta, EarlyStopState state)
     : patience_(patience), min_delta_(min_delta), state_(state) {
-  BRIGADE_CHECK(patience >= 1, ValueError, "early stopping: patience = {} must be >= 1 evaluation; set "
-                "train.patience to a positive value", patience);
+  BRIGADE_CHECK(patience >= 1, ValueError,
+                "early stopping: patience = {} must be >= 1 evaluation; set "
+                "train.patience to a positive value",
+                patience);
   BRIGADE_CHECK(min_delta >= 0 && std::isfinite(min_delta), ValueError,
-                "early stopping: min_delta = {} must be a finite number >= 0; set train.min_delta to e.g. 0", min_delta);
+                "early stopping: min_delta = {} must be a finite number >= 0; set train.min_delta to e.g. 0",
+                min_delta);
 }
 
 EarlyStopper::Verdict EarlyStopper::observe(int64_t step, double val_loss) {

@@ -14,9 +14,9 @@
 namespace brigade::train {
 
 struct EarlyStopState {
-  int64_t best_step = 0;          // step of the best evaluation; 0 = none yet
-  double best_val_loss = 0.0;     // meaningful when best_step > 0
-  int64_t evals_since_best = 0;   // evaluations without improvement since the best
+  int64_t best_step = 0;         // step of the best evaluation; 0 = none yet
+  double best_val_loss = 0.0;    // meaningful when best_step > 0
+  int64_t evals_since_best = 0;  // evaluations without improvement since the best
   bool operator==(const EarlyStopState&) const = default;
 };
 

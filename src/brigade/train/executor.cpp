@@ -41,9 +41,8 @@ class LocalExecutor : public StepExecutor {
   std::shared_ptr<dist::ProcessGroup> dp_group() override { return world_; }
   Shard shard() override { return {world_->rank(), world_->size(), world_.get()}; }
 
-  double train_micro(Task& task, const Batch& b, int64_t micro, double factor, double weight,
-                     const amp::Policy& policy, Metrics& train_metrics,
-                     const std::function<void()>& after_forward) override {
+  double train_micro(Task& task, const Batch& b, int64_t micro, double factor, double weight, const amp::Policy& policy,
+                     Metrics& train_metrics, const std::function<void()>& after_forward) override {
     Loss l;
     {
       amp::AutocastScope autocast(policy);

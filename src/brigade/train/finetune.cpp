@@ -10,9 +10,9 @@
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/ckpt/peft.h"
-#include "brigade/data/text/token_file.h"
-#include "brigade/data/text/text_tokenizer.h"
 #include "brigade/core/error.h"
+#include "brigade/data/text/text_tokenizer.h"
+#include "brigade/data/text/token_file.h"
 #include "brigade/models/causal_lm.h"
 #include "brigade/models/hf/gguf.h"
 #include "brigade/models/hf/hf_dir.h"
@@ -121,28 +121,33 @@ void validate_finetune(const Recipe& r, const Fail& fail) {
   const Recipe defaults;
   const std::string& f = r.data.format;
   if (f != "text" && f != "jsonl")
-    fail(fmt::format("data.format = \"{}\" is not a data format; use \"text\" (a corpus, prepared into token "
-                     "files) or \"jsonl\" (fine-tuning samples)",
-                     f));
+    fail(
+        fmt::format("data.format = \"{}\" is not a data format; use \"text\" (a corpus, prepared into token "
+                    "files) or \"jsonl\" (fine-tuning samples)",
+                    f));
   if (f == "jsonl") {
     if (r.model.type != "gpt" && r.model.type != "llama")
-      fail(fmt::format("data.format = \"jsonl\" trains a causal language model (gpt, llama), not model.type = "
-                       "\"{}\"",
-                       r.model.type));
+      fail(
+          fmt::format("data.format = \"jsonl\" trains a causal language model (gpt, llama), not model.type = "
+                      "\"{}\"",
+                      r.model.type));
     if (r.data.corpus == defaults.data.corpus || r.data.corpus == "fashion-mnist")
-      fail(fmt::format("data.format = \"jsonl\" reads data.corpus as a JSONL file of samples, not \"{}\"; set "
-                       "data.corpus to the file",
-                       r.data.corpus));
+      fail(
+          fmt::format("data.format = \"jsonl\" reads data.corpus as a JSONL file of samples, not \"{}\"; set "
+                      "data.corpus to the file",
+                      r.data.corpus));
     if (r.parallel.tp > 1 || r.parallel.pp > 1)
       fail("data.format = \"jsonl\" runs under data parallelism only; set parallel.tp = 1 and parallel.pp = 1");
     if (!(r.data.val_fraction > 0))
-      fail("data.format = \"jsonl\" needs data.val_fraction > 0: the file's last samples are the held-out set every "
-           "evaluation scores (e.g. 0.05)");
+      fail(
+          "data.format = \"jsonl\" needs data.val_fraction > 0: the file's last samples are the held-out set every "
+          "evaluation scores (e.g. 0.05)");
     const std::string& t = r.data.chat_template;
     if (t != "chatml" && t != "llama-2" && t != "llama-3")
-      fail(fmt::format("data.chat_template = \"{}\" is not a template; use \"chatml\", \"llama-2\" or "
-                       "\"llama-3\"",
-                       t));
+      fail(
+          fmt::format("data.chat_template = \"{}\" is not a template; use \"chatml\", \"llama-2\" or "
+                      "\"llama-3\"",
+                      t));
     if (r.train.loss_on != "completion" && r.train.loss_on != "all")
       fail(fmt::format("train.loss_on = \"{}\": use \"completion\" (completions and assistant turns) or \"all\"",
                        r.train.loss_on));
@@ -151,52 +156,60 @@ void validate_finetune(const Recipe& r, const Fail& fail) {
       fail(fmt::format("data.chat_template = \"{}\" applies to data.format = \"jsonl\" only; remove it",
                        r.data.chat_template));
     if (r.train.loss_on != defaults.train.loss_on)
-      fail(fmt::format("train.loss_on = \"{}\" applies to data.format = \"jsonl\" only (a text corpus trains on "
-                       "every token); remove it",
-                       r.train.loss_on));
+      fail(
+          fmt::format("train.loss_on = \"{}\" applies to data.format = \"jsonl\" only (a text corpus trains on "
+                      "every token); remove it",
+                      r.train.loss_on));
   }
 
   const std::string& m = r.finetune.method;
   if (m != "full" && m != "lora")
-    fail(fmt::format("finetune.method = \"{}\" is not a fine-tuning method; use \"full\" (every parameter trains) or "
-                     "\"lora\" (LoRA adapters only)",
-                     m));
+    fail(
+        fmt::format("finetune.method = \"{}\" is not a fine-tuning method; use \"full\" (every parameter trains) or "
+                    "\"lora\" (LoRA adapters only)",
+                    m));
   const std::string& bd = r.lora.base_dtype;
   if (bd != "f32" && bd != "bf16")
-    fail(fmt::format("lora.base_dtype = \"{}\" is not a storage dtype for LoRA's frozen base; use \"f32\" or "
-                     "\"bf16\"",
-                     bd));
+    fail(
+        fmt::format("lora.base_dtype = \"{}\" is not a storage dtype for LoRA's frozen base; use \"f32\" or "
+                    "\"bf16\"",
+                    bd));
   if (m != "lora") {
     const LoraConfig d;
     if (bd != d.base_dtype)
-      fail(fmt::format("lora.base_dtype = \"{}\" stores the frozen base of a LoRA run, but finetune.method = \"{}\" "
-                       "freezes nothing (every parameter trains on fp32 master weights); set finetune.method = "
-                       "\"lora\", or remove lora.base_dtype",
-                       bd, m));
+      fail(
+          fmt::format("lora.base_dtype = \"{}\" stores the frozen base of a LoRA run, but finetune.method = \"{}\" "
+                      "freezes nothing (every parameter trains on fp32 master weights); set finetune.method = "
+                      "\"lora\", or remove lora.base_dtype",
+                      bd, m));
     else if (!(r.lora == d))
-      fail(fmt::format("the recipe sets [lora] keys but finetune.method = \"{}\"; set finetune.method = \"lora\" or "
-                       "remove the [lora] section",
-                       m));
+      fail(
+          fmt::format("the recipe sets [lora] keys but finetune.method = \"{}\"; set finetune.method = \"lora\" or "
+                      "remove the [lora] section",
+                      m));
     return;
   }
   // The precision machinery's handling of a 16-bit frozen weight is checked for the ops GPT and
   // LLaMA use (linear, embedding, layer / RMS norm, the tied head); the other models' are not.
   if (bd == "bf16" && r.model.type != "gpt" && r.model.type != "llama")
-    fail(fmt::format("lora.base_dtype = \"bf16\" is supported for model.type = \"gpt\" and \"llama\", not \"{}\"; "
-                     "set lora.base_dtype = \"f32\"",
-                     r.model.type));
+    fail(
+        fmt::format("lora.base_dtype = \"bf16\" is supported for model.type = \"gpt\" and \"llama\", not \"{}\"; "
+                    "set lora.base_dtype = \"f32\"",
+                    r.model.type));
   if (r.lora.r < 1) fail(fmt::format("lora.r = {} must be at least 1; use e.g. 8", r.lora.r));
   if (!(r.lora.alpha > 0)) fail(fmt::format("lora.alpha = {} must be > 0; use e.g. 16", r.lora.alpha));
   if (!(r.lora.dropout >= 0 && r.lora.dropout < 1))
     fail(fmt::format("lora.dropout = {} must be in [0, 1)", r.lora.dropout));
   if (r.lora.target_modules.empty() && r.model.type != "gpt" && r.model.type != "llama")
-    fail(fmt::format("finetune.method = \"lora\" on model.type = \"{}\" needs lora.target_modules (comma-separated "
-                     "names of its Linear layers, e.g. \"query,value\"); only gpt and llama have a default",
-                     r.model.type));
+    fail(
+        fmt::format("finetune.method = \"lora\" on model.type = \"{}\" needs lora.target_modules (comma-separated "
+                    "names of its Linear layers, e.g. \"query,value\"); only gpt and llama have a default",
+                    r.model.type));
   if (r.parallel.tp > 1 || r.parallel.pp > 1)
-    fail(fmt::format("finetune.method = \"lora\" with parallel.tp = {} / parallel.pp = {}: LoRA runs under data "
-                     "parallelism (parallel.dp, any ZeRO stage) only; set parallel.tp = 1 and parallel.pp = 1",
-                     r.parallel.tp, r.parallel.pp));
+    fail(
+        fmt::format("finetune.method = \"lora\" with parallel.tp = {} / parallel.pp = {}: LoRA runs under data "
+                    "parallelism (parallel.dp, any ZeRO stage) only; set parallel.tp = 1 and parallel.pp = 1",
+                    r.parallel.tp, r.parallel.pp));
 }
 
 std::string init_from_tokenizer(const Recipe& r) {
@@ -240,9 +253,10 @@ std::string apply_finetune(const Recipe& r, Task& task, bool load_weights) {
         line = fmt::format("init from {} (Hugging Face {})", dir, c.model_type);
         // the directory's dropout is its own run's training setting; this run trains with model.dropout
         if (c.model_type == "gpt2" && c.gpt.dropout != r.model.dropout)
-          line += fmt::format("; dropout {:g} (model.dropout), not the directory's resid_pdrop = {:g}: set "
-                              "model.dropout to train with it",
-                              r.model.dropout, c.gpt.dropout);
+          line += fmt::format(
+              "; dropout {:g} (model.dropout), not the directory's resid_pdrop = {:g}: set "
+              "model.dropout to train with it",
+              r.model.dropout, c.gpt.dropout);
       } else {
         const Recipe saved = checkpoint_recipe(dir);
         BRIGADE_CHECK(saved.finetune.method != "lora", ConfigError,
@@ -277,9 +291,8 @@ std::string apply_finetune(const Recipe& r, Task& task, bool load_weights) {
     std::string targets;
     for (const std::string& t : o.target_modules) targets += (targets.empty() ? "" : ",") + t;
     line += fmt::format("{}LoRA r {}, alpha {:g}{} on {} ({} layers): {:.3f}M of {:.2f}M parameters train ({:.2f}%)",
-                        line.empty() ? "" : " | ", o.r, o.alpha, o.rslora ? " (rsLoRA)" : "", targets,
-                        adapted.size(), double(trainable) / 1e6, double(total) / 1e6,
-                        100.0 * double(trainable) / double(total));
+                        line.empty() ? "" : " | ", o.r, o.alpha, o.rslora ? " (rsLoRA)" : "", targets, adapted.size(),
+                        double(trainable) / 1e6, double(total) / 1e6, 100.0 * double(trainable) / double(total));
     // lora.base_dtype: the frozen base (every non-adapter parameter, norms and embeddings
     // included, as a PEFT user keeps a bf16 model whole in bf16) rounded once, here, after
     // init_from's weights are in; a checkpoint's bf16 values then load into it bitwise
@@ -287,8 +300,7 @@ std::string apply_finetune(const Recipe& r, Task& task, bool load_weights) {
       const DType dt = dtype_from_name(r.lora.base_dtype);
       const nn::FrozenStorage s = nn::store_frozen_parameters(task.model(), dt);
       line += fmt::format("; the frozen base in {}: {} tensors, {:.1f} MiB (f32: {:.1f} MiB)", r.lora.base_dtype,
-                          s.tensors, double(s.bytes_after) / double(1 << 20),
-                          double(s.bytes_before) / double(1 << 20));
+                          s.tensors, double(s.bytes_after) / double(1 << 20), double(s.bytes_before) / double(1 << 20));
     }
   }
   return line;
@@ -327,8 +339,8 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
                 "the whole model without --adapter",
                 ckpt, r.finetune.method);
   BRIGADE_CHECK(adapter_only || r.model.type == "gpt" || r.model.type == "llama", ConfigError,
-                "--ckpt {}: a model.type = \"{}\" checkpoint has no Hugging Face layout here (gpt and llama do){}", ckpt,
-                r.model.type, lora ? "; --adapter writes its LoRA adapters as PEFT files" : "");
+                "--ckpt {}: a model.type = \"{}\" checkpoint has no Hugging Face layout here (gpt and llama do){}",
+                ckpt, r.model.type, lora ? "; --adapter writes its LoRA adapters as PEFT files" : "");
   const std::unique_ptr<Task> task = make_task(r, /*init_weights=*/false);
   load_state((fs::path(dir) / "model.safetensors").string(), task->state_dict());
   if (adapter_only) {
@@ -348,7 +360,8 @@ std::string export_checkpoint(const std::string& ckpt, const std::string& out, D
   if (!data::detect_tokenizer(dir).empty()) {
     tok = data::load_text_tokenizer(dir);
     extra = data::tokenizer_contents(*tok);
-    if (extra.back().first != data::kTokenizerMarker) extra.emplace_back(data::kTokenizerMarker, data::tokenizer_marker(*tok));
+    if (extra.back().first != data::kTokenizerMarker)
+      extra.emplace_back(data::kTokenizerMarker, data::tokenizer_marker(*tok));
   }
   if (format == "gguf") {
     models::GgufOptions g;
@@ -400,8 +413,7 @@ std::string attach_peft_adapter(nn::Module& model, const std::string& dir) {
   for (auto& [name, t] : a.tensors) {
     auto it = params.find(name);
     BRIGADE_CHECK(it != params.end(), ConfigError,
-                  "--adapter {}: tensor {} is not an adapter of this model (its target layers: {})", dir, name,
-                  layers);
+                  "--adapter {}: tensor {} is not an adapter of this model (its target layers: {})", dir, name, layers);
     BRIGADE_CHECK(t.shape() == it->second.shape(), ConfigError, "--adapter {}: {} has shape {}, this model's is {}",
                   dir, name, shape_str(t.shape()), shape_str(it->second.shape()));
     it->second.copy_(t);
@@ -446,7 +458,8 @@ TextEval evaluate_on_file(const std::string& ckpt, const std::string& file) {
   BRIGADE_CHECK(ids.size() >= 2, ConfigError, "--data {}: fewer than 2 tokens; nothing to score", file);
   // windows [k T, k T + T + 1): inputs ids[k T ..], targets shifted by one
   std::vector<std::pair<int64_t, int64_t>> windows;  // (start, length of inputs)
-  for (int64_t s = 0; s + 1 < int64_t(ids.size()); s += T) windows.emplace_back(s, std::min(T, int64_t(ids.size()) - 1 - s));
+  for (int64_t s = 0; s + 1 < int64_t(ids.size()); s += T)
+    windows.emplace_back(s, std::min(T, int64_t(ids.size()) - 1 - s));
   autograd::NoGradGuard ng;
   const amp::Policy policy = precision_policy(r.precision);
   double loss_sum = 0;  // summed over scored tokens

@@ -52,9 +52,9 @@ void save_lora_adapter(const Recipe& r, const nn::NamedTensors& params, bool fan
 
 // `brigade export`: a gpt or llama checkpoint as a Hugging Face directory (config.json,
 // model.safetensors in `dtype`, the checkpoint's tokenizer.model), a LoRA run's adapters merged
-// into the base weights (in f32, also for a base stored in bf16); or, with `adapter_only`, a LoRA run's adapters as PEFT files. Returns
-// one line saying what was written.
-// With format "gguf": one GGUF v3 file at `out` (models/hf/gguf.h) instead of the directory.
+// into the base weights (in f32, also for a base stored in bf16); or, with `adapter_only`, a LoRA run's adapters as
+// PEFT files. Returns one line saying what was written. With format "gguf": one GGUF v3 file at `out`
+// (models/hf/gguf.h) instead of the directory.
 std::string export_checkpoint(const std::string& ckpt, const std::string& out, DType dtype, bool adapter_only,
                               const std::string& format = "hf");
 

@@ -19,8 +19,8 @@ std::string generate_text(const models::CausalLM& model, const data::TextTokeniz
   const std::vector<int> prompt_ids = tok.encode_strict(prompt, "prompt");
   ids.insert(ids.end(), prompt_ids.begin(), prompt_ids.end());
   if (ids.empty()) {
-    BRIGADE_CHECK(tok.begin_id() >= 0, ValueError,
-                  "the tokenizer of {} has no token to start from; give a prompt", tok.folder());
+    BRIGADE_CHECK(tok.begin_id() >= 0, ValueError, "the tokenizer of {} has no token to start from; give a prompt",
+                  tok.folder());
     ids.push_back(tok.begin_id());
   }
   const size_t skip = prompt_ids.empty() && tok.document_prefix().empty() ? 1 : tok.document_prefix().size();
@@ -39,8 +39,9 @@ std::string generate_text(const models::CausalLM& model, const data::TextTokeniz
     // top-k filter, then softmax(logits / temperature)
     std::iota(order.begin(), order.end(), 0);
     int64_t k = (o.top_k == 0 || o.top_k > V) ? V : o.top_k;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int a, int b) { return last[size_t(a)] > last[size_t(b)] || (last[size_t(a)] == last[size_t(b)] && a < b); });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+      return last[size_t(a)] > last[size_t(b)] || (last[size_t(a)] == last[size_t(b)] && a < b);
+    });
     const double mx = last[size_t(order[0])];
     double z = 0.0;
     for (int64_t i = 0; i < k; ++i) {

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
+#include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/ops/ops.h"
-#include "brigade/autograd/engine.h"
-#include "brigade/dist/process_group.h"
 #include "brigade/train/executor.h"
 #include "brigade/train/model_configs.h"
 #include "brigade/train/registry.h"
@@ -219,7 +219,8 @@ MemoryInputs memory_inputs(const Recipe& r) {
   in.work_compute = r.model.n_layer > 0 ? threads * ops::attention_workspace_per_thread(r.train.seq_len,
                                                                                         r.model.n_embd / r.model.n_head)
                                         : 0;
-  in.work_formula = fmt::format("attention tiles {} threads x {}", threads, mib(in.work_compute / std::max(threads, 1)));
+  in.work_formula =
+      fmt::format("attention tiles {} threads x {}", threads, mib(in.work_compute / std::max(threads, 1)));
   in.measured = false;
   return in;
 }
@@ -282,11 +283,12 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
     }
     params.live += frozen;
     params.peak += frozen;
-    params.formula += fmt::format(" + the frozen base, whole on every rank: {} tensors, {} parameters{}, {}",
-                                  in.frozen.size(), n,
-                                  sixteen == n ? " at 2 B (lora.base_dtype)"
-                                               : sixteen > 0 ? fmt::format(" ({} of them at 2 B)", sixteen) : "",
-                                  mib(frozen));
+    params.formula +=
+        fmt::format(" + the frozen base, whole on every rank: {} tensors, {} parameters{}, {}", in.frozen.size(), n,
+                    sixteen == n  ? " at 2 B (lora.base_dtype)"
+                    : sixteen > 0 ? fmt::format(" ({} of them at 2 B)", sixteen)
+                                  : "",
+                    mib(frozen));
   }
   if (in.params_work > 0) {
     params.peak += in.params_work;
@@ -425,7 +427,8 @@ nlohmann::json prediction_json(const MemoryPrediction& p, bool formulas) {
 
 nlohmann::json dry_run_json(const Recipe& r) {
   const MemoryInputs in = memory_inputs(r);
-  nlohmann::json j{{"model", r.model.type}, {"measured", in.measured}, {"dp", r.parallel.dp}, {"zero", r.parallel.zero}};
+  nlohmann::json j{
+      {"model", r.model.type}, {"measured", in.measured}, {"dp", r.parallel.dp}, {"zero", r.parallel.zero}};
   for (int p = 0; p < int(r.parallel.dp); ++p) j["ranks"].push_back(prediction_json(predict_memory(r, p, in), p == 0));
   return j;
 }
@@ -459,9 +462,10 @@ std::string dry_run_report(const Recipe& r) {
                     "the caching allocator, with this process's kernels"
                   : "every category from formulas (docs/memory.md)");
   if (r.parallel.tp > 1 || r.parallel.pp > 1)
-    s += fmt::format("note: this prediction models data parallelism only; parallel.tp = {} and parallel.pp = {} are "
-                     "not in it (a tp/pp run measures every rank's peaks into memory.json; docs/model-parallel.md)\n\n",
-                     r.parallel.tp, r.parallel.pp);
+    s += fmt::format(
+        "note: this prediction models data parallelism only; parallel.tp = {} and parallel.pp = {} are "
+        "not in it (a tp/pp run measures every rank's peaks into memory.json; docs/model-parallel.md)\n\n",
+        r.parallel.tp, r.parallel.pp);
   s += fmt::format("{:<12}", "category");
   for (size_t c = 0; c < cols; ++c)
     s += fmt::format(" {:>34}", cols > 1 ? fmt::format("rank {} peak (live)", c) : std::string("peak (live)"));
@@ -486,11 +490,12 @@ std::string dry_run_report(const Recipe& r) {
     s += fmt::format("  {:<12} {}\n", mem_tag_name(t), p0[t].formula);
   s += fmt::format("  {:<12} {}\n", "total", p0.total_formula);
   if (r.precision.level != "O0" && !in.measured)
-    s += fmt::format("\nnote: the prediction is for fp32 (precision.level = \"O0\"). At {} the measured params add the "
-                     "{} working copies of the weights that the GEMMs read (alive from the forward to the backward), "
-                     "and activations shrink where ops run in {}; the model of both is not built yet "
-                     "(docs/mixed-precision.md has measured numbers).\n",
-                     r.precision.level, r.precision.dtype, r.precision.dtype);
+    s += fmt::format(
+        "\nnote: the prediction is for fp32 (precision.level = \"O0\"). At {} the measured params add the "
+        "{} working copies of the weights that the GEMMs read (alive from the forward to the backward), "
+        "and activations shrink where ops run in {}; the model of both is not built yet "
+        "(docs/mixed-precision.md has measured numbers).\n",
+        r.precision.level, r.precision.dtype, r.precision.dtype);
   return s;
 }
 

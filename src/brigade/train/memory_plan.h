@@ -82,7 +82,7 @@ struct MemoryInputs {
   std::string act_formula;
   int64_t work_compute = 0;  // kernel scratch (attention tiles, ...), before ZeRO's buffers
   std::string work_formula;
-  std::string recompute;     // per-block modes, "n" / "s" / "f"
+  std::string recompute;  // per-block modes, "n" / "s" / "f"
   bool measured = false;
   // Frozen parameters (fine-tuning: LoRA's base), per tensor: outside the flat buffers, held
   // whole on every rank, with no gradient or optimizer state, in their stored dtype (bf16 with
@@ -102,8 +102,6 @@ MemoryInputs memory_inputs(const Recipe& r);
 // recipe training would also refuse (e.g. a recompute budget below the least possible).
 MemoryPrediction predict_memory(const Recipe& r, int rank = 0);
 MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& in);
-
-
 
 // memory.json["predicted"] and `--dry-run --json`: live / peak / peak_low bytes per category (and
 // the formulas when asked).

@@ -2,8 +2,8 @@
 // models from these; memory planning and model parallelism read them too).
 #pragma once
 #include "brigade/data/image/captions.h"
-#include "brigade/models/bert/bert.h"
 #include "brigade/models/align/align.h"
+#include "brigade/models/bert/bert.h"
 #include "brigade/models/clip/clip.h"
 #include "brigade/models/flamingo/flamingo.h"
 #include "brigade/models/gpt/gpt.h"

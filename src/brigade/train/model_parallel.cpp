@@ -7,18 +7,18 @@
 #include <filesystem>
 #include <sstream>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/functions.h"
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
-#include "brigade/ops/ops.h"
 #include "brigade/nn/layers.h"
+#include "brigade/ops/ops.h"
 #include "brigade/parallel/tensor_parallel.h"
-#include "brigade/train/trainer.h"
 #include "brigade/train/executor.h"
 #include "brigade/train/registry.h"
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include "brigade/train/trainer.h"
 
 namespace brigade::train {
 
@@ -64,7 +64,8 @@ std::vector<int64_t> cut_rows(int64_t n, int m) {
 }  // namespace
 
 ModelParallel::ModelParallel(const Recipe& r, Task& task, const Stages& stages,
-                             std::shared_ptr<dist::ProcessGroup> world, const std::function<void(const std::string&)>& say)
+                             std::shared_ptr<dist::ProcessGroup> world,
+                             const std::function<void(const std::string&)>& say)
     : r_(r), model_(task.model()), stages_(stages), world_(std::move(world)) {
   const int dp = int(r.parallel.dp), tp = int(r.parallel.tp), pp = int(r.parallel.pp);
   mesh_ = std::make_unique<dist::DeviceMesh>(world_, dp, tp, pp);
@@ -108,8 +109,8 @@ ModelParallel::ModelParallel(const Recipe& r, Task& task, const Stages& stages,
 
   // 1. tensor parallel
   BRIGADE_CHECK(tp == 1 || !stages.tp_plan.empty(), ConfigError,
-                "{}: parallel.tp = {}: model.type = \"{}\" declares no tensor-parallel plan; use parallel.dp",
-                r.path, tp, r.model.type);
+                "{}: parallel.tp = {}: model.type = \"{}\" declares no tensor-parallel plan; use parallel.dp", r.path,
+                tp, r.model.type);
   layout_ = parallel::apply_tensor_parallel(model, stages.tp_plan, tp_group_);
 
   // 2. the pipeline: schedule, virtual stages, the cut
@@ -217,9 +218,8 @@ ModelParallel::ModelParallel(const Recipe& r, Task& task, const Stages& stages,
     if (M % pp == 0)
       for (int v = 2; v <= int(r.parallel.virtual_stages); ++v)
         if (int64_t(v) * pp <= L) vs.push_back(v);
-    parallel::PipeChoice choice =
-        parallel::choose_pipe_plan(pp, int(M), vs, int(r.parallel.max_in_flight),
-                                   [&](int v) { return costs_for(bounds_for(pp * v)); });
+    parallel::PipeChoice choice = parallel::choose_pipe_plan(pp, int(M), vs, int(r.parallel.max_in_flight),
+                                                             [&](int v) { return costs_for(bounds_for(pp * v)); });
     plan = choice.plan;
     choice_table_ = choice.table;
   } else {
@@ -459,12 +459,12 @@ std::string ModelParallel::describe() const {
   std::string stages;
   for (size_t s = 0; s + 1 < bounds_.size(); ++s)
     stages += fmt::format("{}{}", s ? "," : "", bounds_[s + 1] - bounds_[s]);
-  return fmt::format("model parallel: dp {} x tp {} x pp {} | {} micro-batches of {} rows | schedule {}{} | blocks per "
-                     "stage {}",
-                     mesh_->size(dist::DeviceMesh::DP), mesh_->size(dist::DeviceMesh::TP),
-                     mesh_->size(dist::DeviceMesh::PP), plan.m, r_.train.batch_size / plan.m,
-                     parallel::pipe_schedule_name(plan.kind), plan.v > 1 ? fmt::format(" (v = {})", plan.v) : "",
-                     stages);
+  return fmt::format(
+      "model parallel: dp {} x tp {} x pp {} | {} micro-batches of {} rows | schedule {}{} | blocks per "
+      "stage {}",
+      mesh_->size(dist::DeviceMesh::DP), mesh_->size(dist::DeviceMesh::TP), mesh_->size(dist::DeviceMesh::PP), plan.m,
+      r_.train.batch_size / plan.m, parallel::pipe_schedule_name(plan.kind),
+      plan.v > 1 ? fmt::format(" (v = {})", plan.v) : "", stages);
 }
 
 // ---------------------------------------------------------------- optimizer state per rank
@@ -563,7 +563,8 @@ class ModelParallelExecutor : public StepExecutor {
                                                   parallel::pipe_schedule_name(mp_.plan().kind)));
     std::string peaks;
     for (int v : rep.peak_in_flight) peaks += fmt::format("{}{}", peaks.empty() ? "" : " ", v);
-    say(fmt::format("pipeline: bubble measured {:.1f}% | predicted from the measured stage times {:.1f}% | "
+    say(
+        fmt::format("pipeline: bubble measured {:.1f}% | predicted from the measured stage times {:.1f}% | "
                     "micro-batches in flight per pp rank {} | timeline {}",
                     100.0 * rep.measured_bubble, 100.0 * rep.predicted_bubble, peaks, (dir / "pipeline.svg").string()));
   }
@@ -580,8 +581,8 @@ std::unique_ptr<StepExecutor> make_model_parallel_executor(const Recipe& r, Task
                                                            const std::function<void(const std::string&)>& say) {
   const Stages* stages = task.stages();
   BRIGADE_CHECK(stages != nullptr, ConfigError,
-                "{}: parallel.tp and parallel.pp are built for {}; model.type = \"{}\" is not: use parallel.dp",
-                r.path, model_types_with(&Capabilities::pipeline_parallel), r.model.type);
+                "{}: parallel.tp and parallel.pp are built for {}; model.type = \"{}\" is not: use parallel.dp", r.path,
+                model_types_with(&Capabilities::pipeline_parallel), r.model.type);
   return std::make_unique<ModelParallelExecutor>(r, task, *stages, std::move(world), say);
 }
 

@@ -105,7 +105,7 @@ class ModelParallel {
   std::vector<std::string> tied_;                           // in the model's order
   std::vector<int64_t> bounds_;                             // stage s: blocks [bounds_[s], bounds_[s+1])
   std::unique_ptr<parallel::PipelineExecutor> exec_;
-  nn::NamedTensors local_;                                  // this rank's parameters
+  nn::NamedTensors local_;  // this rank's parameters
   bool first_ = false, last_ = false, reports_loss_ = false;
   parallel::PipeStepResult last_step_;
   std::string choice_table_;

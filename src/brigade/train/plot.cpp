@@ -25,8 +25,10 @@ std::string xml_escape(const std::string& s) {
       case '"': out += "&quot;"; break;
       case '\'': out += "&apos;"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t') out += ' ';  // not allowed in XML 1.0
-        else out += c;
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t')
+          out += ' ';  // not allowed in XML 1.0
+        else
+          out += c;
     }
   }
   return out;
@@ -96,8 +98,10 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
   if (x0 == x1) x0 -= 0.5, x1 += 0.5;
   if (y0 == y1) {
     const double d = o.log_y ? 0.0 : std::max(std::fabs(y0) * 0.05, 0.5);
-    if (o.log_y) y0 /= 1.1, y1 *= 1.1;
-    else y0 -= d, y1 += d;
+    if (o.log_y)
+      y0 /= 1.1, y1 *= 1.1;
+    else
+      y0 -= d, y1 += d;
   }
   // A little headroom on y so curves do not touch the frame.
   double ty0 = o.log_y ? std::log10(y0) : y0, ty1 = o.log_y ? std::log10(y1) : y1;
@@ -116,15 +120,18 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
       "<rect x=\"0\" y=\"0\" width=\"{0}\" height=\"{1}\" fill=\"white\"/>\n",
       W, H);
   if (!o.title.empty())
-    svg += fmt::format("<text class=\"title\" x=\"{:.1f}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
-                       left + pw / 2, xml_escape(o.title));
+    svg +=
+        fmt::format("<text class=\"title\" x=\"{:.1f}\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
+                    left + pw / 2, xml_escape(o.title));
   // grid, ticks and tick labels
   svg += "<g class=\"grid\" stroke=\"#e6e6e6\" stroke-width=\"1\">\n";
   const std::vector<double> xt = nice_ticks(x0, x1, 8);
   const std::vector<double> yt =
       o.log_y ? log_ticks(std::pow(10.0, ty0), std::pow(10.0, ty1)) : nice_ticks(ty0, ty1, 6);
-  for (double v : xt) svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\"/>\n", px(v), top, top + ph);
-  for (double v : yt) svg += fmt::format("<line x1=\"{1:.1f}\" y1=\"{0:.1f}\" x2=\"{2:.1f}\" y2=\"{0:.1f}\"/>\n", py(v), left, left + pw);
+  for (double v : xt)
+    svg += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\"/>\n", px(v), top, top + ph);
+  for (double v : yt)
+    svg += fmt::format("<line x1=\"{1:.1f}\" y1=\"{0:.1f}\" x2=\"{2:.1f}\" y2=\"{0:.1f}\"/>\n", py(v), left, left + pw);
   svg += "</g>\n<g class=\"ticks\" fill=\"#333\">\n";
   for (double v : xt)
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", px(v), top + ph + 16,
@@ -134,14 +141,16 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
                        xml_escape(tick_label(v)));
   svg += "</g>\n";
   // frame and axis labels
-  svg += fmt::format("<rect class=\"frame\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
-                     "stroke=\"#333\" stroke-width=\"1\"/>\n",
-                     left, top, pw, ph);
+  svg += fmt::format(
+      "<rect class=\"frame\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
+      "stroke=\"#333\" stroke-width=\"1\"/>\n",
+      left, top, pw, ph);
   svg += fmt::format("<text class=\"xlabel\" x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n",
                      left + pw / 2, H - 12, xml_escape(o.x_label));
-  svg += fmt::format("<text class=\"ylabel\" x=\"16\" y=\"{0:.1f}\" text-anchor=\"middle\" "
-                     "transform=\"rotate(-90 16 {0:.1f})\">{1}{2}</text>\n",
-                     top + ph / 2, xml_escape(o.y_label), o.log_y ? " (log scale)" : "");
+  svg += fmt::format(
+      "<text class=\"ylabel\" x=\"16\" y=\"{0:.1f}\" text-anchor=\"middle\" "
+      "transform=\"rotate(-90 16 {0:.1f})\">{1}{2}</text>\n",
+      top + ph / 2, xml_escape(o.y_label), o.log_y ? " (log scale)" : "");
   if (empty)
     svg += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#999\">no data</text>\n",
                        left + pw / 2, top + ph / 2);
@@ -152,9 +161,10 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     std::string pts;
     for (size_t i = 0; i < s.x.size(); ++i)
       if (keep(s.x[i], s.y[i])) pts += fmt::format("{}{:.2f},{:.2f}", pts.empty() ? "" : " ", px(s.x[i]), py(s.y[i]));
-    svg += fmt::format("<polyline class=\"series\" data-label=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
-                       "stroke-linejoin=\"round\"{} points=\"{}\"/>\n",
-                       xml_escape(s.label), color, s.dashed ? " stroke-dasharray=\"6 4\"" : "", pts);
+    svg += fmt::format(
+        "<polyline class=\"series\" data-label=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.6\" "
+        "stroke-linejoin=\"round\"{} points=\"{}\"/>\n",
+        xml_escape(s.label), color, s.dashed ? " stroke-dasharray=\"6 4\"" : "", pts);
     if (s.markers) {
       svg += fmt::format("<g class=\"markers\" fill=\"{}\">", color);
       for (size_t i = 0; i < s.x.size(); ++i)
@@ -170,15 +180,17 @@ std::string line_plot_svg(const std::vector<PlotSeries>& series, const PlotOptio
     for (const auto& s : series) longest = std::max(longest, s.label.size());
     const double lw = 36 + 7.0 * double(longest), lh = 8 + 18.0 * double(series.size());
     const double lx = std::max(left + 4, left + pw - lw - 8), ly = top + 8;
-    svg += fmt::format("<g class=\"legend\">\n<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
-                       "fill=\"white\" fill-opacity=\"0.85\" stroke=\"#bbb\"/>\n",
-                       lx, ly, lw, lh);
+    svg += fmt::format(
+        "<g class=\"legend\">\n<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+        "fill=\"white\" fill-opacity=\"0.85\" stroke=\"#bbb\"/>\n",
+        lx, ly, lw, lh);
     for (size_t si = 0; si < series.size(); ++si) {
       const double yy = ly + 15 + 18.0 * double(si);
-      svg += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2\"{}/>"
-                         "<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
-                         lx + 6, yy - 4, lx + 26, yy - 4, kColors[si % std::size(kColors)],
-                         series[si].dashed ? " stroke-dasharray=\"6 4\"" : "", lx + 31, yy, xml_escape(series[si].label));
+      svg += fmt::format(
+          "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"2\"{}/>"
+          "<text x=\"{:.1f}\" y=\"{:.1f}\">{}</text>\n",
+          lx + 6, yy - 4, lx + 26, yy - 4, kColors[si % std::size(kColors)],
+          series[si].dashed ? " stroke-dasharray=\"6 4\"" : "", lx + 31, yy, xml_escape(series[si].label));
     }
     svg += "</g>\n";
   }

@@ -12,8 +12,8 @@ namespace brigade::train {
 
 struct PlotSeries {
   std::string label;
-  std::vector<double> x, y;   // same length
-  bool markers = false;       // a dot on every point (for sparse series, e.g. val loss)
+  std::vector<double> x, y;  // same length
+  bool markers = false;      // a dot on every point (for sparse series, e.g. val loss)
   bool dashed = false;
 };
 

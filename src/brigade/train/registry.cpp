@@ -21,16 +21,28 @@ int64_t or_default(int64_t v, int64_t fallback) { return v > 0 ? v : fallback; }
 }  // namespace
 
 models::GPTConfig gpt_config(const ModelConfig& m) {
-  return {.vocab_size = m.vocab_size, .block_size = m.block_size, .n_layer = m.n_layer, .n_head = m.n_head,
-          .n_embd = m.n_embd, .dropout = m.dropout, .layer_norm_eps = m.layer_norm_eps, .init_std = m.init_std};
+  return {.vocab_size = m.vocab_size,
+          .block_size = m.block_size,
+          .n_layer = m.n_layer,
+          .n_head = m.n_head,
+          .n_embd = m.n_embd,
+          .dropout = m.dropout,
+          .layer_norm_eps = m.layer_norm_eps,
+          .init_std = m.init_std};
 }
 
 models::LLaMAConfig llama_config(const ModelConfig& m) {
-  models::LLaMAConfig c{.vocab_size = m.vocab_size, .hidden_size = m.n_embd,
+  models::LLaMAConfig c{.vocab_size = m.vocab_size,
+                        .hidden_size = m.n_embd,
                         .intermediate_size = or_default(m.intermediate_size, (8 * m.n_embd / 3 + 63) / 64 * 64),
-                        .n_layer = m.n_layer, .n_head = m.n_head, .n_kv_head = or_default(m.n_kv_head, m.n_head),
-                        .max_position = m.block_size, .rms_norm_eps = m.layer_norm_eps, .rope_theta = m.rope_theta,
-                        .init_std = m.init_std, .tie_word_embeddings = m.tie_embeddings};
+                        .n_layer = m.n_layer,
+                        .n_head = m.n_head,
+                        .n_kv_head = or_default(m.n_kv_head, m.n_head),
+                        .max_position = m.block_size,
+                        .rms_norm_eps = m.layer_norm_eps,
+                        .rope_theta = m.rope_theta,
+                        .init_std = m.init_std,
+                        .tie_word_embeddings = m.tie_embeddings};
   // validate_llama has checked the names and values; a scaling's unset parameters keep the
   // config's defaults, which that scaling does not read.
   if (m.rope_scaling == "linear") {
@@ -52,24 +64,43 @@ models::LLaMAConfig llama_config(const ModelConfig& m) {
 
 models::BERTConfig bert_config(const ModelConfig& m) {
   return {.vocab_size = m.vocab_size + 1,  // + [MASK]
-          .max_position_embeddings = m.block_size, .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer,
-          .num_attention_heads = m.n_head, .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd),
-          .layer_norm_eps = m.layer_norm_eps, .hidden_dropout = m.dropout, .initializer_range = m.init_std};
+          .max_position_embeddings = m.block_size,
+          .hidden_size = m.n_embd,
+          .num_hidden_layers = m.n_layer,
+          .num_attention_heads = m.n_head,
+          .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd),
+          .layer_norm_eps = m.layer_norm_eps,
+          .hidden_dropout = m.dropout,
+          .initializer_range = m.init_std};
 }
 
 models::ViTConfig vit_config(const ModelConfig& m) {
-  return {.image_size = m.image_size, .patch_size = m.patch_size, .num_channels = m.in_channels,
-          .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer, .num_attention_heads = m.n_head,
-          .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd), .num_labels = m.num_classes,
-          .layer_norm_eps = m.layer_norm_eps, .hidden_dropout = m.dropout, .initializer_range = m.init_std};
+  return {.image_size = m.image_size,
+          .patch_size = m.patch_size,
+          .num_channels = m.in_channels,
+          .hidden_size = m.n_embd,
+          .num_hidden_layers = m.n_layer,
+          .num_attention_heads = m.n_head,
+          .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd),
+          .num_labels = m.num_classes,
+          .layer_norm_eps = m.layer_norm_eps,
+          .hidden_dropout = m.dropout,
+          .initializer_range = m.init_std};
 }
 
 models::SwinConfig swin_config(const ModelConfig& m) {
   std::vector<int64_t> heads;
   for (size_t i = 0; i < swin_depths(m).size(); ++i) heads.push_back(m.n_head << i);  // doubling per stage
-  return {.image_size = m.image_size, .patch_size = m.patch_size, .num_channels = m.in_channels,
-          .embed_dim = m.n_embd, .depths = swin_depths(m), .num_heads = heads, .window_size = m.window_size,
-          .mlp_ratio = m.mlp_ratio, .num_labels = m.num_classes, .layer_norm_eps = m.layer_norm_eps,
+  return {.image_size = m.image_size,
+          .patch_size = m.patch_size,
+          .num_channels = m.in_channels,
+          .embed_dim = m.n_embd,
+          .depths = swin_depths(m),
+          .num_heads = heads,
+          .window_size = m.window_size,
+          .mlp_ratio = m.mlp_ratio,
+          .num_labels = m.num_classes,
+          .layer_norm_eps = m.layer_norm_eps,
           .initializer_range = m.init_std};
 }
 
@@ -84,17 +115,24 @@ models::ResNetConfig resnet_config(const ModelConfig& m) {
 
 models::CLIPConfig clip_config(const ModelConfig& m, const data::CaptionTokenizer& tok) {
   const int64_t text_width = or_default(m.text_width, m.n_embd);
-  models::CLIPConfig c{
-      .text = {.vocab_size = tok.vocab_size(), .max_position_embeddings = tok.max_length(), .hidden_size = text_width,
-               .num_hidden_layers = or_default(m.text_layers, m.n_layer),
-               .num_attention_heads = or_default(m.text_heads, m.n_head), .intermediate_size = 4 * text_width,
-               .layer_norm_eps = m.layer_norm_eps},
-      .vision = {.image_size = m.image_size, .patch_size = m.patch_size, .num_channels = m.in_channels,
-                 .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer, .num_attention_heads = m.n_head,
-                 .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd), .layer_norm_eps = m.layer_norm_eps},
-      .projection_dim = or_default(m.projection_dim, m.n_embd),
-      .hidden_act = "quick_gelu",
-      .initializer_range = m.init_std};
+  models::CLIPConfig c{.text = {.vocab_size = tok.vocab_size(),
+                                .max_position_embeddings = tok.max_length(),
+                                .hidden_size = text_width,
+                                .num_hidden_layers = or_default(m.text_layers, m.n_layer),
+                                .num_attention_heads = or_default(m.text_heads, m.n_head),
+                                .intermediate_size = 4 * text_width,
+                                .layer_norm_eps = m.layer_norm_eps},
+                       .vision = {.image_size = m.image_size,
+                                  .patch_size = m.patch_size,
+                                  .num_channels = m.in_channels,
+                                  .hidden_size = m.n_embd,
+                                  .num_hidden_layers = m.n_layer,
+                                  .num_attention_heads = m.n_head,
+                                  .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd),
+                                  .layer_norm_eps = m.layer_norm_eps},
+                       .projection_dim = or_default(m.projection_dim, m.n_embd),
+                       .hidden_act = "quick_gelu",
+                       .initializer_range = m.init_std};
   c.validate();
   return c;
 }
@@ -151,10 +189,16 @@ void parse_block_string(const std::string& text, models::AlignVisionConfig& v) {
 
 models::AlignConfig align_config(const ModelConfig& m, const data::CaptionTokenizer& tok) {
   models::AlignConfig c;
-  c.text = {.vocab_size = tok.vocab_size(), .max_position_embeddings = tok.max_length(), .type_vocab_size = 2,
-            .hidden_size = m.n_embd, .num_hidden_layers = m.n_layer, .num_attention_heads = m.n_head,
-            .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd), .layer_norm_eps = m.layer_norm_eps,
-            .hidden_dropout = 0.0, .initializer_range = m.init_std};
+  c.text = {.vocab_size = tok.vocab_size(),
+            .max_position_embeddings = tok.max_length(),
+            .type_vocab_size = 2,
+            .hidden_size = m.n_embd,
+            .num_hidden_layers = m.n_layer,
+            .num_attention_heads = m.n_head,
+            .intermediate_size = or_default(m.intermediate_size, 4 * m.n_embd),
+            .layer_norm_eps = m.layer_norm_eps,
+            .hidden_dropout = 0.0,
+            .initializer_range = m.init_std};
   models::AlignVisionConfig& v = c.vision;
   v.num_channels = m.in_channels;
   v.image_size = m.image_size;
@@ -213,9 +257,10 @@ void check_image_data(const Recipe& r, const Fail& fail) {
 
 void check_patches(const Recipe& r, const Fail& fail) {
   if (r.model.patch_size < 1 || r.model.image_size % r.model.patch_size != 0)
-    fail(fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
-                     "patches); use e.g. 2, 4, 7 or 14",
-                     r.model.patch_size, r.model.image_size));
+    fail(
+        fmt::format("model.patch_size = {} must divide model.image_size = {} (the image is cut into whole "
+                    "patches); use e.g. 2, 4, 7 or 14",
+                    r.model.patch_size, r.model.image_size));
 }
 
 void check_mlp_width(const Recipe& r, const Fail& fail) {
@@ -232,13 +277,18 @@ void check_rope_scaling(const Recipe& r, const Fail& fail) {
   const std::string& s = m.rope_scaling;
   if (s != "none" && s != "linear" && s != "llama3") {
     const bool other = s == "dynamic" || s == "yarn" || s == "longrope" || s == "ntk" || s == "su";
-    fail(fmt::format("model.rope_scaling = \"{}\" is {}; use \"none\", \"linear\" (positions / factor) or "
-                     "\"llama3\" (Llama 3.1-3.3)",
-                     s, other ? "not implemented (only linear and llama3 scalings are)" : "not a RoPE scaling"));
+    fail(
+        fmt::format("model.rope_scaling = \"{}\" is {}; use \"none\", \"linear\" (positions / factor) or "
+                    "\"llama3\" (Llama 3.1-3.3)",
+                    s, other ? "not implemented (only linear and llama3 scalings are)" : "not a RoPE scaling"));
     return;
   }
   // (key, value, whether it is set, whether this scaling reads it)
-  struct Num { const char* key; double v; bool set, read; };
+  struct Num {
+    const char* key;
+    double v;
+    bool set, read;
+  };
   const Num nums[] = {
       {"model.rope_scaling_factor", m.rope_scaling_factor, m.rope_scaling_factor != d.rope_scaling_factor, s != "none"},
       {"model.rope_low_freq_factor", m.rope_low_freq_factor, m.rope_low_freq_factor != d.rope_low_freq_factor,
@@ -252,23 +302,26 @@ void check_rope_scaling(const Recipe& r, const Fail& fail) {
       fail(fmt::format("{} = {} has no effect with model.rope_scaling = \"{}\"; remove it{}", n.key, n.v, s,
                        s == "none" ? " or set model.rope_scaling = \"linear\" / \"llama3\"" : ""));
     if (n.read && !(n.v > 0))
-      fail(fmt::format("{} = {} must be > 0 with model.rope_scaling = \"{}\"; set the value the model was "
-                       "trained with (config.json's rope_scaling; Llama 3.2: factor 32, low_freq_factor 1, "
-                       "high_freq_factor 4, original_max_position_embeddings 8192)",
-                       n.key, n.v, s));
+      fail(
+          fmt::format("{} = {} must be > 0 with model.rope_scaling = \"{}\"; set the value the model was "
+                      "trained with (config.json's rope_scaling; Llama 3.2: factor 32, low_freq_factor 1, "
+                      "high_freq_factor 4, original_max_position_embeddings 8192)",
+                      n.key, n.v, s));
   }
   if (s == "llama3" && m.rope_low_freq_factor > 0 && !(m.rope_high_freq_factor > m.rope_low_freq_factor))
-    fail(fmt::format("model.rope_high_freq_factor = {} must be > model.rope_low_freq_factor = {} (the llama3 "
-                     "scaling blends the frequencies between the two wavelengths they give)",
-                     m.rope_high_freq_factor, m.rope_low_freq_factor));
+    fail(
+        fmt::format("model.rope_high_freq_factor = {} must be > model.rope_low_freq_factor = {} (the llama3 "
+                    "scaling blends the frequencies between the two wavelengths they give)",
+                    m.rope_high_freq_factor, m.rope_low_freq_factor));
 }
 
 void validate_llama(const Recipe& r, const Fail& fail) {
   const int64_t kv = r.model.n_kv_head == 0 ? r.model.n_head : r.model.n_kv_head;
   if (kv < 1 || r.model.n_head % kv != 0)
-    fail(fmt::format("model.n_kv_head = {} must divide model.n_head = {} (grouped-query attention shares each "
-                     "key/value head among n_head / n_kv_head query heads); 0 means n_head",
-                     r.model.n_kv_head, r.model.n_head));
+    fail(
+        fmt::format("model.n_kv_head = {} must divide model.n_head = {} (grouped-query attention shares each "
+                    "key/value head among n_head / n_kv_head query heads); 0 means n_head",
+                    r.model.n_kv_head, r.model.n_head));
   if (r.model.intermediate_size < 0)
     fail(fmt::format("model.intermediate_size = {} must be >= 0 (0 = 8 n_embd / 3 rounded up to a multiple of 64)",
                      r.model.intermediate_size));
@@ -292,17 +345,20 @@ void validate_vit(const Recipe& r, const Fail& fail) {
 void validate_resnet(const Recipe& r, const Fail& fail) {
   check_image_data(r, fail);
   if (r.model.width < 1 || r.model.width > 4096)
-    fail(fmt::format("model.width = {} must be in [1, 4096]: the ResNet's stem and stage-1 channels (torchvision "
-                     "64; 16 or 32 train faster)",
-                     r.model.width));
+    fail(
+        fmt::format("model.width = {} must be in [1, 4096]: the ResNet's stem and stage-1 channels (torchvision "
+                    "64; 16 or 32 train faster)",
+                    r.model.width));
   if (r.model.stem != "small" && r.model.stem != "imagenet")
-    fail(fmt::format("model.stem = \"{}\" must be \"small\" (3x3 stride-1 conv, no max-pool: for 28x28 inputs) or "
-                     "\"imagenet\" (torchvision's 7x7 stride-2 conv and 3x3 stride-2 max-pool: for 224x224)",
-                     r.model.stem));
+    fail(
+        fmt::format("model.stem = \"{}\" must be \"small\" (3x3 stride-1 conv, no max-pool: for 28x28 inputs) or "
+                    "\"imagenet\" (torchvision's 7x7 stride-2 conv and 3x3 stride-2 max-pool: for 224x224)",
+                    r.model.stem));
   if (r.model.memory_format != "nchw" && r.model.memory_format != "channels_last")
-    fail(fmt::format("model.memory_format = \"{}\" must be \"nchw\" (the default) or \"channels_last\" (NHWC "
-                     "activations: faster convolutions, the same parameters and checkpoints)",
-                     r.model.memory_format));
+    fail(
+        fmt::format("model.memory_format = \"{}\" must be \"nchw\" (the default) or \"channels_last\" (NHWC "
+                    "activations: faster convolutions, the same parameters and checkpoints)",
+                    r.model.memory_format));
 }
 
 void validate_swin(const Recipe& r, const Fail& fail) {
@@ -310,7 +366,8 @@ void validate_swin(const Recipe& r, const Fail& fail) {
   check_patches(r, fail);
   if (!(r.model.mlp_ratio > 0 && r.model.mlp_ratio <= 64))
     fail(fmt::format("model.mlp_ratio = {} must be in (0, 64]; Swin uses 4", r.model.mlp_ratio));
-  if (r.model.window_size < 1) fail(fmt::format("model.window_size = {} must be >= 1; Swin uses 7", r.model.window_size));
+  if (r.model.window_size < 1)
+    fail(fmt::format("model.window_size = {} must be >= 1; Swin uses 7", r.model.window_size));
   std::vector<int64_t> d;
   try {
     d = swin_depths(r.model);
@@ -322,16 +379,18 @@ void validate_swin(const Recipe& r, const Fail& fail) {
   for (size_t i = 0; i < d.size(); ++i) {
     const int64_t res = grid >> i;
     if (d[i] < 1)
-      fail(fmt::format("model.depths = \"{}\": stage {} has {} blocks; every stage needs at least 1", r.model.depths,
-                       i, d[i]));
+      fail(fmt::format("model.depths = \"{}\": stage {} has {} blocks; every stage needs at least 1", r.model.depths, i,
+                       d[i]));
     if (res < 1 || (i + 1 < d.size() && res % 2 != 0))
-      fail(fmt::format("model.depths = \"{}\": stage {} would work on a {}x{} grid, which patch merging cannot "
-                       "halve; use fewer stages or a smaller model.patch_size",
-                       r.model.depths, i, res, res));
+      fail(
+          fmt::format("model.depths = \"{}\": stage {} would work on a {}x{} grid, which patch merging cannot "
+                      "halve; use fewer stages or a smaller model.patch_size",
+                      r.model.depths, i, res, res));
     if (res > r.model.window_size && res % r.model.window_size != 0)
-      fail(fmt::format("model.window_size = {} does not divide stage {}'s {}x{} grid (image_size / patch_size / "
-                       "2^stage); choose a window that divides it",
-                       r.model.window_size, i, res, res));
+      fail(
+          fmt::format("model.window_size = {} does not divide stage {}'s {}x{} grid (image_size / patch_size / "
+                      "2^stage); choose a window that divides it",
+                      r.model.window_size, i, res, res));
   }
 }
 
@@ -340,18 +399,19 @@ void validate_clip(const Recipe& r, const Fail& fail) {
   check_patches(r, fail);
   check_mlp_width(r, fail);
   if (r.model.text_layers < 0 || r.model.text_heads < 0 || r.model.text_width < 0 || r.model.projection_dim < 0)
-    fail("model.text_layers, text_heads, text_width and projection_dim must be >= 0 (0 = the image tower's "
-         "n_layer, n_head, n_embd)");
+    fail(
+        "model.text_layers, text_heads, text_width and projection_dim must be >= 0 (0 = the image tower's "
+        "n_layer, n_head, n_embd)");
   const int64_t tw = r.model.text_width > 0 ? r.model.text_width : r.model.n_embd;
   const int64_t th = r.model.text_heads > 0 ? r.model.text_heads : r.model.n_head;
-  if (th < 1 || tw % th != 0) fail(fmt::format("model.text_width = {} is not divisible by model.text_heads = {}", tw, th));
+  if (th < 1 || tw % th != 0)
+    fail(fmt::format("model.text_width = {} is not divisible by model.text_heads = {}", tw, th));
 }
 
 void validate_align(const Recipe& r, const Fail& fail) {
   check_image_data(r, fail);
   check_mlp_width(r, fail);
-  if (r.model.projection_dim < 0)
-    fail("model.projection_dim must be >= 0 (0 = the image tower's pooled width)");
+  if (r.model.projection_dim < 0) fail("model.projection_dim must be >= 0 (0 = the image tower's pooled width)");
   try {
     align_config(r.model, data::CaptionTokenizer());
   } catch (const ConfigError& e) {
@@ -367,9 +427,10 @@ void validate_flamingo(const Recipe& r, const Fail& fail) {
   for (const char* k : {"model.vocab_size", "model.block_size", "model.n_layer", "model.n_head", "model.n_embd",
                         "model.layer_norm_eps", "train.seq_len"})
     if (now.at(k) != def.at(k))
-      fail(fmt::format("{} = {}: a Flamingo's shapes come from model.vision_from and model.lm_from (and its sequences "
-                       "from its chunks); remove it",
-                       k, now.at(k)));
+      fail(
+          fmt::format("{} = {}: a Flamingo's shapes come from model.vision_from and model.lm_from (and its sequences "
+                      "from its chunks); remove it",
+                      k, now.at(k)));
   try {
     flamingo_config(r);
   } catch (const Error& e) {
@@ -382,10 +443,11 @@ void validate_custom(const Recipe&, const Fail&) {}  // the caller's model check
 // ---------------------------------------------------------------- task factories
 
 std::unique_ptr<Task> make_custom_task(const Recipe& r) {
-  throw ConfigError(fmt::format("recipe {}: model.type = \"custom\" is a model defined outside the zoo: build its task "
-                                "in your program and pass it to train::train (see examples/custom_cnn); `brigade` "
-                                "trains the zoo's models ({})",
-                                r.path, model_types()));
+  throw ConfigError(
+      fmt::format("recipe {}: model.type = \"custom\" is a model defined outside the zoo: build its task "
+                  "in your program and pass it to train::train (see examples/custom_cnn); `brigade` "
+                  "trains the zoo's models ({})",
+                  r.path, model_types()));
 }
 
 // Every model's weights come from a generator seeded by run.seed, its dropout stream from run.seed + 1.
@@ -459,8 +521,7 @@ std::unique_ptr<Task> make_swin_task(const Recipe& r) {
   c.forward = [m = swin.get()](const Tensor& x) { return m->forward(x); };
   c.flops_per_image = swin->flops_per_image();
   c.description = fmt::format("Swin, embed {}, depths {}, window {}, patch {}", r.model.n_embd,
-                              r.model.depths.empty() ? "2,2" : r.model.depths, r.model.window_size,
-                              r.model.patch_size);
+                              r.model.depths.empty() ? "2,2" : r.model.depths, r.model.window_size, r.model.patch_size);
   return image_classification_task(r, std::move(c));
 }
 
@@ -487,6 +548,7 @@ std::unique_ptr<Task> make_flamingo_task(const Recipe& r) {
 
 // The optional model keys: each row lists those it reads; the others must keep their defaults.
 const std::vector<std::string_view>& optional_keys() {
+  // clang-format off
   static const std::vector<std::string_view> k{
       "model.n_kv_head",  "model.intermediate_size", "model.rope_theta",  "model.rope_scaling",
       "model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
@@ -498,6 +560,7 @@ const std::vector<std::string_view>& optional_keys() {
       "model.stages", "model.width_coefficient", "model.depth_coefficient", "model.depthwise_padding",
       "model.vision_from", "model.lm_from", "model.resampler_depth", "model.resampler_heads",
       "model.resampler_latents", "model.cross_attn_every_n_layers", "data.mlm_probability", "data.augment"};
+  // clang-format on
   return k;
 }
 
@@ -513,51 +576,86 @@ const std::vector<ModelEntry>& model_registry() {
     return a;
   };
   static const std::vector<ModelEntry> rows{
-      {"gpt", "GPT-2 causal language model", DataKind::Text, {},
-       {.tensor_parallel = true, .pipeline_parallel = true, .recompute_budget = true, .memory_formula = true,
-        .dropout = true, .sample = true},
-       validate_gpt, make_lm_task},
-      {"llama", "LLaMA causal language model (RMSNorm, RoPE, SwiGLU, grouped-query attention)", DataKind::Text,
+      {"gpt",
+       "GPT-2 causal language model",
+       DataKind::Text,
+       {},
+       {.tensor_parallel = true,
+        .pipeline_parallel = true,
+        .recompute_budget = true,
+        .memory_formula = true,
+        .dropout = true,
+        .sample = true},
+       validate_gpt,
+       make_lm_task},
+      {"llama",
+       "LLaMA causal language model (RMSNorm, RoPE, SwiGLU, grouped-query attention)",
+       DataKind::Text,
        {"model.n_kv_head", "model.intermediate_size", "model.rope_theta", "model.rope_scaling",
         "model.rope_scaling_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
         "model.rope_original_max_positions", "model.tie_embeddings"},
        {.tensor_parallel = true, .pipeline_parallel = true, .sample = true},
-       validate_llama, make_lm_task},
-      {"bert", "BERT masked language model", DataKind::Text, {"model.intermediate_size", "data.mlm_probability"},
+       validate_llama,
+       make_lm_task},
+      {"bert",
+       "BERT masked language model",
+       DataKind::Text,
+       {"model.intermediate_size", "data.mlm_probability"},
        {.tensor_parallel = true, .pipeline_parallel = true, .dropout = true},
-       validate_bert, make_bert_task},
-      {"vit", "ViT image classifier", DataKind::FashionMnist,
+       validate_bert,
+       make_bert_task},
+      {"vit",
+       "ViT image classifier",
+       DataKind::FashionMnist,
        with(kImage, {"model.patch_size", "model.intermediate_size"}),
        {.tensor_parallel = true, .pipeline_parallel = true, .dropout = true, .synthetic_images = true},
-       validate_vit, make_vit_task},
-      {"resnet18", "ResNet-18 image classifier", DataKind::FashionMnist,
+       validate_vit,
+       make_vit_task},
+      {"resnet18",
+       "ResNet-18 image classifier",
+       DataKind::FashionMnist,
        with(kImage, {"model.width", "model.stem", "model.memory_format"}),
        {.batch_norm = true, .synthetic_images = true},
-       validate_resnet, make_resnet_task},
-      {"resnet50", "ResNet-50 image classifier", DataKind::FashionMnist,
+       validate_resnet,
+       make_resnet_task},
+      {"resnet50",
+       "ResNet-50 image classifier",
+       DataKind::FashionMnist,
        with(kImage, {"model.width", "model.stem", "model.memory_format"}),
        {.batch_norm = true, .synthetic_images = true},
-       validate_resnet, make_resnet_task},
-      {"swin", "Swin Transformer image classifier", DataKind::FashionMnist,
+       validate_resnet,
+       make_resnet_task},
+      {"swin",
+       "Swin Transformer image classifier",
+       DataKind::FashionMnist,
        with(kImage, {"model.patch_size", "model.depths", "model.window_size", "model.mlp_ratio"}),
        {.synthetic_images = true},
-       validate_swin, make_swin_task},
-      {"custom", "a model defined outside the zoo, trained through the library (train::train with its own task)",
-       DataKind::Any, {"model.image_size", "model.num_classes", "model.in_channels", "model.width",
-                       "model.intermediate_size", "data.augment"},
+       validate_swin,
+       make_swin_task},
+      {"custom",
+       "a model defined outside the zoo, trained through the library (train::train with its own task)",
+       DataKind::Any,
+       {"model.image_size", "model.num_classes", "model.in_channels", "model.width", "model.intermediate_size",
+        "data.augment"},
        {.dropout = true, .batch_norm = true},
-       validate_custom, make_custom_task},
-      {"clip", "CLIP contrastive image-text model", DataKind::FashionMnist,
+       validate_custom,
+       make_custom_task},
+      {"clip",
+       "CLIP contrastive image-text model",
+       DataKind::FashionMnist,
        with(kImage, {"model.patch_size", "model.intermediate_size", "model.text_layers", "model.text_heads",
                      "model.text_width", "model.projection_dim"}),
        {},
-       validate_clip, make_clip_task},
-      {"align", "ALIGN contrastive image-text model (EfficientNet image tower, BERT text tower)",
+       validate_clip,
+       make_clip_task},
+      {"align",
+       "ALIGN contrastive image-text model (EfficientNet image tower, BERT text tower)",
        DataKind::FashionMnist,
        with(kImage, {"model.intermediate_size", "model.projection_dim", "model.stages", "model.width_coefficient",
                      "model.depth_coefficient", "model.depthwise_padding"}),
        {.batch_norm = true},
-       validate_align, make_align_task},
+       validate_align,
+       make_align_task},
       {"flamingo",
        "Flamingo visual language model (frozen CLIP vision tower and GPT, Perceiver resampler, gated "
        "cross-attention)",
@@ -565,7 +663,8 @@ const std::vector<ModelEntry>& model_registry() {
        with(kImage, {"model.vision_from", "model.lm_from", "model.resampler_depth", "model.resampler_heads",
                      "model.resampler_latents", "model.cross_attn_every_n_layers"}),
        {},
-       validate_flamingo, make_flamingo_task},
+       validate_flamingo,
+       make_flamingo_task},
   };
   return rows;
 }
@@ -589,32 +688,36 @@ const ModelEntry& model_entry(const std::string& type) {
     if (e.type == type) return e;
     names.emplace_back(e.type);
   }
-  throw ConfigError(
-      fmt::format("model.type = \"{}\" is not a known model; use one of {}{}", type, model_types(), did_you_mean(type, names)));
+  throw ConfigError(fmt::format("model.type = \"{}\" is not a known model; use one of {}{}", type, model_types(),
+                                did_you_mean(type, names)));
 }
 
 void check_supported(const Recipe& r, const Fail& fail) {
   const ModelEntry& e = model_entry(r.model.type);
   const std::string& t = r.model.type;
   if (r.parallel.tp > 1 && !e.caps.tensor_parallel)
-    fail(fmt::format("parallel.tp = {}: model.type = \"{}\" has no tensor-parallel plan; tensor parallelism is built "
-                     "for {}; use parallel.dp (and ZeRO) for \"{}\"",
-                     r.parallel.tp, t, model_types_with(&Capabilities::tensor_parallel), t));
+    fail(
+        fmt::format("parallel.tp = {}: model.type = \"{}\" has no tensor-parallel plan; tensor parallelism is built "
+                    "for {}; use parallel.dp (and ZeRO) for \"{}\"",
+                    r.parallel.tp, t, model_types_with(&Capabilities::tensor_parallel), t));
   if (r.parallel.pp > 1 && !e.caps.pipeline_parallel)
-    fail(fmt::format("parallel.pp = {}: model.type = \"{}\" is not cut into pipeline stages; pipeline parallelism is "
-                     "built for {}; use parallel.dp (and ZeRO) for \"{}\"",
-                     r.parallel.pp, t, model_types_with(&Capabilities::pipeline_parallel), t));
+    fail(
+        fmt::format("parallel.pp = {}: model.type = \"{}\" is not cut into pipeline stages; pipeline parallelism is "
+                    "built for {}; use parallel.dp (and ZeRO) for \"{}\"",
+                    r.parallel.pp, t, model_types_with(&Capabilities::pipeline_parallel), t));
   if (r.memory.recompute == "budget" && !e.caps.recompute_budget)
-    fail(fmt::format("memory.recompute = \"budget\" needs an activation estimate, which exists for {}; use \"full\", "
-                     "\"selective\" or \"every_k\" for model.type = \"{}\"",
-                     model_types_with(&Capabilities::recompute_budget), t));
+    fail(
+        fmt::format("memory.recompute = \"budget\" needs an activation estimate, which exists for {}; use \"full\", "
+                    "\"selective\" or \"every_k\" for model.type = \"{}\"",
+                    model_types_with(&Capabilities::recompute_budget), t));
   if (r.model.dropout != 0 && !e.caps.dropout)
     fail(fmt::format("model.dropout = {}: the {} model has no dropout; set model.dropout = 0 (models with dropout: {})",
                      r.model.dropout, t, model_types_with(&Capabilities::dropout)));
   if (r.parallel.sync_batchnorm && !e.caps.batch_norm)
-    fail(fmt::format("parallel.sync_batchnorm = true: model.type = \"{}\" has no BatchNorm (models with BatchNorm: "
-                     "{}); remove it",
-                     t, model_types_with(&Capabilities::batch_norm)));
+    fail(
+        fmt::format("parallel.sync_batchnorm = true: model.type = \"{}\" has no BatchNorm (models with BatchNorm: "
+                    "{}); remove it",
+                    t, model_types_with(&Capabilities::batch_norm)));
 }
 
 void validate_model(const Recipe& r, const Fail& fail) {
@@ -628,23 +731,26 @@ void validate_model(const Recipe& r, const Fail& fail) {
   // data of the right kind
   const bool synthetic = r.data.corpus == "synthetic";
   if (synthetic && !e->caps.synthetic_images)
-    fail(fmt::format("data.corpus = \"synthetic\" (random images for `brigade bench`) is for the image classifiers "
-                     "({}), not model.type = \"{}\"; set data.corpus = \"fashion-mnist\"",
-                     model_types_with(&Capabilities::synthetic_images), r.model.type));
+    fail(
+        fmt::format("data.corpus = \"synthetic\" (random images for `brigade bench`) is for the image classifiers "
+                    "({}), not model.type = \"{}\"; set data.corpus = \"fashion-mnist\"",
+                    model_types_with(&Capabilities::synthetic_images), r.model.type));
   const bool images = r.data.corpus == "fashion-mnist";
   if (e->data == DataKind::FashionMnist && !images && !synthetic)
-    fail(fmt::format("model.type = \"{}\" is an image model but data.corpus = \"{}\" is text; set data.corpus = "
-                     "\"fashion-mnist\" (and data.dir to its folder, e.g. \"/usr/share/datasets/fashion-mnist\")",
-                     r.model.type, r.data.corpus));
+    fail(
+        fmt::format("model.type = \"{}\" is an image model but data.corpus = \"{}\" is text; set data.corpus = "
+                    "\"fashion-mnist\" (and data.dir to its folder, e.g. \"/usr/share/datasets/fashion-mnist\")",
+                    r.model.type, r.data.corpus));
   if (e->data == DataKind::Text && images)
-    fail(fmt::format("data.corpus = \"fashion-mnist\" is image data, but model.type = \"{}\" trains on text; use an "
-                     "image model ({})",
-                     r.model.type, [] {
-                       std::string s;
-                       for (const ModelEntry& m : model_registry())
-                         if (m.data == DataKind::FashionMnist) s += fmt::format("{}{}", s.empty() ? "" : ", ", m.type);
-                       return s;
-                     }()));
+    fail(
+        fmt::format("data.corpus = \"fashion-mnist\" is image data, but model.type = \"{}\" trains on text; use an "
+                    "image model ({})",
+                    r.model.type, [] {
+                      std::string s;
+                      for (const ModelEntry& m : model_registry())
+                        if (m.data == DataKind::FashionMnist) s += fmt::format("{}{}", s.empty() ? "" : ", ", m.type);
+                      return s;
+                    }()));
   // keys this model does not read keep their defaults
   const Recipe defaults;
   const std::map<std::string, std::string> now = recipe_values(r), def = recipe_values(defaults);

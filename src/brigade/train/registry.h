@@ -37,8 +37,8 @@ struct Capabilities {
 using Fail = std::function<void(const std::string&)>;
 
 struct ModelEntry {
-  std::string_view type;           // model.type
-  std::string_view summary;        // "GPT-2 causal language model"
+  std::string_view type;     // model.type
+  std::string_view summary;  // "GPT-2 causal language model"
   DataKind data;
   // The model.* keys (and data.mlm_probability / data.augment) this model reads besides the
   // common ones; any other model key set away from its default is refused by name.

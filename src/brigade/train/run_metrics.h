@@ -9,11 +9,11 @@
 namespace brigade::train {
 
 struct RunMetrics {
-  std::vector<double> steps, losses;           // every {"step", "loss", ...} record
-  std::vector<double> items_per_s;             // from the same records: tokens_per_s, images_per_s or pairs_per_s
-  std::string item = "tokens";                 // which of them: "tokens", "images", "pairs"
-  std::vector<double> val_steps, val_losses;   // every {"step", "val_loss"} record
-  bool early_stopped = false;                  // a {"early_stop": true, ...} record
+  std::vector<double> steps, losses;          // every {"step", "loss", ...} record
+  std::vector<double> items_per_s;            // from the same records: tokens_per_s, images_per_s or pairs_per_s
+  std::string item = "tokens";                // which of them: "tokens", "images", "pairs"
+  std::vector<double> val_steps, val_losses;  // every {"step", "val_loss"} record
+  bool early_stopped = false;                 // a {"early_stop": true, ...} record
   int64_t stop_step = 0, best_step = 0;
   double best_val_loss = 0.0;
 };

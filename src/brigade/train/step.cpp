@@ -40,13 +40,14 @@ double measure_gemm_peak_gflops(DType dt) {
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
-                                                const parallel::DataParallel& dp) {
+                                                 const parallel::DataParallel& dp) {
   if (o.name == "adamw")
     return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
                                           [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
   if (o.name == "lamb") {
-    auto lamb = std::make_unique<optim::LAMB>(params, optim::LAMBOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
-                                              [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
+    auto lamb =
+        std::make_unique<optim::LAMB>(params, optim::LAMBOptions{o.beta1, o.beta2, o.eps, o.weight_decay},
+                                      [&dp](const std::string& name, const Tensor&) { return dp.decays(name); });
     if (dp.zero() >= 1) {
       // ZeRO: the optimizer holds views of this rank's shard, and a parameter may be split across
       // ranks; the trust ratio needs whole-parameter norms, so LAMB sums its partial norms over
@@ -73,8 +74,8 @@ amp::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
   const amp::Policy policy = precision_policy(p);
   amp::LossScalerOptions o;
   if (p.loss_scale == "auto")
-    o.mode = policy.level != amp::Level::O0 && policy.low == DType::F16 ? amp::ScaleMode::Dynamic
-                                                                         : amp::ScaleMode::None;
+    o.mode =
+        policy.level != amp::Level::O0 && policy.low == DType::F16 ? amp::ScaleMode::Dynamic : amp::ScaleMode::None;
   else
     o.mode = amp::scale_mode_from_name(p.loss_scale);
   o.init_scale = p.init_scale;
@@ -87,7 +88,6 @@ amp::LossScalerOptions loss_scaler_options(const PrecisionConfig& p) {
   o.dtype = policy.low;
   return o;
 }
-
 
 namespace {
 
@@ -153,14 +153,14 @@ GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, 
   return out;
 }
 
-
 namespace {
 std::atomic<bool> g_stop_requested{false};
 extern "C" void on_stop_signal(int) { g_stop_requested.store(true); }
 }  // namespace
 
 struct StopSignalGuard::Saved {
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
 };
 
 StopSignalGuard::StopSignalGuard() : saved_(std::make_unique<Saved>()) {
@@ -188,11 +188,16 @@ std::string fmt_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-
 optim::Schedule make_schedule(const Recipe& r) {
-  return optim::Schedule{optim::schedule_from_name(r.schedule.name), r.optim.lr, r.schedule.min_lr,
-                         r.schedule.warmup_steps, r.train.steps, r.schedule.step_every, r.schedule.step_gamma,
-                         r.schedule.decay_steps, optim::decay_shape_from_name(r.schedule.decay_shape)};
+  return optim::Schedule{optim::schedule_from_name(r.schedule.name),
+                         r.optim.lr,
+                         r.schedule.min_lr,
+                         r.schedule.warmup_steps,
+                         r.train.steps,
+                         r.schedule.step_every,
+                         r.schedule.step_gamma,
+                         r.schedule.decay_steps,
+                         optim::decay_shape_from_name(r.schedule.decay_shape)};
 }
 
 // Keeps metrics.jsonl consistent on resume: drops records past the resumed step.
@@ -214,7 +219,6 @@ void truncate_metrics(const std::string& path, int64_t step) {
   std::ofstream out(p, std::ios::trunc);
   for (auto& l : keep) out << l << '\n';
 }
-
 
 std::vector<nn::Recompute> recompute_plan(const Recipe& r, size_t blocks) {
   const models::RecomputePolicy policy{r.memory.recompute, r.memory.every_k,
@@ -247,8 +251,8 @@ void load_state(const std::string& path, const nn::NamedTensors& state) {
     t.copy_(v);
   }
   for (const std::string& name : in.names())
-    BRIGADE_CHECK(expected.count(name), CheckpointError, "{}: unexpected tensor '{}' (not in this model's state)",
-                  path, name);
+    BRIGADE_CHECK(expected.count(name), CheckpointError, "{}: unexpected tensor '{}' (not in this model's state)", path,
+                  name);
 }
 
 }  // namespace brigade::train

@@ -21,8 +21,7 @@ double spike_zscore(const std::deque<double>& w, double x) {
   return sd > 0.0 ? (x - mean) / sd : 0.0;
 }
 
-StepGuard::StepGuard(const TrainConfig& t)
-    : policy_(t.nonfinite), zscore_(t.spike_zscore), window_(t.spike_window) {}
+StepGuard::StepGuard(const TrainConfig& t) : policy_(t.nonfinite), zscore_(t.spike_zscore), window_(t.spike_window) {}
 
 StepGuard::Verdict StepGuard::skip(int64_t step, std::string reason) {
   ++skipped_;
@@ -71,8 +70,8 @@ StepGuard::Verdict StepGuard::check_update(int64_t step, double loss, double gra
 
 std::string StepGuard::state() const {
   if (losses_.empty() && marked_.empty() && consecutive_ == 0) return "";
-  nlohmann::json j{{"losses", losses_}, {"grad_norms", norms_}, {"rolled_back", marked_},
-                   {"consecutive_skips", consecutive_}};
+  nlohmann::json j{
+      {"losses", losses_}, {"grad_norms", norms_}, {"rolled_back", marked_}, {"consecutive_skips", consecutive_}};
   return j.dump();
 }
 
@@ -89,8 +88,10 @@ void StepGuard::set_state(const std::string& text) {
     // whole numbers, checked (get<int64_t> of a float such as 1e300 is undefined behaviour)
     auto whole = [&](const nlohmann::json& v, const char* field) {
       const std::optional<int64_t> n = json_int64(v);
-      BRIGADE_CHECK(n, CheckpointError, "the step guard's state in state.json is malformed: \"{}\" holds {}, not a "
-                    "whole number; the checkpoint is damaged: resume from another one", field, v.dump());
+      BRIGADE_CHECK(n, CheckpointError,
+                    "the step guard's state in state.json is malformed: \"{}\" holds {}, not a "
+                    "whole number; the checkpoint is damaged: resume from another one",
+                    field, v.dump());
       return *n;
     };
     for (const nlohmann::json& s : j.at("rolled_back")) marked_.insert(whole(s, "rolled_back"));

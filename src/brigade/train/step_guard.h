@@ -4,10 +4,10 @@
 // rank agrees on (the global loss and gradient norm), so every rank reaches the same verdict.
 //
 // - non-finite loss or gradient norm: "stop" ends the run with an error naming the step (the
-//   default: the trainer's error says what to try); "skip" leaves weights and optimizer state untouched for that step (the schedule and
-//   the data move on); "rollback" goes back to the last checkpoint and replays from there with
-//   that step's batch skipped. More than kMaxConsecutiveSkips skipped steps in a row end the run
-//   (the weights themselves have probably diverged: skipping cannot recover, a rollback can).
+//   default: the trainer's error says what to try); "skip" leaves weights and optimizer state untouched for that step
+//   (the schedule and the data move on); "rollback" goes back to the last checkpoint and replays from there with that
+//   step's batch skipped. More than kMaxConsecutiveSkips skipped steps in a row end the run (the weights themselves
+//   have probably diverged: skipping cannot recover, a rollback can).
 // - spike detection (train.spike_zscore > 0): once the last train.spike_window steps are known,
 //   a step whose loss or gradient norm lies more than spike_zscore standard deviations above that
 //   window's mean is skipped (llm.c's outlier rule). Every finite value enters the window, the
@@ -48,8 +48,8 @@ class StepGuard {
   void mark_rolled_back(int64_t step) { marked_.insert(step); }
   bool marked(int64_t step) const { return marked_.count(step) > 0; }
 
-  std::string state() const;               // JSON text for state.json ("" when there is nothing to keep)
-  void set_state(const std::string& text);  // "" = fresh; CheckpointError when malformed
+  std::string state() const;                    // JSON text for state.json ("" when there is nothing to keep)
+  void set_state(const std::string& text);      // "" = fresh; CheckpointError when malformed
   int64_t skipped() const { return skipped_; }  // steps skipped by this guard so far (this process)
 
  private:

@@ -36,10 +36,10 @@ namespace brigade::train {
 
 // What one training item is: throughput, logs and MFU count these.
 enum class ItemKind { Token, Image, Pair };
-const char* item_name(ItemKind k);      // "tokens", "images", "pairs"
-const char* item_rate_key(ItemKind k);  // metrics.jsonl: "tokens_per_s", "images_per_s", "pairs_per_s"
-const char* item_rate_unit(ItemKind k); // progress line: "tok/s", "img/s", "pairs/s"
-const char* items_seen_key(ItemKind k); // "tokens_seen", "images_seen", "pairs_seen"
+const char* item_name(ItemKind k);       // "tokens", "images", "pairs"
+const char* item_rate_key(ItemKind k);   // metrics.jsonl: "tokens_per_s", "images_per_s", "pairs_per_s"
+const char* item_rate_unit(ItemKind k);  // progress line: "tok/s", "img/s", "pairs/s"
+const char* items_seen_key(ItemKind k);  // "tokens_seen", "images_seen", "pairs_seen"
 
 // Where this process stands in data parallelism: replica `rank` of `world` (a replica is the
 // tp x pp ranks that read the same rows), and the data-parallel group, for tasks whose loss
@@ -71,7 +71,7 @@ struct Batch {
   int64_t rows = 0;
   int64_t count = 0;
   const Tensor& at(const std::string& key) const;  // InternalError naming the key when absent
-  Batch narrow(int64_t lo, int64_t n) const;        // rows [lo, lo + n) of every tensor; count = n (equal-count tasks)
+  Batch narrow(int64_t lo, int64_t n) const;       // rows [lo, lo + n) of every tensor; count = n (equal-count tasks)
 };
 
 // A micro-batch's loss: `loss` (0-d f32, recorded) is the mean over the batch's items; the
@@ -192,7 +192,7 @@ class Task {
   virtual std::string final_line(const Metrics& m) const = 0;
 
   // ---- optional pieces
-  virtual const Stages* stages() { return nullptr; }        // pipeline parallelism
+  virtual const Stages* stages() { return nullptr; }  // pipeline parallelism
   virtual bool can_sample() const { return false; }
   // Before training: refuses a sample setting that would only fail after the run (sample.prompt
   // with characters the tokenizer lacks). Needs open_data.

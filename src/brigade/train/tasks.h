@@ -73,11 +73,11 @@ std::unique_ptr<Task> masked_lm_task(const Recipe& r, std::unique_ptr<models::BE
 struct ImageClassifier {
   std::shared_ptr<nn::Module> module;
   std::function<Tensor(const Tensor&)> forward;  // (N, 1, 28, 28) f32 -> (N, classes)
-  double flops_per_image = 0.0;                   // one training step (forward + backward)
-  Generator* dropout = nullptr;                   // the stream its dropout draws from, if any
-  nn::NamedTensors buffers;                       // BatchNorm running statistics, if any
-  std::string description;                        // for the "model:" line
-  std::optional<Stages> stages;                   // its forward in pieces (model parallelism; ViT's: registry.cpp)
+  double flops_per_image = 0.0;                  // one training step (forward + backward)
+  Generator* dropout = nullptr;                  // the stream its dropout draws from, if any
+  nn::NamedTensors buffers;                      // BatchNorm running statistics, if any
+  std::string description;                       // for the "model:" line
+  std::optional<Stages> stages;                  // its forward in pieces (model parallelism; ViT's: registry.cpp)
 };
 
 // Fashion-MNIST (data.dir, or Debian's folder when data.dir is left at its default). The step's

@@ -19,8 +19,8 @@
 
 #include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
-#include "brigade/data/text/text_tokenizer.h"
 #include "brigade/data/sampler.h"
+#include "brigade/data/text/text_tokenizer.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/dist/watchdog.h"
 #include "brigade/nn/layers.h"
@@ -65,11 +65,19 @@ bool is_layout_key(const std::string& key) {
 // sampling, naming and the run length). layout = false: every other setting; layout = true: only
 // the batch split (is_layout_key).
 std::string resume_differences(const Recipe& saved, const Recipe& now, bool layout) {
-  static const std::set<std::string> harmless{"run.name",         "run.out_dir",        "train.steps",
-                                              "train.eval_every", "train.eval_batches", "train.log_every",
-                                              "train.checkpoint_every", "train.early_stop", "train.patience",
-                                              "train.min_delta", "train.eval_at_start",
-                                              "train.nonfinite", "parallel.timeout_s"};
+  static const std::set<std::string> harmless{"run.name",
+                                              "run.out_dir",
+                                              "train.steps",
+                                              "train.eval_every",
+                                              "train.eval_batches",
+                                              "train.log_every",
+                                              "train.checkpoint_every",
+                                              "train.early_stop",
+                                              "train.patience",
+                                              "train.min_delta",
+                                              "train.eval_at_start",
+                                              "train.nonfinite",
+                                              "parallel.timeout_s"};
   const auto a = recipe_values(saved), b = recipe_values(now);
   std::string diff;
   for (const auto& [key, value] : b) {
@@ -105,9 +113,9 @@ void drop_eval_record(const fs::path& p, int64_t step) {
 // after its forward pass; kill_backward: SIGKILL after the step's first backward (gradient buckets
 // may be in flight); kill_reduce: SIGKILL just before the step's gradient reduction (the other
 // ranks wait in it); kill_save: SIGKILL inside the checkpoint written after that step (its files
-// partly written: rank 0 before the commit, the others after their optimizer shard); inf_grad|nan_grad: that rank's first gradient element becomes +Inf /
-// NaN once the step's gradients are complete (before loss-scaler unscaling and the optimizer); nan_loss /
-// big_loss: that rank's loss of the step is NaN / 1000 times what it is (the gradients
+// partly written: rank 0 before the commit, the others after their optimizer shard); inf_grad|nan_grad: that rank's
+// first gradient element becomes +Inf / NaN once the step's gradients are complete (before loss-scaler unscaling and
+// the optimizer); nan_loss / big_loss: that rank's loss of the step is NaN / 1000 times what it is (the gradients
 // unchanged). "@n": only in attempt n (0 = the first start; each restart after a crash
 // (BRIGADE_ATTEMPT, set by --max-restarts) and each rollback counts one); without it, in every
 // attempt.
@@ -158,9 +166,9 @@ constexpr int kMaxRollbacks = 10;  // per process: beyond, the run stops (the ch
 
 // What an attempt after a rollback carries over.
 struct Attempt {
-  int index = 0;                    // for BRIGADE_FAULT's "@n"
-  std::set<int64_t> rolled_back;    // steps whose batch the replay skips
-  int64_t from_step = 0;            // the rollback that led here (0: none)
+  int index = 0;                  // for BRIGADE_FAULT's "@n"
+  std::set<int64_t> rolled_back;  // steps whose batch the replay skips
+  int64_t from_step = 0;          // the rollback that led here (0: none)
   std::string reason;
 };
 
@@ -412,14 +420,13 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
   std::ofstream metrics;
   if (lead) {
     metrics.open(metrics_path, std::ios::app);
-    BRIGADE_CHECK(metrics.good(), IoError, "cannot write {}: check the run.out_dir permissions",
-                  metrics_path.string());
+    BRIGADE_CHECK(metrics.good(), IoError, "cannot write {}: check the run.out_dir permissions", metrics_path.string());
   }
 
   // MFU is measured against the GEMM ceiling of the dtype the GEMMs run in
   const DType gemm_dtype = policy.level == amp::Level::O0 ? DType::F32 : policy.low;
   double peak = measure_gemm_peak_gflops(gemm_dtype);  // per rank, measured by all ranks at once
-  ctrl->allreduce(&peak, 1);                          // the job's ceiling: the sum over ranks
+  ctrl->allreduce(&peak, 1);                           // the job's ceiling: the sum over ranks
   say(fmt::format("model: {} | data: {} | {} threads, {} GEMM peak {:.0f} GFLOP/s", task.describe(),
                   task.data_summary(), omp_get_max_threads(), dtype_name(gemm_dtype), peak));
   if (!task.finetune_line.empty()) say("finetune: " + task.finetune_line);
@@ -428,11 +435,13 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
                     policy.level == amp::Level::O0 ? "fp32" : r.precision.dtype, amp::scale_mode_name(scaler.mode()),
                     scaler.enabled() ? fmt::format(" (scale {:g})", scaler.scale()) : std::string()));
   if (deterministic)
-    say(fmt::format("parallel: dp {} x {} atoms of {} row{} = {} rows per step | ZeRO-{} | deterministic: gradients "
+    say(
+        fmt::format("parallel: dp {} x {} atoms of {} row{} = {} rows per step | ZeRO-{} | deterministic: gradients "
                     "summed in a fixed tree over the atoms (bitwise the same for every dp, ZeRO stage and split)",
                     D, A, B, B == 1 ? "" : "s", B * A * D, dpo.zero));
   else if (D > 1 || A > 1)
-    say(fmt::format("parallel: dp {} x accumulation {} x batch {} = {} rows per step | ZeRO-{} | allreduce {} | "
+    say(
+        fmt::format("parallel: dp {} x accumulation {} x batch {} = {} rows per step | ZeRO-{} | allreduce {} | "
                     "buckets {} MiB | overlap {}",
                     D, A, B, B * A * D, dpo.zero, r.parallel.allreduce, r.parallel.bucket_mb,
                     r.parallel.overlap && !model_parallel ? "on" : "off"));
@@ -441,7 +450,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     std::string blocks;
     for (nn::Recompute m : modes) blocks += models::recompute_name(m)[0];
     auto* gpt = dynamic_cast<models::GPT*>(&task.model());
-    say(fmt::format("memory: recompute {} (blocks {}: f = full, s = selective, n = none) | estimated activation peak "
+    say(
+        fmt::format("memory: recompute {} (blocks {}: f = full, s = selective, n = none) | estimated activation peak "
                     "{}",
                     r.memory.recompute, blocks,
                     gpt ? format_bytes(models::estimate_activation_peak(gpt->config(), B, r.train.seq_len, modes))
@@ -493,7 +503,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     state.optimizer_steps = opt->steps();
     const std::string tmp = dir + ".tmp";
     const bool kill_in_save = fault_at(state.step, {"kill_save"}) != nullptr;
-    if (exec->holds_shards()) {  // the whole model gathered on rank 0 (HF names); the optimizer state per rank of the mesh
+    if (exec->holds_shards()) {  // the whole model gathered on rank 0 (HF names); the optimizer state per rank of the
+                                 // mesh
       const nn::NamedTensors whole = exec->gather_full();
       if (lead) begin_checkpoint(dir);
       ctrl->barrier();
@@ -632,8 +643,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
       dp.begin_micro_step(m);
       const Batch b = whole_step ? micro[size_t(m)] : draw(m);
       if (Generator* g = deterministic ? task.dropout_generator() : nullptr)  // masks follow the atom, not the rank
-        g->manual_seed(data::splitmix64(r.run.seed ^ data::splitmix64((uint64_t(step) << 24) +
-                                                                      uint64_t(int64_t(shard.rank) * acc + m))));
+        g->manual_seed(data::splitmix64(
+            r.run.seed ^ data::splitmix64((uint64_t(step) << 24) + uint64_t(int64_t(shard.rank) * acc + m))));
       // The micro-batch's share of the global batch's mean: 1 when every micro-batch holds the
       // same number of items.
       const double weight = whole_step ? double(b.count) * double(acc * D) / global_count : 1.0;
@@ -642,8 +653,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
         if (const Fault* f = fault_at(step + 1, {"kill", "raise", "stop"})) {
           if (f->kind == "kill") ::raise(SIGKILL);
           if (f->kind == "stop") ::raise(SIGSTOP);  // a hung rank, for the watchdog
-          throw ValueError(fmt::format("injected fault at step {} (BRIGADE_FAULT={}:{}:{})", step + 1, f->rank,
-                                       f->step, f->kind));
+          throw ValueError(
+              fmt::format("injected fault at step {} (BRIGADE_FAULT={}:{}:{})", step + 1, f->rank, f->step, f->kind));
         }
       });
       if (m == 0 && fault_at(step + 1, {"kill_backward"})) ::raise(SIGKILL);
@@ -721,7 +732,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     const double lr = sched.lr_at(step);
     sync_buffers();
     const double norm = gs.grad_norm;
-    if (verdict.action == StepGuard::Action::Apply && !gs.skipped && accumulation.measures_noise()) accumulation.observe(small_sq, B, norm * norm, B * acc * D);
+    if (verdict.action == StepGuard::Action::Apply && !gs.skipped && accumulation.measures_noise())
+      accumulation.observe(small_sq, B, norm * norm, B * acc * D);
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     step_times.push_back(dt);
     comm_waits.push_back(dp.comm_wait_seconds());
@@ -732,8 +744,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     const double mfu = rate * flops_per_item / (peak * 1e9);
     const bool stop_signal = agreed[1] > 0.0 && state.step < last_step;
 
-    const bool log_now = r.train.log_every > 0 &&
-                         (state.step % r.train.log_every == 0 || state.step == last_step || stop_signal);
+    const bool log_now =
+        r.train.log_every > 0 && (state.step % r.train.log_every == 0 || state.step == last_step || stop_signal);
     if (log_now && lead) {
       nlohmann::json j{{"step", state.step},
                        {"loss", last_loss},
@@ -823,16 +835,18 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
                 << '\n';
         metrics.flush();
       }
-      say(fmt::format("early stop at step {}: val loss did not improve by more than {} in {} evaluations; best val "
+      say(
+          fmt::format("early stop at step {}: val loss did not improve by more than {} in {} evaluations; best val "
                       "loss {:.4f} at step {}, kept in {}",
                       state.step, r.train.min_delta, es.evals_since_best, es.best_val_loss, es.best_step, best_dir));
       break;
     }
     if (interrupted) {
       if (tty) fmt::print(stderr, "\n");
-      say(fmt::format("interrupted at step {}: checkpoint saved in {} (no evaluation at this step: `brigade eval --ckpt "
-                      "{}` evaluates it); continue with --resume",
-                      state.step, ckpt_dir, ckpt_dir));
+      say(fmt::format(
+          "interrupted at step {}: checkpoint saved in {} (no evaluation at this step: `brigade eval --ckpt "
+          "{}` evaluates it); continue with --resume",
+          state.step, ckpt_dir, ckpt_dir));
       break;
     }
   }
@@ -926,8 +940,11 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
   if (!opts.quiet && lead) {
     const std::string evaluation = res.evaluated ? res.eval_line : std::string("no evaluation yet");
     if (!predicted) {  // no prediction in memory.json: measured, rank 0
-      auto m = [&](MemTag t) { return fmt::format("{} {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)])); };
-      say(fmt::format("done: {} steps | final loss {:.4f} | {} | {:.0f} {} (median) | MFU {:.1f}% of {:.0f} GFLOP/s | "
+      auto m = [&](MemTag t) {
+        return fmt::format("{} {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)]));
+      };
+      say(
+          fmt::format("done: {} steps | final loss {:.4f} | {} | {:.0f} {} (median) | MFU {:.1f}% of {:.0f} GFLOP/s | "
                       "peak memory of rank 0 {} ({}, {}, {}, {}, {}; every rank in memory.json)",
                       res.steps, res.last_loss, evaluation, res.items_per_s, item_rate_unit(item), 100.0 * res.mfu,
                       peak, format_bytes(res.memory.peak_total), m(MemTag::Params), m(MemTag::Grads),
@@ -936,17 +953,19 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
       const MemoryPrediction pred = predict_memory(r, 0);
       auto vs = [&](MemTag t) {
         const PredictedCategory& c = pred[t];
-        const std::string p = c.peak_low == c.peak ? format_bytes(c.peak)
-                                                   : format_bytes(c.peak_low) + " to " + format_bytes(c.peak);
+        const std::string p =
+            c.peak_low == c.peak ? format_bytes(c.peak) : format_bytes(c.peak_low) + " to " + format_bytes(c.peak);
         return fmt::format("{} {} / {}", mem_tag_name(t), format_bytes(res.memory.peak[size_t(t)]), p);
       };
-      say(fmt::format("done: {} steps | final loss {:.4f} | {} | {:.0f} {} (median) | MFU {:.1f}% of {:.0f} GFLOP/s | "
+      say(
+          fmt::format("done: {} steps | final loss {:.4f} | {} | {:.0f} {} (median) | MFU {:.1f}% of {:.0f} GFLOP/s | "
                       "peak memory measured / predicted {} / {} ({}, {}, {}, {}, {})",
                       res.steps, res.last_loss, evaluation, res.items_per_s, item_rate_unit(item), 100.0 * res.mfu,
                       peak, format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
                       vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
       if (policy.level != amp::Level::O0 && !pred.measured)  // a measured dry step ran at the run's precision
-        say(fmt::format("(the prediction is for fp32; at {} params include the {} weight copies and activations are "
+        say(
+            fmt::format("(the prediction is for fp32; at {} params include the {} weight copies and activations are "
                         "smaller: see docs/mixed-precision.md)",
                         r.precision.level, r.precision.dtype));
     }
@@ -954,7 +973,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
       say(fmt::format("loss scaling: {} | final scale {:g} | {} of {} steps skipped on overflow",
                       amp::scale_mode_name(scaler.mode()), scaler.scale(), scaler.skipped(), res.steps));
     if (guard.skipped() > 0 || !attempt.rolled_back.empty())
-      say(fmt::format("non-finite / spike guard: {} update{} skipped, {} rollback{} (train.nonfinite = \"{}\"; "
+      say(
+          fmt::format("non-finite / spike guard: {} update{} skipped, {} rollback{} (train.nonfinite = \"{}\"; "
                       "metrics.jsonl has each with its reason)",
                       guard.skipped(), guard.skipped() == 1 ? "" : "s", attempt.rolled_back.size(),
                       attempt.rolled_back.size() == 1 ? "" : "s", r.train.nonfinite));
@@ -1001,8 +1021,8 @@ EvalReport evaluate_checkpoint(const std::string& ckpt, int threads) {
     }
   }
   const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
-  BRIGADE_CHECK(world->size() == 1, ConfigError,
-                "brigade eval runs on one process ({} here); run it without mpirun", world->size());
+  BRIGADE_CHECK(world->size() == 1, ConfigError, "brigade eval runs on one process ({} here); run it without mpirun",
+                world->size());
   task->open_data(*world, [](const std::string& s) { fmt::print(stderr, "{}\n", s); });
   autograd::NoGradGuard ng;
   task->model().train(false);

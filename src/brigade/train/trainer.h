@@ -35,16 +35,16 @@
 namespace brigade::train {
 
 struct TrainOptions {
-  bool resume = false;      // continue from <out_dir>/checkpoint
-  int64_t stop_at = -1;     // stop (and checkpoint) once this step is reached; the schedule still
-                            // plans for train.steps. -1 = run to train.steps; 0 or below is an error
-  bool quiet = false;       // no progress line
-  bool sample = true;       // generate a text sample at the end (tasks that sample)
+  bool resume = false;   // continue from <out_dir>/checkpoint
+  int64_t stop_at = -1;  // stop (and checkpoint) once this step is reached; the schedule still
+                         // plans for train.steps. -1 = run to train.steps; 0 or below is an error
+  bool quiet = false;    // no progress line
+  bool sample = true;    // generate a text sample at the end (tasks that sample)
 };
 
 struct TrainResult {
-  bool interrupted = false;     // stopped by SIGINT/SIGTERM (checkpoint saved, no evaluation)
-  int64_t steps = 0;            // steps completed in total (resume included)
+  bool interrupted = false;  // stopped by SIGINT/SIGTERM (checkpoint saved, no evaluation)
+  int64_t steps = 0;         // steps completed in total (resume included)
   double last_loss = 0.0;
   // The last evaluation of this run (evaluated = false: none yet): its sums, its metrics.jsonl
   // fields (val_loss, accuracy, ...) and the task's lines for it.
@@ -54,24 +54,24 @@ struct TrainResult {
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   std::string eval_line, final_line;
   ItemKind item = ItemKind::Token;
-  double items_per_s = 0.0;        // median over this run's steps
-  double mfu = 0.0;                // items/s * flops/item / measured GEMM peak
-  double gemm_peak_gflops = 0.0;   // summed over ranks, in the GEMM dtype of the precision level; the higher of
-                                   // the measurements before and after the run
-  int64_t skipped_steps = 0;       // optimizer steps skipped on gradient overflow (loss scaling)
-  int64_t updates_skipped = 0;     // steps skipped by train.nonfinite = "skip", a spike or a rollback's replay
-                                   // (since this process's last rollback)
-  int64_t rollbacks = 0;           // rollbacks to the last checkpoint in this process
-  double loss_scale = 1.0;         // at the end (1 without loss scaling)
-  double comm_wait_share = 0.0;    // median step: time rank 0 waited on communication / step time
-  double seconds = 0.0;            // wall time of the loop (evaluations included)
+  double items_per_s = 0.0;       // median over this run's steps
+  double mfu = 0.0;               // items/s * flops/item / measured GEMM peak
+  double gemm_peak_gflops = 0.0;  // summed over ranks, in the GEMM dtype of the precision level; the higher of
+                                  // the measurements before and after the run
+  int64_t skipped_steps = 0;      // optimizer steps skipped on gradient overflow (loss scaling)
+  int64_t updates_skipped = 0;    // steps skipped by train.nonfinite = "skip", a spike or a rollback's replay
+                                  // (since this process's last rollback)
+  int64_t rollbacks = 0;          // rollbacks to the last checkpoint in this process
+  double loss_scale = 1.0;        // at the end (1 without loss scaling)
+  double comm_wait_share = 0.0;   // median step: time rank 0 waited on communication / step time
+  double seconds = 0.0;           // wall time of the loop (evaluations included)
   MemStats memory;
   std::string sample;
   std::string checkpoint_dir;
-  bool early_stopped = false;   // train.early_stop ended the run (checkpoint saved at that step)
-  int64_t best_step = 0;        // train.early_stop: step of the best val loss (0 = none)
+  bool early_stopped = false;  // train.early_stop ended the run (checkpoint saved at that step)
+  int64_t best_step = 0;       // train.early_stop: step of the best val loss (0 = none)
   double best_val_loss = std::numeric_limits<double>::quiet_NaN();
-  std::string best_dir;         // <out_dir>/best: the model at best_step ("" without early_stop)
+  std::string best_dir;  // <out_dir>/best: the model at best_step ("" without early_stop)
 };
 
 // Trains the recipe's model (its registry row builds the task). Collective under mpirun.
@@ -99,7 +99,7 @@ EvalReport evaluate_checkpoint(const std::string& ckpt_dir, int threads = 0);
 // The recipe's optimizer over the data-parallel plan's optimizer parameters (whole
 // parameters, or this rank's ZeRO shards; LAMB then reduces its norms over dp's group).
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimConfig& o, const nn::NamedTensors& params,
-                                                const parallel::DataParallel& dp);
+                                                 const parallel::DataParallel& dp);
 
 // Per-block recompute modes of the recipe's [memory] policy for a model with `blocks` blocks
 // (models::plan_recompute's rules; "budget" needs the GPT activation estimate).
@@ -119,8 +119,8 @@ std::vector<nn::Recompute> apply_recompute(const Recipe& r, Task& task);
 // false leaves weights and optimizer state untouched, as an overflow does (the trainer's
 // non-finite and spike decisions, step_guard.h).
 struct GradientStep {
-  bool skipped = false;   // by the loss scaler (overflow)
-  bool rejected = false;  // by `accept`
+  bool skipped = false;                                         // by the loss scaler (overflow)
+  bool rejected = false;                                        // by `accept`
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // before clipping; NaN when skipped
 };
 GradientStep apply_gradients(parallel::DataParallel& dp, optim::Optimizer& opt, amp::LossScaler& scaler,

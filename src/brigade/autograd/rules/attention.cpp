@@ -35,7 +35,7 @@ struct SelfAttentionBackward : rules::AttentionNode {  // q, k, v, out (B, NH, T
     const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
     Tensor gout = g.view({B, T, NH, HS}).permute({0, 2, 1, 3}).contiguous();  // (B, NH, T, HS)
     ops::AttentionGrads r = ops::attention_backward(gout, q, k, v, out, lse, true, scale);
-    Tensor gqkv = Tensor::empty({B, T, 3 * NH * HS}, g.dtype());  // (B, T, 3C)
+    Tensor gqkv = Tensor::empty({B, T, 3 * NH * HS}, g.dtype());         // (B, T, 3C)
     Tensor dst = gqkv.view({B, T, 3, NH, HS}).permute({2, 0, 3, 1, 4});  // (3, B, NH, T, HS)
     dst.select(0, 0).copy_(r.gq);
     dst.select(0, 1).copy_(r.gk);
@@ -88,7 +88,7 @@ Tensor causal_self_attention(const Tensor& qkv0, int64_t n_head) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, HS = C / n_head;
   HeadSplit h = split_heads(qkv, n_head);
   const double scale = 1.0 / std::sqrt(double(HS));
-  ops::AttentionOut r = ops::attention(h.q, h.k, h.v, true, scale);  // (B, NH, T, HS)
+  ops::AttentionOut r = ops::attention(h.q, h.k, h.v, true, scale);     // (B, NH, T, HS)
   Tensor y = r.out.permute({0, 2, 1, 3}).contiguous().view({B, T, C});  // (B, T, C)
   auto n = std::make_shared<SelfAttentionBackward>();
   if (needs_grad({qkv})) {
@@ -136,21 +136,20 @@ Tensor grouped_query_attention(const Tensor& q, const Tensor& k, const Tensor& v
 
 Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& mask,
                         double scale) {
-  BRIGADE_CHECK(q.defined() && q.dim() == 4 && k.defined() && k.shape() == q.shape() && v.defined() &&
-                    v.shape() == q.shape(),
-                ShapeError, "window_attention: q, k, v must be (B*nW, NH, N, HS) alike, got {}, {}, {}", shape_of(q),
-                shape_of(k), shape_of(v));
+  BRIGADE_CHECK(
+      q.defined() && q.dim() == 4 && k.defined() && k.shape() == q.shape() && v.defined() && v.shape() == q.shape(),
+      ShapeError, "window_attention: q, k, v must be (B*nW, NH, N, HS) alike, got {}, {}, {}", shape_of(q), shape_of(k),
+      shape_of(v));
   const int64_t BW = q.size(0), NH = q.size(1), N = q.size(2);
   BRIGADE_CHECK(bias.defined() && bias.shape() == Shape({NH, N, N}), ShapeError,
                 "window_attention: bias must be (NH, N, N) = ({}, {}, {}), got {}", NH, N, N, shape_of(bias));
   Tensor s = add(mul_scalar(matmul(q, k, false, true), scale), bias);  // (B*nW, NH, N, N)
   if (mask.defined()) {
     BRIGADE_CHECK(mask.dim() == 3 && mask.size(1) == N && mask.size(2) == N && BW % mask.size(0) == 0, ShapeError,
-                  "window_attention: mask must be (nW, N, N) with nW dividing {} windows, got {}", BW,
-                  shape_of(mask));
+                  "window_attention: mask must be (nW, N, N) with nW dividing {} windows, got {}", BW, shape_of(mask));
     const int64_t nW = mask.size(0);
     s = add(reshape(s, {BW / nW, nW, NH, N, N}), reshape(mask, {1, nW, 1, N, N}));  // (B, nW, NH, N, N)
-    s = reshape(s, {BW, NH, N, N});                                                // (B*nW, NH, N, N)
+    s = reshape(s, {BW, NH, N, N});                                                 // (B*nW, NH, N, N)
   }
   return matmul(softmax(s), v);  // (B*nW, NH, N, HS)
 }

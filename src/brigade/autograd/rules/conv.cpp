@@ -106,8 +106,8 @@ Tensor avg_pool2d(const Tensor& x0, int64_t kernel, int64_t stride, int64_t padd
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x0) {
-  BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError,
-                "adaptive_avg_pool2d: x must be 4-D (N, C, H, W), got {}", x0.defined() ? x0.str() : "undefined");
+  BRIGADE_CHECK(x0.defined() && x0.dim() == 4, ShapeError, "adaptive_avg_pool2d: x must be 4-D (N, C, H, W), got {}",
+                x0.defined() ? x0.str() : "undefined");
   const Tensor x = cast(x0, policy_dtype(amp::Op::Reduction, {&x0}));
   auto n = std::make_shared<GlobalAvgPoolBackward>();
   n->x_shape = x.shape();

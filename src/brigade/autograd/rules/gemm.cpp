@@ -71,12 +71,12 @@ struct LinearBackward : Node {
     const bool want_w = wants(*this, 1), want_b = has_bias && wants(*this, 2);
     if (sink && param_w && want_w) {  // the input gradient now, the weight and bias gradients later
       ops::LinearGrads r = ops::linear_backward(g, x, w, layout, wants(*this, 0), false, false);
-      sink->push_back([g, x = x, w = w, layout = layout, want_b, ew = next[1],
-                       eb = has_bias ? next[2] : std::shared_ptr<Node>()] {
-        ops::LinearGrads d = ops::linear_backward(g, x, w, layout, false, true, want_b);
-        feed(ew, d.gw);
-        if (want_b) feed(eb, d.gb);
-      });
+      sink->push_back(
+          [g, x = x, w = w, layout = layout, want_b, ew = next[1], eb = has_bias ? next[2] : std::shared_ptr<Node>()] {
+            ops::LinearGrads d = ops::linear_backward(g, x, w, layout, false, true, want_b);
+            feed(ew, d.gw);
+            if (want_b) feed(eb, d.gb);
+          });
       std::vector<Tensor> out{r.gx, Tensor()};
       if (has_bias) out.push_back(Tensor());
       return out;
@@ -97,8 +97,14 @@ Tensor matmul(const Tensor& a0, const Tensor& b0, bool trans_a, bool trans_b) {
   auto n = std::make_shared<MatmulBackward>();
   if (needs_grad({a, b})) {
     n->dt = dt;
-    if (frozen_cast(a0, dt)) n->a_stored = a0; else n->a = a;
-    if (frozen_cast(b0, dt)) n->b_stored = b0; else n->b = b;
+    if (frozen_cast(a0, dt))
+      n->a_stored = a0;
+    else
+      n->a = a;
+    if (frozen_cast(b0, dt))
+      n->b_stored = b0;
+    else
+      n->b = b;
     n->ta = trans_a;
     n->tb = trans_b;
     n->param_a = a0.is_leaf() && a0.requires_grad();
@@ -116,7 +122,10 @@ Tensor linear(const Tensor& x0, const Tensor& w0, const Tensor& b0, WeightLayout
   if (needs_grad(inputs)) {
     n->x = x;
     n->dt = dt;
-    if (frozen_cast(w0, dt)) n->w_stored = w0; else n->w = w;
+    if (frozen_cast(w0, dt))
+      n->w_stored = w0;
+    else
+      n->w = w;
     n->layout = layout;
     n->has_bias = bias.defined();
     n->param_w = w0.is_leaf() && w0.requires_grad();

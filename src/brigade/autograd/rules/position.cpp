@@ -41,8 +41,8 @@ Tensor roll2d(const Tensor& x, int64_t shift_h, int64_t shift_w) {
 
 Tensor relative_position_bias(const Tensor& table, const Tensor& index) {
   BRIGADE_CHECK(table.defined() && table.dim() == 2 && index.defined() && index.dim() == 1, ShapeError,
-                "relative_position_bias: table must be ((2ws-1)^2, NH) and index (N*N), got {} and {}",
-                shape_of(table), shape_of(index));
+                "relative_position_bias: table must be ((2ws-1)^2, NH) and index (N*N), got {} and {}", shape_of(table),
+                shape_of(index));
   int64_t N = 0;
   while (N * N < index.size(0)) ++N;
   BRIGADE_CHECK(N * N == index.size(0), ShapeError, "relative_position_bias: index length {} is not N*N",

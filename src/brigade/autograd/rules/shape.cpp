@@ -82,7 +82,7 @@ struct PrependTokenBackward : Node {
   std::vector<Tensor> backward(const Tensor& g) override {
     Tensor gt, gx;
     if (wants(*this, 0)) gt = ops::sum(g.narrow(1, 0, 1), {0, 1}).reshape(token_shape);  // token's shape
-    if (wants(*this, 1)) gx = g.narrow(1, 1, T).contiguous();                           // (N, T, C)
+    if (wants(*this, 1)) gx = g.narrow(1, 1, T).contiguous();                            // (N, T, C)
     return {gt, gx};
   }
 };
@@ -96,7 +96,7 @@ Tensor prepend_token(const Tensor& token, const Tensor& x) {
   BRIGADE_CHECK(token.defined() && token.numel() == C, ShapeError,
                 "prepend_token: token must hold C = {} values (x is {}), got {}", C, shape_str(x.shape()),
                 token.defined() ? shape_str(token.shape()) : std::string("an undefined tensor"));
-  const Tensor tok = cast(token, x.dtype());  // recorded: an f32 parameter gets an f32 gradient
+  const Tensor tok = cast(token, x.dtype());           // recorded: an f32 parameter gets an f32 gradient
   Tensor y = Tensor::empty({N, 1 + T, C}, x.dtype());  // (N, 1 + T, C)
   y.narrow(1, 0, 1).copy_(tok.reshape({1, 1, C}).expand({N, 1, C}));
   y.narrow(1, 1, T).copy_(x);
@@ -131,11 +131,11 @@ Tensor concat(const Tensor& a0, const Tensor& b0, int64_t dim) {
   BRIGADE_CHECK(0 <= d && d < D, ShapeError, "concat: dim {} is outside a {}-d tensor", dim, D);
   Shape s = a0.shape();
   for (int64_t i = 0; i < D; ++i)
-    BRIGADE_CHECK(i == d || a0.size(i) == b0.size(i), ShapeError, "concat: {} and {} differ outside dim {}",
-                  a0.str(), b0.str(), d);
-  BRIGADE_CHECK(is_floating(a0.dtype()) == is_floating(b0.dtype()) &&
-                    (is_floating(a0.dtype()) || a0.dtype() == b0.dtype()),
-                ShapeError, "concat: dtypes {} and {} do not mix", dtype_name(a0.dtype()), dtype_name(b0.dtype()));
+    BRIGADE_CHECK(i == d || a0.size(i) == b0.size(i), ShapeError, "concat: {} and {} differ outside dim {}", a0.str(),
+                  b0.str(), d);
+  BRIGADE_CHECK(
+      is_floating(a0.dtype()) == is_floating(b0.dtype()) && (is_floating(a0.dtype()) || a0.dtype() == b0.dtype()),
+      ShapeError, "concat: dtypes {} and {} do not mix", dtype_name(a0.dtype()), dtype_name(b0.dtype()));
   const bool promote = a0.dtype() != b0.dtype();
   const Tensor a = promote ? cast(a0, DType::F32) : a0, b = promote ? cast(b0, DType::F32) : b0;
   const int64_t na = a.size(d), nb = b.size(d);
@@ -156,7 +156,7 @@ Tensor window_partition(const Tensor& x, int64_t ws) {
                 shape_of(x));
   const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
   const Tensor t = transpose(reshape(x, {B, H / ws, ws, W / ws, ws, C}), 2, 3);  // (B, H/ws, W/ws, ws, ws, C)
-  return reshape(t, {B * (H / ws) * (W / ws), ws * ws, C});                       // (B*nW, N, C)
+  return reshape(t, {B * (H / ws) * (W / ws), ws * ws, C});                      // (B*nW, N, C)
 }
 
 Tensor window_reverse(const Tensor& windows, int64_t ws, int64_t H, int64_t W) {
@@ -169,7 +169,7 @@ Tensor window_reverse(const Tensor& windows, int64_t ws, int64_t H, int64_t W) {
                 ws);
   const int64_t B = windows.size(0) / nW;
   const Tensor t = transpose(reshape(windows, {B, H / ws, W / ws, ws, ws, C}), 2, 3);  // (B, H/ws, ws, W/ws, ws, C)
-  return reshape(t, {B, H, W, C});                                                      // (B, H, W, C)
+  return reshape(t, {B, H, W, C});                                                     // (B, H, W, C)
 }
 
 Tensor patch_merge(const Tensor& x) {
@@ -177,8 +177,8 @@ Tensor patch_merge(const Tensor& x) {
                 "patch_merge: x must be (B, H, W, C) with H and W even, got {}", shape_of(x));
   const int64_t B = x.size(0), H = x.size(1), W = x.size(2), C = x.size(3);
   Tensor t = reshape(x, {B, H / 2, 2, W / 2, 2, C});  // (B, H/2, hi, W/2, wi, C)
-  t = transpose(transpose(t, 2, 3), 3, 4);             // (B, H/2, W/2, wi, hi, C): channel block wi*2 + hi
-  return reshape(t, {B, (H / 2) * (W / 2), 4 * C});    // (B, H/2 * W/2, 4C)
+  t = transpose(transpose(t, 2, 3), 3, 4);            // (B, H/2, W/2, wi, hi, C): channel block wi*2 + hi
+  return reshape(t, {B, (H / 2) * (W / 2), 4 * C});   // (B, H/2 * W/2, 4C)
 }
 
 }  // namespace brigade::fn

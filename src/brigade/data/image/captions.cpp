@@ -31,9 +31,14 @@ std::vector<std::string> fashion_names() {
 }  // namespace
 
 const std::vector<std::string>& caption_templates() {
-  static const std::vector<std::string> t = {
-      "a photo of a {}",     "a picture of a {}",  "an image of a {}", "a {} in black and white",
-      "a low resolution photo of a {}", "a photo of the {}", "a small {}", "a grey {}"};
+  static const std::vector<std::string> t = {"a photo of a {}",
+                                             "a picture of a {}",
+                                             "an image of a {}",
+                                             "a {} in black and white",
+                                             "a low resolution photo of a {}",
+                                             "a photo of the {}",
+                                             "a small {}",
+                                             "a grey {}"};
   return t;
 }
 
@@ -126,8 +131,8 @@ CaptionPairs make_caption_pairs(const CaptionTokenizer& tok, const std::vector<i
   const int64_t K = int64_t(tok.class_names().size()), NT = int64_t(tok.templates().size());
   CaptionPairs out;
   for (size_t i = 0; i < labels.size(); ++i) {
-    BRIGADE_CHECK(labels[i] >= 0 && labels[i] < K, ValueError, "make_caption_pairs: label {} of image {} outside [0, {})",
-                  labels[i], i, K);
+    BRIGADE_CHECK(labels[i] >= 0 && labels[i] < K, ValueError,
+                  "make_caption_pairs: label {} of image {} outside [0, {})", labels[i], i, K);
     const uint64_t r = splitmix64(splitmix64(seed) ^ (uint64_t(i) * 0x9E3779B97F4A7C15ull + 1));
     const int64_t t = int64_t(r % uint64_t(NT));
     out.image_index.push_back(int64_t(i));

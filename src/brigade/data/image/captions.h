@@ -49,7 +49,7 @@ class CaptionTokenizer {
   int64_t sot_id() const { return int64_t(words_.size()) + 1; }
   int64_t eot_id() const { return int64_t(words_.size()) + 2; }
   const std::vector<std::string>& words() const { return words_; }  // id i + 1 is words()[i]
-  int64_t word_id(const std::string& w) const;  // DataError for a word outside the vocabulary
+  int64_t word_id(const std::string& w) const;                      // DataError for a word outside the vocabulary
 
   // [sot, word ids..., eot] (no padding). DataError for an unknown word.
   std::vector<int64_t> encode(const std::string& text) const;
@@ -73,10 +73,10 @@ class CaptionTokenizer {
 // caption i, its class's phrase in a template chosen by splitmix64 of (seed, i) (the same
 // seed and labels give the same captions).
 struct CaptionPairs {
-  std::vector<int64_t> image_index;   // 0..N-1
+  std::vector<int64_t> image_index;  // 0..N-1
   std::vector<int64_t> template_index;
   std::vector<std::string> captions;
-  TokenBatch tokens;                  // (N, context_length)
+  TokenBatch tokens;  // (N, context_length)
 };
 CaptionPairs make_caption_pairs(const CaptionTokenizer& tok, const std::vector<int64_t>& labels, uint64_t seed,
                                 int64_t context_length);

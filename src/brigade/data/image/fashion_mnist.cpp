@@ -59,8 +59,10 @@ uint32_t be32(const unsigned char* p) {
 
 IdxArray read_idx_gz(const std::string& path, int expect_ndim) {
   std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
-  BRIGADE_CHECK(f != nullptr, DataError, "{}: cannot open the IDX file (missing? for Fashion-MNIST install the "
-                "Debian package dataset-fashion-mnist)", path);
+  BRIGADE_CHECK(f != nullptr, DataError,
+                "{}: cannot open the IDX file (missing? for Fashion-MNIST install the "
+                "Debian package dataset-fashion-mnist)",
+                path);
   unsigned char hdr[4];
   read_exact(f.get(), hdr, 4, path, "IDX magic");
   const uint32_t magic = be32(hdr);

@@ -46,8 +46,8 @@ class FashionMnist {
   FashionMnist(const std::string& images_path, const std::string& labels_path);
 
   int64_t size() const { return n_; }
-  int64_t label(int64_t i) const;               // 0..9
-  const uint8_t* pixels(int64_t i) const;       // 28 * 28 raw bytes of image i
+  int64_t label(int64_t i) const;          // 0..9
+  const uint8_t* pixels(int64_t i) const;  // 28 * 28 raw bytes of image i
 
   struct Batch {
     Tensor images;  // (B, 1, 28, 28) f32, normalised

@@ -11,8 +11,8 @@
 #include <climits>
 #include <cstdint>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -59,10 +59,17 @@ size_t utf8_seq_len(std::string_view s, size_t i) {
   if (c < 0x80) return 1;
   size_t len;
   uint32_t cp;
-  if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-  else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-  else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-  else return 0;
+  if ((c & 0xE0) == 0xC0) {
+    len = 2;
+    cp = c & 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    len = 3;
+    cp = c & 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    len = 4;
+    cp = c & 0x07;
+  } else
+    return 0;
   if (i + len > s.size()) return 0;
   for (size_t k = 1; k < len; ++k) {
     if ((p[i + k] & 0xC0) != 0x80) return 0;
@@ -109,8 +116,8 @@ class Regex {
     int err = 0;
     PCRE2_SIZE off = 0;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err, &off,
-                                  nullptr);
+    pcre2_code* c =
+        pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err, &off, nullptr);
     BRIGADE_CHECK(c != nullptr, DataError, "{}: the regex '{}' does not compile (PCRE2, at offset {}: {})", where,
                   pattern, size_t(off), pcre2_message(err));
     code_.reset(c);
@@ -194,9 +201,9 @@ struct ByteLevelBpe::Impl {
 
   std::unordered_map<std::string, int> vocab;  // the model's tokens (byte-mapped) -> id
   std::unordered_map<std::string, int> extra;  // added tokens outside the model's vocabulary -> id
-  std::vector<std::string> tokens;              // id -> token ("" where no token has the id)
-  std::vector<char> has_token;                  // id -> whether it names a token
-  int byte_id[256] = {};                        // id of each single-byte token
+  std::vector<std::string> tokens;             // id -> token ("" where no token has the id)
+  std::vector<char> has_token;                 // id -> whether it names a token
+  int byte_id[256] = {};                       // id of each single-byte token
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<uint64_t, std::pair<int, int>> merges;
   bool ignore_merges = false;
@@ -206,9 +213,9 @@ struct ByteLevelBpe::Impl {
     int id;
     bool special;
   };
-  std::vector<Added> added;                   // longest content first (leftmost-longest matching)
+  std::vector<Added> added;  // longest content first (leftmost-longest matching)
   std::unordered_map<int, size_t> added_by_id;
-  bool added_first_byte[256] = {};            // whether some added token starts with the byte
+  bool added_first_byte[256] = {};  // whether some added token starts with the byte
 
   // Pre-tokenizer steps before the byte mapping: each splits every piece further.
   struct Step {
@@ -237,8 +244,8 @@ struct ByteLevelBpe::Impl {
       tokens.resize(size_t(id) + 1);
       has_token.resize(size_t(id) + 1, 0);
     }
-    BRIGADE_CHECK(!has_token[size_t(id)], DataError, "{}: id {} is given to both {} and {}; ids must be unique",
-                  where, id, quote(tokens[size_t(id)]), quote(tok));
+    BRIGADE_CHECK(!has_token[size_t(id)], DataError, "{}: id {} is given to both {} and {}; ids must be unique", where,
+                  id, quote(tokens[size_t(id)]), quote(tok));
     tokens[size_t(id)] = tok;
     has_token[size_t(id)] = 1;
   }
@@ -406,8 +413,8 @@ ByteLevelBpe ByteLevelBpe::from_gpt2_files(const std::string& vocab_json, const 
   BRIGADE_CHECK(v.is_object(), DataError, "'{}' must be a JSON object mapping token -> id, found {}", vocab_json,
                 type_name(v));
   for (const auto& [tok, id] : v.items()) {
-    BRIGADE_CHECK(id.is_number_integer(), DataError, "'{}': the id of token {} is {} ({}), not an integer",
-                  vocab_json, quote(tok), id.dump(), type_name(id));
+    BRIGADE_CHECK(id.is_number_integer(), DataError, "'{}': the id of token {} is {} ({}), not an integer", vocab_json,
+                  quote(tok), id.dump(), type_name(id));
     m.add_token(tok, id.get<int64_t>(), "'" + vocab_json + "'");
   }
   m.finish_vocab("'" + vocab_json + "'");
@@ -426,10 +433,9 @@ ByteLevelBpe ByteLevelBpe::from_gpt2_files(const std::string& vocab_json, const 
     if (line.empty()) continue;  // the trailing newline, blank lines
     const std::string where = fmt::format("'{}' line {}", merges_txt, line_no);
     const size_t sp = line.find(' ');
-    BRIGADE_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < line.size() &&
-                      line.find(' ', sp + 1) == std::string::npos,
-                  DataError, "{}: expected two tokens separated by one space (\"a b\"), found {}", where,
-                  quote(line));
+    BRIGADE_CHECK(
+        sp != std::string::npos && sp > 0 && sp + 1 < line.size() && line.find(' ', sp + 1) == std::string::npos,
+        DataError, "{}: expected two tokens separated by one space (\"a b\"), found {}", where, quote(line));
     m.add_merge(line.substr(0, sp), line.substr(sp + 1), rank++, where);
   }
 
@@ -596,8 +602,7 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
       c.unsupported(field + ".type", quote(type), "\"ByteLevel\", \"Split\" (before ByteLevel), \"Sequence\"");
     }
   }
-  if (!byte_level)
-    c.unsupported("pre_tokenizer", "a pre-tokenizer without ByteLevel", "one that ends in ByteLevel");
+  if (!byte_level) c.unsupported("pre_tokenizer", "a pre-tokenizer without ByteLevel", "one that ends in ByteLevel");
 
   // -- decoder: ByteLevel
   {
@@ -623,8 +628,7 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
       auto it = m.vocab.find(content);
       if (it != m.vocab.end()) {
         if (it->second != id)
-          c.fail(field, fmt::format("content {} has id {} here but {} in model.vocab", quote(content), id,
-                                    it->second));
+          c.fail(field, fmt::format("content {} has id {} here but {} in model.vocab", quote(content), id, it->second));
       } else {
         BRIGADE_CHECK(!m.extra.count(content), DataError, "'{}': {}: content {} is added twice", path, field,
                       quote(content));
@@ -661,7 +665,8 @@ ByteLevelBpe ByteLevelBpe::from_tokenizer_json(const std::string& path) {
         if (sid != "A") c.unsupported(f + ".Sequence.id", quote(sid), "\"A\" (single sequences)");
         ++sequences;
       } else if (item.is_object() && item.contains("SpecialToken")) {
-        const std::string name = c.str(c.at(item.at("SpecialToken"), "id", f + ".SpecialToken.id"), f + ".SpecialToken.id");
+        const std::string name =
+            c.str(c.at(item.at("SpecialToken"), "id", f + ".SpecialToken.id"), f + ".SpecialToken.id");
         const json& entry = c.at(specials, name.c_str(), field + ".special_tokens[" + quote(name) + "]");
         const json& ids = c.at(entry, "ids", field + ".special_tokens[" + quote(name) + "].ids");
         if (!ids.is_array()) c.fail(field + ".special_tokens[" + quote(name) + "].ids", "expected an array");

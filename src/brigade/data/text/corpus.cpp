@@ -8,8 +8,8 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
-#include <set>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "brigade/core/error.h"
@@ -87,15 +87,13 @@ std::vector<fs::path> list_folder(const fs::path& root, const std::string& spec)
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     if (it->is_regular_file() && !is_hidden(root, it->path())) paths.push_back(it->path());
   }
-  BRIGADE_CHECK(!ec, DataError, "corpus folder '{}' cannot be listed ({}); check its permissions", spec,
-                ec.message());
+  BRIGADE_CHECK(!ec, DataError, "corpus folder '{}' cannot be listed ({}); check its permissions", spec, ec.message());
   std::sort(paths.begin(), paths.end());
   std::set<fs::path> real;
   for (const fs::path& p : paths)
     if (!fs::is_symlink(p, ec)) real.insert(fs::weakly_canonical(p, ec));
-  std::erase_if(paths, [&](const fs::path& p) {
-    return fs::is_symlink(p, ec) && real.count(fs::weakly_canonical(p, ec)) > 0;
-  });
+  std::erase_if(
+      paths, [&](const fs::path& p) { return fs::is_symlink(p, ec) && real.count(fs::weakly_canonical(p, ec)) > 0; });
   return paths;
 }
 
@@ -146,13 +144,23 @@ bool is_valid_utf8(std::string_view s) {
   size_t n = s.size(), i = 0;
   while (i < n) {
     unsigned char c = p[i];
-    if (c < 0x80) { ++i; continue; }
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
     int len;
     uint32_t cp;
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return false;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + len > n) return false;
     for (int k = 1; k < len; ++k) {
       if ((p[i + k] & 0xC0) != 0x80) return false;
@@ -172,16 +180,15 @@ std::string read_kjv() {
                 kBiblePath);
   std::string cmd = std::string(kBiblePath) + " -f 'gen1:1-rev22:21' 2>/dev/null";
   FILE* pipe = ::popen(cmd.c_str(), "r");
-  BRIGADE_CHECK(pipe != nullptr, DataError, "corpus 'kjv': could not run {}; check that it is executable",
-                kBiblePath);
+  BRIGADE_CHECK(pipe != nullptr, DataError, "corpus 'kjv': could not run {}; check that it is executable", kBiblePath);
   std::string raw;
   char buf[1 << 16];
   size_t got;
   while ((got = std::fread(buf, 1, sizeof buf, pipe)) > 0) raw.append(buf, got);
   int status = ::pclose(pipe);
   BRIGADE_CHECK(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0, DataError,
-                "corpus 'kjv': {} failed (status {}); reinstall bible-kjv-text (scripts/install-deps.sh)",
-                kBiblePath, status);
+                "corpus 'kjv': {} failed (status {}); reinstall bible-kjv-text (scripts/install-deps.sh)", kBiblePath,
+                status);
 
   std::string out;
   out.reserve(raw.size());
@@ -233,8 +240,7 @@ Corpus read_corpus(const std::string& spec, const WarningFn& warn) {
                     "corpus '{}' is neither a regular file nor a folder; point data.corpus at text", spec);
       std::string bytes = read_file_bytes(root);
       BRIGADE_CHECK(bytes.find('\0') == std::string::npos && is_valid_utf8(bytes), DataError,
-                    "corpus file '{}' is not UTF-8 text (binary?); convert it to UTF-8 or choose another file",
-                    spec);
+                    "corpus file '{}' is not UTF-8 text (binary?); convert it to UTF-8 or choose another file", spec);
       c.file_starts.push_back(c.text.size());
       append_lines(c.text, bytes);
       c.files.push_back(root.string());

@@ -13,12 +13,12 @@
 namespace brigade::data {
 
 struct Corpus {
-  std::string source;               // the spec as given: "kjv", a file or a folder
-  std::string text;                 // UTF-8; lines end with '\n' (CRLF -> LF); files concatenated
-  std::vector<std::string> files;   // files read, in order (empty for "kjv")
-  std::vector<size_t> file_starts;  // where each file's text starts in `text` ({0} for "kjv"): documents
-  std::vector<std::string> skipped; // files skipped as binary / not UTF-8 (folders only)
-  int64_t lines = 0;                // number of '\n' in text
+  std::string source;                // the spec as given: "kjv", a file or a folder
+  std::string text;                  // UTF-8; lines end with '\n' (CRLF -> LF); files concatenated
+  std::vector<std::string> files;    // files read, in order (empty for "kjv")
+  std::vector<size_t> file_starts;   // where each file's text starts in `text` ({0} for "kjv"): documents
+  std::vector<std::string> skipped;  // files skipped as binary / not UTF-8 (folders only)
+  int64_t lines = 0;                 // number of '\n' in text
 };
 
 // Called once per skipped file with a one-line warning.

@@ -35,8 +35,8 @@ MlmBatch mask_tokens(const Tensor& ids, int64_t vocab_size, int64_t mask_id, con
     }
   }
   MlmBatch b;
-  b.inputs = Tensor::from_vector_i64(in, ids.shape(), ids.dtype());       // ids' shape
-  b.labels = Tensor::from_vector_i64(labels, ids.shape(), ids.dtype());   // ids' shape
+  b.inputs = Tensor::from_vector_i64(in, ids.shape(), ids.dtype());      // ids' shape
+  b.labels = Tensor::from_vector_i64(labels, ids.shape(), ids.dtype());  // ids' shape
   return b;
 }
 

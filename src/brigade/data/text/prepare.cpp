@@ -227,8 +227,8 @@ std::vector<int32_t> encode_corpus(const TextTokenizer& tok, const Corpus& corpu
 
 // True when out_dir holds a finished prepare of the same corpus text and options.
 // `m` receives the parsed meta.json.
-bool up_to_date(const fs::path& dir, const PrepareOptions& o, const std::string& hash, int64_t bytes,
-                PrepareResult& r, json& m) {
+bool up_to_date(const fs::path& dir, const PrepareOptions& o, const std::string& hash, int64_t bytes, PrepareResult& r,
+                json& m) {
   try {
     std::ifstream in(dir / kMetaFile);
     if (!in.good()) return false;
@@ -290,8 +290,9 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
       old_meta["corpus_source"] = source;
       old_meta["refreshed_utc"] = now_iso8601();
       write_file_atomic((dir / kMetaFile).string(), old_meta.dump(2) + "\n");
-      report("skip", fmt::format("the corpus text is unchanged (FNV-1a {}); kept the token files and updated {}",
-                                 r.corpus_hash, (dir / kMetaFile).string()),
+      report("skip",
+             fmt::format("the corpus text is unchanged (FNV-1a {}); kept the token files and updated {}", r.corpus_hash,
+                         (dir / kMetaFile).string()),
              1.0);
     }
     r.seconds = elapsed();
@@ -370,12 +371,17 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
       {"train_tokens", r.train_tokens},
       {"val_tokens", r.val_tokens},
       {"token_bytes", token_bytes_for_vocab(r.vocab_size)},
-      {"tokenizer", tok->kind() == "brigade"
-                        ? json{{"type", "sentencepiece-bpe"}, {"file", kTokenizerFile}, {"unk_id", Tokenizer::kUnkId},
-                               {"bos_id", Tokenizer::kBosId}, {"eos_id", Tokenizer::kEosId}, {"newline", "eos"}}
-                        : json{{"type", tok->kind()}, {"files", tok->files()}, {"tokens", tok->vocab_size()},
-                               {"document_prefix", tok->document_prefix()},
-                               {"document_suffix", tok->document_suffix()}}},
+      {"tokenizer", tok->kind() == "brigade" ? json{{"type", "sentencepiece-bpe"},
+                                                    {"file", kTokenizerFile},
+                                                    {"unk_id", Tokenizer::kUnkId},
+                                                    {"bos_id", Tokenizer::kBosId},
+                                                    {"eos_id", Tokenizer::kEosId},
+                                                    {"newline", "eos"}}
+                                             : json{{"type", tok->kind()},
+                                                    {"files", tok->files()},
+                                                    {"tokens", tok->vocab_size()},
+                                                    {"document_prefix", tok->document_prefix()},
+                                                    {"document_suffix", tok->document_suffix()}}},
       {"tokenizer_train", tokenizer_train_json(topt, o.tokenizer)},
       {"split", "val = contiguous tail from a line start"},
       {"created_utc", now_iso8601()},
@@ -383,8 +389,8 @@ PrepareResult prepare(const PrepareOptions& o, const PrepareProgressFn& progress
   };
   write_file_atomic((dir / kMetaFile).string(), meta.dump(2) + "\n");
   report("done",
-         fmt::format("prepared '{}' in {:.1f}s: vocab {}, {} train + {} val tokens", o.out_dir, r.seconds,
-                     r.vocab_size, r.train_tokens, r.val_tokens),
+         fmt::format("prepared '{}' in {:.1f}s: vocab {}, {} train + {} val tokens", o.out_dir, r.seconds, r.vocab_size,
+                     r.train_tokens, r.val_tokens),
          1.0);
   return r;
 }
@@ -417,9 +423,10 @@ json read_meta(const fs::path& meta_path, const std::string& dir) {
   try {
     m = json::parse(in);
   } catch (const json::exception& e) {
-    throw DataError(fmt::format("data folder {}: {} is corrupted ({}); run `brigade prepare` with this recipe to "
-                                "rebuild it, or remove the folder",
-                                dir, meta_path.string(), e.what()));
+    throw DataError(
+        fmt::format("data folder {}: {} is corrupted ({}); run `brigade prepare` with this recipe to "
+                    "rebuild it, or remove the folder",
+                    dir, meta_path.string(), e.what()));
   }
   BRIGADE_CHECK(m.is_object(), DataError,
                 "data folder {}: {} is not a JSON object; run `brigade prepare` with this recipe to rebuild it, or "
@@ -437,8 +444,7 @@ PreparedStatus check_prepared(const PrepareOptions& o) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return {State::kMissing, fmt::format("{} is not prepared yet", dir_s)};
   BRIGADE_CHECK(fs::is_directory(dir, ec), DataError,
-                "data.dir {} is a file, not a folder; point data.dir at a folder (it is created when missing)",
-                dir_s);
+                "data.dir {} is a file, not a folder; point data.dir at a folder (it is created when missing)", dir_s);
   const fs::path meta_path = dir / kMetaFile;
   if (!fs::exists(meta_path, ec)) {
     std::string foreign;
@@ -451,8 +457,7 @@ PreparedStatus check_prepared(const PrepareOptions& o) {
         break;
       }
     }
-    BRIGADE_CHECK(!ec, DataError, "data folder {} cannot be listed ({}); check its permissions", dir_s,
-                  ec.message());
+    BRIGADE_CHECK(!ec, DataError, "data folder {} cannot be listed ({}); check its permissions", dir_s, ec.message());
     if (empty) return {State::kMissing, fmt::format("{} is empty", dir_s)};
     BRIGADE_CHECK(foreign.empty(), DataError,
                   "data folder {} holds files (e.g. {}) but no {}, so `brigade prepare` did not make it; point "
@@ -481,13 +486,12 @@ PreparedStatus check_prepared(const PrepareOptions& o) {
     const std::string now_kind = now.j.at("kind").get<std::string>();
     const std::string then_path = then_src.value("path", "");
     const std::string now_path = now.j.value("path", "");
-    const bool same_corpus = (then_kind == "kjv" || now_kind == "kjv") ? then_kind == now_kind
-                                                                       : then_path == now_path;
+    const bool same_corpus = (then_kind == "kjv" || now_kind == "kjv") ? then_kind == now_kind : then_path == now_path;
     if (!same_corpus) {
       const bool paths = then_corpus == o.corpus;  // same spelling, another folder: show where
-      return {State::kStale, fmt::format("{} was prepared from {}, the recipe asks for {}", dir_s,
-                                         corpus_shown(then_corpus, then_path, paths),
-                                         corpus_shown(o.corpus, now_path, paths))};
+      return {State::kStale,
+              fmt::format("{} was prepared from {}, the recipe asks for {}", dir_s,
+                          corpus_shown(then_corpus, then_path, paths), corpus_shown(o.corpus, now_path, paths))};
     }
     const int64_t then_vocab = m.at("vocab_size").get<int64_t>();
     if (then_vocab != o.vocab_size)
@@ -502,10 +506,8 @@ PreparedStatus check_prepared(const PrepareOptions& o) {
       return {State::kStale, fmt::format("{}'s tokenizer was made with {}, the recipe asks for {}", dir_s,
                                          then_tok.dump(), now_tok.dump())};
     for (const char* f : {kTrainFile, kValFile})
-      if (!fs::is_regular_file(dir / f, ec))
-        return {State::kStale, fmt::format("{} is missing", (dir / f).string())};
-    if (detect_tokenizer(dir_s).empty())
-      return {State::kStale, fmt::format("{} has no tokenizer any more", dir_s)};
+      if (!fs::is_regular_file(dir / f, ec)) return {State::kStale, fmt::format("{} is missing", (dir / f).string())};
+    if (detect_tokenizer(dir_s).empty()) return {State::kStale, fmt::format("{} has no tokenizer any more", dir_s)};
     if (!now.available)  // the data is still what the recipe asks for; only its source is gone
       return {State::kUpToDate, fmt::format("the corpus {} cannot be read any more ({}); using {} as it was "
                                             "prepared from it",
@@ -514,9 +516,10 @@ PreparedStatus check_prepared(const PrepareOptions& o) {
     if (!change.empty()) return {State::kStale, change};
     return {State::kUpToDate, ""};
   } catch (const json::exception& e) {
-    throw DataError(fmt::format("data folder {}: {} lacks a field or has one of the wrong type ({}); run `brigade "
-                                "prepare` with this recipe to rebuild it, or remove the folder",
-                                dir_s, meta_path.string(), e.what()));
+    throw DataError(
+        fmt::format("data folder {}: {} lacks a field or has one of the wrong type ({}); run `brigade "
+                    "prepare` with this recipe to rebuild it, or remove the folder",
+                    dir_s, meta_path.string(), e.what()));
   }
 }
 

@@ -29,10 +29,10 @@ inline constexpr const char* kMetaFile = "meta.json";
 inline constexpr int kPrepareFormat = 2;
 
 struct PrepareOptions {
-  std::string corpus = "kjv";   // "kjv", a text file or a folder (corpus.h)
+  std::string corpus = "kjv";  // "kjv", a text file or a folder (corpus.h)
   std::string out_dir = "data/kjv";
   int64_t vocab_size = 4096;
-  double val_fraction = 0.05;   // in [0, 1); 0 gives an empty val.bin
+  double val_fraction = 0.05;  // in [0, 1); 0 gives an empty val.bin
   // A folder holding the tokenizer to encode with instead of training one (a pretrained model's
   // own, when fine-tuning; text_tokenizer.h says which files). Its vocabulary must be vocab_size
   // (this engine's own tokenizer) or at most vocab_size (a Hugging Face one: embeddings may be
@@ -40,7 +40,7 @@ struct PrepareOptions {
   // another tokenizer prepares again. Each corpus file is then one document: the tokenizer's
   // document tokens (LLaMA's BOS, GPT-2's <|endoftext|>) around its text.
   std::string tokenizer = "";
-  bool force = false;           // rebuild even when out_dir is up to date
+  bool force = false;  // rebuild even when out_dir is up to date
 };
 
 struct PrepareProgress {
@@ -52,15 +52,15 @@ struct PrepareProgress {
 using PrepareProgressFn = std::function<void(const PrepareProgress&)>;
 
 struct PrepareResult {
-  bool skipped = false;         // out_dir was already up to date
+  bool skipped = false;  // out_dir was already up to date
   std::string out_dir;
-  int64_t vocab_size = 0;       // of the tokenizer (== options.vocab_size)
+  int64_t vocab_size = 0;  // of the tokenizer (== options.vocab_size)
   int64_t train_tokens = 0;
   int64_t val_tokens = 0;
   int64_t corpus_bytes = 0;
-  std::string corpus_hash;      // FNV-1a 64 of the corpus text, 16 hex digits
-  double seconds = 0;           // wall time of this call
-  std::string reason;           // ensure_prepared: why it prepared ("" when the folder was up to date)
+  std::string corpus_hash;  // FNV-1a 64 of the corpus text, 16 hex digits
+  double seconds = 0;       // wall time of this call
+  std::string reason;       // ensure_prepared: why it prepared ("" when the folder was up to date)
 };
 
 // Throws DataError (corpus, tokenizer training), ValueError (options) or IoError (writing).

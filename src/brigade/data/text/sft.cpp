@@ -11,8 +11,8 @@ namespace brigade::data {
 
 using nlohmann::json;
 
-std::vector<Piece> render_chat(const std::vector<std::pair<std::string, std::string>>& messages,
-                               const std::string& t, const std::string& where) {
+std::vector<Piece> render_chat(const std::vector<std::pair<std::string, std::string>>& messages, const std::string& t,
+                               const std::string& where) {
   std::vector<Piece> out;
   bool any_assistant = false;
   for (auto& [role, content] : messages) {
@@ -52,9 +52,10 @@ std::vector<Piece> render_chat(const std::vector<std::pair<std::string, std::str
       }
     }
   } else {
-    throw ConfigError(fmt::format("data.chat_template = \"{}\" is not a template; use \"chatml\", \"llama-2\" or "
-                                  "\"llama-3\"",
-                                  t));
+    throw ConfigError(
+        fmt::format("data.chat_template = \"{}\" is not a template; use \"chatml\", \"llama-2\" or "
+                    "\"llama-3\"",
+                    t));
   }
   return out;
 }
@@ -114,8 +115,10 @@ SftData read_sft_jsonl(const std::string& path, const TextTokenizer& tok, const 
       append(s, tok.encode(string_field(j, "prompt", where)), o.loss_on_all);
       append(s, tok.encode(string_field(j, "completion", where)), true);
     } else {
-      BRIGADE_CHECK(j.at("messages").is_array(), DataError, "{}: \"messages\" must be a list of {{\"role\", "
-                    "\"content\"}}", where);
+      BRIGADE_CHECK(j.at("messages").is_array(), DataError,
+                    "{}: \"messages\" must be a list of {{\"role\", "
+                    "\"content\"}}",
+                    where);
       std::vector<std::pair<std::string, std::string>> m;
       for (const json& e : j.at("messages")) {
         BRIGADE_CHECK(e.is_object() && e.contains("role") && e.contains("content"), DataError,

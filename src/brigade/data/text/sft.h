@@ -8,9 +8,9 @@
 // Each sample becomes token ids with a per-token flag "trained on": the tokenizer's document
 // prefix (LLaMA's BOS; never trained on; not repeated when the text starts with it, as the llama-2
 // template's "<s>" does), the pieces, and its end token (this engine's EOS,
-// GPT-2's <|endoftext|>, LLaMA's </s>; trained on when the part before it is). Pieces are encoded one by one (prompt, then
-// completion; each template piece alone), so a trained span starts at a token boundary.
-// Templates (what each renders; {x} is a message's content):
+// GPT-2's <|endoftext|>, LLaMA's </s>; trained on when the part before it is). Pieces are encoded one by one (prompt,
+// then completion; each template piece alone), so a trained span starts at a token boundary. Templates (what each
+// renders; {x} is a message's content):
 //   chatml   <|im_start|>{role}\n{x}<|im_end|>\n per message; the prompt ends with
 //            <|im_start|>assistant\n
 //   llama-2  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s> per
@@ -41,8 +41,8 @@ struct SftOptions {
 
 struct SftData {
   std::vector<SftSample> samples;
-  std::string shape;       // "text", "prompt-completion", "messages" (one file holds one shape)
-  int64_t skipped = 0;     // samples with no trained token (e.g. an empty completion)
+  std::string shape;    // "text", "prompt-completion", "messages" (one file holds one shape)
+  int64_t skipped = 0;  // samples with no trained token (e.g. an empty completion)
 };
 
 // Reads and encodes `path`. DataError "FILE:LINE: what; what to do" for a line that is not a

@@ -48,8 +48,8 @@ std::optional<std::string> config_token(const json& cfg, const char* key, const 
   const json& v = cfg.at(key);
   if (v.is_string()) return v.get<std::string>();
   BRIGADE_CHECK(v.is_object() && v.contains("content") && v.at("content").is_string(), DataError,
-                "{}: \"{}\" must be a string or {{\"content\": ...}}, got {}",
-                (dir / "tokenizer_config.json").string(), key, v.dump());
+                "{}: \"{}\" must be a string or {{\"content\": ...}}, got {}", (dir / "tokenizer_config.json").string(),
+                key, v.dump());
   return v.at("content").get<std::string>();
 }
 
@@ -117,7 +117,8 @@ class SentencePieceTok final : public TextTokenizer {
           id = pid;
         }
       }
-      const std::string_view seg = text.substr(pos, best == std::string_view::npos ? std::string_view::npos : best - pos);
+      const std::string_view seg =
+          text.substr(pos, best == std::string_view::npos ? std::string_view::npos : best - pos);
       if (!seg.empty()) {
         const std::vector<int> ids = sp_.encode(seg, /*add_bos=*/false, /*add_eos=*/false);
         out.insert(out.end(), ids.begin(), ids.end());
@@ -133,8 +134,8 @@ class SentencePieceTok final : public TextTokenizer {
     const int unk = sp_.unk_id();
     for (int id : ids)
       BRIGADE_CHECK(id != unk || text.find(sp_.id_to_piece(unk)) != std::string_view::npos, DataError,
-                    "{} contains characters {}/tokenizer.model cannot represent (they become {}); remove them",
-                    what, folder_, sp_.id_to_piece(unk));
+                    "{} contains characters {}/tokenizer.model cannot represent (they become {}); remove them", what,
+                    folder_, sp_.id_to_piece(unk));
     return ids;
   }
   std::string decode(std::span<const int> ids) const override { return sp_.decode(ids); }
@@ -194,8 +195,8 @@ class BpeTok final : public TextTokenizer {
   int begin_id() const override { return bpe_.post_prefix().empty() ? end_ : bpe_.post_prefix().front(); }
   bool line_separable() const override { return false; }
   std::vector<std::string> files() const override {
-    std::vector<std::string> f = gpt2_files_ ? std::vector<std::string>{"vocab.json", "merges.txt"}
-                                             : std::vector<std::string>{"tokenizer.json"};
+    std::vector<std::string> f =
+        gpt2_files_ ? std::vector<std::string>{"vocab.json", "merges.txt"} : std::vector<std::string>{"tokenizer.json"};
     if (has_config_) f.push_back("tokenizer_config.json");
     return f;
   }

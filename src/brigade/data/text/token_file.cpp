@@ -118,8 +118,8 @@ TokenDataset::TokenDataset(const std::string& path, bool verify_tokens) : path_(
                   kTokenFileVersion, kFix);
     token_bytes_ = load_le<uint32_t>(p + 12);
     BRIGADE_CHECK(token_bytes_ == 2 || token_bytes_ == 4, DataError,
-                  "token file '{}' has an invalid dtype {} (expected 2 for u16 or 4 for u32); {}", path,
-                  token_bytes_, kFix);
+                  "token file '{}' has an invalid dtype {} (expected 2 for u16 or 4 for u32); {}", path, token_bytes_,
+                  kFix);
     vocab_ = load_le<uint32_t>(p + 16);
     BRIGADE_CHECK(vocab_ > 0, DataError, "token file '{}' has vocab size 0; {}", path, kFix);
     BRIGADE_CHECK(token_bytes_ == token_bytes_for_vocab(vocab_), DataError,

@@ -43,7 +43,7 @@ class TokenDataset {
 
   bool is_open() const { return base_ != nullptr; }
   const std::string& path() const { return path_; }
-  int64_t size() const { return count_; }          // number of tokens
+  int64_t size() const { return count_; }  // number of tokens
   int64_t vocab_size() const { return vocab_; }
   uint32_t token_bytes() const { return token_bytes_; }  // 2 or 4
 
@@ -54,7 +54,7 @@ class TokenDataset {
  private:
   void close();
   std::string path_;
-  void* base_ = nullptr;       // mmap of the whole file
+  void* base_ = nullptr;  // mmap of the whole file
   size_t map_bytes_ = 0;
   const unsigned char* tokens_ = nullptr;
   int64_t count_ = 0;

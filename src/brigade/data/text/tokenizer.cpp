@@ -131,12 +131,15 @@ Tokenizer Tokenizer::train(std::string_view text, const TokenizerTrainOptions& o
       {"add_dummy_prefix", "true"},
       {"split_digits", "false"},
       {"max_sentence_length", std::to_string(opt.max_sentence_length)},
-      {"input_sentence_size", "0"},          // use every line: no sampling
+      {"input_sentence_size", "0"},  // use every line: no sampling
       {"shuffle_input_sentence", "false"},
-      {"num_threads", "1"},                  // reproducible regardless of the machine
+      {"num_threads", "1"},  // reproducible regardless of the machine
       {"hard_vocab_limit", "true"},
-      {"unk_id", "0"}, {"bos_id", "1"}, {"eos_id", "2"}, {"pad_id", "-1"},
-      {"minloglevel", "2"},                  // quiet: errors come back as a Status
+      {"unk_id", "0"},
+      {"bos_id", "1"},
+      {"eos_id", "2"},
+      {"pad_id", "-1"},
+      {"minloglevel", "2"},  // quiet: errors come back as a Status
   };
   sentencepiece::SetRandomGeneratorSeed(opt.seed);
   LineIterator it(text, size_t(opt.max_sentence_length));
@@ -273,8 +276,8 @@ std::string Tokenizer::decode(std::span<const int> ids) const {
 
 std::string Tokenizer::id_to_piece(int id) const {
   BRIGADE_ASSERT(impl_, "id_to_piece() on an empty Tokenizer");
-  BRIGADE_CHECK(id >= 0 && id < impl_->sp.GetPieceSize(), ValueError,
-                "token id {} is outside the vocabulary [0, {})", id, impl_->sp.GetPieceSize());
+  BRIGADE_CHECK(id >= 0 && id < impl_->sp.GetPieceSize(), ValueError, "token id {} is outside the vocabulary [0, {})",
+                id, impl_->sp.GetPieceSize());
   return impl_->sp.IdToPiece(id);
 }
 
@@ -323,8 +326,8 @@ std::string SentencePieceHf::decode(std::span<const int> ids) const {
   BRIGADE_ASSERT(impl_, "decode() on an empty SentencePieceHf");
   const int n = impl_->sp.GetPieceSize();
   for (int id : ids)
-    BRIGADE_CHECK(id >= 0 && id < n, ValueError, "decode: token id {} is outside the vocabulary [0, {}) of '{}'", id,
-                  n, impl_->path);
+    BRIGADE_CHECK(id >= 0 && id < n, ValueError, "decode: token id {} is outside the vocabulary [0, {}) of '{}'", id, n,
+                  impl_->path);
   std::string out;
   check_status(impl_->sp.Decode(std::vector<int>(ids.begin(), ids.end()), &out), "decode with '" + impl_->path + "'");
   return out;
@@ -348,8 +351,8 @@ int SentencePieceHf::unk_id() const {
 }
 std::string SentencePieceHf::id_to_piece(int id) const {
   BRIGADE_ASSERT(impl_, "id_to_piece() on an empty SentencePieceHf");
-  BRIGADE_CHECK(id >= 0 && id < impl_->sp.GetPieceSize(), ValueError,
-                "token id {} is outside the vocabulary [0, {})", id, impl_->sp.GetPieceSize());
+  BRIGADE_CHECK(id >= 0 && id < impl_->sp.GetPieceSize(), ValueError, "token id {} is outside the vocabulary [0, {})",
+                id, impl_->sp.GetPieceSize());
   return impl_->sp.IdToPiece(id);
 }
 int SentencePieceHf::piece_to_id(std::string_view piece) const {

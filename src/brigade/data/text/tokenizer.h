@@ -18,10 +18,10 @@
 namespace brigade::data {
 
 struct TokenizerTrainOptions {
-  int64_t vocab_size = 4096;             // exact (SentencePiece hard limit); includes UNK, BOS, EOS
-  int64_t max_sentence_length = 1 << 16; // bytes per training line; longer lines are fed in chunks
-  uint32_t seed = 1337;                  // sentencepiece::SetRandomGeneratorSeed (BPE training does not sample)
-  std::string origin = "corpus";         // names the corpus in error messages
+  int64_t vocab_size = 4096;              // exact (SentencePiece hard limit); includes UNK, BOS, EOS
+  int64_t max_sentence_length = 1 << 16;  // bytes per training line; longer lines are fed in chunks
+  uint32_t seed = 1337;                   // sentencepiece::SetRandomGeneratorSeed (BPE training does not sample)
+  std::string origin = "corpus";          // names the corpus in error messages
 };
 
 class Tokenizer {

@@ -92,7 +92,8 @@ void AlignConfig::validate() const {
   positive(v.batch_norm_eps, "batch_norm_eps");
   positive(v.initializer_range, "initializer_range");
   const size_t S = v.in_channels.size();
-  BRIGADE_CHECK(S >= 1, ConfigError, "AlignConfig: vision.in_channels is empty: the image tower needs one stage at least");
+  BRIGADE_CHECK(S >= 1, ConfigError,
+                "AlignConfig: vision.in_channels is empty: the image tower needs one stage at least");
   auto same_length = [&](const std::vector<int64_t>& list, const char* name) {
     BRIGADE_CHECK(list.size() == S, ConfigError,
                   "AlignConfig: vision.{} has {} entries but vision.in_channels has {}: one per stage", name,
@@ -134,8 +135,8 @@ void AlignConfig::validate() const {
                 "AlignConfig: vision.batch_norm_momentum must be in [0, 1], got {}", v.batch_norm_momentum);
   BRIGADE_CHECK(v.drop_connect_rate >= 0 && v.drop_connect_rate < 1, ConfigError,
                 "AlignConfig: vision.drop_connect_rate must be in [0, 1), got {}", v.drop_connect_rate);
-  BRIGADE_CHECK(stem_side(v.image_size) >= 1, ConfigError, "AlignConfig: vision.image_size {} is too small for the stem",
-                v.image_size);
+  BRIGADE_CHECK(stem_side(v.image_size) >= 1, ConfigError,
+                "AlignConfig: vision.image_size {} is too small for the stem", v.image_size);
   int64_t side = stem_side(v.image_size), index = 0;
   for (const AlignBlockSpec& s : align_blocks(v)) {
     side = conv_side(side, s.kernel, s.stride, s.depthwise.pad_top, s.depthwise.pad_bottom);
@@ -159,28 +160,45 @@ void AlignConfig::validate() const {
 
 std::string AlignConfig::to_json() const {
   const AlignVisionConfig& v = vision;
-  const nlohmann::json j{
-      {"model_type", "align"},
-      {"projection_dim", projection_dim},
-      {"temperature_init_value", temperature_init_value},
-      {"text_config",
-       {{"model_type", "align_text_model"}, {"vocab_size", text.vocab_size},
-        {"max_position_embeddings", text.max_position_embeddings}, {"type_vocab_size", text.type_vocab_size},
-        {"hidden_size", text.hidden_size}, {"num_hidden_layers", text.num_hidden_layers},
-        {"num_attention_heads", text.num_attention_heads}, {"intermediate_size", text.intermediate_size},
-        {"layer_norm_eps", text.layer_norm_eps}, {"hidden_act", "gelu"},
-        {"hidden_dropout_prob", text.hidden_dropout}, {"attention_probs_dropout_prob", 0.0},
-        {"initializer_range", text.initializer_range}}},
-      {"vision_config",
-       {{"model_type", "align_vision_model"}, {"num_channels", v.num_channels}, {"image_size", v.image_size},
-        {"width_coefficient", v.width_coefficient}, {"depth_coefficient", v.depth_coefficient},
-        {"depth_divisor", v.depth_divisor}, {"kernel_sizes", v.kernel_sizes}, {"in_channels", v.in_channels},
-        {"out_channels", v.out_channels}, {"depthwise_padding", v.depthwise_padding}, {"strides", v.strides},
-        {"num_block_repeats", v.num_block_repeats}, {"expand_ratios", v.expand_ratios},
-        {"squeeze_expansion_ratio", v.squeeze_expansion_ratio}, {"hidden_act", v.hidden_act},
-        {"hidden_dim", v.hidden_dim}, {"pooling_type", v.pooling_type},
-        {"initializer_range", v.initializer_range}, {"batch_norm_eps", v.batch_norm_eps},
-        {"batch_norm_momentum", v.batch_norm_momentum}, {"drop_connect_rate", v.drop_connect_rate}}}};
+  const nlohmann::json j{{"model_type", "align"},
+                         {"projection_dim", projection_dim},
+                         {"temperature_init_value", temperature_init_value},
+                         {"text_config",
+                          {{"model_type", "align_text_model"},
+                           {"vocab_size", text.vocab_size},
+                           {"max_position_embeddings", text.max_position_embeddings},
+                           {"type_vocab_size", text.type_vocab_size},
+                           {"hidden_size", text.hidden_size},
+                           {"num_hidden_layers", text.num_hidden_layers},
+                           {"num_attention_heads", text.num_attention_heads},
+                           {"intermediate_size", text.intermediate_size},
+                           {"layer_norm_eps", text.layer_norm_eps},
+                           {"hidden_act", "gelu"},
+                           {"hidden_dropout_prob", text.hidden_dropout},
+                           {"attention_probs_dropout_prob", 0.0},
+                           {"initializer_range", text.initializer_range}}},
+                         {"vision_config",
+                          {{"model_type", "align_vision_model"},
+                           {"num_channels", v.num_channels},
+                           {"image_size", v.image_size},
+                           {"width_coefficient", v.width_coefficient},
+                           {"depth_coefficient", v.depth_coefficient},
+                           {"depth_divisor", v.depth_divisor},
+                           {"kernel_sizes", v.kernel_sizes},
+                           {"in_channels", v.in_channels},
+                           {"out_channels", v.out_channels},
+                           {"depthwise_padding", v.depthwise_padding},
+                           {"strides", v.strides},
+                           {"num_block_repeats", v.num_block_repeats},
+                           {"expand_ratios", v.expand_ratios},
+                           {"squeeze_expansion_ratio", v.squeeze_expansion_ratio},
+                           {"hidden_act", v.hidden_act},
+                           {"hidden_dim", v.hidden_dim},
+                           {"pooling_type", v.pooling_type},
+                           {"initializer_range", v.initializer_range},
+                           {"batch_norm_eps", v.batch_norm_eps},
+                           {"batch_norm_momentum", v.batch_norm_momentum},
+                           {"drop_connect_rate", v.drop_connect_rate}}}};
   return j.dump();
 }
 
@@ -206,9 +224,12 @@ AlignConfig AlignConfig::from_json(const std::string& text) {
   get(j, "temperature_init_value", c.temperature_init_value, "");
   const nlohmann::json& t = j.at("text_config");
   for (auto [key, field] : std::initializer_list<std::pair<const char*, int64_t*>>{
-           {"vocab_size", &c.text.vocab_size}, {"max_position_embeddings", &c.text.max_position_embeddings},
-           {"type_vocab_size", &c.text.type_vocab_size}, {"hidden_size", &c.text.hidden_size},
-           {"num_hidden_layers", &c.text.num_hidden_layers}, {"num_attention_heads", &c.text.num_attention_heads},
+           {"vocab_size", &c.text.vocab_size},
+           {"max_position_embeddings", &c.text.max_position_embeddings},
+           {"type_vocab_size", &c.text.type_vocab_size},
+           {"hidden_size", &c.text.hidden_size},
+           {"num_hidden_layers", &c.text.num_hidden_layers},
+           {"num_attention_heads", &c.text.num_attention_heads},
            {"intermediate_size", &c.text.intermediate_size}})
     get(t, key, *field, "text_config.");
   get(t, "layer_norm_eps", c.text.layer_norm_eps, "text_config.");
@@ -225,20 +246,28 @@ AlignConfig AlignConfig::from_json(const std::string& text) {
   BRIGADE_CHECK(act == "gelu", ConfigError, "AlignConfig: text_config.hidden_act \"{}\" is not supported (gelu)", act);
   const nlohmann::json& v = j.at("vision_config");
   AlignVisionConfig& w = c.vision;
-  for (auto [key, field] : std::initializer_list<std::pair<const char*, int64_t*>>{
-           {"num_channels", &w.num_channels}, {"image_size", &w.image_size}, {"depth_divisor", &w.depth_divisor},
-           {"hidden_dim", &w.hidden_dim}})
+  for (auto [key, field] : std::initializer_list<std::pair<const char*, int64_t*>>{{"num_channels", &w.num_channels},
+                                                                                   {"image_size", &w.image_size},
+                                                                                   {"depth_divisor", &w.depth_divisor},
+                                                                                   {"hidden_dim", &w.hidden_dim}})
     get(v, key, *field, "vision_config.");
-  for (auto [key, field] : std::initializer_list<std::pair<const char*, double*>>{
-           {"width_coefficient", &w.width_coefficient}, {"depth_coefficient", &w.depth_coefficient},
-           {"squeeze_expansion_ratio", &w.squeeze_expansion_ratio}, {"initializer_range", &w.initializer_range},
-           {"batch_norm_eps", &w.batch_norm_eps}, {"batch_norm_momentum", &w.batch_norm_momentum},
-           {"drop_connect_rate", &w.drop_connect_rate}})
+  for (auto [key, field] :
+       std::initializer_list<std::pair<const char*, double*>>{{"width_coefficient", &w.width_coefficient},
+                                                              {"depth_coefficient", &w.depth_coefficient},
+                                                              {"squeeze_expansion_ratio", &w.squeeze_expansion_ratio},
+                                                              {"initializer_range", &w.initializer_range},
+                                                              {"batch_norm_eps", &w.batch_norm_eps},
+                                                              {"batch_norm_momentum", &w.batch_norm_momentum},
+                                                              {"drop_connect_rate", &w.drop_connect_rate}})
     get(v, key, *field, "vision_config.");
-  for (auto [key, field] : std::initializer_list<std::pair<const char*, std::vector<int64_t>*>>{
-           {"kernel_sizes", &w.kernel_sizes}, {"in_channels", &w.in_channels}, {"out_channels", &w.out_channels},
-           {"depthwise_padding", &w.depthwise_padding}, {"strides", &w.strides},
-           {"num_block_repeats", &w.num_block_repeats}, {"expand_ratios", &w.expand_ratios}})
+  for (auto [key, field] :
+       std::initializer_list<std::pair<const char*, std::vector<int64_t>*>>{{"kernel_sizes", &w.kernel_sizes},
+                                                                            {"in_channels", &w.in_channels},
+                                                                            {"out_channels", &w.out_channels},
+                                                                            {"depthwise_padding", &w.depthwise_padding},
+                                                                            {"strides", &w.strides},
+                                                                            {"num_block_repeats", &w.num_block_repeats},
+                                                                            {"expand_ratios", &w.expand_ratios}})
     get(v, key, *field, "vision_config.");
   get(v, "hidden_act", w.hidden_act, "vision_config.");
   get(v, "pooling_type", w.pooling_type, "vision_config.");
@@ -251,9 +280,10 @@ AlignConfig AlignConfig::from_json(const std::string& text) {
 AlignVisionEmbeddings::AlignVisionEmbeddings(const AlignVisionConfig& c) {
   const int64_t C0 = c.stem_channels();
   // nn.ZeroPad2d((0, 1, 0, 1)) then a 3x3 stride-2 "valid" conv
-  convolution = register_module("convolution", std::make_shared<nn::Conv2d>(c.num_channels, C0, 3,
-                                                                             ops::Conv2dParams{2, 0, 1, 0, 1, 1}, false));
-  batchnorm = register_module("batchnorm", std::make_shared<nn::BatchNorm2d>(C0, c.batch_norm_eps, c.batch_norm_momentum));
+  convolution = register_module(
+      "convolution", std::make_shared<nn::Conv2d>(c.num_channels, C0, 3, ops::Conv2dParams{2, 0, 1, 0, 1, 1}, false));
+  batchnorm =
+      register_module("batchnorm", std::make_shared<nn::BatchNorm2d>(C0, c.batch_norm_eps, c.batch_norm_momentum));
 }
 
 Tensor AlignVisionEmbeddings::forward(const Tensor& images) const {
@@ -296,20 +326,21 @@ Tensor pointwise_on_pooled(const nn::Conv2d& conv, const Tensor& s) {
 }  // namespace
 
 Tensor AlignVisionBlock::body(const Tensor& x) const {
-  Tensor h = x;                                                                      // (N, in, H, W)
-  if (spec.expand) h = F::silu(expand_bn->forward(expand_conv->forward(h)));         // (N, Ce, H, W)
-  h = F::silu(depthwise_norm->forward(depthwise->forward(h)));                       // (N, Ce, H', W')
+  Tensor h = x;                                                               // (N, in, H, W)
+  if (spec.expand) h = F::silu(expand_bn->forward(expand_conv->forward(h)));  // (N, Ce, H, W)
+  h = F::silu(depthwise_norm->forward(depthwise->forward(h)));                // (N, Ce, H', W')
   // squeeze-and-excitation: a per-channel gate from the spatial mean
   Tensor s = F::silu(pointwise_on_pooled(*reduce, F::spatial_mean(h, /*keepdim=*/true)));  // (N, se, 1, 1)
-  s = F::sigmoid(pointwise_on_pooled(*expand_se, s));                                // (N, Ce, 1, 1)
-  h = F::mul(h, s);                                                                  // (N, Ce, H', W')
-  h = project_bn->forward(project_conv->forward(h));                                 // (N, out, H', W')
+  s = F::sigmoid(pointwise_on_pooled(*expand_se, s));                                      // (N, Ce, 1, 1)
+  h = F::mul(h, s);                                                                        // (N, Ce, H', W')
+  h = project_bn->forward(project_conv->forward(h));                                       // (N, out, H', W')
   if (!spec.residual) return h;
   return F::add(dropout ? dropout->forward(h) : h, x);
 }
 
 Tensor AlignVisionBlock::forward(const Tensor& x) const {
-  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);
+  return run(
+      {x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);
 }
 
 AlignVisionModel::AlignVisionModel(const AlignVisionConfig& c, Generator* gen) {
@@ -331,8 +362,8 @@ ALIGN::ALIGN(const AlignConfig& c) : cfg_(c) {
   cfg_.validate();
   text_model = register_module("text_model", std::make_shared<BERTModel>(cfg_.text, &gen_));
   vision_model = register_module("vision_model", std::make_shared<AlignVisionModel>(cfg_.vision, &gen_));
-  text_projection = register_module(
-      "text_projection", std::make_shared<nn::Linear>(cfg_.text.hidden_size, cfg_.projection_dim, true));
+  text_projection = register_module("text_projection",
+                                    std::make_shared<nn::Linear>(cfg_.text.hidden_size, cfg_.projection_dim, true));
   temperature = register_parameter("temperature", {});
   temperature.fill_(cfg_.temperature_init_value);
   name_parameters();
@@ -394,10 +425,10 @@ Tensor ALIGN::encode_text(const Tensor& ids, const Tensor& lengths) const {
     padded = padded || L < T;
   }
   const Tensor attention_mask = padded ? Tensor::from_vector(mask, {M, T}) : Tensor();  // (M, T) or none
-  Tensor x = text_model->embeddings->forward(ids, Tensor());                           // (M, T, D)
-  for (const auto& l : *text_model->layer) x = l->forward(x, attention_mask);          // (M, T, D)
-  const Tensor first = F::reshape(F::narrow(x, 1, 0, 1), {M, D});                      // (M, D): position 0
-  return F::l2_normalize(text_projection->forward(first));                             // (M, E)
+  Tensor x = text_model->embeddings->forward(ids, Tensor());                            // (M, T, D)
+  for (const auto& l : *text_model->layer) x = l->forward(x, attention_mask);           // (M, T, D)
+  const Tensor first = F::reshape(F::narrow(x, 1, 0, 1), {M, D});                       // (M, D): position 0
+  return F::l2_normalize(text_projection->forward(first));                              // (M, E)
 }
 
 Tensor ALIGN::logits_from_embeds(const Tensor& img, const Tensor& txt) const {
@@ -418,9 +449,9 @@ Tensor ALIGN::contrastive_loss_from_logits(const Tensor& logits_per_image) const
                 ShapeError, "ALIGN.contrastive_loss: needs N matching pairs, (N, N) logits, got {}",
                 shape_str(logits_per_image.shape()));
   const int64_t N = logits_per_image.size(0);
-  const Tensor labels = Tensor::arange(N, DType::I64);  // (N)
+  const Tensor labels = Tensor::arange(N, DType::I64);                                             // (N)
   const Tensor lt = F::cross_entropy_smoothed(F::transpose(logits_per_image, 0, 1), labels, 0.1);  // text -> image
-  const Tensor li = F::cross_entropy_smoothed(logits_per_image, labels, 0.1);                     // image -> text
+  const Tensor li = F::cross_entropy_smoothed(logits_per_image, labels, 0.1);                      // image -> text
   // the mean of the pair as a reduction (f32 under every policy), as CLIP's loss
   return F::mean_all(F::prepend_token(lt, F::reshape(li, {1, 1, 1})));  // 0-d
 }
@@ -449,10 +480,11 @@ double ALIGN::flops_per_pair() const {
 std::string ALIGN::describe() const {
   const AlignVisionConfig& v = cfg_.vision;
   const int64_t side = align_final_side(v);
-  return fmt::format("ALIGN, EfficientNet image tower {} MBConv blocks in {} stages ({} -> {} channels, final map "
-                     "{}x{}); BERT text tower {} layers x {}",
-                     align_blocks(v).size(), v.in_channels.size(), v.stem_channels(), v.embed_dim(), side, side,
-                     cfg_.text.num_hidden_layers, cfg_.text.hidden_size);
+  return fmt::format(
+      "ALIGN, EfficientNet image tower {} MBConv blocks in {} stages ({} -> {} channels, final map "
+      "{}x{}); BERT text tower {} layers x {}",
+      align_blocks(v).size(), v.in_channels.size(), v.stem_channels(), v.embed_dim(), side, side,
+      cfg_.text.num_hidden_layers, cfg_.text.hidden_size);
 }
 
 }  // namespace brigade::models

@@ -50,8 +50,8 @@
 #include "brigade/models/bert/bert.h"
 #include "brigade/models/dual_encoder.h"
 #include "brigade/nn/conv.h"
-#include "brigade/nn/norm.h"
 #include "brigade/nn/layers.h"
+#include "brigade/nn/norm.h"
 
 namespace brigade::models {
 
@@ -124,7 +124,8 @@ class AlignVisionBlock : public nn::Block {
   Tensor forward(const Tensor& x) const;  // (N, in, H, W) -> (N, out, H', W'), through Block::run
   AlignBlockSpec spec;
   std::shared_ptr<nn::Submodules> expansion, depthwise_conv, squeeze_excite, projection;
-  std::shared_ptr<nn::Conv2d> expand_conv, depthwise, reduce, expand_se, project_conv;  // expand_conv null without expansion
+  std::shared_ptr<nn::Conv2d> expand_conv, depthwise, reduce, expand_se,
+      project_conv;  // expand_conv null without expansion
   std::shared_ptr<nn::BatchNorm2d> expand_bn, depthwise_norm, project_bn;
   std::shared_ptr<nn::Dropout> dropout;  // on the residual branch (residual blocks with drop_rate > 0)
 

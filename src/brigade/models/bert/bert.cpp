@@ -26,8 +26,7 @@ void BERTConfig::validate() const {
                 num_attention_heads);
   BRIGADE_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, ConfigError,
                 "BERTConfig: hidden_dropout must be in [0, 1), got {}", hidden_dropout);
-  BRIGADE_CHECK(layer_norm_eps > 0, ConfigError, "BERTConfig: layer_norm_eps must be positive, got {}",
-                layer_norm_eps);
+  BRIGADE_CHECK(layer_norm_eps > 0, ConfigError, "BERTConfig: layer_norm_eps must be positive, got {}", layer_norm_eps);
 }
 
 BERTEmbeddings::BERTEmbeddings(const BERTConfig& c, Generator* gen) {
@@ -52,11 +51,11 @@ Tensor BERTEmbeddings::forward(const Tensor& ids, const Tensor& token_type_ids) 
     BRIGADE_CHECK(types.shape() == ids.shape(), ShapeError, "BERT.forward: token_type_ids must be {} like ids, got {}",
                   shape_str(ids.shape()), shape_str(types.shape()));
   else
-    types = Tensor::zeros({B, T}, DType::I64);                      // (B, T)
-  const Tensor pos = Tensor::arange(T, DType::I64);                 // (T)
+    types = Tensor::zeros({B, T}, DType::I64);                                          // (B, T)
+  const Tensor pos = Tensor::arange(T, DType::I64);                                     // (T)
   Tensor x = F::add(word_embeddings->forward(ids), position_embeddings->forward(pos));  // (B, T, D)
-  x = F::add(x, token_type_embeddings->forward(types));             // (B, T, D)
-  return dropout->forward(LayerNorm->forward(x));                   // (B, T, D)
+  x = F::add(x, token_type_embeddings->forward(types));                                 // (B, T, D)
+  return dropout->forward(LayerNorm->forward(x));                                       // (B, T, D)
 }
 
 BERTLayer::BERTLayer(const BERTConfig& c, Generator* gen) : gen_(gen) {
@@ -75,16 +74,17 @@ BERTLayer::BERTLayer(const BERTConfig& c, Generator* gen) : gen_(gen) {
 }
 
 Tensor BERTLayer::body(const Tensor& x0, const Tensor& attention_mask) const {
-  const Tensor a = self_attention->forward(x0, attention_mask);                                   // (B, T, D)
+  const Tensor a = self_attention->forward(x0, attention_mask);                                       // (B, T, D)
   const Tensor x = attention_ln->forward(F::add(x0, dropout->forward(attention_dense->forward(a))));  // (B, T, D)
-  const Tensor h = F::gelu_erf(intermediate_dense->forward(x));                                   // (B, T, M)
-  return output_ln->forward(F::add(x, dropout->forward(output_dense->forward(h))));               // (B, T, D)
+  const Tensor h = F::gelu_erf(intermediate_dense->forward(x));                                       // (B, T, M)
+  return output_ln->forward(F::add(x, dropout->forward(output_dense->forward(h))));                   // (B, T, D)
 }
 
 Tensor BERTLayer::forward(const Tensor& x, const Tensor& attention_mask) const {
   // The mask is captured (a constant: no gradient), x goes through the inputs.
-  return run({x}, [this, attention_mask](const std::vector<Tensor>& in) { return body(in[0], attention_mask); },
-             gen_);  // (B, T, D)
+  return run(
+      {x}, [this, attention_mask](const std::vector<Tensor>& in) { return body(in[0], attention_mask); },
+      gen_);  // (B, T, D)
 }
 
 BERTModel::BERTModel(const BERTConfig& c, Generator* gen) {
@@ -167,8 +167,8 @@ Tensor BERT::head(const Tensor& hf) const {
 }
 
 Tensor BERT::logits_flat(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const {
-  const Tensor x = encode(ids, attention_mask, token_type_ids);                 // (B, T, D)
-  return head(F::reshape(x, {ids.numel(), cfg_.hidden_size}));                  // (B*T, V)
+  const Tensor x = encode(ids, attention_mask, token_type_ids);  // (B, T, D)
+  return head(F::reshape(x, {ids.numel(), cfg_.hidden_size}));   // (B*T, V)
 }
 
 Tensor BERT::forward(const Tensor& ids, const Tensor& attention_mask, const Tensor& token_type_ids) const {
@@ -212,7 +212,7 @@ BERT::MaskedLogits BERT::masked_head(const Tensor& x0, const Tensor& labels) con
     out.logits = Tensor::zeros({0, cfg_.vocab_size});
     return out;
   }
-  const Tensor x = F::reshape(x0, {labels.numel(), cfg_.hidden_size});      // (B*T, D)
+  const Tensor x = F::reshape(x0, {labels.numel(), cfg_.hidden_size});     // (B*T, D)
   out.logits = head(F::embedding(x, Tensor::from_vector_i64(rows, {M})));  // rows of x, then (M, V)
   return out;
 }
@@ -250,8 +250,8 @@ double BERT::mlm_accuracy(const Tensor& ids, const Tensor& labels, const Tensor&
 }
 
 double BERT::flops_per_token(int64_t T) const {
-  const double D = double(cfg_.hidden_size), M = double(cfg_.intermediate_size),
-               L = double(cfg_.num_hidden_layers), V = double(cfg_.vocab_size);
+  const double D = double(cfg_.hidden_size), M = double(cfg_.intermediate_size), L = double(cfg_.num_hidden_layers),
+               V = double(cfg_.vocab_size);
   return 6.0 * (L * (4 * D * D + 2 * D * M) + D * D + V * D) + 12.0 * L * double(T) * D;
 }
 

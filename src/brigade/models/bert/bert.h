@@ -25,8 +25,8 @@ struct BERTConfig {
   int64_t vocab_size = 30522;
   int64_t max_position_embeddings = 512;
   int64_t type_vocab_size = 2;
-  int64_t hidden_size = 768;         // D
-  int64_t num_hidden_layers = 12;    // L
+  int64_t hidden_size = 768;       // D
+  int64_t num_hidden_layers = 12;  // L
   int64_t num_attention_heads = 12;
   int64_t intermediate_size = 3072;  // MLP width
   double layer_norm_eps = 1e-12;

@@ -29,11 +29,16 @@ void CLIPConfig::validate() const {
     for (const auto& [v, name] : sizes)
       BRIGADE_CHECK(v > 0, ConfigError, "CLIPConfig: {}{} must be positive, got {}", tower, name, v);
   };
-  positive("text.", {{text.vocab_size, "vocab_size"}, {text.max_position_embeddings, "max_position_embeddings"},
-                     {text.hidden_size, "hidden_size"}, {text.num_hidden_layers, "num_hidden_layers"},
-                     {text.num_attention_heads, "num_attention_heads"}, {text.intermediate_size, "intermediate_size"}});
-  positive("vision.", {{vision.image_size, "image_size"}, {vision.patch_size, "patch_size"},
-                       {vision.num_channels, "num_channels"}, {vision.hidden_size, "hidden_size"},
+  positive("text.", {{text.vocab_size, "vocab_size"},
+                     {text.max_position_embeddings, "max_position_embeddings"},
+                     {text.hidden_size, "hidden_size"},
+                     {text.num_hidden_layers, "num_hidden_layers"},
+                     {text.num_attention_heads, "num_attention_heads"},
+                     {text.intermediate_size, "intermediate_size"}});
+  positive("vision.", {{vision.image_size, "image_size"},
+                       {vision.patch_size, "patch_size"},
+                       {vision.num_channels, "num_channels"},
+                       {vision.hidden_size, "hidden_size"},
                        {vision.num_hidden_layers, "num_hidden_layers"},
                        {vision.num_attention_heads, "num_attention_heads"},
                        {vision.intermediate_size, "intermediate_size"}});
@@ -72,11 +77,11 @@ Tensor CLIPAttention::forward(const Tensor& x, bool causal) const {
   auto heads = [&](const Tensor& y) {  // (B, T, D) -> (B, NH, T, HS) view
     return F::transpose(F::reshape(y, {B, T, n_head, HS}), 1, 2);
   };
-  const Tensor q = heads(q_proj->forward(x));  // (B, NH, T, HS)
-  const Tensor k = heads(k_proj->forward(x));  // (B, NH, T, HS)
-  const Tensor v = heads(v_proj->forward(x));  // (B, NH, T, HS)
-  const Tensor o = F::attention(q, k, v, causal);                             // (B, NH, T, HS), scale 1/sqrt(HS)
-  return out_proj->forward(F::reshape(F::transpose(o, 1, 2), {B, T, D}));     // (B, T, D)
+  const Tensor q = heads(q_proj->forward(x));                              // (B, NH, T, HS)
+  const Tensor k = heads(k_proj->forward(x));                              // (B, NH, T, HS)
+  const Tensor v = heads(v_proj->forward(x));                              // (B, NH, T, HS)
+  const Tensor o = F::attention(q, k, v, causal);                          // (B, NH, T, HS), scale 1/sqrt(HS)
+  return out_proj->forward(F::reshape(F::transpose(o, 1, 2), {B, T, D}));  // (B, T, D)
 }
 
 CLIPMLP::CLIPMLP(int64_t D, int64_t M, bool quick_gelu) : quick_gelu(quick_gelu) {
@@ -85,7 +90,7 @@ CLIPMLP::CLIPMLP(int64_t D, int64_t M, bool quick_gelu) : quick_gelu(quick_gelu)
 }
 
 Tensor CLIPMLP::forward(const Tensor& x) const {
-  const Tensor h = fc1->forward(x);                                    // (B, T, M)
+  const Tensor h = fc1->forward(x);                                     // (B, T, M)
   return fc2->forward(quick_gelu ? F::quick_gelu(h) : F::gelu_erf(h));  // (B, T, D)
 }
 
@@ -98,7 +103,7 @@ CLIPEncoderLayer::CLIPEncoderLayer(int64_t D, int64_t n_head, int64_t M, double 
 
 Tensor CLIPEncoderLayer::body(const Tensor& x0, bool causal) const {
   const Tensor x = F::add(x0, self_attn->forward(layer_norm1->forward(x0), causal));  // (B, T, D)
-  return F::add(x, mlp->forward(layer_norm2->forward(x)));                           // (B, T, D)
+  return F::add(x, mlp->forward(layer_norm2->forward(x)));                            // (B, T, D)
 }
 
 Tensor CLIPEncoderLayer::forward(const Tensor& x, bool causal) const {
@@ -127,18 +132,19 @@ std::shared_ptr<nn::Submodules> make_encoder(const TowerConfig& c, bool quick_ge
 CLIPTextTransformer::CLIPTextTransformer(const CLIPTextConfig& c, bool quick_gelu) {
   embeddings = register_module("embeddings", std::make_shared<nn::Submodules>());
   token_embedding = embeddings->add("token_embedding", std::make_shared<nn::Embedding>(c.vocab_size, c.hidden_size));
-  position_embedding = embeddings->add(
-      "position_embedding", std::make_shared<nn::Embedding>(c.max_position_embeddings, c.hidden_size));
+  position_embedding =
+      embeddings->add("position_embedding", std::make_shared<nn::Embedding>(c.max_position_embeddings, c.hidden_size));
   encoder = register_module("encoder", make_encoder(c, quick_gelu, layers));
-  final_layer_norm = register_module("final_layer_norm", std::make_shared<nn::LayerNorm>(c.hidden_size, c.layer_norm_eps));
+  final_layer_norm =
+      register_module("final_layer_norm", std::make_shared<nn::LayerNorm>(c.hidden_size, c.layer_norm_eps));
 }
 
 Tensor CLIPTextTransformer::forward(const Tensor& ids, const Tensor& lengths) const {
   const int64_t T_max = position_embedding->weight.size(0), D = position_embedding->weight.size(1);
-  BRIGADE_CHECK(ids.dim() == 2 && ids.size(0) > 0 && ids.size(1) > 0 && ids.size(1) <= T_max &&
-                    !is_floating(ids.dtype()),
-                ShapeError, "CLIP.encode_text: ids must be integer (M, T) with 1 <= T <= {}, got {} {}", T_max,
-                shape_str(ids.shape()), dtype_name(ids.dtype()));
+  BRIGADE_CHECK(
+      ids.dim() == 2 && ids.size(0) > 0 && ids.size(1) > 0 && ids.size(1) <= T_max && !is_floating(ids.dtype()),
+      ShapeError, "CLIP.encode_text: ids must be integer (M, T) with 1 <= T <= {}, got {} {}", T_max,
+      shape_str(ids.shape()), dtype_name(ids.dtype()));
   const int64_t M = ids.size(0), T = ids.size(1);
   BRIGADE_CHECK(lengths.defined() && lengths.dim() == 1 && lengths.size(0) == M && !is_floating(lengths.dtype()),
                 ShapeError, "CLIP.encode_text: lengths must be integer (M={}), got {}", M,
@@ -150,12 +156,12 @@ Tensor CLIPTextTransformer::forward(const Tensor& ids, const Tensor& lengths) co
                   "CLIP.encode_text: lengths[{}] = {} is outside [1, {}]", b, len[size_t(b)], T);
     sel[size_t(b * M * T + b * T + len[size_t(b)] - 1)] = 1.f;
   }
-  const Tensor pos = F::narrow(position_embedding->weight, 0, 0, T);          // (T, D)
-  Tensor x = F::add(token_embedding->forward(ids), pos);                      // (M, T, D)
-  for (const auto& l : *layers) x = l->forward(x, /*causal=*/true);           // (M, T, D)
-  x = final_layer_norm->forward(x);                                           // (M, T, D)
-  const Tensor pick = Tensor::from_vector(sel, {M, M * T});                    // (M, M*T) constant
-  return F::matmul(pick, F::reshape(x, {M * T, D}));                          // (M, D), exact gather
+  const Tensor pos = F::narrow(position_embedding->weight, 0, 0, T);  // (T, D)
+  Tensor x = F::add(token_embedding->forward(ids), pos);              // (M, T, D)
+  for (const auto& l : *layers) x = l->forward(x, /*causal=*/true);   // (M, T, D)
+  x = final_layer_norm->forward(x);                                   // (M, T, D)
+  const Tensor pick = Tensor::from_vector(sel, {M, M * T});           // (M, M*T) constant
+  return F::matmul(pick, F::reshape(x, {M * T, D}));                  // (M, D), exact gather
 }
 
 // ---------------------------------------------------------------- vision tower
@@ -165,9 +171,9 @@ CLIPPatchEmbedding::CLIPPatchEmbedding(int64_t C, int64_t D, int64_t p) : channe
 }
 
 Tensor CLIPPatchEmbedding::forward(const Tensor& images) const {
-  const Tensor patches = F::patchify(images, patch);                    // (N, P, C*p*p)
+  const Tensor patches = F::patchify(images, patch);                     // (N, P, C*p*p)
   const Tensor w = F::reshape(weight, {dim, channels * patch * patch});  // (D, C*p*p)
-  return F::linear(patches, w, Tensor(), ops::WeightLayout::OutIn);          // (N, P, D)
+  return F::linear(patches, w, Tensor(), ops::WeightLayout::OutIn);      // (N, P, D)
 }
 
 void CLIPPatchEmbedding::parameter_replaced(const std::string& name, const Tensor& t) {
@@ -176,10 +182,10 @@ void CLIPPatchEmbedding::parameter_replaced(const std::string& name, const Tenso
 
 CLIPVisionEmbeddings::CLIPVisionEmbeddings(const CLIPVisionConfig& c) {
   class_embedding = register_parameter("class_embedding", {c.hidden_size});
-  patch_embedding = register_module(
-      "patch_embedding", std::make_shared<CLIPPatchEmbedding>(c.num_channels, c.hidden_size, c.patch_size));
-  position_embedding = register_module("position_embedding",
-                                       std::make_shared<nn::Embedding>(1 + c.num_patches(), c.hidden_size));
+  patch_embedding = register_module("patch_embedding",
+                                    std::make_shared<CLIPPatchEmbedding>(c.num_channels, c.hidden_size, c.patch_size));
+  position_embedding =
+      register_module("position_embedding", std::make_shared<nn::Embedding>(1 + c.num_patches(), c.hidden_size));
 }
 
 void CLIPVisionEmbeddings::parameter_replaced(const std::string& name, const Tensor& t) {
@@ -192,9 +198,9 @@ Tensor CLIPVisionEmbeddings::forward(const Tensor& images) const {
                     images.size(3) % p == 0 && (images.size(2) / p) * (images.size(3) / p) == S - 1,
                 ShapeError, "CLIP.encode_image: images must be (N, C={}, H, W) with {} patches of {}x{}, got {}",
                 patch_embedding->channels, S - 1, p, p, shape_str(images.shape()));
-  const Tensor patches = patch_embedding->forward(images);          // (N, P, D)
-  const Tensor x = F::prepend_token(class_embedding, patches);      // (N, S, D)
-  return F::add(x, position_embedding->weight);                     // (N, S, D)
+  const Tensor patches = patch_embedding->forward(images);      // (N, P, D)
+  const Tensor x = F::prepend_token(class_embedding, patches);  // (N, S, D)
+  return F::add(x, position_embedding->weight);                 // (N, S, D)
 }
 
 CLIPVisionTransformer::CLIPVisionTransformer(const CLIPVisionConfig& c, bool quick_gelu) {
@@ -220,8 +226,8 @@ CLIP::CLIP(const CLIPConfig& c) : cfg_(c) {
   vision_model = register_module("vision_model", std::make_shared<CLIPVisionTransformer>(cfg_.vision, qg));
   visual_projection = register_module(
       "visual_projection", std::make_shared<nn::Linear>(cfg_.vision.hidden_size, cfg_.projection_dim, false));
-  text_projection = register_module(
-      "text_projection", std::make_shared<nn::Linear>(cfg_.text.hidden_size, cfg_.projection_dim, false));
+  text_projection = register_module("text_projection",
+                                    std::make_shared<nn::Linear>(cfg_.text.hidden_size, cfg_.projection_dim, false));
   logit_scale = register_parameter("logit_scale", {});
   logit_scale.fill_(cfg_.logit_scale_init_value);
   name_parameters();
@@ -278,8 +284,8 @@ Tensor CLIP::logits_with_scale(const Tensor& img, const Tensor& txt, const Tenso
   BRIGADE_CHECK(img.dim() == 2 && txt.dim() == 2 && img.size(1) == txt.size(1), ShapeError,
                 "CLIP.logits: embeddings must be (N, E) and (M, E), got {} and {}", shape_str(img.shape()),
                 shape_str(txt.shape()));
-  const Tensor scale = F::reshape(F::exp(s), {1, 1});        // (1, 1)
-  return F::mul(scale, F::matmul(img, txt, false, true));     // (N, M)
+  const Tensor scale = F::reshape(F::exp(s), {1, 1});      // (1, 1)
+  return F::mul(scale, F::matmul(img, txt, false, true));  // (N, M)
 }
 
 Tensor CLIP::contrastive_loss_from_logits(const Tensor& logits_per_image) const {
@@ -288,29 +294,29 @@ Tensor CLIP::contrastive_loss_from_logits(const Tensor& logits_per_image) const 
                 ShapeError, "CLIP.contrastive_loss: needs N matching pairs, (N, N) logits, got {}",
                 shape_str(logits_per_image.shape()));
   const int64_t N = logits_per_image.size(0);
-  const Tensor labels = Tensor::arange(N, DType::I64);                        // (N)
-  const Tensor li = F::cross_entropy(logits_per_image, labels);                // image -> text
+  const Tensor labels = Tensor::arange(N, DType::I64);                               // (N)
+  const Tensor li = F::cross_entropy(logits_per_image, labels);                      // image -> text
   const Tensor lt = F::cross_entropy(F::transpose(logits_per_image, 0, 1), labels);  // text -> image
   // (li + lt) / 2 as a mean over the pair [li, lt] (prepend_token only moves values): a
   // reduction, which every precision policy keeps in f32, where an elementwise add would run in
   // bf16 under O2.
-  const Tensor both = F::prepend_token(li, F::reshape(lt, {1, 1, 1}));        // (1, 2, 1)
-  return F::mean_all(both);                                                    // 0-d
+  const Tensor both = F::prepend_token(li, F::reshape(lt, {1, 1, 1}));  // (1, 2, 1)
+  return F::mean_all(both);                                             // 0-d
 }
 
 std::string CLIP::describe() const {
-  return fmt::format("CLIP, image tower {} layers x {}, patch {}; text tower {} layers x {}", cfg_.vision.num_hidden_layers,
-                     cfg_.vision.hidden_size, cfg_.vision.patch_size, cfg_.text.num_hidden_layers,
-                     cfg_.text.hidden_size);
+  return fmt::format("CLIP, image tower {} layers x {}, patch {}; text tower {} layers x {}",
+                     cfg_.vision.num_hidden_layers, cfg_.vision.hidden_size, cfg_.vision.patch_size,
+                     cfg_.text.num_hidden_layers, cfg_.text.hidden_size);
 }
 
 Tensor CLIP::zero_shot_predict(const Tensor& images, const Tensor& class_text_embeds) const {
   autograd::NoGradGuard ng;
   const Tensor img = encode_image(images);  // (N, E)
-  BRIGADE_CHECK(class_text_embeds.dim() == 2 && class_text_embeds.size(0) > 0 &&
-                    class_text_embeds.size(1) == img.size(1),
-                ShapeError, "CLIP.zero_shot_predict: class_text_embeds must be (K, E={}), got {}", img.size(1),
-                shape_str(class_text_embeds.shape()));
+  BRIGADE_CHECK(
+      class_text_embeds.dim() == 2 && class_text_embeds.size(0) > 0 && class_text_embeds.size(1) == img.size(1),
+      ShapeError, "CLIP.zero_shot_predict: class_text_embeds must be (K, E={}), got {}", img.size(1),
+      shape_str(class_text_embeds.shape()));
   const int64_t N = img.size(0), K = class_text_embeds.size(0);
   const std::vector<float> s = F::matmul(img, class_text_embeds, false, true).to_vector();  // (N, K)
   std::vector<int64_t> pred(size_t(N), 0);
@@ -328,8 +334,8 @@ double CLIP::flops_per_pair() const {
   const double P = double(v.num_patches()), S = P + 1, p = double(v.patch_size);
   const double Dt = double(t.hidden_size), Mt = double(t.intermediate_size), Lt = double(t.num_hidden_layers);
   const double T = double(t.max_position_embeddings);
-  const double vision = P * double(v.num_channels) * p * p * Dv + S * Lv * (4 * Dv * Dv + 2 * Dv * Mv) + Dv * E +
-                        Lv * 2 * S * S * Dv;
+  const double vision =
+      P * double(v.num_channels) * p * p * Dv + S * Lv * (4 * Dv * Dv + 2 * Dv * Mv) + Dv * E + Lv * 2 * S * S * Dv;
   const double text = T * Lt * (4 * Dt * Dt + 2 * Dt * Mt) + Dt * E + Lt * 2 * T * T * Dt;
   return 3.0 * 2.0 * (vision + text);
 }

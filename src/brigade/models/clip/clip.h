@@ -60,8 +60,8 @@ struct CLIPVisionConfig {
 struct CLIPConfig {  // defaults: openai/clip-vit-base-patch32
   CLIPTextConfig text;
   CLIPVisionConfig vision;
-  int64_t projection_dim = 512;  // E
-  std::string hidden_act = "quick_gelu";  // or "gelu" (exact, erf)
+  int64_t projection_dim = 512;                          // E
+  std::string hidden_act = "quick_gelu";                 // or "gelu" (exact, erf)
   double logit_scale_init_value = std::log(1.0 / 0.07);  // ln(1/0.07) = 2.6593
   double initializer_range = 0.02;
   void validate() const;  // ConfigError naming the field
@@ -119,7 +119,7 @@ class CLIPPatchEmbedding : public nn::Module {
  public:
   CLIPPatchEmbedding(int64_t C, int64_t D, int64_t p);
   Tensor forward(const Tensor& images) const;  // (N, C, H, W) -> (N, P, D)
-  Tensor weight;                                // (D, C, p, p)
+  Tensor weight;                               // (D, C, p, p)
   int64_t channels, dim, patch;
 
  protected:

@@ -76,8 +76,8 @@ void FlamingoConfig::validate() const {
   BRIGADE_CHECK(ff_act == "gelu" || ff_act == "relu", ConfigError,
                 "FlamingoConfig: ff_act must be \"gelu\" or \"relu\", got \"{}\"", ff_act);
   BRIGADE_CHECK(layer_norm_eps > 0 && vision.layer_norm_eps > 0 && lm.layer_norm_eps > 0, ConfigError,
-                "FlamingoConfig: layer_norm_eps must be positive (layer_norm_eps {}, vision {}, lm {})",
-                layer_norm_eps, vision.layer_norm_eps, lm.layer_norm_eps);
+                "FlamingoConfig: layer_norm_eps must be positive (layer_norm_eps {}, vision {}, lm {})", layer_norm_eps,
+                vision.layer_norm_eps, lm.layer_norm_eps);
   BRIGADE_CHECK(initializer_range > 0, ConfigError, "FlamingoConfig: initializer_range must be positive, got {}",
                 initializer_range);
 }
@@ -105,21 +105,21 @@ Tensor DecoupledEmbedding::forward(const Tensor& ids) const {
   }
   Shape ms = ids.shape();
   ms.push_back(1);
-  const Tensor e_main = nn::Embedding::forward(Tensor::from_vector_i64(main, ids.shape()));     // (..., C)
+  const Tensor e_main = nn::Embedding::forward(Tensor::from_vector_i64(main, ids.shape()));           // (..., C)
   const Tensor e_extra = additional_embedding->forward(Tensor::from_vector_i64(extra, ids.shape()));  // (..., C)
   // e_main * 1 + e_extra * 0 == e_main exactly (and the other way round): a select, differentiable.
   return F::add(F::mul(e_main, Tensor::from_vector(m_main, ms)), F::mul(e_extra, Tensor::from_vector(m_extra, ms)));
 }
 
 Tensor DecoupledEmbedding::attend(const Tensor& x) const {
-  const Tensor main = nn::Embedding::attend(x);                                     // (N, V)
-  const Tensor extra = F::matmul(x, additional_embedding->weight, false, true);      // (N, A)
-  return F::concat(main, extra, 1);                                                  // (N, V + A)
+  const Tensor main = nn::Embedding::attend(x);                                  // (N, V)
+  const Tensor extra = F::matmul(x, additional_embedding->weight, false, true);  // (N, A)
+  return F::concat(main, extra, 1);                                              // (N, V + A)
 }
 
 FlamingoLM::FlamingoLM(const GPTConfig& c, Generator* gen) {
-  wte = register_module("wte", std::make_shared<DecoupledEmbedding>(c.vocab_size,
-                                                                    FlamingoConfig::kNumAdditionalTokens, c.n_embd));
+  wte = register_module(
+      "wte", std::make_shared<DecoupledEmbedding>(c.vocab_size, FlamingoConfig::kNumAdditionalTokens, c.n_embd));
   wpe = register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
   h = register_module("h", std::make_shared<nn::ModuleList<nn::TransformerBlock>>());
   for (int64_t i = 0; i < c.n_layer; ++i)
@@ -144,12 +144,12 @@ Tensor PerceiverAttention::forward(const Tensor& context, const Tensor& latents)
   const Tensor ctx = context_layer_norm->forward(context);  // (N, S, D)
   const Tensor lat = latents_layer_norm->forward(latents);  // (N, L, D)
   const Tensor kv_in = F::concat(ctx, lat, 1);              // (N, S + L, D): latents attend to media and themselves
-  const Tensor q = split_heads(q_proj->forward(lat), n_heads, head_dim);    // (N, H, L, hd)
-  const Tensor k = split_heads(k_proj->forward(kv_in), n_heads, head_dim);  // (N, H, S + L, hd)
-  const Tensor v = split_heads(v_proj->forward(kv_in), n_heads, head_dim);  // (N, H, S + L, hd)
+  const Tensor q = split_heads(q_proj->forward(lat), n_heads, head_dim);                            // (N, H, L, hd)
+  const Tensor k = split_heads(k_proj->forward(kv_in), n_heads, head_dim);                          // (N, H, S + L, hd)
+  const Tensor v = split_heads(v_proj->forward(kv_in), n_heads, head_dim);                          // (N, H, S + L, hd)
   const Tensor s = F::mul_scalar(F::matmul(q, k, false, true), 1.0 / std::sqrt(double(head_dim)));  // (N, H, L, S + L)
-  const Tensor o = F::matmul(F::softmax(s), v);               // (N, H, L, hd)
-  return output_proj->forward(merge_heads(o));                // (N, L, D)
+  const Tensor o = F::matmul(F::softmax(s), v);                                                     // (N, H, L, hd)
+  return output_proj->forward(merge_heads(o));                                                      // (N, L, D)
 }
 
 FlamingoMLP::FlamingoMLP(int64_t D, int64_t M, bool relu, bool with_ln, double eps) : relu(relu) {
@@ -181,8 +181,7 @@ PerceiverResampler::PerceiverResampler(const FlamingoConfig& c) {
   blocks = register_module("blocks", std::make_shared<nn::ModuleList<PerceiverBlock>>());
   for (int64_t i = 0; i < c.resampler_depth; ++i)
     blocks->push_back(std::make_shared<PerceiverBlock>(D, c.resampler_n_heads, c.resampler_head_dim,
-                                                       c.resampler_ff_mult * D, c.ff_act == "relu",
-                                                       c.layer_norm_eps));
+                                                       c.resampler_ff_mult * D, c.ff_act == "relu", c.layer_norm_eps));
   layer_norm = register_module("layer_norm", std::make_shared<nn::LayerNorm>(D, c.layer_norm_eps));
 }
 
@@ -221,8 +220,7 @@ MediaMask MediaMask::build(const Tensor& ids, int64_t image_token_id, bool only_
   m.allowed.assign(size_t(m.B * m.T * m.M), 0);
   for (int64_t i = 0; i < m.B * m.T; ++i) {
     const int64_t tt = m.text_time[size_t(i)];
-    for (int64_t s = 0; s < m.M; ++s)
-      m.allowed[size_t(i * m.M + s)] = only_immediate ? s == tt - 1 : s < tt;
+    for (int64_t s = 0; s < m.M; ++s) m.allowed[size_t(i * m.M + s)] = only_immediate ? s == tt - 1 : s < tt;
   }
   return m;
 }
@@ -272,12 +270,12 @@ Tensor MaskedCrossAttention::forward(const Tensor& x, const Tensor& media, const
   // k and v as one GEMM on [k_proj; v_proj] (OpenFlamingo's to_kv): media then feeds one op per
   // block, so its gradient is a sum of one term per block, whose order cannot change its bits
   // (activation recompute stays bitwise).
-  const Tensor w_kv = F::concat(k_proj->weight, v_proj->weight, 0);                 // (2 inner, Dv)
-  const Tensor kv = F::linear(media, w_kv, Tensor(), ops::WeightLayout::OutIn);     // (B, M*L, 2 inner)
-  const Tensor k = split_heads(F::narrow(kv, 2, 0, inner), heads, head_dim);      // (B, H, M*L, hd)
-  const Tensor v = split_heads(F::narrow(kv, 2, inner, inner), heads, head_dim);  // (B, H, M*L, hd)
+  const Tensor w_kv = F::concat(k_proj->weight, v_proj->weight, 0);                                 // (2 inner, Dv)
+  const Tensor kv = F::linear(media, w_kv, Tensor(), ops::WeightLayout::OutIn);                     // (B, M*L, 2 inner)
+  const Tensor k = split_heads(F::narrow(kv, 2, 0, inner), heads, head_dim);                        // (B, H, M*L, hd)
+  const Tensor v = split_heads(F::narrow(kv, 2, inner, inner), heads, head_dim);                    // (B, H, M*L, hd)
   const Tensor s = F::mul_scalar(F::matmul(q, k, false, true), 1.0 / std::sqrt(double(head_dim)));  // (B, H, T, M*L)
-  const Tensor p = F::softmax(F::add(s, additive));  // (B, H, T, M*L): 0 outside the token's media
+  const Tensor p = F::softmax(F::add(s, additive));                // (B, H, T, M*L): 0 outside the token's media
   const Tensor o = o_proj->forward(merge_heads(F::matmul(p, v)));  // (B, T, C)
   return F::mul(o, has_media);  // (B, T, C): tokens before any image attend to nothing
 }
@@ -305,10 +303,10 @@ Tensor GatedCrossAttentionBlock::body(const Tensor& x0, const Tensor& media, con
   Tensor x = x0;
   if (media.defined()) {  // without media every token's cross-attention output is 0: x + 0 == x
     const Tensor y = cross_attn->forward(input_layernorm->forward(x0), media, additive, has_media);  // (B, T, C)
-    x = F::add(x0, F::mul(y, F::tanh(alpha_cross_attn)));                                           // (B, T, C)
+    x = F::add(x0, F::mul(y, F::tanh(alpha_cross_attn)));                                            // (B, T, C)
   }
   const Tensor f = mlp->forward(post_attention_layernorm->forward(x));  // (B, T, C)
-  return F::add(x, F::mul(f, F::tanh(alpha_dense)));                   // (B, T, C)
+  return F::add(x, F::mul(f, F::tanh(alpha_dense)));                    // (B, T, C)
 }
 
 Tensor GatedCrossAttentionBlock::forward(const Tensor& x, const Tensor& media, const Tensor& additive,
@@ -324,8 +322,8 @@ Tensor GatedCrossAttentionBlock::forward(const Tensor& x, const Tensor& media, c
 
 Flamingo::Flamingo(const FlamingoConfig& c) : cfg_(c) {
   cfg_.validate();
-  vision_model = register_module("vision_model", std::make_shared<CLIPVisionTransformer>(
-                                                     cfg_.vision, cfg_.vision_hidden_act == "quick_gelu"));
+  vision_model = register_module(
+      "vision_model", std::make_shared<CLIPVisionTransformer>(cfg_.vision, cfg_.vision_hidden_act == "quick_gelu"));
   perceiver_resampler = register_module("perceiver_resampler", std::make_shared<PerceiverResampler>(cfg_));
   gated_cross_attn_layers =
       register_module("gated_cross_attn_layers", std::make_shared<nn::ModuleList<GatedCrossAttentionBlock>>());
@@ -373,7 +371,7 @@ nn::NamedTensors Flamingo::trainable_parameters() const {
 Tensor Flamingo::visual_tokens(const Tensor& images) const {
   autograd::NoGradGuard ng;  // frozen tower, constant images: nothing to differentiate
   const auto& vm = *vision_model;
-  Tensor x = vm.pre_layrnorm->forward(vm.embeddings->forward(images));  // (N, 1 + P, Dv)
+  Tensor x = vm.pre_layrnorm->forward(vm.embeddings->forward(images));   // (N, 1 + P, Dv)
   for (const auto& l : *vm.layers) x = l->forward(x, /*causal=*/false);  // (N, 1 + P, Dv)
   return x;  // HF's last_hidden_state: no post_layernorm (IDEFICS)
 }
@@ -408,24 +406,24 @@ Tensor Flamingo::run_media(const Tensor& images, const Tensor& latents, const Te
     const Tensor lat = latents.defined() ? latents : media_latents(images);  // (N, L, Dv)
     const int64_t N = lat.size(0), L = lat.size(1), Dv = lat.size(2);
     const Tensor per_seq = F::matmul(mm.select_matrix(), F::reshape(lat, {N, L * Dv}));  // (B*M, L*Dv), exact gather
-    media = F::reshape(per_seq, {B, mm.M * L, Dv});                                       // (B, M*L, Dv)
-    additive = mm.additive(L);                                                            // (B, 1, T, M*L)
-    has_media = mm.has_media();                                                           // (B, T, 1)
+    media = F::reshape(per_seq, {B, mm.M * L, Dv});                                      // (B, M*L, Dv)
+    additive = mm.additive(L);                                                           // (B, 1, T, M*L)
+    has_media = mm.has_media();                                                          // (B, T, 1)
   }
   const auto& t = *transformer;
-  const Tensor pos = Tensor::arange(T, DType::I64);                 // (T)
-  Tensor x = F::add(t.wte->forward(ids), t.wpe->forward(pos));      // (B, T, C), as GPT::embed
+  const Tensor pos = Tensor::arange(T, DType::I64);             // (T)
+  Tensor x = F::add(t.wte->forward(ids), t.wpe->forward(pos));  // (B, T, C), as GPT::embed
   const int64_t n = cfg_.cross_attn_every_n_layers;
   for (int64_t i = 0; i < cfg_.lm.n_layer; ++i) {
     if (gated && i % n == 0) x = (*gated_cross_attn_layers)[size_t(i / n)].forward(x, media, additive, has_media);
     x = (*t.h)[size_t(i)].forward(x);  // (B, T, C)
   }
   x = F::reshape(t.ln_f->forward(x), {B * T, C});  // (B*T, C)
-  return head ? t.wte->attend(x) : x;               // (B*T, V + 2) or (B*T, C)
+  return head ? t.wte->attend(x) : x;              // (B*T, V + 2) or (B*T, C)
 }
 
 Tensor Flamingo::forward(const Tensor& images, const Tensor& ids) const {
-  const Tensor logits = run(images, ids, !gates_forced_zero_, true);           // (B*T, V + 2)
+  const Tensor logits = run(images, ids, !gates_forced_zero_, true);         // (B*T, V + 2)
   return F::reshape(logits, {ids.size(0), ids.size(1), cfg_.vocab_size()});  // (B, T, V + 2)
 }
 

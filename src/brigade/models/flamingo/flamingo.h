@@ -84,23 +84,23 @@
 namespace brigade::models {
 
 struct FlamingoConfig {
-  CLIPVisionConfig vision;                 // the frozen vision tower
+  CLIPVisionConfig vision;                       // the frozen vision tower
   std::string vision_hidden_act = "quick_gelu";  // its activation: "quick_gelu" or "gelu" (CLIPConfig::hidden_act)
-  GPTConfig lm;                            // the frozen language model (lm.dropout must be 0)
+  GPTConfig lm;                                  // the frozen language model (lm.dropout must be 0)
   // Perceiver resampler (IDEFICS's defaults: depth 6, 16 heads of 96, 64 latents, MLP 4 Dv).
   int64_t resampler_depth = 6;
   int64_t resampler_n_heads = 16;
   int64_t resampler_head_dim = 96;
   int64_t resampler_n_latents = 64;
-  int64_t resampler_ff_mult = 4;           // MLP width = ff_mult * Dv
+  int64_t resampler_ff_mult = 4;  // MLP width = ff_mult * Dv
   // Gated cross-attention (OpenFlamingo's defaults: 8 heads of 64, FF 4 C).
-  int64_t cross_attn_every_n_layers = 1;   // IDEFICS's cross_layer_interval
+  int64_t cross_attn_every_n_layers = 1;  // IDEFICS's cross_layer_interval
   int64_t cross_attn_heads = 8;
   int64_t cross_attn_head_dim = 64;
-  int64_t cross_attn_ff_mult = 4;          // MLP width = ff_mult * C
+  int64_t cross_attn_ff_mult = 4;  // MLP width = ff_mult * C
   bool only_attend_immediate_media = true;
-  std::string ff_act = "gelu";             // both feed-forwards: "gelu" (exact, OpenFlamingo) or "relu" (IDEFICS's perceiver)
-  double layer_norm_eps = 1e-5;            // the resampler's and gated blocks' LayerNorms (torch's default)
+  std::string ff_act = "gelu";   // both feed-forwards: "gelu" (exact, OpenFlamingo) or "relu" (IDEFICS's perceiver)
+  double layer_norm_eps = 1e-5;  // the resampler's and gated blocks' LayerNorms (torch's default)
   double initializer_range = 0.02;
 
   int64_t end_of_chunk_token_id() const { return lm.vocab_size; }  // <|endofchunk|>
@@ -286,8 +286,8 @@ class Flamingo : public nn::Module {
   // (B*T, V + 2); with check_images, one image per <image> token is required.
   Tensor run(const Tensor& images, const Tensor& ids, bool gated, bool check_images) const;
   // run with either images or their latents (the other undefined).
-  Tensor run_media(const Tensor& images, const Tensor& latents, const Tensor& ids, bool gated,
-                   bool check_images, bool head = true) const;
+  Tensor run_media(const Tensor& images, const Tensor& latents, const Tensor& ids, bool gated, bool check_images,
+                   bool head = true) const;
   FlamingoConfig cfg_;
   bool gates_forced_zero_ = false;
   Generator gen_;  // the LM blocks' dropout generator (dropout is 0: never drawn from)

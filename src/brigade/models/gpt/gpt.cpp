@@ -24,8 +24,8 @@ GPTTransformer::GPTTransformer(const GPTConfig& c, Generator* gen) {
 GPT::GPT(const GPTConfig& c) : cfg_(c) {
   BRIGADE_CHECK(c.vocab_size > 0 && c.block_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0, ConfigError,
                 "GPT config: all sizes must be positive");
-  BRIGADE_CHECK(c.n_embd % c.n_head == 0, ConfigError, "GPT config: n_embd={} must be divisible by n_head={}",
-                c.n_embd, c.n_head);
+  BRIGADE_CHECK(c.n_embd % c.n_head == 0, ConfigError, "GPT config: n_embd={} must be divisible by n_head={}", c.n_embd,
+                c.n_head);
   transformer = register_module("transformer", std::make_shared<GPTTransformer>(c, &gen_));
   name_parameters();
 }
@@ -68,8 +68,8 @@ Tensor GPT::embed(const Tensor& ids) const {
   BRIGADE_CHECK(ids.dim() == 2, ShapeError, "GPT.forward: ids must be (B, T), got {}", ids.str());
   const int64_t T = ids.size(1);
   BRIGADE_CHECK(T <= cfg_.block_size, ShapeError,
-                "GPT.forward: sequence length {} exceeds block_size {}; shorten the input or raise model.block_size",
-                T, cfg_.block_size);
+                "GPT.forward: sequence length {} exceeds block_size {}; shorten the input or raise model.block_size", T,
+                cfg_.block_size);
   auto& t = *transformer;
   Tensor pos = Tensor::arange(T, DType::I64);                   // (T)
   Tensor x = F::add(t.wte->forward(ids), t.wpe->forward(pos));  // (B, T, C)
@@ -86,7 +86,7 @@ Tensor GPT::run_blocks(const Tensor& x0, int64_t begin, int64_t end) const {
 
 Tensor GPT::head_features(const Tensor& x0, const char* where) const {
   BRIGADE_CHECK(x0.dim() == 3, ShapeError, "GPT.{}: x must be (B, T, C), got {}", where, x0.str());
-  Tensor x = transformer->ln_f->forward(x0);                     // (B, T, C)
+  Tensor x = transformer->ln_f->forward(x0);                    // (B, T, C)
   return F::reshape(x, {x0.size(0) * x0.size(1), x0.size(2)});  // (B*T, C)
 }
 
@@ -125,8 +125,8 @@ std::vector<std::pair<std::string, nn::Module*>> GPT::blocks() {
 
 void GPT::set_recompute(const std::vector<nn::Recompute>& modes) {
   auto& blocks = *transformer->h;
-  BRIGADE_CHECK(modes.size() == blocks.size(), ValueError, "GPT.set_recompute: {} modes for {} blocks",
-                modes.size(), blocks.size());
+  BRIGADE_CHECK(modes.size() == blocks.size(), ValueError, "GPT.set_recompute: {} modes for {} blocks", modes.size(),
+                blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) blocks[i].recompute = modes[i];
 }
 
@@ -170,8 +170,8 @@ BlockBytes block_bytes(const GPTConfig& c, int64_t B, int64_t T, nn::Recompute m
   const int64_t N = B * T, C = c.n_embd;
   const bool drop = c.dropout > 0;
   const int64_t u = held(N * C), u3 = held(3 * N * C), u4 = held(4 * N * C);  // (B, T, C), (B, T, 3C), (B, T, 4C)
-  const int64_t s = held(N), lse = held(B * c.n_head * T);                     // LayerNorm mean/rstd, attention lse
-  const int64_t masks = drop ? 2 * u : 0;                                       // two dropout masks
+  const int64_t s = held(N), lse = held(B * c.n_head * T);                    // LayerNorm mean/rstd, attention lse
+  const int64_t masks = drop ? 2 * u : 0;                                     // two dropout masks
   // Saved by the ops of a block recorded normally, input excluded: ln_1 out, q, k, v, attention out,
   // merged heads, h, ln_2 out (8 u), c_fc out and GELU out (2 u4), means/rstds, lse, masks.
   const int64_t internals = 8 * u + 2 * u4 + 4 * s + lse + masks;
@@ -217,9 +217,9 @@ int64_t estimate_activation_peak(const GPTConfig& c, int64_t B, int64_t T, const
   const int64_t u = held(N * C), s = held(N), logits = held(N * V), vc = held(V * C);
   // The batch (ids, targets: the caller's), positions, the loss scalars and the root gradient.
   const int64_t base = 2 * held(N, 8) + held(T, 8) + 4 * held(1);
-  const int64_t emb_keep = drop ? u : 0;  // the embedding dropout's mask
+  const int64_t emb_keep = drop ? u : 0;                           // the embedding dropout's mask
   int64_t peak = base + 2 * u + held(T * C) + (drop ? 2 * u : 0);  // token + position embeddings, their sum
-  int64_t kept = 0;                                                  // sum of kept bytes of blocks 0..i-1
+  int64_t kept = 0;                                                // sum of kept bytes of blocks 0..i-1
   std::vector<BlockBytes> bb;
   for (nn::Recompute m : modes) bb.push_back(block_bytes(c, B, T, m));
   for (const BlockBytes& b : bb) {
@@ -291,11 +291,11 @@ std::vector<nn::Recompute> plan_recompute(const GPTConfig& c, int64_t B, int64_t
     }
   if (best.empty()) {
     const int64_t least = estimate_activation_peak(c, B, T, std::vector<Recompute>(L, Recompute::Full));
-    throw ConfigError(fmt::format(
-        "memory.budget_mb = {:.1f} MiB is below the least activation memory this model needs: {:.1f} MiB "
-        "(estimated, every block fully recomputed, batch {} x {} tokens); raise memory.budget_mb or lower "
-        "train.batch_size or train.seq_len",
-        double(p.budget_bytes) / double(1 << 20), double(least) / double(1 << 20), B, T));
+    throw ConfigError(
+        fmt::format("memory.budget_mb = {:.1f} MiB is below the least activation memory this model needs: {:.1f} MiB "
+                    "(estimated, every block fully recomputed, batch {} x {} tokens); raise memory.budget_mb or lower "
+                    "train.batch_size or train.seq_len",
+                    double(p.budget_bytes) / double(1 << 20), double(least) / double(1 << 20), B, T));
   }
   return best;
 }

@@ -39,17 +39,17 @@ class GPT : public CausalLM {
   // Torch-identical init from `gen` (see tests/reference/gpt2_reference.py for the order).
   void init_weights(Generator& gen);
   const char* arch() const override { return "gpt"; }
-  Tensor forward(const Tensor& ids) const override;                 // ids (B, T) -> logits (B, T, V)
-  Tensor forward_flat(const Tensor& ids) const;                     // ids (B, T) -> logits (B*T, V)
+  Tensor forward(const Tensor& ids) const override;                      // ids (B, T) -> logits (B, T, V)
+  Tensor forward_flat(const Tensor& ids) const;                          // ids (B, T) -> logits (B*T, V)
   Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy, 0-d
   // The forward in pieces, for plans that cut the model into pipeline stages:
   // loss(ids, targets) == head_loss(run_blocks(embed(ids), 0, n_layer), targets).
-  Tensor embed(const Tensor& ids) const override;                    // ids (B, T) -> (B, T, C)
+  Tensor embed(const Tensor& ids) const override;                                 // ids (B, T) -> (B, T, C)
   Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const override;  // blocks [begin, end): (B, T, C)
   // The head runs through the token embedding (wte->attend / wte->lm_loss), so a plan that
   // shards the vocabulary (tp_plan() below) computes the loss without full
   // logits; on such a model head_logits, forward and forward_flat are a ValueError.
-  Tensor head_logits(const Tensor& x) const;                         // ln_f + tied head: (B, T, C) -> (B*T, V)
+  Tensor head_logits(const Tensor& x) const;                                // ln_f + tied head: (B, T, C) -> (B*T, V)
   Tensor head_loss(const Tensor& x, const Tensor& targets) const override;  // ln_f, head, mean cross-entropy: 0-d
   int64_t hidden_size() const override { return cfg_.n_embd; }
   std::vector<std::string> tied_parameters() const override { return {"transformer.wte.weight"}; }

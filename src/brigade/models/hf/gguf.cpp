@@ -29,8 +29,10 @@ constexpr uint64_t kAlignment = 32;
 
 // gguf_metadata_value_type (ggml docs/gguf.md).
 enum ValueType : uint32_t {
+  // clang-format off
   kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
   kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  // clang-format on
 };
 
 // ggml_type ids of the dtypes written.
@@ -138,10 +140,11 @@ Tensor permute_rope_rows(const Tensor& w, int64_t heads) {
 }
 
 std::vector<OutTensor> gpt2_tensors(const GPT& g, DType dtype) {
-  static const std::regex block(R"(transformer\.h\.(\d+)\.(ln_1|attn\.c_attn|attn\.c_proj|ln_2|mlp\.c_fc|mlp\.c_proj)\.(weight|bias))");
-  static const std::map<std::string, std::string> part = {
-      {"ln_1", "attn_norm"},   {"attn.c_attn", "attn_qkv"}, {"attn.c_proj", "attn_output"},
-      {"ln_2", "ffn_norm"},    {"mlp.c_fc", "ffn_up"},      {"mlp.c_proj", "ffn_down"}};
+  static const std::regex block(
+      R"(transformer\.h\.(\d+)\.(ln_1|attn\.c_attn|attn\.c_proj|ln_2|mlp\.c_fc|mlp\.c_proj)\.(weight|bias))");
+  static const std::map<std::string, std::string> part = {{"ln_1", "attn_norm"},          {"attn.c_attn", "attn_qkv"},
+                                                          {"attn.c_proj", "attn_output"}, {"ln_2", "ffn_norm"},
+                                                          {"mlp.c_fc", "ffn_up"},         {"mlp.c_proj", "ffn_down"}};
   std::vector<OutTensor> out;
   Tensor wte;
   for (auto& [name, p] : g.named_parameters()) {
@@ -173,10 +176,9 @@ std::vector<OutTensor> llama_tensors(const LLaMA& l, DType dtype) {
   static const std::regex block(
       R"(model\.layers\.(\d+)\.(input_layernorm|self_attn\.[qkvo]_proj|post_attention_layernorm|mlp\.(gate|up|down)_proj)\.weight)");
   static const std::map<std::string, std::string> part = {
-      {"input_layernorm", "attn_norm"},    {"self_attn.q_proj", "attn_q"},    {"self_attn.k_proj", "attn_k"},
-      {"self_attn.v_proj", "attn_v"},      {"self_attn.o_proj", "attn_output"},
-      {"post_attention_layernorm", "ffn_norm"}, {"mlp.gate_proj", "ffn_gate"}, {"mlp.up_proj", "ffn_up"},
-      {"mlp.down_proj", "ffn_down"}};
+      {"input_layernorm", "attn_norm"}, {"self_attn.q_proj", "attn_q"},      {"self_attn.k_proj", "attn_k"},
+      {"self_attn.v_proj", "attn_v"},   {"self_attn.o_proj", "attn_output"}, {"post_attention_layernorm", "ffn_norm"},
+      {"mlp.gate_proj", "ffn_gate"},    {"mlp.up_proj", "ffn_up"},           {"mlp.down_proj", "ffn_down"}};
   std::vector<OutTensor> out;
   for (auto& [name, p] : l.named_parameters()) {
     std::smatch m;
@@ -222,8 +224,11 @@ void tokenizer_metadata(Metadata& md, const std::string& path, int64_t vocab_siz
   for (int id = 0; id < n; ++id) {
     tokens.push_back(sp.IdToPiece(id));
     scores.push_back(sp.GetScore(id));
-    types.push_back(sp.IsUnknown(id) ? kUnknown : sp.IsControl(id) ? kControl : sp.IsUnused(id) ? kUnused
-                    : sp.IsByte(id)  ? kByte : kNormal);
+    types.push_back(sp.IsUnknown(id)   ? kUnknown
+                    : sp.IsControl(id) ? kControl
+                    : sp.IsUnused(id)  ? kUnused
+                    : sp.IsByte(id)    ? kByte
+                                       : kNormal);
   }
   for (int64_t id = n; id < vocab_size; ++id) {  // rows the model has past the tokenizer's pieces
     tokens.push_back("[PAD" + std::to_string(id) + "]");
@@ -370,8 +375,8 @@ void save_gguf(const CausalLM& model, const std::string& path, const GgufOptions
   head.b.resize(pad_to(head.b.size(), kAlignment), '\0');
 
   const fs::path parent = fs::path(path).parent_path();
-  BRIGADE_CHECK(parent.empty() || fs::is_directory(parent), IoError, "save_gguf: cannot write {}: no folder {}",
-                path, parent.string());
+  BRIGADE_CHECK(parent.empty() || fs::is_directory(parent), IoError, "save_gguf: cannot write {}: no folder {}", path,
+                parent.string());
   data::AtomicFile f(path);
   f.write(head.b);
   const std::string zeros(kAlignment, '\0');

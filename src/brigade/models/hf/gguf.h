@@ -40,13 +40,13 @@
 namespace brigade::models {
 
 struct GgufOptions {
-  DType dtype = DType::F32;     // F32, F16 or BF16 for the 2-D weight matrices; 1-D tensors stay F32
-  std::string tokenizer_model;  // a SentencePiece tokenizer.model to embed as tokenizer.ggml.* ("" = none)
+  DType dtype = DType::F32;       // F32, F16 or BF16 for the 2-D weight matrices; 1-D tensors stay F32
+  std::string tokenizer_model;    // a SentencePiece tokenizer.model to embed as tokenizer.ggml.* ("" = none)
   std::string bpe_tokenizer_dir;  // or a byte-level BPE's folder ("" = none)
-  int bos_token_id = -1;        // a BPE's BOS and EOS ids (-1 = not written); SentencePiece: the model's own
+  int bos_token_id = -1;          // a BPE's BOS and EOS ids (-1 = not written); SentencePiece: the model's own
   int eos_token_id = -1;
-  bool add_bos_token = false;   // runners prepend BOS (LlamaTokenizer and LLaMA-3 models; not this engine's)
-  std::string name;             // general.name ("" = not written)
+  bool add_bos_token = false;  // runners prepend BOS (LlamaTokenizer and LLaMA-3 models; not this engine's)
+  std::string name;            // general.name ("" = not written)
 };
 
 void save_gguf(const CausalLM& model, const std::string& path, const GgufOptions& o = {});

@@ -6,8 +6,8 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <optional>
+#include <regex>
 #include <set>
 #include <type_traits>
 
@@ -56,8 +56,10 @@ struct Config {
   // A size field: a whole number in [1, max] (the caps keep every product of sizes far from overflow).
   int64_t size(const char* k, int64_t max) const {
     const int64_t v = get<int64_t>(k);
-    BRIGADE_CHECK(v >= 1 && v <= max, CheckpointError, "{}: \"{}\" = {} is outside [1, {}]; the config is damaged or "
-                  "not one of a model this engine can build", path, k, v, max);
+    BRIGADE_CHECK(v >= 1 && v <= max, CheckpointError,
+                  "{}: \"{}\" = {} is outside [1, {}]; the config is damaged or "
+                  "not one of a model this engine can build",
+                  path, k, v, max);
     return v;
   }
   template <class T>
@@ -103,9 +105,10 @@ GPTConfig gpt2_from(const Config& c, std::vector<std::string>& notes) {
                 c.path, embd, resid);
   g.dropout = resid;
   if (attn > 0)
-    notes.push_back(fmt::format("attn_pdrop = {} is not applied: this GPT-2 has no dropout on the attention "
-                                "probabilities (embd_pdrop and resid_pdrop = {} are)",
-                                attn, resid));
+    notes.push_back(
+        fmt::format("attn_pdrop = {} is not applied: this GPT-2 has no dropout on the attention "
+                    "probabilities (embd_pdrop and resid_pdrop = {} are)",
+                    attn, resid));
   return g;
 }
 
@@ -151,9 +154,10 @@ void rope_scaling_from(const Config& c, LLaMAConfig& l, std::vector<std::string>
   }
   for (auto& [k, v] : rs.items())
     if (!read.count(k))
-      notes.push_back(fmt::format("rope_scaling's \"{}\" = {} is not read: the {} scaling has no such parameter "
-                                  "(transformers ignores it too)",
-                                  k, v.dump(), type));
+      notes.push_back(
+          fmt::format("rope_scaling's \"{}\" = {} is not read: the {} scaling has no such parameter "
+                      "(transformers ignores it too)",
+                      k, v.dump(), type));
 }
 
 LLaMAConfig llama_from(const Config& c, std::vector<std::string>& notes) {
@@ -218,9 +222,10 @@ HfConfig read_hf_config(const std::string& dir) {
   else if (out.model_type == "llama")
     out.llama = llama_from(c, out.notes);
   else
-    throw ConfigError(fmt::format("{}: model_type \"{}\" is not supported; supported: \"gpt2\" (GPT2LMHeadModel), "
-                                  "\"llama\" (LlamaForCausalLM)",
-                                  c.path, out.model_type));
+    throw ConfigError(
+        fmt::format("{}: model_type \"{}\" is not supported; supported: \"gpt2\" (GPT2LMHeadModel), "
+                    "\"llama\" (LlamaForCausalLM)",
+                    c.path, out.model_type));
   return out;
 }
 
@@ -249,8 +254,8 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
     BRIGADE_CHECK(fs::is_regular_file(index), CheckpointError,
                   "{}: neither model.safetensors nor model.safetensors.index.json", dir);
     const json ij = json::parse(ckpt::read_checkpoint_file(index), nullptr, /*allow_exceptions=*/false);
-    BRIGADE_CHECK(!ij.is_discarded() && ij.contains("weight_map") && ij.at("weight_map").is_object(),
-                  CheckpointError, "{}: no \"weight_map\" object", index.string());
+    BRIGADE_CHECK(!ij.is_discarded() && ij.contains("weight_map") && ij.at("weight_map").is_object(), CheckpointError,
+                  "{}: no \"weight_map\" object", index.string());
     std::set<std::string> names;
     for (auto& [key, file] : ij.at("weight_map").items()) {
       BRIGADE_CHECK(file.is_string(), CheckpointError,
@@ -295,12 +300,10 @@ std::vector<std::string> load_hf_weights(const std::string& dir, const std::stri
                     file.string(), key, model_type);
       BRIGADE_CHECK(!loaded.count(name), CheckpointError, "{}: \"{}\" appears twice in the weight files", dir, name);
       const ckpt::TensorInfo& info = r.info(key);
-      BRIGADE_CHECK(info.shape == it->second.shape(), CheckpointError,
-                    "{}: \"{}\" has shape {}, this model's {} is {}", file.string(), key, shape_str(info.shape), name,
-                    shape_str(it->second.shape()));
-      BRIGADE_CHECK(info.dtype_name == "F32" || info.dtype_name == "BF16" || info.dtype_name == "F16",
-                    CheckpointError, "{}: \"{}\" is {}; weights load from F32, BF16 or F16", file.string(), key,
-                    info.dtype_name);
+      BRIGADE_CHECK(info.shape == it->second.shape(), CheckpointError, "{}: \"{}\" has shape {}, this model's {} is {}",
+                    file.string(), key, shape_str(info.shape), name, shape_str(it->second.shape()));
+      BRIGADE_CHECK(info.dtype_name == "F32" || info.dtype_name == "BF16" || info.dtype_name == "F16", CheckpointError,
+                    "{}: \"{}\" is {}; weights load from F32, BF16 or F16", file.string(), key, info.dtype_name);
       it->second.copy_(r.get(key));  // to the fp32 parameter; the read tensor is dropped here
       loaded.insert(name);
     }
@@ -391,9 +394,10 @@ void save_hf_directory(const CausalLM& model, const std::string& dir, DType dtyp
     j["torch_dtype"] = torch_dtype;
     j["vocab_size"] = c.vocab_size;
   } else {
-    throw ValueError(fmt::format("save_hf_directory: a {} model has no Hugging Face layout here; GPT-2 and LLaMA "
-                                 "do",
-                                 model.arch()));
+    throw ValueError(
+        fmt::format("save_hf_directory: a {} model has no Hugging Face layout here; GPT-2 and LLaMA "
+                    "do",
+                    model.arch()));
   }
   ckpt::NamedTensors weights;
   for (auto& [name, p] : model.named_parameters()) {

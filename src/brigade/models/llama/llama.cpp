@@ -31,10 +31,10 @@ Tensor LlamaAttention::forward(const Tensor& x) const {
   };
   Tensor q = F::rope(heads(q_proj->forward(x), n_head), rope);     // (B, NH, T, HS)
   Tensor k = F::rope(heads(k_proj->forward(x), n_kv_head), rope);  // (B, NKV, T, HS)
-  Tensor v = heads(v_proj->forward(x), n_kv_head);                       // (B, NKV, T, HS)
-  Tensor y = F::grouped_query_attention(q, k, v, true);                  // (B, NH, T, HS)
-  y = F::reshape(F::transpose(y, 1, 2), {B, T, n_head * HS});            // (B, T, NH * HS)
-  return o_proj->forward(y);                                             // (B, T, C)
+  Tensor v = heads(v_proj->forward(x), n_kv_head);                 // (B, NKV, T, HS)
+  Tensor y = F::grouped_query_attention(q, k, v, true);            // (B, NH, T, HS)
+  y = F::reshape(F::transpose(y, 1, 2), {B, T, n_head * HS});      // (B, T, NH * HS)
+  return o_proj->forward(y);                                       // (B, T, C)
 }
 
 void LlamaAttention::check_heads(int64_t parts) const {
@@ -60,7 +60,7 @@ LlamaMLP::LlamaMLP(const LLaMAConfig& c) {
 
 Tensor LlamaMLP::forward(const Tensor& x) const {
   Tensor h = F::mul(F::silu(gate_proj->forward(x)), up_proj->forward(x));  // (B, T, I)
-  return down_proj->forward(h);                                             // (B, T, C)
+  return down_proj->forward(h);                                            // (B, T, C)
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LLaMAConfig& c) {
@@ -98,7 +98,8 @@ LLaMA::LLaMA(const LLaMAConfig& c) : cfg_(c) {
                 "LLaMA config: hidden_size={} must be divisible by n_head={}", c.hidden_size, c.n_head);
   BRIGADE_CHECK(c.n_head % c.n_kv_head == 0, ConfigError,
                 "LLaMA config: n_kv_head={} must divide n_head={} (each kv head serves n_head / n_kv_head query "
-                "heads)", c.n_kv_head, c.n_head);
+                "heads)",
+                c.n_kv_head, c.n_head);
   BRIGADE_CHECK((c.hidden_size / c.n_head) % 2 == 0, ConfigError,
                 "LLaMA config: the head size hidden_size / n_head = {} must be even for rotary embeddings",
                 c.hidden_size / c.n_head);
@@ -129,8 +130,8 @@ Tensor LLaMA::embed(const Tensor& ids) const {
   BRIGADE_CHECK(ids.dim() == 2, ShapeError, "LLaMA.forward: ids must be (B, T), got {}", ids.str());
   const int64_t T = ids.size(1);
   BRIGADE_CHECK(T <= cfg_.max_position, ShapeError,
-                "LLaMA.forward: sequence length {} exceeds max_position {}; shorten the input or raise max_position",
-                T, cfg_.max_position);
+                "LLaMA.forward: sequence length {} exceeds max_position {}; shorten the input or raise max_position", T,
+                cfg_.max_position);
   return model->embed_tokens->forward(ids);  // (B, T, C)
 }
 
@@ -169,14 +170,14 @@ std::vector<std::string> LLaMA::tied_parameters() const {
 nn::TpPlan LLaMA::tp_plan(bool tied_head) {
   using nn::TpStyle;
   nn::TpPlan plan{{{"model.embed_tokens", TpStyle::VocabEmbedding},
-           {"model.layers.*.self_attn", TpStyle::Heads},
-           {"model.layers.*.self_attn.q_proj", TpStyle::Column},
-           {"model.layers.*.self_attn.k_proj", TpStyle::Column},
-           {"model.layers.*.self_attn.v_proj", TpStyle::Column},
-           {"model.layers.*.self_attn.o_proj", TpStyle::Row},
-           {"model.layers.*.mlp.gate_proj", TpStyle::Column},
-           {"model.layers.*.mlp.up_proj", TpStyle::Column},
-           {"model.layers.*.mlp.down_proj", TpStyle::Row}}};
+                   {"model.layers.*.self_attn", TpStyle::Heads},
+                   {"model.layers.*.self_attn.q_proj", TpStyle::Column},
+                   {"model.layers.*.self_attn.k_proj", TpStyle::Column},
+                   {"model.layers.*.self_attn.v_proj", TpStyle::Column},
+                   {"model.layers.*.self_attn.o_proj", TpStyle::Row},
+                   {"model.layers.*.mlp.gate_proj", TpStyle::Column},
+                   {"model.layers.*.mlp.up_proj", TpStyle::Column},
+                   {"model.layers.*.mlp.down_proj", TpStyle::Row}}};
   if (!tied_head) plan.rules.push_back({"lm_head", TpStyle::VocabHead});
   return plan;
 }
@@ -190,8 +191,8 @@ std::vector<std::pair<std::string, nn::Module*>> LLaMA::blocks() {
 
 void LLaMA::set_recompute(const std::vector<nn::Recompute>& modes) {
   auto& layers = *model->layers;
-  BRIGADE_CHECK(modes.size() == layers.size(), ValueError, "LLaMA.set_recompute: {} modes for {} layers",
-                modes.size(), layers.size());
+  BRIGADE_CHECK(modes.size() == layers.size(), ValueError, "LLaMA.set_recompute: {} modes for {} layers", modes.size(),
+                layers.size());
   for (size_t i = 0; i < layers.size(); ++i) layers[i].recompute = modes[i];
 }
 
@@ -206,8 +207,8 @@ Tensor LLaMA::forward(const Tensor& ids) const {
 }
 
 Tensor LLaMA::loss(const Tensor& ids, const Tensor& targets) const {
-  BRIGADE_CHECK(targets.shape() == ids.shape(), ShapeError, "LLaMA.loss: targets {} must match ids {}",
-                targets.str(), ids.str());
+  BRIGADE_CHECK(targets.shape() == ids.shape(), ShapeError, "LLaMA.loss: targets {} must match ids {}", targets.str(),
+                ids.str());
   return head_loss(run_blocks(embed(ids), 0, cfg_.n_layer), targets);  // 0-d
 }
 

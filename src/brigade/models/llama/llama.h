@@ -58,8 +58,11 @@ struct LLaMAConfig {
   double rope_original_max_positions = 8192;
   bool tie_word_embeddings = false;  // lm_head is embed_tokens (no lm_head.weight)
   ops::RopeSpec rope() const {
-    return {.theta = rope_theta, .scaling = rope_scaling, .factor = rope_factor,
-            .low_freq_factor = rope_low_freq_factor, .high_freq_factor = rope_high_freq_factor,
+    return {.theta = rope_theta,
+            .scaling = rope_scaling,
+            .factor = rope_factor,
+            .low_freq_factor = rope_low_freq_factor,
+            .high_freq_factor = rope_high_freq_factor,
             .original_max_positions = rope_original_max_positions};
   }
 };
@@ -82,7 +85,7 @@ class RMSNorm : public nn::Module {
 class LlamaAttention : public nn::Module, public nn::HeadParallel {
  public:
   explicit LlamaAttention(const LLaMAConfig& c);
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) const;           // (B, T, C) -> (B, T, C)
   void check_heads(int64_t parts) const override;  // parts must divide n_head and n_kv_head
   void divide_heads(int64_t parts) override;
   std::shared_ptr<nn::Linear> q_proj, k_proj, v_proj, o_proj;
@@ -131,16 +134,16 @@ class LLaMA : public CausalLM {
   // same distribution in a different order); parity tests load weights instead.
   void init_weights(Generator& gen);
   const char* arch() const override { return "llama"; }
-  Tensor forward(const Tensor& ids) const override;             // ids (B, T) -> logits (B, T, V)
-  Tensor forward_flat(const Tensor& ids) const;                 // ids (B, T) -> logits (B*T, V)
+  Tensor forward(const Tensor& ids) const override;                      // ids (B, T) -> logits (B, T, V)
+  Tensor forward_flat(const Tensor& ids) const;                          // ids (B, T) -> logits (B*T, V)
   Tensor loss(const Tensor& ids, const Tensor& targets) const override;  // mean cross-entropy, 0-d
   // The forward in pieces, for pipeline stages (as GPT's):
   // loss(ids, targets) == head_loss(run_blocks(embed(ids), 0, n_layer), targets).
-  Tensor embed(const Tensor& ids) const override;                               // ids (B, T) -> (B, T, C)
+  Tensor embed(const Tensor& ids) const override;                                 // ids (B, T) -> (B, T, C)
   Tensor run_blocks(const Tensor& x, int64_t begin, int64_t end) const override;  // layers [begin, end)
   // norm, lm_head and the mean cross-entropy, through lm_head->lm_loss (so a vocabulary-sharded
   // head computes it without the full logits; forward / forward_flat then refuse).
-  Tensor head_loss(const Tensor& x, const Tensor& targets) const override;      // 0-d
+  Tensor head_loss(const Tensor& x, const Tensor& targets) const override;  // 0-d
   int64_t hidden_size() const override { return cfg_.hidden_size; }
   // The tensor-parallel plan (nn/tp_plan.h): embed_tokens vocabulary-parallel, lm_head a
   // vocabulary-parallel head (tied: the embedding's shard serves the head too, as GPT-2's wte),
@@ -151,13 +154,13 @@ class LLaMA : public CausalLM {
   std::vector<std::string> tied_parameters() const override;
   // Model FLOPs per token of one training step (forward + backward), PaLM's MFU count:
   // 6 N + 12 L T C, with N = all parameters except an untied embed_tokens (a lookup, not a GEMM;
-  // the lm_head is counted, and a tied embed_tokens is the head's GEMM operand), and 12 L T C for the attention scores and values (GQA shares
-  // k and v heads but every query head still runs its own T x T products).
+  // the lm_head is counted, and a tied embed_tokens is the head's GEMM operand), and 12 L T C for the attention scores
+  // and values (GQA shares k and v heads but every query head still runs its own T x T products).
   double flops_per_token(int64_t T) const override;
   const LLaMAConfig& config() const { return cfg_; }
   int64_t vocab_size() const override { return cfg_.vocab_size; }
   int64_t max_seq_len() const override { return cfg_.max_position; }
-  Generator& dropout_generator() override { return gen_; }  // LLaMA has no dropout; kept for the interface
+  Generator& dropout_generator() override { return gen_; }             // LLaMA has no dropout; kept for the interface
   std::vector<std::pair<std::string, nn::Module*>> blocks() override;  // "model.layers.<i>"
   void set_recompute(const std::vector<nn::Recompute>& modes) override;
   std::vector<nn::Recompute> recompute_modes() const override;

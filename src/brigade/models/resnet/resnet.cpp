@@ -42,12 +42,12 @@ BasicBlock::BasicBlock(int64_t in, int64_t planes, int64_t stride, const ResNetC
   conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(planes, planes, 3, 1, 1));
   bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(planes, c.bn_eps, c.bn_momentum));
   if (stride != 1 || in != planes * kExpansion)
-    downsample = register_module("downsample",
-                                 std::make_shared<Downsample>(in, planes * kExpansion, stride, c.bn_eps, c.bn_momentum));
+    downsample = register_module(
+        "downsample", std::make_shared<Downsample>(in, planes * kExpansion, stride, c.bn_eps, c.bn_momentum));
 }
 Tensor BasicBlock::body(const Tensor& x) const {
-  Tensor out = F::relu(bn1->forward(conv1->forward(x)));      // (N, planes, H', W')
-  out = bn2->forward(conv2->forward(out));                    // (N, planes, H', W')
+  Tensor out = F::relu(bn1->forward(conv1->forward(x)));  // (N, planes, H', W')
+  out = bn2->forward(conv2->forward(out));                // (N, planes, H', W')
   const Tensor identity = downsample ? downsample->forward(x) : x;
   return F::relu(F::add(out, identity));
 }
@@ -60,13 +60,13 @@ Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride, const ResNetC
   conv3 = register_module("conv3", std::make_shared<nn::Conv2d>(planes, planes * kExpansion, 1, 1, 0));
   bn3 = register_module("bn3", std::make_shared<nn::BatchNorm2d>(planes * kExpansion, c.bn_eps, c.bn_momentum));
   if (stride != 1 || in != planes * kExpansion)
-    downsample = register_module("downsample",
-                                 std::make_shared<Downsample>(in, planes * kExpansion, stride, c.bn_eps, c.bn_momentum));
+    downsample = register_module(
+        "downsample", std::make_shared<Downsample>(in, planes * kExpansion, stride, c.bn_eps, c.bn_momentum));
 }
 Tensor Bottleneck::body(const Tensor& x) const {
-  Tensor out = F::relu(bn1->forward(conv1->forward(x)));      // (N, planes, H, W)
-  out = F::relu(bn2->forward(conv2->forward(out)));           // (N, planes, H', W')
-  out = bn3->forward(conv3->forward(out));                    // (N, 4 planes, H', W')
+  Tensor out = F::relu(bn1->forward(conv1->forward(x)));  // (N, planes, H, W)
+  out = F::relu(bn2->forward(conv2->forward(out)));       // (N, planes, H', W')
+  out = bn3->forward(conv3->forward(out));                // (N, 4 planes, H', W')
   const Tensor identity = downsample ? downsample->forward(x) : x;
   return F::relu(F::add(out, identity));
 }
@@ -152,10 +152,10 @@ Tensor ResNet::forward(const Tensor& images) const {
   Tensor x = F::relu(bn1->forward(conv1->forward(cl ? nn::to_channels_last(images) : images)));  // (N, width, H', W')
   if (maxpool) x = maxpool->forward(x);  // (N, width, H' / 2, W' / 2)
   for (const auto& stage : stages)
-    for (const auto& block : *stage) x = block->forward(x);    // (N, 8 width expansion, h, w) at the end
-  x = avgpool->forward(cl ? nn::to_channels_first(x) : x);     // (N, F, 1, 1)
-  x = F::reshape(x, {x.size(0), x.size(1)});                   // (N, F)
-  return fc->forward(x);                                       // (N, classes)
+    for (const auto& block : *stage) x = block->forward(x);  // (N, 8 width expansion, h, w) at the end
+  x = avgpool->forward(cl ? nn::to_channels_first(x) : x);   // (N, F, 1, 1)
+  x = F::reshape(x, {x.size(0), x.size(1)});                 // (N, F)
+  return fc->forward(x);                                     // (N, classes)
 }
 
 Tensor ResNet::loss(const Tensor& images, const Tensor& labels) const {

@@ -24,8 +24,8 @@
 
 #include "brigade/core/rng.h"
 #include "brigade/nn/conv.h"
-#include "brigade/nn/norm.h"
 #include "brigade/nn/layers.h"
+#include "brigade/nn/norm.h"
 
 namespace brigade::models {
 
@@ -33,9 +33,9 @@ struct ResNetConfig {
   std::vector<int64_t> layers = {2, 2, 2, 2};  // blocks per stage (4 stages)
   bool bottleneck = false;                     // Bottleneck (expansion 4) instead of BasicBlock
   int64_t num_classes = 10;
-  int64_t in_channels = 1;                     // 1 for Fashion-MNIST, 3 for RGB
-  int64_t width = 64;                          // channels of the stem and of stage 1 (planes)
-  bool small_input = true;                     // 3x3 stride-1 stem, no max-pool
+  int64_t in_channels = 1;  // 1 for Fashion-MNIST, 3 for RGB
+  int64_t width = 64;       // channels of the stem and of stage 1 (planes)
+  bool small_input = true;  // 3x3 stride-1 stem, no max-pool
   // Activations in channels-last (N, H, W, C) between the stem and the pooling: every conv and
   // batch norm runs its NHWC form (ops::Conv2dParams::channels_last), the max-pool and the
   // average pool see NCHW views. Same parameters, buffers and outputs (to rounding).
@@ -93,9 +93,9 @@ class Bottleneck : public ResBlock {
 class ResNet : public nn::Module {
  public:
   explicit ResNet(const ResNetConfig& c);
-  void init_weights(Generator& gen);  // see the file comment
-  Tensor forward(const Tensor& images) const;                       // (N, C, H, W) -> logits (N, classes)
-  Tensor loss(const Tensor& images, const Tensor& labels) const;    // mean cross-entropy, 0-d; labels (N) i32/i64
+  void init_weights(Generator& gen);                              // see the file comment
+  Tensor forward(const Tensor& images) const;                     // (N, C, H, W) -> logits (N, classes)
+  Tensor loss(const Tensor& images, const Tensor& labels) const;  // mean cross-entropy, 0-d; labels (N) i32/i64
   // BatchNorm buffers with torchvision names ("bn1.running_mean", "layer1.0.bn1.running_var",
   // "layer2.0.downsample.1.num_batches_tracked", ...), in module order. The tensors are the
   // live buffers: copy_ into them to load a checkpoint.
@@ -110,7 +110,7 @@ class ResNet : public nn::Module {
 
   std::shared_ptr<nn::Conv2d> conv1;
   std::shared_ptr<nn::BatchNorm2d> bn1;
-  std::shared_ptr<nn::MaxPool2d> maxpool;  // null with small_input
+  std::shared_ptr<nn::MaxPool2d> maxpool;                         // null with small_input
   std::vector<std::shared_ptr<nn::ModuleList<ResBlock>>> stages;  // layer1..layer4
   std::shared_ptr<nn::AdaptiveAvgPool2d> avgpool;
   std::shared_ptr<nn::Linear> fc;
@@ -118,7 +118,7 @@ class ResNet : public nn::Module {
  private:
   ResNetConfig cfg_;
   std::vector<std::pair<std::string, std::shared_ptr<nn::BatchNorm2d>>> bns_;  // name prefix, layer
-  std::vector<std::shared_ptr<nn::Conv2d>> convs_;                              // parameter order
+  std::vector<std::shared_ptr<nn::Conv2d>> convs_;                             // parameter order
 };
 
 // torchvision.models.resnet18 / resnet50 with this project's defaults (see ResNetConfig).

@@ -28,8 +28,7 @@ void SwinConfig::validate() const {
   BRIGADE_CHECK(image_size % patch_size == 0, ConfigError,
                 "SwinConfig: image_size {} must be a multiple of patch_size {}", image_size, patch_size);
   BRIGADE_CHECK(mlp_ratio > 0, ConfigError, "SwinConfig: mlp_ratio must be positive, got {}", mlp_ratio);
-  BRIGADE_CHECK(layer_norm_eps > 0, ConfigError, "SwinConfig: layer_norm_eps must be positive, got {}",
-                layer_norm_eps);
+  BRIGADE_CHECK(layer_norm_eps > 0, ConfigError, "SwinConfig: layer_norm_eps must be positive, got {}", layer_norm_eps);
   for (int64_t s = 0; s < num_stages(); ++s) {
     positive(depths[size_t(s)], "depths[" + std::to_string(s) + "]");
     positive(num_heads[size_t(s)], "num_heads[" + std::to_string(s) + "]");
@@ -51,7 +50,8 @@ void SwinConfig::validate() const {
 // ------------------------------------------------------------------ attention
 
 SwinSelfAttention::SwinSelfAttention(int64_t dim, int64_t n_head_, int64_t ws) : n_head(n_head_), window(ws) {
-  relative_position_bias_table = register_parameter("relative_position_bias_table", {(2 * ws - 1) * (2 * ws - 1), n_head});
+  relative_position_bias_table =
+      register_parameter("relative_position_bias_table", {(2 * ws - 1) * (2 * ws - 1), n_head});
   query = register_module("query", std::make_shared<nn::Linear>(dim, dim));
   key = register_module("key", std::make_shared<nn::Linear>(dim, dim));
   value = register_module("value", std::make_shared<nn::Linear>(dim, dim));
@@ -69,8 +69,8 @@ Tensor SwinSelfAttention::forward(const Tensor& x, const Tensor& mask) const {
   };
   const Tensor q = heads(query->forward(x)), k = heads(key->forward(x)), v = heads(value->forward(x));
   const Tensor bias = F::relative_position_bias(relative_position_bias_table, relative_position_index);  // (NH, N, N)
-  const Tensor ctx = F::window_attention(q, k, v, bias, mask, 1.0 / std::sqrt(double(HS)));          // (BW, NH, N, HS)
-  return F::reshape(F::transpose(ctx, 1, 2), {BW, N, D});                                           // (BW, N, D)
+  const Tensor ctx = F::window_attention(q, k, v, bias, mask, 1.0 / std::sqrt(double(HS)));  // (BW, NH, N, HS)
+  return F::reshape(F::transpose(ctx, 1, 2), {BW, N, D});                                    // (BW, N, D)
 }
 
 // ------------------------------------------------------------------ block
@@ -93,17 +93,17 @@ SwinLayer::SwinLayer(const SwinConfig& c, int64_t D, int64_t n_head, int64_t r, 
 
 Tensor SwinLayer::body(const Tensor& x0) const {
   const int64_t B = x0.size(0), L = x0.size(1), D = x0.size(2), r = resolution;
-  BRIGADE_CHECK(L == r * r, ShapeError, "SwinLayer.forward: x must be (B, {}, D) for a {}x{} grid, got {}", r * r, r,
-                r, shape_str(x0.shape()));
+  BRIGADE_CHECK(L == r * r, ShapeError, "SwinLayer.forward: x must be (B, {}, D) for a {}x{} grid, got {}", r * r, r, r,
+                shape_str(x0.shape()));
   Tensor h = F::reshape(layernorm_before->forward(x0), {B, r, r, D});  // (B, r, r, D)
   if (shift > 0) h = F::roll2d(h, -shift, -shift);
-  const Tensor win = F::window_partition(h, window);                               // (B*nW, N, D)
+  const Tensor win = F::window_partition(h, window);                                   // (B*nW, N, D)
   const Tensor a = attention_dense->forward(self_attention->forward(win, attn_mask));  // (B*nW, N, D)
-  Tensor back = F::window_reverse(a, window, r, r);                                // (B, r, r, D)
+  Tensor back = F::window_reverse(a, window, r, r);                                    // (B, r, r, D)
   if (shift > 0) back = F::roll2d(back, shift, shift);
-  const Tensor x = F::add(x0, F::reshape(back, {B, L, D}));                        // (B, L, D)
+  const Tensor x = F::add(x0, F::reshape(back, {B, L, D}));                                // (B, L, D)
   const Tensor m = F::gelu_erf(intermediate_dense->forward(layernorm_after->forward(x)));  // (B, L, M)
-  return F::add(x, output_dense->forward(m));                                      // (B, L, D)
+  return F::add(x, output_dense->forward(m));                                              // (B, L, D)
 }
 
 Tensor SwinLayer::forward(const Tensor& x) const {
@@ -120,7 +120,7 @@ SwinPatchMerging::SwinPatchMerging(int64_t D, int64_t r, double eps) : resolutio
 Tensor SwinPatchMerging::forward(const Tensor& x) const {
   const int64_t B = x.size(0), D = x.size(2), r = resolution;
   const Tensor g = F::patch_merge(F::reshape(x, {B, r, r, D}));  // (B, (r/2)^2, 4D)
-  return reduction->forward(norm->forward(g));                    // (B, (r/2)^2, 2D)
+  return reduction->forward(norm->forward(g));                   // (B, (r/2)^2, 2D)
 }
 
 // ------------------------------------------------------------------ stages, embeddings, model
@@ -191,8 +191,8 @@ Tensor Swin::forward(const Tensor& images) const {
   x = swin->layernorm->forward(x);                        // (N, L, D_last)
   const int64_t N = x.size(0), L = x.size(1), D = x.size(2);
   const Tensor avg = Tensor::full({1, 1, L}, 1.0 / double(L), x.dtype());  // mean over tokens
-  const Tensor pooled = F::reshape(F::matmul(avg, x), {N, D});           // (N, D)
-  return classifier->forward(pooled);                                     // (N, num_labels)
+  const Tensor pooled = F::reshape(F::matmul(avg, x), {N, D});             // (N, D)
+  return classifier->forward(pooled);                                      // (N, num_labels)
 }
 
 Tensor Swin::loss(const Tensor& images, const Tensor& labels) const {

@@ -110,7 +110,7 @@ class SwinStage : public nn::Module {
 class SwinEmbeddings : public nn::Module {
  public:
   explicit SwinEmbeddings(const SwinConfig& c);
-  Tensor forward(const Tensor& images) const;  // (N, C, H, W) -> (N, P, D)
+  Tensor forward(const Tensor& images) const;        // (N, C, H, W) -> (N, P, D)
   std::shared_ptr<nn::Submodules> patch_embeddings;  // holds "projection"
   std::shared_ptr<nn::PatchEmbedding> projection;
   std::shared_ptr<nn::LayerNorm> norm;

@@ -26,8 +26,7 @@ void ViTConfig::validate() const {
                 num_attention_heads);
   BRIGADE_CHECK(hidden_dropout >= 0 && hidden_dropout < 1, ConfigError,
                 "ViTConfig: hidden_dropout must be in [0, 1), got {}", hidden_dropout);
-  BRIGADE_CHECK(layer_norm_eps > 0, ConfigError, "ViTConfig: layer_norm_eps must be positive, got {}",
-                layer_norm_eps);
+  BRIGADE_CHECK(layer_norm_eps > 0, ConfigError, "ViTConfig: layer_norm_eps must be positive, got {}", layer_norm_eps);
 }
 
 ViTEmbeddings::ViTEmbeddings(const ViTConfig& c, Generator* gen) {
@@ -35,8 +34,8 @@ ViTEmbeddings::ViTEmbeddings(const ViTConfig& c, Generator* gen) {
   cls_token = register_parameter("cls_token", {1, 1, D});
   position_embeddings = register_parameter("position_embeddings", {1, 1 + c.num_patches(), D});
   patch_embeddings = register_module("patch_embeddings", std::make_shared<nn::Submodules>());
-  projection = patch_embeddings->add("projection",
-                                     std::make_shared<nn::PatchEmbedding>(c.num_channels, D, c.patch_size));
+  projection =
+      patch_embeddings->add("projection", std::make_shared<nn::PatchEmbedding>(c.num_channels, D, c.patch_size));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.hidden_dropout, gen));
 }
 
@@ -51,9 +50,9 @@ Tensor ViTEmbeddings::forward(const Tensor& images) const {
                     (images.size(2) / projection->patch) * (images.size(3) / projection->patch) == S - 1,
                 ShapeError, "ViT.forward: images must be (N, C={}, H, W) with {} patches of {}x{}, got {}",
                 projection->in_channels, S - 1, projection->patch, projection->patch, shape_str(images.shape()));
-  const Tensor patches = projection->forward(images);           // (N, P, D)
-  const Tensor x = F::prepend_token(cls_token, patches);        // (N, S, D)
-  return dropout->forward(F::add(x, position_embeddings));      // (N, S, D)
+  const Tensor patches = projection->forward(images);       // (N, P, D)
+  const Tensor x = F::prepend_token(cls_token, patches);    // (N, S, D)
+  return dropout->forward(F::add(x, position_embeddings));  // (N, S, D)
 }
 
 ViTLayer::ViTLayer(const ViTConfig& c, Generator* gen) : gen_(gen) {
@@ -72,14 +71,15 @@ ViTLayer::ViTLayer(const ViTConfig& c, Generator* gen) : gen_(gen) {
 }
 
 Tensor ViTLayer::body(const Tensor& x0) const {
-  const Tensor a = self_attention->forward(layernorm_before->forward(x0));        // (N, S, D)
-  const Tensor x = F::add(x0, dropout->forward(attention_dense->forward(a)));    // (N, S, D)
+  const Tensor a = self_attention->forward(layernorm_before->forward(x0));                 // (N, S, D)
+  const Tensor x = F::add(x0, dropout->forward(attention_dense->forward(a)));              // (N, S, D)
   const Tensor h = F::gelu_erf(intermediate_dense->forward(layernorm_after->forward(x)));  // (N, S, M)
-  return F::add(x, dropout->forward(output_dense->forward(h)));                  // (N, S, D)
+  return F::add(x, dropout->forward(output_dense->forward(h)));                            // (N, S, D)
 }
 
 Tensor ViTLayer::forward(const Tensor& x) const {
-  return run({x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);  // (N, S, D)
+  return run(
+      {x}, [this](const std::vector<Tensor>& in) { return body(in[0]); }, gen_);  // (N, S, D)
 }
 
 ViTModel::ViTModel(const ViTConfig& c, Generator* gen) {
@@ -126,7 +126,7 @@ Tensor ViT::run_blocks(const Tensor& x0, int64_t begin, int64_t end) const {
 }
 
 Tensor ViT::head(const Tensor& x0) const {
-  const Tensor x = vit->layernorm->forward(x0);                                        // (N, S, D)
+  const Tensor x = vit->layernorm->forward(x0);                                         // (N, S, D)
   const Tensor cls = F::reshape(F::narrow(x, 1, 0, 1), {x.size(0), cfg_.hidden_size});  // (N, D)
   return classifier->forward(cls);                                                      // (N, num_labels)
 }
@@ -152,8 +152,8 @@ Tensor ViT::loss(const Tensor& images, const Tensor& labels) const {
 double ViT::flops_per_image() const {
   const double D = double(cfg_.hidden_size), M = double(cfg_.intermediate_size), L = double(cfg_.num_hidden_layers);
   const double P = double(cfg_.num_patches()), S = P + 1, p = double(cfg_.patch_size);
-  const double gemm = P * double(cfg_.num_channels) * p * p * D + S * L * (4 * D * D + 2 * D * M) +
-                      D * double(cfg_.num_labels);
+  const double gemm =
+      P * double(cfg_.num_channels) * p * p * D + S * L * (4 * D * D + 2 * D * M) + D * double(cfg_.num_labels);
   const double attn = L * 2 * S * S * D;  // q k^T and p v, multiply-adds per image
   return 3.0 * 2.0 * (gemm + attn);
 }

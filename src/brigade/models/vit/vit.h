@@ -25,8 +25,8 @@ struct ViTConfig {
   int64_t image_size = 224;
   int64_t patch_size = 16;
   int64_t num_channels = 3;
-  int64_t hidden_size = 768;        // D
-  int64_t num_hidden_layers = 12;   // L
+  int64_t hidden_size = 768;       // D
+  int64_t num_hidden_layers = 12;  // L
   int64_t num_attention_heads = 12;
   int64_t intermediate_size = 3072;  // MLP width
   int64_t num_labels = 1000;
@@ -40,8 +40,8 @@ struct ViTConfig {
 class ViTEmbeddings : public nn::Module {
  public:
   ViTEmbeddings(const ViTConfig& c, Generator* gen);
-  Tensor forward(const Tensor& images) const;  // (N, C, H, W) -> (N, 1 + P, D)
-  Tensor cls_token, position_embeddings;       // (1, 1, D), (1, 1 + P, D)
+  Tensor forward(const Tensor& images) const;        // (N, C, H, W) -> (N, 1 + P, D)
+  Tensor cls_token, position_embeddings;             // (1, 1, D), (1, 1 + P, D)
   std::shared_ptr<nn::Submodules> patch_embeddings;  // holds "projection"
   std::shared_ptr<nn::PatchEmbedding> projection;
   std::shared_ptr<nn::Dropout> dropout;

@@ -35,8 +35,8 @@ constexpr int64_t kK = 128;  // keys per tile (one online-softmax step)
 inline void sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   const dnnl_status_t st = dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  BRIGADE_CHECK(st == dnnl_success, Error, "attention: dnnl_sgemm({}, {}, M={}, N={}, K={}) failed with status {}",
-                ta, tb, M, N, K, int(st));
+  BRIGADE_CHECK(st == dnnl_success, Error, "attention: dnnl_sgemm({}, {}, M={}, N={}, K={}) failed with status {}", ta,
+                tb, M, N, K, int(st));
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -83,7 +83,7 @@ void forward_tile(int64_t T, int64_t HS, int64_t i0, int64_t nq, const float* q,
       float bm = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : bm)
       for (int64_t j = 0; j < n; ++j) bm = std::max(bm, sr[j]);
-      const float mn = std::max(w.m[r], bm);  // finite: the first key tile gives every row key 0
+      const float mn = std::max(w.m[r], bm);     // finite: the first key tile gives every row key 0
       const float corr = fast_exp(w.m[r] - mn);  // 0 on the first tile (m = -inf)
       float bl = 0.f;
 #pragma omp simd reduction(+ : bl)
@@ -139,7 +139,7 @@ void backward_head(int64_t T, int64_t HS, const float* q, const float* k, const 
     const int64_t nk = causal ? std::min(T, i0 + nq) : T;
     for (int64_t j0 = 0; j0 < nk; j0 += kK) {
       const int64_t wk = std::min(kK, nk - j0);
-      sgemm('N', 'T', nq, wk, HS, sc, q + i0 * ld, ld, k + j0 * ld, ld, 0.f, w.p, kK);        // S = sc Q K^T
+      sgemm('N', 'T', nq, wk, HS, sc, q + i0 * ld, ld, k + j0 * ld, ld, 0.f, w.p, kK);       // S = sc Q K^T
       sgemm('N', 'T', nq, wk, HS, 1.f, gout + i0 * ld, ld, v + j0 * ld, ld, 0.f, w.dp, kK);  // dP = dO V^T
       for (int64_t r = 0; r < nq; ++r) {
         float* pr = w.p + r * kK;
@@ -180,8 +180,7 @@ void attention(int64_t BH, int64_t T, int64_t HS, const float* q, const float* k
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < BH * nqt; ++t) {
       const int64_t bh = t / nqt, i0 = (t % nqt) * kQ, o = bh * T * HS;
-      forward_tile(T, HS, i0, std::min(kQ, T - i0), q + o, k + o, v + o, HS, causal, sc, out + o, HS, lse + bh * T,
-                   w);
+      forward_tile(T, HS, i0, std::min(kQ, T - i0), q + o, k + o, v + o, HS, causal, sc, out + o, HS, lse + bh * T, w);
     }
   }
 }
@@ -197,8 +196,8 @@ void attention_backward(int64_t BH, int64_t T, int64_t HS, const float* gout, co
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t o = bh * T * HS;
-      backward_head(T, HS, q + o, k + o, v + o, gout + o, out + o, HS, lse + bh * T, causal, sc, gq + o, gk + o,
-                    gv + o, w);
+      backward_head(T, HS, q + o, k + o, v + o, gout + o, out + o, HS, lse + bh * T, causal, sc, gq + o, gk + o, gv + o,
+                    w);
     }
   }
 }
@@ -232,8 +231,8 @@ struct HeadCopies {
 
 }  // namespace
 
-void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Strided& k, const Strided& v,
-                 bool causal, double scale, DType ot, void* out, float* lse) {
+void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Strided& k, const Strided& v, bool causal,
+                 double scale, DType ot, void* out, float* lse) {
   const float sc = float(scale);
   const int64_t TH = T * HS;
 #pragma omp parallel
@@ -251,9 +250,9 @@ void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Stri
   }
 }
 
-void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout, const Strided& q,
-                          const Strided& k, const Strided& v, const Strided& out, const float* lse, bool causal,
-                          double scale, DType ot, void* gq, void* gk, void* gv) {
+void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout, const Strided& q, const Strided& k,
+                          const Strided& v, const Strided& out, const float* lse, bool causal, double scale, DType ot,
+                          void* gq, void* gk, void* gv) {
   const float sc = float(scale);
   const int64_t TH = T * HS;
 #pragma omp parallel
@@ -278,8 +277,8 @@ namespace brigade::ops::cpu {
 
 // One (head, query) row per iteration: scores over the unmasked keys (d in order), their
 // max and sum of exponentials, then out = sum_j p_j v_j accumulated over j in order.
-void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* q, const float* k,
-                            const float* v, const uint8_t* keep, double scale, float* out, float* lse) {
+void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* q, const float* k, const float* v,
+                        const uint8_t* keep, double scale, float* out, float* lse) {
   const int64_t rows = B * NH * T;
   const float sc = float(scale);
 #pragma omp parallel if (rows * T * HS > (1 << 15))
@@ -321,10 +320,9 @@ void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const floa
 }
 
 // One head per iteration (gk, gv sum over the head's queries, in query order).
-void attention_key_mask_backward(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* gout,
-                                     const float* q, const float* k, const float* v, const float* out,
-                                     const float* lse, const uint8_t* keep, double scale, float* gq, float* gk,
-                                     float* gv) {
+void attention_key_mask_backward(int64_t B, int64_t NH, int64_t T, int64_t HS, const float* gout, const float* q,
+                                 const float* k, const float* v, const float* out, const float* lse,
+                                 const uint8_t* keep, double scale, float* gq, float* gk, float* gv) {
   const float sc = float(scale);
 #pragma omp parallel for schedule(static) if (B * NH * T * T * HS > (1 << 15))
   for (int64_t bh = 0; bh < B * NH; ++bh) {

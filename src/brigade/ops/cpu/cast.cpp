@@ -54,8 +54,7 @@ inline __m256i bf16_from_f32x16(__m512 v) {
   __m256i r = (__m256i)_mm512_cvtneps_pbh(v);
   const __m512i au = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
   // Nonzero f32 denormals: the instruction flushes them, float_to_bf16 does not.
-  const __mmask16 den =
-      _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(au, au), au, _mm512_set1_epi32(0x00800000));
+  const __mmask16 den = _mm512_mask_cmplt_epu32_mask(_mm512_test_epi32_mask(au, au), au, _mm512_set1_epi32(0x00800000));
   if (den) r = _mm256_mask_blend_epi16(den, r, bf16_round_int(u));
   return r;
 #else

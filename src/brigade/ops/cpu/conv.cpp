@@ -10,8 +10,8 @@
 // NCHW memory run the direct kernel below instead: there oneDNN 2.6 picks "x64:gemm:jit"
 // (im2col, then per channel a GEMM with K = KH KW), slower than the direct loops, most of all
 // in the weight gradient (timings in docs/architecture.md, "Depthwise convolutions").
-#include <dnnl.hpp>
 #include <fmt/format.h>
+#include <dnnl.hpp>
 
 #include <algorithm>
 #include <mutex>
@@ -119,12 +119,11 @@ ConvPrims& conv_prims_locked(const ref::ConvGeom& g, bool bias, bool want_bwd_d,
   const ConvMds m = conv_mds(g, t, cl);
   if (it == conv_cache().end()) {
     ConvPrims p;
-    auto d = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                    dnnl::algorithm::convolution_direct, m.src, m.wei, m.bias, m.dst,
-                                                    m.strides, m.pad_l, m.pad_r)
-                  : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                    dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst,
-                                                    m.strides, m.pad_l, m.pad_r);
+    auto d =
+        bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                               m.src, m.wei, m.bias, m.dst, m.strides, m.pad_l, m.pad_r)
+             : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
+                                               m.src, m.wei, m.dst, m.strides, m.pad_l, m.pad_r);
     p.fwd_pd = dnnl::convolution_forward::primitive_desc(d, user_scratchpad(), engine());
     p.fwd = dnnl::convolution_forward(p.fwd_pd);
     it = conv_cache().emplace(key, std::move(p)).first;
@@ -138,10 +137,10 @@ ConvPrims& conv_prims_locked(const ref::ConvGeom& g, bool bias, bool want_bwd_d,
     p.have_bwd_d = true;
   }
   if (want_bwd_w && !p.have_bwd_w) {
-    auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei,
-                                                             m.bias, m.dst, m.strides, m.pad_l, m.pad_r)
-                  : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei,
-                                                             m.dst, m.strides, m.pad_l, m.pad_r);
+    auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei, m.bias,
+                                                             m.dst, m.strides, m.pad_l, m.pad_r)
+                  : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei, m.dst,
+                                                             m.strides, m.pad_l, m.pad_r);
     p.bwd_w_pd = dnnl::convolution_backward_weights::primitive_desc(d, user_scratchpad(), engine(), p.fwd_pd);
     p.bwd_w = dnnl::convolution_backward_weights(p.bwd_w_pd);
     p.have_bwd_w = true;
@@ -161,13 +160,11 @@ memory weights_as(const memory::desc& want, const memory::desc& user, const void
   dnnl::reorder(u, r).execute(s, u, r);
   return r;
 }
-size_t reorder_bytes(const memory::desc& want, const memory::desc& user) {
-  return want == user ? 0 : want.get_size();
-}
+size_t reorder_bytes(const memory::desc& want, const memory::desc& user) { return want == user ? 0 : want.get_size(); }
 
 // x, w, y hold elements of type t (f32 or bf16); b is f32 or null. cl: NHWC x and y.
 void onednn_conv2d(const ref::ConvGeom& g, const void* x, const void* w, const float* b, void* y,
-                memory::data_type t = memory::data_type::f32, bool cl = false) {
+                   memory::data_type t = memory::data_type::f32, bool cl = false) {
   dnnl::convolution_forward prim;
   memory::desc wei, scratch;
   {
@@ -193,7 +190,7 @@ void onednn_conv2d(const ref::ConvGeom& g, const void* x, const void* w, const f
 
 // gy, x, w, gx hold elements of type t (f32 or bf16); gw and gb are f32 (either may be null).
 void onednn_conv2d_backward(const ref::ConvGeom& g, const void* gy, const void* x, const void* w, void* gx, float* gw,
-                         float* gb, memory::data_type t = memory::data_type::f32, bool cl = false) {
+                            float* gb, memory::data_type t = memory::data_type::f32, bool cl = false) {
   // The weight primitive computes gw and gb together; a gb without gw goes to scratch.
   const WorkspaceBuffer gw_scratch(gb && !gw ? size_t(g.O * g.Cg() * g.KH * g.KW) * sizeof(float) : 0);
   if (gb && !gw) gw = gw_scratch.as<float>();
@@ -221,7 +218,8 @@ void onednn_conv2d_backward(const ref::ConvGeom& g, const void* gy, const void* 
     WorkspaceBuffer gbuf(reorder_bytes(bw_gwei, m.gwei_user)), sbuf(bw_scratch.get_size());
     memory user = mem(m.gwei_user, gw);
     memory gwm = bw_gwei == m.gwei_user ? user : memory(bw_gwei, engine(), gbuf.get());
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)}, {DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, mem(m.src, x)},
+                                         {DNNL_ARG_DIFF_DST, mem(m.dst, gy)},
                                          {DNNL_ARG_DIFF_WEIGHTS, gwm},
                                          {DNNL_ARG_SCRATCHPAD, memory(bw_scratch, engine(), sbuf.get())}};
     if (gb) args.emplace(DNNL_ARG_DIFF_BIAS, mem(m.bias, gb));
@@ -242,16 +240,16 @@ bool bf16_conv_available() {
       const ref::ConvGeom g{2, 8, 8, 8, 8, 3, 3, 1, 1, 1, 1, 1, 1, 8, 8};
       const ConvMds m = conv_mds(g, memory::data_type::bf16);
       dnnl::convolution_forward::primitive_desc f(
-          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-                                          m.src, m.wei, m.dst, m.strides, m.pad_l, m.pad_r),
+          dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, m.src,
+                                          m.wei, m.dst, m.strides, m.pad_l, m.pad_r),
           engine());
       dnnl::convolution_backward_data::primitive_desc d(
           dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, m.src, m.wei, m.dst, m.strides,
                                                 m.pad_l, m.pad_r),
           engine(), f);
       dnnl::convolution_backward_weights::primitive_desc w(
-          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei, m.dst,
-                                                   m.strides, m.pad_l, m.pad_r),
+          dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, m.src, m.gwei, m.dst, m.strides,
+                                                   m.pad_l, m.pad_r),
           engine(), f);
       avail = true;
       for (const char* impl : {f.impl_info_str(), d.impl_info_str(), w.impl_info_str()})
@@ -268,11 +266,11 @@ bool bf16_conv_available() {
 // ---------------------------------------------------------------- direct depthwise convolution
 // groups == C == O on plain NCHW memory. oneDNN 2.6's depthwise jit kernels need blocked or
 // NHWC layouts; for NCHW it runs im2col + a GEMM per channel (x64:gemm:jit), which loses to
-// these loops (docs/architecture.md, "Depthwise convolutions"). Each (n, c) plane is independent: the forward and the data gradient run one
-// plane per OpenMP iteration, accumulating each output row in float over (kh, kw) in order
-// (bias first), vectorised along the row; the weight and bias gradients run one channel per
-// iteration, a float sum per (n, kh, kw) plane added in double over n in order. Every element
-// has one fixed summation order: bitwise reproducible whatever the thread count.
+// these loops (docs/architecture.md, "Depthwise convolutions"). Each (n, c) plane is independent: the forward and the
+// data gradient run one plane per OpenMP iteration, accumulating each output row in float over (kh, kw) in order (bias
+// first), vectorised along the row; the weight and bias gradients run one channel per iteration, a float sum per (n,
+// kh, kw) plane added in double over n in order. Every element has one fixed summation order: bitwise reproducible
+// whatever the thread count.
 
 // Range [lo, hi) of output columns ow whose input column ow s - pl + kw lies in [0, W).
 inline void valid_cols(int64_t W, int64_t OW, int64_t s, int64_t pl, int64_t kw, int64_t& lo, int64_t& hi) {
@@ -405,8 +403,8 @@ void depthwise_conv2d_backward_weights(const ref::ConvGeom& g, const float* gy, 
 // (16-bit ones widened kWidenChunk at a time) are compared channel by channel in the oracle's window
 // order, taking a value when it is the first, larger, or the first NaN: the oracle's "first
 // maximum, NaN wins" per channel, so y and idx are bitwise the NCHW result on the same values.
-void max_pool_rows(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t N, int64_t C, int64_t k, int64_t s, int64_t p, DType dt,
-                       const void* x, void* y, int64_t* idx) {
+void max_pool_rows(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t N, int64_t C, int64_t k, int64_t s, int64_t p,
+                   DType dt, const void* x, void* y, int64_t* idx) {
   const int64_t outs = N * OH * OW;
 #pragma omp parallel for schedule(static) if (outs * C > (1 << 15))
   for (int64_t o = 0; o < outs; ++o) {
@@ -441,8 +439,8 @@ void max_pool_rows(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t N, int6
 
 // Its backward: each image's gradient plane (H W C, f32) gathers gy in output order (the
 // oracle's order per element), then is rounded once into gx's dtype. Images in parallel.
-void max_pool_rows_backward(int64_t N, int64_t HW, int64_t OHW, int64_t C, DType dt, const void* gy,
-                                const int64_t* idx, void* gx) {
+void max_pool_rows_backward(int64_t N, int64_t HW, int64_t OHW, int64_t C, DType dt, const void* gy, const int64_t* idx,
+                            void* gx) {
 #pragma omp parallel if (N * HW * C > (1 << 15))
   {
     std::vector<float> acc(dt == DType::F32 ? 0 : static_cast<size_t>(HW * C));
@@ -494,14 +492,16 @@ void patchify_backward(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, co
   patch_copy<false>(N, C, H, W, p, g, gx);
 }
 
-void conv2d(const ref::ConvGeom& g, const void* x, const void* w, const float* b, void* y, DType t, bool channels_last) {
+void conv2d(const ref::ConvGeom& g, const void* x, const void* w, const float* b, void* y, DType t,
+            bool channels_last) {
   onednn_conv2d(g, x, w, b, y, t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32,
                 channels_last);
 }
-void conv2d_backward(const ref::ConvGeom& g, const void* gy, const void* x, const void* w, void* gx, float* gw, float* gb,
-                     DType t, bool channels_last) {
+void conv2d_backward(const ref::ConvGeom& g, const void* gy, const void* x, const void* w, void* gx, float* gw,
+                     float* gb, DType t, bool channels_last) {
   onednn_conv2d_backward(g, gy, x, w, gx, gw, gb,
-                         t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32, channels_last);
+                         t == DType::BF16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32,
+                         channels_last);
 }
 bool conv2d_bf16_available() { return bf16_conv_available(); }
 std::string last_conv2d_impl() {

@@ -11,8 +11,8 @@
 
 #include "brigade/ops/cpu/io16.h"
 #include "brigade/ops/cpu/kernels.h"
-#include "brigade/ops/cpu/workspace.h"
 #include "brigade/ops/cpu/vec_math.h"
+#include "brigade/ops/cpu/workspace.h"
 
 #if defined(__AVX512F__) && defined(BRIGADE_HAVE_LIBMVEC)
 #include <immintrin.h>
@@ -453,8 +453,7 @@ void for_pieces(const Walk& w, Body body) {
 
 // The f32 values of piece (r, c0, m) of operand k (x): read in place when x is f32 with unit
 // stride, else widened into buf.
-inline const float* load_piece(const Strided& x, const Walk& w, int k, int64_t r, int64_t c0, int64_t m,
-                               float* buf) {
+inline const float* load_piece(const Strided& x, const Walk& w, int k, int64_t r, int64_t c0, int64_t m, float* buf) {
   const int64_t s = w.stride(k);
   const char* p = static_cast<const char*>(x.p) + size_t(w.offset(k, r, c0)) * dtype_size(x.dt);
   if (x.dt == DType::F32 && s == 1) return reinterpret_cast<const float*>(p);
@@ -554,7 +553,9 @@ void scale16(const Strided& dst, double s) {
   update([sf](float d, float) { return d * sf; }, dst, nullptr);
 }
 
-void gelu16(const Strided& x, DType ot, void* y) { map1([](float v) { return gelu1(v); }, x, ot, y); }
+void gelu16(const Strided& x, DType ot, void* y) {
+  map1([](float v) { return gelu1(v); }, x, ot, y);
+}
 
 void gelu_backward16(const Strided& gy, const Strided& x, DType ot, void* gx) {
   map2([](float g, float v) { return gelu_grad1(g, v); }, gy, x, ot, gx);
@@ -657,8 +658,7 @@ void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType
   store_f32(ot, out_numel, acc.data(), o);
 }
 
-void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot,
-                          void* gw) {
+void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot, void* gw) {
   // embedding_backward's sums (each gw[v, c] = 0 + the rows with id v, in row order) in a
   // per-thread f32 block of 64 columns of all V rows, stored rounded once complete (the
   // column split does not change any sum).
@@ -722,8 +722,8 @@ void gelu_erf_backward(int64_t n, const float* gy, const float* x, float* gx) {
     const __m512 v = _mm512_loadu_ps(x + b * 16);
     const __m512 cdf = _mm512_fmadd_ps(_mm512_set1_ps(0.5f), _ZGVeN16v_erff(_mm512_mul_ps(v, _mm512_set1_ps(r))),
                                        _mm512_set1_ps(0.5f));
-    const __m512 pdf = _mm512_mul_ps(
-        _mm512_set1_ps(c), _ZGVeN16v_expf(_mm512_mul_ps(_mm512_set1_ps(-0.5f), _mm512_mul_ps(v, v))));
+    const __m512 pdf =
+        _mm512_mul_ps(_mm512_set1_ps(c), _ZGVeN16v_expf(_mm512_mul_ps(_mm512_set1_ps(-0.5f), _mm512_mul_ps(v, v))));
     _mm512_storeu_ps(gx + b * 16, _mm512_mul_ps(_mm512_loadu_ps(gy + b * 16), _mm512_fmadd_ps(v, pdf, cdf)));
   }
   for (int64_t i = nv * 16; i < n; ++i) one(i);

@@ -68,8 +68,8 @@ std::unordered_map<std::string, CacheEntry>& cache() {
   static std::unordered_map<std::string, CacheEntry> c;
   return c;
 }
-int64_t g_created = 0;     // primitives created (cache misses), under g_mu
-std::string g_last_impl;   // impl of the last GEMM run, under g_mu
+int64_t g_created = 0;    // primitives created (cache misses), under g_mu
+std::string g_last_impl;  // impl of the last GEMM run, under g_mu
 
 void append(std::string& key, const memory::dims& v) {
   for (auto x : v) {
@@ -213,8 +213,8 @@ void run(MatDesc a, const T* ap, MatDesc b, const T* bp, const MatDesc& c, void*
 }
 
 template <typename T>
-void matmul_impl(int nbd, const int64_t* bshape, const T* a, const int64_t* a_bst, int64_t sam, int64_t sak,
-                 const T* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c, int64_t M, int64_t N, int64_t K,
+void matmul_impl(int nbd, const int64_t* bshape, const T* a, const int64_t* a_bst, int64_t sam, int64_t sak, const T* b,
+                 const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c, int64_t M, int64_t N, int64_t K,
                  const Types& t) {
   const int64_t batch = ref::numel_of(nbd, bshape);
   if (batch == 0 || M == 0 || N == 0) return;
@@ -248,8 +248,7 @@ void matmul_impl(int nbd, const int64_t* bshape, const T* a, const int64_t* a_bs
     // (two column-major operands) at ~320: compute that into workspace, then transpose it
     // into C (M x N, a small fraction of the GEMM's traffic). Measured with both layouts.
     Workspace<float> ct(M * N);  // (N, M)
-    run(MatDesc{{N, K}, {sbn, sbk}}, b, MatDesc{{K, M}, {sak, sam}}, a, MatDesc{{N, M}, {M, 1}}, ct.data(), nullptr,
-        t);
+    run(MatDesc{{N, K}, {sbn, sbk}}, b, MatDesc{{K, M}, {sak, sam}}, a, MatDesc{{N, M}, {M, 1}}, ct.data(), nullptr, t);
     float* cf = static_cast<float*>(c);
     const float* src = ct.data();
 #pragma omp parallel for schedule(static) if (M * N > (1 << 16))
@@ -263,13 +262,12 @@ void matmul_impl(int nbd, const int64_t* bshape, const T* a, const int64_t* a_bs
 }  // namespace
 
 void matmul(int nbd, const int64_t* bshape, const float* a, const int64_t* a_bst, int64_t sam, int64_t sak,
-            const float* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, float* c, int64_t M, int64_t N,
-            int64_t K) {
+            const float* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, float* c, int64_t M, int64_t N, int64_t K) {
   matmul_impl(nbd, bshape, a, a_bst, sam, sak, b, b_bst, sbk, sbn, c, M, N, K, Types{});
 }
 
-void linear(int64_t N, int64_t IN, int64_t OUT, const float* x, int64_t sxn, int64_t sxi, const float* w,
-            int64_t swo, int64_t swi, const float* bias, float* y) {
+void linear(int64_t N, int64_t IN, int64_t OUT, const float* x, int64_t sxn, int64_t sxi, const float* w, int64_t swo,
+            int64_t swi, const float* bias, float* y) {
   if (N == 0 || OUT == 0) return;
   if (IN == 0) {  // y = bias
     for (int64_t n = 0; n < N; ++n)
@@ -325,9 +323,9 @@ bool gemm16_available(DType dt) {
   return avail[dt == DType::BF16 ? 0 : 1];
 }
 
-void matmul16(DType ab, DType cd, int nbd, const int64_t* bshape, const uint16_t* a, const int64_t* a_bst,
-              int64_t sam, int64_t sak, const uint16_t* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c,
-              int64_t M, int64_t N, int64_t K) {
+void matmul16(DType ab, DType cd, int nbd, const int64_t* bshape, const uint16_t* a, const int64_t* a_bst, int64_t sam,
+              int64_t sak, const uint16_t* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c, int64_t M,
+              int64_t N, int64_t K) {
   Types t;
   t.ab = dnnl_type(ab);
   t.c = dnnl_type(cd);
@@ -344,9 +342,9 @@ void linear16(DType ab, DType yd, int64_t N, int64_t IN, int64_t OUT, const uint
   run<uint16_t>({{N, IN}, {sxn, sxi}}, x, {{IN, OUT}, {swi, swo}}, w, {{N, OUT}, {OUT, 1}}, y, bias, t);
 }
 
-void linear_backward16(DType dt, int64_t N, int64_t IN, int64_t OUT, const uint16_t* gy, const uint16_t* x,
-                       int64_t sxn, int64_t sxi, const uint16_t* w, int64_t swo, int64_t swi, uint16_t* gx,
-                       uint16_t* gw, int64_t sgo, int64_t sgi) {
+void linear_backward16(DType dt, int64_t N, int64_t IN, int64_t OUT, const uint16_t* gy, const uint16_t* x, int64_t sxn,
+                       int64_t sxi, const uint16_t* w, int64_t swo, int64_t swi, uint16_t* gx, uint16_t* gw,
+                       int64_t sgo, int64_t sgi) {
   BRIGADE_ASSERT(N > 0 && IN > 0 && OUT > 0, "linear_backward16 with an empty dim ({}, {}, {})", N, IN, OUT);
   Types t;
   t.ab = t.c = dnnl_type(dt);

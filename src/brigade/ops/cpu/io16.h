@@ -5,8 +5,8 @@
 // the kernels call them inside their own parallel loops. Internal to ops/cpu.
 #pragma once
 #include <algorithm>
-#include <vector>
 #include <cstdint>
+#include <vector>
 
 #include "brigade/ops/cpu/kernels.h"
 
@@ -44,7 +44,6 @@ inline int64_t row_offset(int64_t r, int nd, const int64_t* shape, const int64_t
   }
   return off;
 }
-
 
 // ---- f32 views of rows in any floating dtype, for kernels that widen pieces of 16-bit rows
 

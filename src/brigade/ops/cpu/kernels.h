@@ -32,10 +32,9 @@ double sum_squares(int nd, const int64_t* shape, const float* in, const int64_t*
 
 // cpu/gemm.cpp (oneDNN, cached primitives)
 void matmul(int nbd, const int64_t* bshape, const float* a, const int64_t* a_bst, int64_t sam, int64_t sak,
-            const float* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, float* c, int64_t M, int64_t N,
-            int64_t K);
-void linear(int64_t N, int64_t IN, int64_t OUT, const float* x, int64_t sxn, int64_t sxi, const float* w,
-            int64_t swo, int64_t swi, const float* bias, float* y);
+            const float* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, float* c, int64_t M, int64_t N, int64_t K);
+void linear(int64_t N, int64_t IN, int64_t OUT, const float* x, int64_t sxn, int64_t sxi, const float* w, int64_t swo,
+            int64_t swi, const float* bias, float* y);
 void linear_backward(int64_t N, int64_t IN, int64_t OUT, const float* gy, const float* x, int64_t sxn, int64_t sxi,
                      const float* w, int64_t swo, int64_t swi, float* gx, float* gw, int64_t sgo, int64_t sgi,
                      float* gb);
@@ -44,15 +43,15 @@ void linear_backward(int64_t N, int64_t IN, int64_t OUT, const float* gy, const 
 // (`ab` or F32) rounded once; the bias is F32 or `ab` (`bd`), or null. Only call them when
 // gemm16_available(ab); linear16 / linear_backward16 need N, IN, OUT > 0.
 bool gemm16_available(DType ab);  // oneDNN has a non-reference kernel for ab on this CPU (probed once)
-void matmul16(DType ab, DType cd, int nbd, const int64_t* bshape, const uint16_t* a, const int64_t* a_bst,
-              int64_t sam, int64_t sak, const uint16_t* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c,
-              int64_t M, int64_t N, int64_t K);
+void matmul16(DType ab, DType cd, int nbd, const int64_t* bshape, const uint16_t* a, const int64_t* a_bst, int64_t sam,
+              int64_t sak, const uint16_t* b, const int64_t* b_bst, int64_t sbk, int64_t sbn, void* c, int64_t M,
+              int64_t N, int64_t K);
 void linear16(DType ab, DType yd, int64_t N, int64_t IN, int64_t OUT, const uint16_t* x, int64_t sxn, int64_t sxi,
               const uint16_t* w, int64_t swo, int64_t swi, const void* bias, DType bd, void* y);
 // gx, gw (either may be null) in dtype `dt` like gy, x, w; the bias grad is the caller's.
-void linear_backward16(DType dt, int64_t N, int64_t IN, int64_t OUT, const uint16_t* gy, const uint16_t* x,
-                       int64_t sxn, int64_t sxi, const uint16_t* w, int64_t swo, int64_t swi, uint16_t* gx,
-                       uint16_t* gw, int64_t sgo, int64_t sgi);
+void linear_backward16(DType dt, int64_t N, int64_t IN, int64_t OUT, const uint16_t* gy, const uint16_t* x, int64_t sxn,
+                       int64_t sxi, const uint16_t* w, int64_t swo, int64_t swi, uint16_t* gx, uint16_t* gw,
+                       int64_t sgo, int64_t sgi);
 // For tests: "<oneDNN implementation> <ab>-><c>" of the most recent GEMM run here (any
 // dtype), and how many oneDNN primitives have been created (cache misses) so far.
 std::string last_matmul_impl();
@@ -64,8 +63,8 @@ void column_sum(int64_t N, int64_t C, const float* x, float* out);
 void embedding(int64_t N, int64_t C, const float* w, int64_t swv, int64_t swc, const int64_t* ids, float* y);
 void embedding_backward(int64_t N, int64_t C, int64_t V, const float* gy, const int64_t* ids, float* gw);
 
-void layer_norm(int64_t N, int64_t C, const float* x, const float* w, const float* b, double eps, float* y,
-                float* mean, float* rstd);
+void layer_norm(int64_t N, int64_t C, const float* x, const float* w, const float* b, double eps, float* y, float* mean,
+                float* rstd);
 void layer_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* gx, float* gw, float* gb);
 
@@ -151,15 +150,14 @@ void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType
 void gelu16(const Strided& x, DType ot, void* y);
 void gelu_backward16(const Strided& gy, const Strided& x, DType ot, void* gx);
 // gy: logical (N, C); gw (V, C) in dtype ot.
-void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot,
-                          void* gw);
+void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot, void* gw);
 
 // cpu/norm.cpp. x, gy, y, logits: logical (N, C) / (N, V). w, b, mean, rstd, lse: f32.
-void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot,
-                  void* y, float* mean, float* rstd);
+void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot, void* y,
+                  float* mean, float* rstd);
 // gx in dtype ot; gw, gb f32 (C).
-void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w,
-                           const float* mean, const float* rstd, DType ot, void* gx, float* gw, float* gb);
+void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w, const float* mean,
+                           const float* rstd, DType ot, void* gx, float* gw, float* gb);
 void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y);
 void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx);
 int64_t cross_entropy16(int64_t N, int64_t V, const Strided& logits, const int64_t* targets, int64_t ignore_index,
@@ -169,16 +167,15 @@ void cross_entropy_backward16(int64_t N, int64_t V, double gloss, const Strided&
 
 // cpu/attention.cpp. q, k, v, gout, out: (B, NH, T, HS) views, BH = B * NH; lse f32
 // contiguous (BH, T); out, gq, gk, gv contiguous in dtype ot.
-void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Strided& k, const Strided& v,
-                 bool causal, double scale, DType ot, void* out, float* lse);
-void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout, const Strided& q,
-                          const Strided& k, const Strided& v, const Strided& out, const float* lse, bool causal,
-                          double scale, DType ot, void* gq, void* gk, void* gv);
+void attention16(int64_t BH, int64_t T, int64_t HS, const Strided& q, const Strided& k, const Strided& v, bool causal,
+                 double scale, DType ot, void* out, float* lse);
+void attention_backward16(int64_t BH, int64_t T, int64_t HS, const Strided& gout, const Strided& q, const Strided& k,
+                          const Strided& v, const Strided& out, const float* lse, bool causal, double scale, DType ot,
+                          void* gq, void* gk, void* gv);
 
 // cpu/cast.cpp: out (contiguous, dtype `to`) = in (dtype `from`, strided), bitwise equal to
 // ref::cast (the scalar conversions of core/dtype.h); vectorised, OpenMP for large tensors.
 void cast(DType from, DType to, int nd, const int64_t* shape, const void* in, const int64_t* si, void* out);
-
 
 // ---------------- the other families' kernels (f32 unless a dtype is passed)
 
@@ -208,9 +205,8 @@ void batch_norm_planes_backward(int64_t N, int64_t C, int64_t HW, DType dg, cons
 void batch_norm_rows(int64_t M, int64_t C, DType dt, const void* x, const float* w, const float* b, bool training,
                      const float* rmean, const float* rvar, double eps, void* y, float* mean, float* rstd,
                      float* var_out);
-void batch_norm_rows_backward(int64_t M, int64_t C, DType dg, const void* gy, DType dx, const void* x,
-                              const float* w, const float* mean, const float* rstd, bool training, void* gx,
-                              float* gw, float* gb);
+void batch_norm_rows_backward(int64_t M, int64_t C, DType dg, const void* gy, DType dx, const void* x, const float* w,
+                              const float* mean, const float* rstd, bool training, void* gx, float* gw, float* gb);
 
 // cpu/attention.cpp: attention with a key padding mask (keep: (B, T) bytes) on contiguous
 // (B*NH, T, HS) heads; repeat_kv's backward (the sum over each group of n_rep heads).
@@ -236,18 +232,16 @@ void set_last_conv2d_impl(const char* impl);
 void depthwise_conv2d(const ref::ConvGeom& g, const float* x, const float* w, const float* b, float* y);
 void depthwise_conv2d_backward_data(const ref::ConvGeom& g, const float* gy, const float* w, float* gx);
 void depthwise_conv2d_backward_weights(const ref::ConvGeom& g, const float* gy, const float* x, float* gw, float* gb);
-void max_pool_rows(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t N, int64_t C, int64_t k, int64_t s,
-                   int64_t p, DType dt, const void* x, void* y, int64_t* idx);
-void max_pool_rows_backward(int64_t N, int64_t HW, int64_t OHW, int64_t C, DType dt, const void* gy,
-                            const int64_t* idx, void* gx);
+void max_pool_rows(int64_t H, int64_t W, int64_t OH, int64_t OW, int64_t N, int64_t C, int64_t k, int64_t s, int64_t p,
+                   DType dt, const void* x, void* y, int64_t* idx);
+void max_pool_rows_backward(int64_t N, int64_t HW, int64_t OHW, int64_t C, DType dt, const void* gy, const int64_t* idx,
+                            void* gx);
 void patchify(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, const float* x, float* y);
 void patchify_backward(int64_t N, int64_t C, int64_t H, int64_t W, int64_t p, const float* g, float* gx);
 
 // cpu/position.cpp: RoPE on BH contiguous (T, HS) heads (sign +1 forward, -1 backward);
 // roll2d on contiguous (B, H, W, C) of esize-byte elements (row copies).
-void rope(int64_t BH, int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0, double sign, const float* x,
-          float* y);
-void roll2d(int64_t B, int64_t H, int64_t W, int64_t C, int64_t sh, int64_t sw, size_t esize, const char* x,
-            char* out);
+void rope(int64_t BH, int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0, double sign, const float* x, float* y);
+void roll2d(int64_t B, int64_t H, int64_t W, int64_t C, int64_t sh, int64_t sw, size_t esize, const char* x, char* out);
 
 }  // namespace brigade::ops::cpu

@@ -139,8 +139,8 @@ void layer_norm_backward_blocks(int64_t N, int64_t C, float* gw, float* gb, Make
 
 // ---------------------------------------------------------------- layer norm (Ba et al. 2016)
 
-void layer_norm(int64_t N, int64_t C, const float* x, const float* w, const float* b, double eps, float* y,
-                float* mean, float* rstd) {
+void layer_norm(int64_t N, int64_t C, const float* x, const float* w, const float* b, double eps, float* y, float* mean,
+                float* rstd) {
   const float epsf = float(eps);
 #pragma omp parallel for schedule(static) if (N * C > kParallelMin)
   for (int64_t n = 0; n < N; ++n) layer_norm_row(C, x + n * C, w, b, epsf, y + n * C, mean + n, rstd + n);
@@ -226,7 +226,8 @@ void map_rows16(int64_t N, int64_t C, DType ot, void* y, Row row, const In&... i
     for (int64_t n = 0; n < N; ++n) {
       size_t k = 0;
       (gather_f32(in, n * C, C, buf.data() + (k++) * C), ...);
-      [&]<size_t... I>(std::index_sequence<I...>) { row(n, (buf.data() + I * C)..., out); }(std::make_index_sequence<K>{});
+      [&]<size_t... I>(std::index_sequence<I...>) { row(n, (buf.data() + I * C)..., out); }
+      (std::make_index_sequence<K>{});
       store_f32(ot, C, out, static_cast<char*>(y) + size_t(n * C) * eo);
     }
   }
@@ -234,16 +235,16 @@ void map_rows16(int64_t N, int64_t C, DType ot, void* y, Row row, const In&... i
 
 }  // namespace
 
-void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot,
-                  void* y, float* mean, float* rstd) {
+void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot, void* y,
+                  float* mean, float* rstd) {
   const float epsf = float(eps);
   map_rows16(
       N, C, ot, y,
       [&](int64_t n, const float* xr, float* yr) { layer_norm_row(C, xr, w, b, epsf, yr, mean + n, rstd + n); }, x);
 }
 
-void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w,
-                           const float* mean, const float* rstd, DType ot, void* gx, float* gw, float* gb) {
+void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w, const float* mean,
+                           const float* rstd, DType ot, void* gx, float* gw, float* gb) {
   const size_t eo = dtype_size(ot);
   layer_norm_backward_blocks(N, C, gw, gb, [&] {
     // a thread's f32 rows: gy, x and gx
@@ -260,7 +261,8 @@ void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Stride
 }
 
 void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y) {
-  map_rows16(N, C, ot, y, [&](int64_t, const float* xr, float* yr) { softmax_row(C, xr, yr); }, x);
+  map_rows16(
+      N, C, ot, y, [&](int64_t, const float* xr, float* yr) { softmax_row(C, xr, yr); }, x);
 }
 
 void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx) {
@@ -338,7 +340,7 @@ void rms_norm(int64_t N, int64_t C, const float* x, const float* w, double eps, 
 }
 
 void rms_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, const float* w, const float* rstd,
-                           float* gx, float* gw) {
+                       float* gx, float* gw) {
   const bool par = N * C >= (int64_t(1) << 14);
 #pragma omp parallel for schedule(static) if (par)
   for (int64_t n = 0; n < N; ++n) {
@@ -415,8 +417,8 @@ inline void row_grad_sums(const float* gy, const float* x, int64_t n, float m, f
 
 // NCHW batch norm; x and y of dtype dt (f32, bf16 or f16), everything else f32.
 void batch_norm_planes(int64_t N, int64_t C, int64_t HW, DType dt, const void* x, const float* w, const float* b,
-                      bool training, const float* rmean, const float* rvar, double eps, void* y, float* mean,
-                      float* rstd, float* var_out) {
+                       bool training, const float* rmean, const float* rvar, double eps, void* y, float* mean,
+                       float* rstd, float* var_out) {
 #pragma omp parallel if (N * C * HW > (1 << 15))
   {
     std::vector<float> xb = scratch_row(dt, HW), yb = scratch_row(dt, HW);
@@ -455,8 +457,8 @@ void batch_norm_planes(int64_t N, int64_t C, int64_t HW, DType dt, const void* x
 
 // NCHW backward; gy of dtype dg, x and gx of dtype dx, the rest f32.
 void batch_norm_planes_backward(int64_t N, int64_t C, int64_t HW, DType dg, const void* gy, DType dx, const void* x,
-                               const float* w, const float* mean, const float* rstd, bool training, void* gx,
-                               float* gw, float* gb) {
+                                const float* w, const float* mean, const float* rstd, bool training, void* gx,
+                                float* gw, float* gb) {
   const double M = double(N * HW);
 #pragma omp parallel if (N * C * HW > (1 << 15))
   {
@@ -524,9 +526,9 @@ void column_sums_blocked(int64_t M, int64_t K, double* out, RowFn&& add_row) {
 }  // namespace
 
 // Channels-last batch norm; x and y of dtype dt, the rest f32.
-void batch_norm_rows(int64_t M, int64_t C, DType dt, const void* x, const float* w, const float* b,
-                         bool training, const float* rmean, const float* rvar, double eps, void* y, float* mean,
-                         float* rstd, float* var_out) {
+void batch_norm_rows(int64_t M, int64_t C, DType dt, const void* x, const float* w, const float* b, bool training,
+                     const float* rmean, const float* rvar, double eps, void* y, float* mean, float* rstd,
+                     float* var_out) {
   std::vector<double> m(static_cast<size_t>(C)), v(static_cast<size_t>(C));
   std::vector<float> mf(static_cast<size_t>(C));
   if (training) {
@@ -584,9 +586,8 @@ void batch_norm_rows(int64_t M, int64_t C, DType dt, const void* x, const float*
 }
 
 // Channels-last backward; gy of dtype dg, x and gx of dtype dx, the rest f32.
-void batch_norm_rows_backward(int64_t M, int64_t C, DType dg, const void* gy, DType dx, const void* x,
-                                  const float* w, const float* mean, const float* rstd, bool training, void* gx,
-                                  float* gw, float* gb) {
+void batch_norm_rows_backward(int64_t M, int64_t C, DType dg, const void* gy, DType dx, const void* x, const float* w,
+                              const float* mean, const float* rstd, bool training, void* gx, float* gw, float* gb) {
   // sums[c] = sum gy, sums[C + c] = sum gy (x - m), in one pass over gy and x
   std::vector<double> sums(static_cast<size_t>(2 * C));
   column_sums_blocked(M, 2 * C, sums.data(), [&](int64_t r, double* acc) {

@@ -11,7 +11,7 @@
 namespace brigade::ops::cpu {
 
 void rope(int64_t BH, int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0, double sign, const float* x,
-              float* y) {
+          float* y) {
   const int64_t h = HS / 2;
   std::vector<float> ct(size_t(T * h)), st(size_t(T * h));
   ref::rope_table<float>(T, HS, spec, pos0, ct.data(), st.data());
@@ -34,7 +34,7 @@ void rope(int64_t BH, int64_t T, int64_t HS, const RopeSpec& spec, int64_t pos0,
 
 // One (b, h) row of the output per iteration: two contiguous chunks of the source row.
 void roll2d(int64_t B, int64_t H, int64_t W, int64_t C, int64_t sh, int64_t sw, size_t esize, const char* x,
-                char* out) {
+            char* out) {
   const int64_t rows = B * H;
   const int64_t s = ref::wrap(sw, W);
   const size_t px = size_t(C) * esize;  // bytes of one pixel

@@ -13,7 +13,7 @@ inline float fast_exp(float x) {
   const float xc = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);
   const float t = xc * 1.44269504088896341f;
   const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
-  float r = xc - n * 0.693359375f;                   // Cody-Waite: ln2 = C1 + C2
+  float r = xc - n * 0.693359375f;                  // Cody-Waite: ln2 = C1 + C2
   r = r + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

@@ -76,8 +76,8 @@ void attention_rows_backward(int64_t BH, int64_t T, int64_t HS, const S* gout, c
 }
 // Causal (keys j <= i) or full attention: every key of the row's range takes part.
 template <typename S>
-void attention(int64_t BH, int64_t T, int64_t HS, const S* q, const S* k, const S* v, bool causal, double scale,
-               S* out, S* lse) {
+void attention(int64_t BH, int64_t T, int64_t HS, const S* q, const S* k, const S* v, bool causal, double scale, S* out,
+               S* lse) {
   attention_rows(
       BH, T, HS, q, k, v, scale, [=](int64_t i) { return causal ? i + 1 : T; }, [](int64_t, int64_t) { return true; },
       out, lse);
@@ -101,9 +101,9 @@ void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const S* q
 }
 
 template <class S>
-void attention_key_mask_backward(int64_t B, int64_t NH, int64_t T, int64_t HS, const S* gout, const S* q,
-                                 const S* k, const S* v, const S* out, const S* lse, const uint8_t* keep,
-                                 double scale, S* gq, S* gk, S* gv) {
+void attention_key_mask_backward(int64_t B, int64_t NH, int64_t T, int64_t HS, const S* gout, const S* q, const S* k,
+                                 const S* v, const S* out, const S* lse, const uint8_t* keep, double scale, S* gq,
+                                 S* gk, S* gv) {
   attention_rows_backward(
       B * NH, T, HS, gout, q, k, v, out, lse, scale, [T](int64_t) { return T; },
       [=](int64_t bh, int64_t j) { return keep[(bh / NH) * T + j] != 0; }, gq, gk, gv);

@@ -1,7 +1,7 @@
 // Scalar oracle of dtype conversion (ops/cast.h).
 #pragma once
-#include "brigade/ops/ref/common.h"
 #include "brigade/core/dtype.h"
+#include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {
 

@@ -98,8 +98,8 @@ void conv2d_backward(const ConvGeom& g, const T* gy, const T* x, const T* w, T* 
 
 // One (H, W) plane -> (OH, OW): max and the flat index of the first maximum (NaN wins).
 template <typename T>
-void max_pool2d_plane(int64_t H, int64_t W, int64_t k, int64_t s, int64_t p, int64_t OH, int64_t OW, const T* x,
-                      T* y, int64_t* idx) {
+void max_pool2d_plane(int64_t H, int64_t W, int64_t k, int64_t s, int64_t p, int64_t OH, int64_t OW, const T* x, T* y,
+                      int64_t* idx) {
   for (int64_t oh = 0; oh < OH; ++oh)
     for (int64_t ow = 0; ow < OW; ++ow) {
       T best = -std::numeric_limits<T>::infinity();
@@ -137,8 +137,7 @@ inline int64_t avg_pool_divisor(int64_t oh, int64_t ow, int64_t H, int64_t W, in
   return (he - hs) * (we - ws);
 }
 template <typename T>
-void avg_pool2d_plane(int64_t H, int64_t W, int64_t k, int64_t s, int64_t p, int64_t OH, int64_t OW, const T* x,
-                      T* y) {
+void avg_pool2d_plane(int64_t H, int64_t W, int64_t k, int64_t s, int64_t p, int64_t OH, int64_t OW, const T* x, T* y) {
   for (int64_t oh = 0; oh < OH; ++oh)
     for (int64_t ow = 0; ow < OW; ++ow) {
       double acc = 0;

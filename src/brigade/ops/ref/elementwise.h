@@ -33,8 +33,8 @@ S apply_unary(UnaryOp op, S x, double s) {
 // out (contiguous, shape) = a op b; a and b are read through strides over `shape`
 // (stride 0 on broadcast dims).
 template <typename S>
-void binary(BinaryOp op, int nd, const int64_t* shape, const S* a, const int64_t* sa, const S* b,
-            const int64_t* sb, S* out) {
+void binary(BinaryOp op, int nd, const int64_t* shape, const S* a, const int64_t* sa, const S* b, const int64_t* sb,
+            S* out) {
   const int64_t n = numel_of(nd, shape);
   for (int64_t i = 0; i < n; ++i)
     out[i] = apply_binary(op, a[strided_offset(i, nd, shape, sa)], b[strided_offset(i, nd, shape, sb)]);

@@ -43,8 +43,8 @@ void linear(int64_t N, int64_t IN, int64_t OUT, const S* x, int64_t sxn, int64_t
 //   gx (N, IN) = gy @ W;  gw(o, i) = sum_n gy(n, o) x(n, i) written at gw[sgo*o + sgi*i];
 //   gb (OUT) = sum_n gy(n, :). gy contiguous (N, OUT); any output pointer may be null.
 template <typename S>
-void linear_backward(int64_t N, int64_t IN, int64_t OUT, const S* gy, const S* x, int64_t sxn, int64_t sxi,
-                     const S* w, int64_t swo, int64_t swi, S* gx, S* gw, int64_t sgo, int64_t sgi, S* gb) {
+void linear_backward(int64_t N, int64_t IN, int64_t OUT, const S* gy, const S* x, int64_t sxn, int64_t sxi, const S* w,
+                     int64_t swo, int64_t swi, S* gx, S* gw, int64_t sgo, int64_t sgi, S* gb) {
   if (gx)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i = 0; i < IN; ++i) {

@@ -30,8 +30,8 @@ int64_t cross_entropy(int64_t N, int64_t V, const S* logits, const int64_t* targ
 // Backward of the loss above: glogits[n, :] = gloss * (exp(logits - lse[n]) - onehot(t[n])) / count,
 // zero rows where t[n] == ignore_index (and everywhere when count == 0).
 template <typename S>
-void cross_entropy_backward(int64_t N, int64_t V, double gloss, const S* logits, const int64_t* targets,
-                            const S* lse, int64_t ignore_index, S* glogits) {
+void cross_entropy_backward(int64_t N, int64_t V, double gloss, const S* logits, const int64_t* targets, const S* lse,
+                            int64_t ignore_index, S* glogits) {
   int64_t count = 0;
   for (int64_t n = 0; n < N; ++n) count += targets[n] != ignore_index;
   for (int64_t n = 0; n < N; ++n) {

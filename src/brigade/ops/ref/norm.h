@@ -26,8 +26,8 @@ void layer_norm(int64_t N, int64_t C, const S* x, const S* w, const S* b, double
 //   gb = sum_n gy; gw = sum_n gy * xhat; g = gy * w;
 //   gx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)).
 template <typename S>
-void layer_norm_backward(int64_t N, int64_t C, const S* gy, const S* x, const S* w, const S* mean, const S* rstd,
-                         S* gx, S* gw, S* gb) {
+void layer_norm_backward(int64_t N, int64_t C, const S* gy, const S* x, const S* w, const S* mean, const S* rstd, S* gx,
+                         S* gw, S* gb) {
   for (int64_t c = 0; c < C; ++c) gw[c] = gb[c] = S(0);
   for (int64_t n = 0; n < N; ++n) {
     const S* xr = x + n * C;
@@ -151,8 +151,7 @@ void batch_norm2d_backward(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t
 // Channels [c0, c1) of the synchronised batch norm's sums (see ops::batch_norm2d_sums and
 // batch_norm2d_grad_sums), in double, n then hw order.
 template <typename T>
-void batch_norm2d_sums(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* x, double* s1,
-                       double* s2) {
+void batch_norm2d_sums(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* x, double* s1, double* s2) {
   for (int64_t c = c0; c < c1; ++c) {
     double a = 0, b = 0;
     for (int64_t n = 0; n < N; ++n)
@@ -184,8 +183,8 @@ void batch_norm2d_grad_sums(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_
 // gx = w r (gy - s1 / M - xhat s2 / M)
 template <typename T, typename S>
 void batch_norm2d_backward_input(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* gy, const T* x,
-                                 const T* w, const S* mean, const S* rstd, const double* s1, const double* s2,
-                                 double M, T* gx) {
+                                 const T* w, const S* mean, const S* rstd, const double* s1, const double* s2, double M,
+                                 T* gx) {
   for (int64_t c = c0; c < c1; ++c) {
     const double m = double(mean[c]), r = double(rstd[c]), wc = double(w[c]);
     for (int64_t n = 0; n < N; ++n)

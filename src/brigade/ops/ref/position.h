@@ -1,7 +1,7 @@
 // Scalar oracle of the position ops (ops/position.h): rotary embedding and the 2-D roll.
 #pragma once
-#include "brigade/ops/ref/common.h"
 #include "brigade/ops/position.h"
+#include "brigade/ops/ref/common.h"
 
 namespace brigade::ops::ref {
 
@@ -16,9 +16,9 @@ inline double rope_inv_freq(const RopeSpec& spec, int64_t i, int64_t HS) {
       const double kPi = 3.14159265358979323846;
       const double L = spec.original_max_positions, lo = spec.low_freq_factor, hi = spec.high_freq_factor;
       const double wavelen = 2.0 * kPi / inv_freq;
-      if (wavelen < L / hi) return inv_freq;                   // high frequency: kept
-      if (wavelen > L / lo) return inv_freq / spec.factor;     // low frequency: interpolated
-      const double smooth = (L / wavelen - lo) / (hi - lo);    // in [0, 1] between the two
+      if (wavelen < L / hi) return inv_freq;                 // high frequency: kept
+      if (wavelen > L / lo) return inv_freq / spec.factor;   // low frequency: interpolated
+      const double smooth = (L / wavelen - lo) / (hi - lo);  // in [0, 1] between the two
       return (1.0 - smooth) * inv_freq / spec.factor + smooth * inv_freq;
     }
   }

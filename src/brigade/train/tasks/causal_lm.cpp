@@ -2,21 +2,21 @@
 #include <omp.h>
 
 #include <filesystem>
-#include <optional>
 #include <map>
+#include <optional>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
 #include "brigade/core/error.h"
+#include "brigade/data/sampler.h"
 #include "brigade/data/text/prepare.h"
+#include "brigade/data/text/text_tokenizer.h"
+#include "brigade/data/text/token_file.h"
 #include "brigade/models/gpt/gpt.h"
 #include "brigade/models/llama/llama.h"
-#include "brigade/train/generate.h"
 #include "brigade/train/finetune.h"
+#include "brigade/train/generate.h"
 #include "brigade/train/registry.h"
-#include "brigade/data/sampler.h"
-#include "brigade/data/text/token_file.h"
-#include "brigade/data/text/text_tokenizer.h"
 #include "brigade/train/tasks.h"
 
 namespace brigade::train {
@@ -89,9 +89,7 @@ class CausalLMTask : public Task {
   ItemKind item_kind() const override { return ItemKind::Token; }
   int64_t items_per_row() const override { return r_.train.seq_len; }
   double flops_per_item() const override { return model_->flops_per_token(r_.train.seq_len); }
-  std::string data_summary() override {
-    return fmt::format("{} train / {} val tokens", train_->size(), val_->size());
-  }
+  std::string data_summary() override { return fmt::format("{} train / {} val tokens", train_->size(), val_->size()); }
   Batch batch(int64_t step, int64_t micro, int64_t micro_steps, const Shard& s) override {
     const int64_t B = r_.train.batch_size, T = r_.train.seq_len;
     // Micro-step m of replica p takes rows [(m P + p) B, +B) of the step's global batch, so the
@@ -190,9 +188,7 @@ class CausalLMTask : public Task {
     return generate_text(*whole, *tok_, r_.sample.prompt, so);
   }
   std::string tokenizer_dir() const override { return r_.data.dir; }
-  Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
-    return causal_lm_synthetic_batch(r_, seed, rows);
-  }
+  Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override { return causal_lm_synthetic_batch(r_, seed, rows); }
   int64_t eval_rows() const override { return r_.train.batch_size; }
 
  private:

@@ -153,7 +153,7 @@ class ContrastiveTask : public Task {
     // averages micro-steps and ranks (1 / (A D)), hence the factor A D on the embedding terms; the
     // scale's gradient is the same on every micro-step and rank.
     const Tensor txt = model_->encode_text(b.at("ids"), b.at("lengths"));  // (B, E); text first, as logits()
-    const Tensor img = model_->encode_image(b.at("images"));                // (B, E)
+    const Tensor img = model_->encode_image(b.at("images"));               // (B, E)
     const Tensor dots = fn::add(fn::sum_all(fn::mul(img, img_grad_[size_t(micro)])),
                                 fn::sum_all(fn::mul(txt, txt_grad_[size_t(micro)])));  // ()
     const Tensor surrogate =
@@ -249,10 +249,11 @@ class ContrastiveTask : public Task {
   }
   std::string eval_line(const Metrics& m) const override {
     const double n = m.get("images");
-    return fmt::format("zero-shot test accuracy: {:.2f}% ({}/{}) over the 10 class captions | test-pair contrastive "
-                       "loss {:.4f} | {}",
-                       n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
-                       n > 0 ? m.get("loss_sum") / n : 0.0, recall_text(m));
+    return fmt::format(
+        "zero-shot test accuracy: {:.2f}% ({}/{}) over the 10 class captions | test-pair contrastive "
+        "loss {:.4f} | {}",
+        n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
+        n > 0 ? m.get("loss_sum") / n : 0.0, recall_text(m));
   }
   std::string final_line(const Metrics& m) const override {
     const double n = m.get("images");
@@ -291,8 +292,8 @@ class ContrastiveTask : public Task {
   bool cached_grads_ = false;
   std::vector<Tensor> img_grad_, txt_grad_;  // per micro-batch: d loss / d embedding, (B, E)
   double scale_grad_ = 0.0, global_loss_ = 0.0;
-  int64_t split_ = 1;                        // micro-steps x world of the current step
-  Tensor class_embeds_;                      // eval: the 10 prompts' embeddings
+  int64_t split_ = 1;    // micro-steps x world of the current step
+  Tensor class_embeds_;  // eval: the 10 prompts' embeddings
 };
 
 }  // namespace

@@ -61,8 +61,9 @@ class FlamingoTask : public Task {
     const data::CaptionTokenizer captions;  // the class names
     for (const std::string& name : captions.class_names()) {
       std::vector<int> ids = tok_->encode_strict(data::class_phrase(name), "a Fashion-MNIST class phrase");
-      BRIGADE_CHECK(!ids.empty(), ConfigError, "recipe {}: the tokenizer of model.lm_from = {} encodes \"{}\" as no tokens",
-                    r.path, r.model.lm_from, data::class_phrase(name));
+      BRIGADE_CHECK(!ids.empty(), ConfigError,
+                    "recipe {}: the tokenizer of model.lm_from = {} encodes \"{}\" as no tokens", r.path,
+                    r.model.lm_from, data::class_phrase(name));
       phrases_.emplace_back(ids.begin(), ids.end());
       max_phrase_ = std::max<int64_t>(max_phrase_, int64_t(ids.size()));
     }
@@ -182,11 +183,11 @@ class FlamingoTask : public Task {
                                       db = data_.train_images(demo);
       Batch b;
       b.rows = b.count = hi - lo;
-      b.t["images"] = qb.images;                                              // (n, 1, 28, 28)
-      b.t["labels"] = qb.labels;                                              // (n)
-      b.t["shuffled_images"] = sb.images;                                     // (n, 1, 28, 28)
-      b.t["demo_images"] = db.images.reshape({b.rows, kShots, 1, 28, 28});    // (n, 4, 1, 28, 28)
-      b.t["demo_labels"] = db.labels.reshape({b.rows, kShots});               // (n, 4)
+      b.t["images"] = qb.images;                                            // (n, 1, 28, 28)
+      b.t["labels"] = qb.labels;                                            // (n)
+      b.t["shuffled_images"] = sb.images;                                   // (n, 1, 28, 28)
+      b.t["demo_images"] = db.images.reshape({b.rows, kShots, 1, 28, 28});  // (n, 4, 1, 28, 28)
+      b.t["demo_labels"] = db.labels.reshape({b.rows, kShots});             // (n, 4)
       score(b, m);
     }
     return m;
@@ -222,8 +223,8 @@ class FlamingoTask : public Task {
     m.add("queries", double(n));
   }
   std::vector<std::string> eval_metric_keys() const override {
-    return {"queries", "zero_shot_correct", "four_shot_correct", "gates_zero_correct", "shuffled_correct",
-            "nll_sum", "nll_tokens"};
+    return {"queries",          "zero_shot_correct", "four_shot_correct", "gates_zero_correct",
+            "shuffled_correct", "nll_sum",           "nll_tokens"};
   }
   nlohmann::json eval_fields(const Metrics& m) const override {
     const double n = std::max(1.0, m.get("queries"));
@@ -344,8 +345,9 @@ class FlamingoTask : public Task {
     for (int64_t q0 = 0; q0 < n; q0 += group) {
       const int64_t qn = std::min(group, n - q0), rows = qn * kClasses;
       std::vector<int64_t> ids(size_t(rows * T), eoc);
-      std::vector<int64_t> first(static_cast<size_t>(rows));             // the position after which the candidate starts
-      std::vector<std::vector<int64_t>> scored(static_cast<size_t>(rows));  // the candidate's tokens, predicted from first on
+      std::vector<int64_t> first(static_cast<size_t>(rows));  // the position after which the candidate starts
+      std::vector<std::vector<int64_t>> scored(
+          static_cast<size_t>(rows));  // the candidate's tokens, predicted from first on
       Tensor lat = Tensor::empty({rows * (nd + 1), L, Dv}, DType::F32);
       const size_t one = size_t(L * Dv) * sizeof(float);
       for (int64_t qi = 0; qi < qn; ++qi)
@@ -357,8 +359,8 @@ class FlamingoTask : public Task {
             seq.push_back(img);
             seq.insert(seq.end(), p.begin(), p.end());
             seq.push_back(eoc);
-            std::memcpy(lat.data<float>() + (row * (nd + 1) + d) * L * Dv, demos.data<float>() + (i * kShots + d) * L * Dv,
-                        one);
+            std::memcpy(lat.data<float>() + (row * (nd + 1) + d) * L * Dv,
+                        demos.data<float>() + (i * kShots + d) * L * Dv, one);
           }
           std::memcpy(lat.data<float>() + (row * (nd + 1) + nd) * L * Dv, query.data<float>() + i * L * Dv, one);
           seq.push_back(img);
@@ -378,10 +380,11 @@ class FlamingoTask : public Task {
       int64_t at = 0;
       for (int64_t row = 0; row < rows; ++row)
         for (size_t j = 0; j < scored[size_t(row)].size(); ++j, ++at)
-          std::memcpy(picked.data<float>() + at * C, hidden.data<float>() + (row * T + first[size_t(row)] + int64_t(j)) * C,
+          std::memcpy(picked.data<float>() + at * C,
+                      hidden.data<float>() + (row * T + first[size_t(row)] + int64_t(j)) * C,
                       sizeof(float) * size_t(C));
       const Tensor logits = model_->transformer->wte->attend(picked).to(DType::F32).contiguous();  // (R, V)
-      const Tensor probs = fn::softmax(logits).to(DType::F32).contiguous();                         // (R, V)
+      const Tensor probs = fn::softmax(logits).to(DType::F32).contiguous();                        // (R, V)
       at = 0;
       for (int64_t row = 0; row < rows; ++row) {
         double s = 0;
@@ -431,12 +434,13 @@ models::FlamingoConfig flamingo_config(const Recipe& r) {
   c.lm = gpt_config(lr.model);
   c.lm.dropout = 0.0;  // the frozen LM runs as in evaluation
   const int64_t Dv = c.vision.hidden_size, C = c.lm.n_embd;
-  BRIGADE_CHECK(r.model.resampler_depth >= 1 && r.model.resampler_latents >= 1 && r.model.resampler_heads >= 1 &&
-                    Dv % r.model.resampler_heads == 0,
-                ConfigError,
-                "recipe {}: model.resampler_depth = {}, resampler_latents = {} must be >= 1 and model.resampler_heads = "
-                "{} must divide the vision width {}",
-                r.path, r.model.resampler_depth, r.model.resampler_latents, r.model.resampler_heads, Dv);
+  BRIGADE_CHECK(
+      r.model.resampler_depth >= 1 && r.model.resampler_latents >= 1 && r.model.resampler_heads >= 1 &&
+          Dv % r.model.resampler_heads == 0,
+      ConfigError,
+      "recipe {}: model.resampler_depth = {}, resampler_latents = {} must be >= 1 and model.resampler_heads = "
+      "{} must divide the vision width {}",
+      r.path, r.model.resampler_depth, r.model.resampler_latents, r.model.resampler_heads, Dv);
   BRIGADE_CHECK(r.model.cross_attn_every_n_layers >= 1 && r.model.cross_attn_every_n_layers <= c.lm.n_layer,
                 ConfigError, "recipe {}: model.cross_attn_every_n_layers = {} must be in [1, {}] (the LM's layers)",
                 r.path, r.model.cross_attn_every_n_layers, c.lm.n_layer);

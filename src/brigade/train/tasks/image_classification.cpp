@@ -15,7 +15,8 @@ std::string fashion_mnist_dir(const Recipe& r) {
 }
 
 int64_t argmax_hits(const Tensor& scores, const Tensor& labels) {
-  const Tensor f = scores.dtype() == DType::F32 ? scores.detach().contiguous() : scores.detach().to(DType::F32).contiguous();
+  const Tensor f =
+      scores.dtype() == DType::F32 ? scores.detach().contiguous() : scores.detach().to(DType::F32).contiguous();
   const float* p = f.data<float>();
   const Tensor y = labels.contiguous();
   const int64_t* yp = y.data<int64_t>();
@@ -41,7 +42,8 @@ namespace {
 class ImageClassificationTask : public Task {
  public:
   ImageClassificationTask(const Recipe& r, ImageClassifier c) : r_(r), c_(std::move(c)), data_(r) {
-    BRIGADE_CHECK(c_.module && c_.forward, ValueError, "ImageClassificationTask: the classifier needs a module and a forward");
+    BRIGADE_CHECK(c_.module && c_.forward, ValueError,
+                  "ImageClassificationTask: the classifier needs a module and a forward");
   }
   nn::Module& model() override { return *c_.module; }
   std::vector<parallel::ParamUnit> units(int zero) override { return single_unit_below_zero3(*c_.module, zero); }
@@ -123,8 +125,9 @@ class ImageClassificationTask : public Task {
   }
   std::string final_line(const Metrics& m) const override {
     const double n = m.get("images");
-    return fmt::format("final test accuracy: {:.2f}% ({}/{}) | test loss {:.4f}", n > 0 ? 100.0 * m.get("correct") / n : 0.0,
-                       int64_t(m.get("correct")), int64_t(n), n > 0 ? m.get("loss_sum") / n : 0.0);
+    return fmt::format("final test accuracy: {:.2f}% ({}/{}) | test loss {:.4f}",
+                       n > 0 ? 100.0 * m.get("correct") / n : 0.0, int64_t(m.get("correct")), int64_t(n),
+                       n > 0 ? m.get("loss_sum") / n : 0.0);
   }
   const Stages* stages() override { return c_.stages ? &*c_.stages : nullptr; }
   Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {

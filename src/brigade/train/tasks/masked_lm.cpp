@@ -1,14 +1,14 @@
 // Masked language modelling (BERT); see tasks.h.
 #include <algorithm>
-#include <optional>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
+#include "brigade/data/sampler.h"
 #include "brigade/data/text/mlm.h"
 #include "brigade/data/text/prepare.h"
-#include "brigade/data/sampler.h"
 #include "brigade/data/text/token_file.h"
 #include "brigade/data/text/tokenizer.h"
 #include "brigade/train/tasks.h"
@@ -139,7 +139,8 @@ class MaskedLMTask : public Task {
   double flops_per_item() const override { return model_->flops_per_token(r_.train.seq_len); }
   std::string data_summary() override {
     return fmt::format(
-        "{} train / {} val tokens, {:.0f}% masked | baselines on the val masked positions: uniform loss ln({}) = {:.4f}, "
+        "{} train / {} val tokens, {:.0f}% masked | baselines on the val masked positions: uniform loss ln({}) = "
+        "{:.4f}, "
         "unigram loss {:.4f}, most-frequent-token accuracy {:.2f}%",
         train_->size(), val_->size(), 100.0 * r_.data.mlm_probability, model_->config().vocab_size,
         std::log(double(model_->config().vocab_size)), unigram_loss_, 100.0 * unigram_accuracy_);
@@ -224,10 +225,10 @@ class MaskedLMTask : public Task {
                        int64_t(m.get("correct")), int64_t(m.get("masked")));
   }
   std::string final_line(const Metrics& m) const override {
-    return fmt::format("final {}\nbaselines: uniform loss {:.4f} | unigram loss {:.4f} | most-frequent-token accuracy "
-                       "{:.2f}%",
-                       eval_line(m), std::log(double(model_->config().vocab_size)), unigram_loss_,
-                       100.0 * unigram_accuracy_);
+    return fmt::format(
+        "final {}\nbaselines: uniform loss {:.4f} | unigram loss {:.4f} | most-frequent-token accuracy "
+        "{:.2f}%",
+        eval_line(m), std::log(double(model_->config().vocab_size)), unigram_loss_, 100.0 * unigram_accuracy_);
   }
   const Stages* stages() override {
     if (!stages_) {
@@ -261,7 +262,8 @@ class MaskedLMTask : public Task {
     Tensor ids = Tensor::empty({B, T}, DType::I64);  // (B, T)
     Generator g(seed);
     int64_t* p = ids.data<int64_t>();
-    for (int64_t i = 0; i < ids.numel(); ++i) p[i] = 3 + std::min<int64_t>(int64_t(g.uniform_double() * double(V - 3)), V - 4);
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      p[i] = 3 + std::min<int64_t>(int64_t(g.uniform_double() * double(V - 3)), V - 4);
     return masked_rows(ids, seed + 1, 0, B);
   }
   int64_t eval_rows() const override { return r_.train.batch_size; }

@@ -62,7 +62,8 @@ class SftTask : public Task {
         ++truncated;
     }
     const int64_t N = int64_t(kept.size());
-    const int64_t n_val = r_.data.val_fraction > 0 ? std::max<int64_t>(1, int64_t(double(N) * r_.data.val_fraction)) : 0;
+    const int64_t n_val =
+        r_.data.val_fraction > 0 ? std::max<int64_t>(1, int64_t(double(N) * r_.data.val_fraction)) : 0;
     BRIGADE_CHECK(N - n_val >= 1, DataError, "{}: {} usable samples leave none to train on after the val split",
                   r_.data.corpus, N);
     train_.assign(std::make_move_iterator(kept.begin()), std::make_move_iterator(kept.end() - n_val));
@@ -86,8 +87,8 @@ class SftTask : public Task {
                                                    truncated, T + 1)
                                      : "",
                            train_.size(), val_.size(), cut ? fmt::format(" ({} cut to {} tokens)", cut, T + 1) : "");
-    summary_ += fmt::format(" | majority completion \"{}\": {:.2f}% exact match on val", majority_text_,
-                            100.0 * majority_);
+    summary_ +=
+        fmt::format(" | majority completion \"{}\": {:.2f}% exact match on val", majority_text_, 100.0 * majority_);
   }
   ItemKind item_kind() const override { return ItemKind::Token; }
   int64_t items_per_row() const override { return r_.train.seq_len; }
@@ -154,15 +155,14 @@ class SftTask : public Task {
                        100.0 * m.get("exact") / m.get("samples"));
   }
   std::string final_line(const Metrics& m) const override {
-    return fmt::format("final val loss: {:.4f} | exact match {:.2f}% of {:.0f} held-out samples (always the "
-                       "majority completion: {:.2f}%)",
-                       m.get("loss_sum") / m.get("tokens"), 100.0 * m.get("exact") / m.get("samples"),
-                       m.get("samples"), 100.0 * majority_);
+    return fmt::format(
+        "final val loss: {:.4f} | exact match {:.2f}% of {:.0f} held-out samples (always the "
+        "majority completion: {:.2f}%)",
+        m.get("loss_sum") / m.get("tokens"), 100.0 * m.get("exact") / m.get("samples"), m.get("samples"),
+        100.0 * majority_);
   }
   // every position a target, as a full row of trained tokens
-  Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override {
-    return causal_lm_synthetic_batch(r_, seed, rows);
-  }
+  Batch synthetic_batch(uint64_t seed, int64_t rows = -1) override { return causal_lm_synthetic_batch(r_, seed, rows); }
   int64_t eval_rows() const override { return r_.train.batch_size; }
 
  private:
