@@ -28,10 +28,12 @@ enum class Level : uint8_t {
 enum class Op : uint8_t {
   // clang-format off
   Linear, Matmul, Attention, Conv,      // GEMM-shaped: the allow-list (conv: conv2d, grouped and depthwise too)
-  Embedding, Gelu, Elementwise,         // add/sub/mul, relu, sigmoid and scalar ops
+  Embedding, Gelu, Elementwise,         // gelu: gelu, gelu_erf, silu; elementwise: add/sub/mul, relu,
+                                        // sigmoid, tanh, rope and scalar ops
   Pool,                                 // max_pool2d, avg_pool2d (elementwise rules)
-  LayerNorm, BatchNorm, Softmax, CrossEntropy, Reduction,  // precision-sensitive (cross_entropy: with
-                                        // label smoothing too; reduction: sums, means, spatial_mean)
+  LayerNorm, BatchNorm, Softmax, CrossEntropy, Reduction,  // precision-sensitive (layer_norm: rms_norm
+                                        // too; batch_norm: sync too; cross_entropy: with label smoothing
+                                        // too; reduction: sums, means, spatial_mean, adaptive_avg_pool2d)
   Dropout,
   kCount
   // clang-format on

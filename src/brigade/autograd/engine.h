@@ -1,8 +1,7 @@
-// Reverse-mode autograd: a graph of Nodes recorded as differentiable functions
-// run (see functions.h, where every derivative rule lives), and the engine that
-// walks it backwards in topological order. Gradients of leaves accumulate (+=)
-// into tensor.grad(), allocated under MemTag::Grads; node outputs are fresh.
-// Not thread-safe across concurrent backward calls on one graph.
+// Reverse-mode autograd: the Nodes the differentiable functions record (functions.h; their rules in
+// rules/<family>.cpp) and the engine that walks them backwards in topological order. Gradients of
+// leaves accumulate (+=) into tensor.grad() (MemTag::Grads); node outputs are fresh. Not
+// thread-safe across concurrent backward calls on one graph.
 #pragma once
 #include <functional>
 #include <memory>

@@ -1,9 +1,7 @@
-// Differentiable functions: each runs a raw op (ops/ops.h) and, when grad mode is on and an
-// input needs a gradient, records a Node whose backward is the derivative rule, written with
-// ops:: calls so it runs on every backend. The rules live by op family in
-// autograd/rules/<family>.cpp, the same stems as ops/ (plus shape and checkpoint, which have no
-// raw op of their own). Model code calls these (via `namespace F = brigade::fn`), never ops::
-// directly.
+// Differentiable functions: each runs a raw op (ops/ops.h) and, when grad mode is on and an input
+// needs a gradient, records a Node whose backward (ops:: calls, so any backend) is the derivative
+// rule, in autograd/rules/<family>.cpp (the ops/ stems, plus shape and checkpoint). Model code
+// calls these (`namespace F = brigade::fn`), never ops:: directly.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,19 +15,11 @@ namespace brigade::fn {
 
 using ops::WeightLayout;
 
-// Precision: every function below computes in the dtype the active precision policy
-// (amp/policy.h, amp::AutocastScope) gives its kind of op, casting its floating inputs
-// first with recorded casts; outside any scope (O0) it runs in its inputs' dtype, with
-// inputs of different floating dtypes promoted to f32. Gradients come back in each
-// input's own dtype.
-// Op kinds in the policy table (amp/policy.h): the norms (layer_norm, rms_norm) are LayerNorm,
-// batch_norm2d and sync_batch_norm2d BatchNorm (f32 at O1; mixed at O2: the 16-bit input taken
-// uncast, the output in its dtype, computed in f32 by the kernel; low at O3), conv2d Conv (a
-// GEMM: low from O1, like linear), the pools Pool, the activations (gelu, gelu_erf, silu) Gelu,
-// relu / sigmoid / tanh / rope and the adds Elementwise, spatial_mean and adaptive_avg_pool2d
-// Reduction, the attentions Attention, the cross-entropies CrossEntropy (f32 from O1). Functions
-// that only move values (reshape, patchify, roll2d, repeat_kv, concat, prepend_token, ...) run in
-// their inputs' dtype.
+// Precision: each function computes in the dtype the active policy (amp/policy.h, whose table
+// maps every function to its amp::Op kind) gives its kind of op, casting floating inputs first
+// with recorded casts; at O0 it runs in its inputs' dtype (two floating dtypes: f32). Functions
+// that only move values (reshape, patchify, roll2d, concat, ...) run in their inputs' dtype.
+// Gradients come back in each input's own dtype.
 
 // x converted to dtype dt (x itself when it already is); differentiable: the backward
 // converts the gradient back. A cast of a parameter is allocated as MemTag::Params.
@@ -114,22 +104,16 @@ Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
 // rms_norm(x, ones, eps 0) / sqrt(C) (rms_norm's rstd is 1 / sqrt(sum x^2 / C)). A zero row
 // gives inf/nan, as torch does.
 Tensor l2_normalize(const Tensor& x);
-// x (N, C, H, W) -> (N, C, H, W). Training: batch statistics, and running_mean /
-// running_var (f32 (C), may be undefined) updated in place with `momentum` (torch's rule);
-// the backward differentiates through the batch statistics. Eval: the running statistics
-// (required), an affine map. The running statistics are state, never differentiated, and
-// are left alone while autograd::recomputing() (a checkpointed block re-run in the
-// backward): they move once per real forward. conv2d is a GEMM for selective recompute:
-// its output is kept (CheckpointKeep::GemmOutputs).
-// channels_last: x is (N, H, W, C) (ops::batch_norm2d's channels-last form).
+// x (N, C, H, W) (channels_last: (N, H, W, C)). Training: batch statistics, running_mean /
+// running_var (f32 (C), may be undefined) updated in place with `momentum` (torch's rule), but
+// not while autograd::recomputing(): they move once per real forward. Eval: the running
+// statistics (required), an affine map.
 Tensor batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
                     const Tensor& running_var, bool training, double momentum, double eps, bool channels_last = false);
 
-// Synchronised batch norm (torch.nn.SyncBatchNorm): the batch statistics of a training
-// batch_norm2d taken over every rank of a group (data parallelism: each rank holds some rows
-// of one global batch), not over this rank's rows. autograd knows no process groups: the
-// reducer is an interface a plan implements (parallel/sync_batch_norm.h wraps a
-// dist::ProcessGroup); a group of one is the identity.
+// Synchronised batch norm (torch.nn.SyncBatchNorm): a training batch_norm2d whose statistics are
+// taken over every rank of a group. The reducer is an interface a plan implements
+// (parallel/sync_batch_norm.h wraps a dist::ProcessGroup); a group of one is the identity.
 class BatchNormSync {
  public:
   virtual ~BatchNormSync() = default;
@@ -140,25 +124,15 @@ class BatchNormSync {
   virtual void allreduce_sum(double* data, int64_t n) const = 0;
 };
 
-// Training batch norm with statistics over the group:
-//   forward: per channel, this rank's count, sum x and sum x^2 (double) are summed over the
-//     group (one allreduce of 2C + 1 doubles); mean = S1 / M and the biased variance
-//     S2 / M - mean^2 over the global count M normalise x, y = (x - mean) rstd w + b;
-//     running_mean / running_var (f32 (C), may be undefined) move with the global mean and
-//     the unbiased global variance var M / (M - 1), as torch's SyncBatchNorm (not while
-//     autograd::recomputing()).
-//   backward: this rank's sum gy and sum gy xhat (double) are summed over the group (one
-//     allreduce of 2C doubles) and gx = w rstd (gy - SG / M - xhat SGX / M): the gradient of
-//     the SUM over ranks of every rank's loss with respect to this rank's rows, i.e. of one
-//     batch norm over the global batch whose upstream gradient is every rank's gy.
-//   Gradient convention for w and b: each rank gets its LOCAL part (sum gy xhat, sum gy
-//     over its own rows); the full gradient is their sum over ranks. Data parallelism's
-//     gradient reduction completes them with every other parameter: summed over ranks they
-//     are the global-batch gradient; averaged (DDP's mean, with the per-rank losses being
-//     means over equal local batches) they are the gradient of the global mean loss, exactly
-//     like the conv weights upstream, whose gradients also come from this gx. (torch's
-//     SyncBatchNorm does the same: local weight/bias gradients, DDP averages.)
-// Precision: amp::Op::BatchNorm, like batch_norm2d; the sums are double whatever the dtype.
+//   forward: per channel, the count, sum x and sum x^2 (double) are summed over the group (one
+//     allreduce of 2C + 1 doubles) and normalise x with the global mean and biased variance;
+//     the running statistics move with the global mean and unbiased variance (torch's rule; not
+//     while autograd::recomputing()).
+//   backward: sum gy and sum gy xhat are summed over the group (2C doubles) and
+//     gx = w rstd (gy - SG / M - xhat SGX / M): the gradient of the sum of every rank's loss.
+//   w and b get this rank's LOCAL part (sums over its own rows), as in torch; data parallelism's
+//     gradient reduction completes them like every other parameter.
+// Precision: amp::Op::BatchNorm; the sums are double whatever the dtype.
 Tensor sync_batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& running_mean,
                          const Tensor& running_var, double momentum, double eps,
                          const std::shared_ptr<const BatchNormSync>& sync);
@@ -246,28 +220,18 @@ struct CheckpointOptions {
 
 using CheckpointFn = std::function<Tensor(const std::vector<Tensor>&)>;
 
-// Runs fn(inputs) without recording a graph and records one node instead, which keeps
-// only the inputs (plus what `options.keep` says, plus the rng state). Its backward
-// re-runs fn with recording on, on detached copies of the inputs, backpropagates the
-// incoming gradient through that recomputed graph (an inner autograd::backward) and
-// returns the inputs' gradients. Parameters that fn reads (captured, not passed in
-// `inputs`) get their gradients in that inner backward, through their usual
-// AccumulateGrad nodes, so .grad accumulates and grad-ready hooks fire as without
-// recompute. Gradients are bitwise those of fn run directly (same kernels, same
-// reduction order, same dropout masks), given fn is deterministic.
-// Rules: fn must read every tensor that needs a gradient and is not a leaf through
-// `inputs` (a captured non-leaf would make the recompute backpropagate into the
-// surrounding graph: a ValueError); the output is recorded even when no input needs
-// a gradient (fn may read parameters that do). Under no_grad, and inside another
-// region (nested checkpoints), fn simply runs: the outermost region decides.
+// Runs fn(inputs) without recording a graph and records one node that keeps only the inputs (plus
+// what `options.keep` says and the rng state). Its backward re-runs fn with recording on, on
+// detached copies of the inputs, and backpropagates through that graph; parameters fn captures
+// get their gradients there through their usual AccumulateGrad nodes (hooks fire as without
+// recompute). Gradients are bitwise those of fn run directly, given fn is deterministic.
+// fn must take every non-leaf tensor that needs a gradient through `inputs` (a captured one is a
+// ValueError). Under no_grad and inside another region fn simply runs: the outermost decides.
 // autograd::recomputing() is true while the backward re-runs fn.
 Tensor checkpoint(CheckpointFn fn, const std::vector<Tensor>& inputs, const CheckpointOptions& options = {});
 
-// For GEMM-shaped differentiable functions defined outside rules/gemm.cpp (conv2d in
-// rules/conv.cpp): the op's output, compute() unless the innermost checkpointed region keeps
-// GEMM outputs (CheckpointKeep::GemmOutputs), in which case its forward stores the result and
-// its recompute hands the stored tensor back instead of calling compute(). linear() and
-// matmul() go through the same function.
+// A GEMM-shaped function's output (linear, matmul, conv2d): compute(), except that in a region
+// keeping GemmOutputs the forward stores it and the recompute hands the stored tensor back.
 Tensor gemm_output(const std::function<Tensor()>& compute);
 
 }  // namespace brigade::fn

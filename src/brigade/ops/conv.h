@@ -10,20 +10,15 @@
 namespace brigade::ops {
 
 // ---------------- conv2d (torch.nn.functional.conv2d, dilation 1)
-// Geometry of a convolution: stride, zero padding per side and groups. A call with separate
-// sides is torch's F.conv2d(F.pad(x, (left, right, top, bottom)), w, bias, stride, groups=G)
-// (HF EfficientNet pads its stride-2 depthwise convolutions this way, nn.ZeroPad2d with
-// correct_pad's (k/2 - 1, k/2) per side pair). groups G divides C and O; output channel o
-// reads input channels [g C/G, (g + 1) C/G) with g = o / (O/G). Depthwise: G == C == O.
+// Stride, zero padding per side (torch's F.conv2d(F.pad(x, (left, right, top, bottom)), ...), as HF
+// EfficientNet pads its stride-2 depthwise convolutions) and groups G, dividing C and O: output
+// channel o reads input channels [g C/G, (g + 1) C/G), g = o / (O/G). Depthwise: G == C == O.
 struct Conv2dParams {
   int64_t stride = 1;
   int64_t pad_top = 0, pad_bottom = 0, pad_left = 0, pad_right = 0;
   int64_t groups = 1;
-  // Channels-last activations: x is (N, H, W, C), y and gy (N, OH, OW, O), gx (N, H, W, C)
-  // (torch's channels_last memory format, as plain contiguous tensors); w stays (O, C/G, KH, KW).
-  // The cpu backend runs oneDNN on NHWC memory (its direct / brgemm kernels: about 1.3x the
-  // f32 and 2x the bf16 throughput of plain NCHW at ResNet-50's shapes, docs/performance.md)
-  // and reorders only the weights; the ref backend permutes to NCHW and back.
+  // Channels-last activations: x, gx (N, H, W, C), y, gy (N, OH, OW, O) as plain contiguous
+  // tensors; w stays (O, C/G, KH, KW). Faster on the cpu backend (docs/performance.md).
   bool channels_last = false;
   // `padding` on every side (torch's padding=p).
   static Conv2dParams symmetric(int64_t stride, int64_t padding, int64_t groups = 1) {

@@ -32,16 +32,11 @@ struct RMSNormGrads {
 RMSNormGrads rms_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
 // ---------------- batch norm over (N, H, W) per channel (torch.nn.functional.batch_norm)
-// x (N, C, H, W), w b (C) (b may be undefined: no shift). Training: normalises with the
-// batch mean and biased variance; when running_mean / running_var (f32 (C)) are defined
-// they are updated in place as torch does: r = (1 - momentum) r + momentum s with the
-// batch mean and the unbiased variance (M / (M - 1), M = N H W). Eval: normalises with the
-// running statistics (which must be defined). mean, rstd (C, f32): the statistics used,
-// rstd = 1 / sqrt(var + eps), saved for the backward.
-// channels_last: x, y (and gy, gx) are (N, H, W, C); the same statistics per channel (C the last
-// dim). The ref backend runs the NCHW oracle on it as (N H W, C, 1) (the same bytes); the cpu
-// kernels accumulate fixed blocks of rows in double, vectorised over channels, and add the
-// blocks in order: bitwise reproducible for any thread count, like the NCHW kernels.
+// x (N, C, H, W) (channels_last: (N, H, W, C), likewise y, gy, gx), w b (C) (b may be undefined).
+// Training: the batch mean and biased variance; defined running_mean / running_var (f32 (C)) are
+// updated in place, r = (1 - momentum) r + momentum s with the unbiased variance (torch's rule).
+// Eval: the running statistics (required). mean, rstd = 1 / sqrt(var + eps): (C) f32, the
+// statistics used, saved for the backward.
 struct BatchNormOut {
   Tensor y, mean, rstd;
 };
@@ -57,12 +52,8 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
                                      const Tensor& rstd, bool training, bool channels_last = false);
 
 // ---------------- the pieces of synchronised batch norm (statistics over a process group)
-// fn::sync_batch_norm2d computes per-channel sums locally, sums them over the group (a
-// BatchNormSync reducer), normalises with batch_norm2d in eval form (the global mean and
-// biased variance given as the "running" statistics) and updates the running statistics
-// with the global unbiased variance; its backward sums the gradient sums over the group the
-// same way. Every sum accumulates in double, in a fixed order per channel (reproducible for
-// any thread count); 16-bit inputs are widened exactly.
+// fn::sync_batch_norm2d sums these over the group and normalises with batch_norm2d in eval form
+// (the global statistics given as the "running" ones). Sums are double, in a fixed order.
 struct ChannelSums {
   std::vector<double> s1, s2;  // (C) each
 };

@@ -7,9 +7,8 @@
 // recomputes P from lse tile by tile: dP = dO V^T, dS = scale P (dP - D) with
 // D_i = dO_i . O_i, then dV += P^T dO, dK += dS^T Q, dQ += dS K.
 // Memory: per thread O(kQ kK + T + kQ HS) scratch from the caching allocator; nothing T x T.
-// Order: each output element is produced by one thread in a fixed tile order, so results do
-// not depend on the thread count. Maths and the scalar oracle: ops/ref/kernels.h
-// (attention, attention_backward). Native 16-bit variants at the end of the file.
+// Each output element is produced by one thread in a fixed tile order (thread-count independent).
+// Oracle: ops/ref/attention.h. Native 16-bit variants at the end of the file.
 #include <dnnl.h>
 #include <omp.h>
 

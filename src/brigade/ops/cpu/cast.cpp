@@ -1,6 +1,5 @@
 // Bulk dtype conversions (ops::cast on the cpu backend), bitwise equal to the scalar
-// conversions of core/dtype.h (the definition; ops/ref/kernels.h `cast` applies them
-// one element at a time):
+// conversions of core/dtype.h (the definition; ref::cast applies them one at a time):
 //   f32 -> bf16  AVX512-BF16 vcvtneps2bf16 (round to nearest even; NaN -> (bits >> 16) | 0x40,
 //                the quiet NaN of float_to_bf16). The instruction treats f32 denormal inputs
 //                as zero, while float_to_bf16 keeps them (as bf16 denormals), so lanes holding

@@ -1,15 +1,10 @@
-// Convolution-family kernels: oneDNN convolutions, the direct depthwise convolution, the
-// channels-last max-pool and patch copies (declared in cpu/kernels.h; maths in ref/conv.h).
-// Convolutions run oneDNN's convolution_forward / _backward_data / _backward_weights
-// primitives on plain NCHW / OIHW (grouped: GOIHW) memory (no layout reorders), or for
-// channels-last activations on NHWC memory with the weights reordered to and from the layout
-// the primitive picks; primitives are created once per (shape, stride, padding per side,
-// groups, bias, element type, layout) and cached under a mutex, and their scratchpads come from
-// the caching allocator; bf16 convolutions with groups 1 run oneDNN's bf16 primitives where it
-// has a non-reference kernel (f32 accumulation). Depthwise convolutions (groups == C == O) on
-// NCHW memory run the direct kernel below instead: there oneDNN 2.6 picks "x64:gemm:jit"
-// (im2col, then per channel a GEMM with K = KH KW), slower than the direct loops, most of all
-// in the weight gradient (timings in docs/architecture.md, "Depthwise convolutions").
+// Convolution-family kernels (oracle: ops/ref/conv.h): oneDNN convolutions on plain NCHW / OIHW
+// (grouped: GOIHW) memory, or NHWC activations with the weights reordered to the layout the
+// primitive picks; primitives cached per geometry, dtype and layout, scratchpads from the caching
+// allocator; bf16 with groups 1 where oneDNN has a non-reference kernel. Depthwise convolutions
+// (groups == C == O, NCHW) run the direct kernel below: oneDNN 2.6's im2col GEMM is slower, most
+// of all in the weight gradient (docs/architecture.md, "Depthwise convolutions"). Also the
+// channels-last max-pool and patch copies.
 #include <fmt/format.h>
 #include <dnnl.hpp>
 

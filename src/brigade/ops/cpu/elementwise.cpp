@@ -1,8 +1,6 @@
-// Optimised f32 elementwise kernels, reductions, GELU, embedding and dropout
-// (maths and conventions in ops/ref/kernels.h). Contiguous fast paths are flat
-// `omp parallel for simd` loops; strided inputs go row by row over the last dim.
-// Determinism: static schedules, and every reduction sums in a fixed order
-// (fixed-size blocks combined serially), independent of the thread count.
+// Elementwise kernels, reductions, GELU, embedding and dropout (oracles: ops/ref/<family>.h).
+// Contiguous inputs: flat `omp parallel for simd` loops; strided: row by row over the last dim.
+// Reductions sum fixed-size blocks combined serially, so results do not depend on the threads.
 #include <omp.h>
 
 #include <algorithm>

@@ -1,12 +1,9 @@
-// Matmul / linear through oneDNN's matmul primitive (the only file that includes
-// <dnnl.hpp>): f32, and bf16 operands (bf16 x bf16 with f32 accumulation, bf16 or f32
-// destination, f32 or bf16 bias). Transposes and batch broadcasting are expressed as memory
-// strides (batch dims of size 1 broadcast), so views are not copied; primitives are cached by
-// (dims, strides, dtypes, bias). An operand with a zero stride inside its matrix, a layout
-// oneDNN's GEMM path does not take (is_plain), or one it only serves with its slow reference
-// kernel, is first gathered into a contiguous buffer. 16-bit GEMMs are offered only where
-// oneDNN has a non-reference kernel for the dtype on this CPU (gemm16_available); the
-// front-end widens to f32 otherwise. Maths and the scalar oracle: ops/ref/kernels.h.
+// Matmul / linear on oneDNN's matmul primitive, f32 and bf16 (f32 accumulation; bf16 or f32
+// destination and bias). Transposes and batch broadcasting are memory strides, so views are not
+// copied; primitives are cached by (dims, strides, dtypes, bias). An operand oneDNN would serve
+// only with its reference kernel (a zero stride inside a matrix, a non-plain layout) is gathered
+// into a contiguous buffer first. 16-bit GEMMs exist only where oneDNN has a non-reference kernel
+// for the dtype on this CPU (gemm16_available). Oracle: ops/ref/gemm.h.
 #include <dnnl.hpp>
 
 #include <algorithm>

@@ -1,12 +1,8 @@
-// Optimised f32 CPU kernels, with the same raw-pointer signatures as the oracle in
-// ops/ref/kernels.h (see there for the maths and conventions of each). Matmul and
-// linear go through oneDNN (cpu/gemm.cpp; convolutions in cpu/conv.cpp),
-// also with bf16 operands; dtype conversions (cpu/cast.cpp) are AVX-512 intrinsics;
-// the rest is OpenMP + auto-vectorised loops. Not a front-end: no shape checks here.
-// The other floating ops have native 16-bit variants (the *16 kernels below): they widen
-// pieces of their inputs into per-thread f32 buffers and run the f32 arithmetic there.
-// Determinism: every kernel is bitwise reproducible run to run for a fixed thread
-// count (static schedules, fixed reduction order, no atomics).
+// Optimised CPU kernels, with the raw-pointer signatures of the oracle (ops/ref/<family>.h, where
+// the maths of each is). GEMMs and convolutions run oneDNN (cpu/gemm.cpp, cpu/conv.cpp), casts
+// AVX-512 intrinsics, the rest OpenMP and auto-vectorised loops. No shape checks (the front-ends
+// do them). Every kernel is bitwise reproducible for a thread count: static schedules, a fixed
+// reduction order, no atomics.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -97,22 +93,14 @@ void dropout_apply(int64_t n, const float* x, const float* mask, float* y);
 void embedding16(int64_t N, int64_t C, const uint16_t* w, int64_t swv, int64_t swc, const int64_t* ids, uint16_t* y);
 
 // ---------------- native 16-bit kernels
-// For ops whose floating inputs are one 16-bit dtype (the front-end, ops/<family>.cpp, decides; a few
-// ops also take f32 side inputs, see there), these kernels read the 16-bit values, widen them
-// exactly into small per-thread f32 buffers (pieces of at most a few thousand elements, one
-// row, or one attention head: never a widened copy of a whole tensor), run exactly the
-// arithmetic of the f32 kernel above, in the same order, and round each output once as it
-// is stored (dtype `ot`: bf16, f16, or f32 where the contract keeps an output in f32). So
-// every result is bitwise the f32 kernel run on the inputs widened by cast, rounded by cast:
-// the "widened path" the front-end takes when they are off. The thread-count behaviour is
-// that of the f32 kernel (same thresholds, same split, same reduction order). One caveat:
-// where a sum adds two NaNs, x86 keeps the first operand's sign and payload, and the operand
-// order is the compiler's per loop (the f32 column sums already differ between their vector
-// body and their scalar tail), so which NaN comes out may differ; NaN stays NaN.
-//
-// Inputs are `Strided` views: dtype, data, logical shape and strides (any layout; a
-// broadcast operand has stride 0 on its broadcast dims and the op's shape). Outputs are
-// contiguous unless said otherwise.
+// For ops whose floating inputs are one 16-bit dtype (the front-end decides): the 16-bit values
+// are widened into per-thread f32 buffers (a piece, a row or a head, never a whole tensor), run
+// through the f32 kernel's arithmetic in its order and split, and rounded once on store to `ot`
+// (bf16, f16, or f32 where the contract keeps an output f32): bitwise the widened path (ops.h).
+// One caveat: where a sum adds two NaNs, which one comes out may differ (x86 keeps the first
+// operand's, and the operand order is the compiler's per loop); NaN stays NaN.
+// Inputs are `Strided` views (dtype, data, logical shape, strides; a broadcast operand has stride
+// 0); outputs are contiguous unless said otherwise.
 struct Strided {
   DType dt;
   const void* p;
@@ -122,10 +110,8 @@ struct Strided {
   bool contiguous() const;  // row-major without gaps (size-1 dims ignored)
 };
 
-// Test hook: the front-end uses these kernels only while native16_enabled() (thread-local,
-// on by default). `Native16Scope off(false)` makes the ops on this thread take the widened
-// path again (ops::cast to f32 copies, the f32 kernel, ops::cast back), which the tests
-// compare against bitwise.
+// Test hook (thread-local, on by default): `Native16Scope off(false)` sends this thread's ops down
+// the widened path, which the tests compare against bitwise.
 bool native16_enabled();
 class Native16Scope {
  public:

@@ -1,8 +1,6 @@
-// Optimised f32 row kernels: layer norm fwd/bwd, softmax fwd/bwd and the fused
-// log-softmax + cross-entropy (maths in ops/ref/kernels.h). One row per iteration
-// of a static `omp for`; row sums use `omp simd` reductions (fixed split), and the
-// column sums of the layer-norm weight grads go through fixed row blocks, so the
-// results do not depend on the thread count.
+// Row kernels: layer and RMS norm, batch norm, softmax and the fused log-softmax + cross-entropy
+// (oracles: ops/ref/norm.h, ops/ref/loss.h). One row per iteration of a static `omp for`; weight
+// gradients sum fixed row blocks, so results do not depend on the thread count.
 #include <omp.h>
 
 #include <algorithm>

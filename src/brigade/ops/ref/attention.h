@@ -91,7 +91,7 @@ void attention_backward(int64_t BH, int64_t T, int64_t HS, const S* gout, const 
 }
 
 // q, k, v, out: (B*NH, T, HS) contiguous; keep: (B, T) bytes, head bh belongs to row bh / NH.
-// ref::attention_rows (ops/ref/kernels.h) over all T keys, those with keep == 0 left out.
+// ref::attention_rows (above) over all T keys, those with keep == 0 left out.
 template <class S>
 void attention_key_mask(int64_t B, int64_t NH, int64_t T, int64_t HS, const S* q, const S* k, const S* v,
                         const uint8_t* keep, double scale, S* out, S* lse) {
