@@ -15,8 +15,8 @@ namespace brigade::fn {
 
 using ops::WeightLayout;
 
-// Precision: each function computes in the dtype the active policy (amp/policy.h, whose table
-// maps every function to its amp::Op kind) gives its kind of op, casting floating inputs first
+// Precision: each function computes in the dtype the active policy (amp/policy.h; the amp::Op
+// comments say which functions are which kind) gives its kind of op, casting floating inputs first
 // with recorded casts; at O0 it runs in its inputs' dtype (two floating dtypes: f32). Functions
 // that only move values (reshape, patchify, roll2d, concat, ...) run in their inputs' dtype.
 // Gradients come back in each input's own dtype.
@@ -129,7 +129,8 @@ class BatchNormSync {
 //     the running statistics move with the global mean and unbiased variance (torch's rule; not
 //     while autograd::recomputing()).
 //   backward: sum gy and sum gy xhat are summed over the group (2C doubles) and
-//     gx = w rstd (gy - SG / M - xhat SGX / M): the gradient of the sum of every rank's loss.
+//     gx = w rstd (gy - SG / M - xhat SGX / M): the gradient of the sum of every rank's loss with
+//     respect to this rank's rows.
 //   w and b get this rank's LOCAL part (sums over its own rows), as in torch; data parallelism's
 //     gradient reduction completes them like every other parameter.
 // Precision: amp::Op::BatchNorm; the sums are double whatever the dtype.

@@ -24,12 +24,12 @@
 //    16-bit kernel (cpu/kernels.h): pieces, rows or heads widened into per-thread f32 buffers, the
 //    f32 arithmetic, one rounding on store; bitwise the widened path. Also native with mixed
 //    inputs: add_ / mul_scalar_, layer_norm's w and b, dropout_backward's gy, batch_norm2d's f32
-//    weights and statistics. bf16 matmul / linear run
-//    oneDNN bf16 GEMMs (f32 accumulation, rounded once); bf16 conv2d with groups 1 runs oneDNN's
-//    bf16 convolutions where it has a non-reference kernel (within one bf16 rounding of the
-//    widened definition, not bitwise). Everything else with 16-bit inputs (the ref backend, mixed
-//    dtypes, f16 GEMMs and convolutions: oneDNN 2.6 has none without AVX512-FP16) widens to f32
-//    copies (ops::cast) around the f32 kernels.
+//    weights and statistics. bf16 matmul / linear run oneDNN bf16 GEMMs (f32 accumulation,
+//    rounded once); bf16 conv2d with groups 1 runs oneDNN's bf16 convolutions where it has a
+//    non-reference kernel (within one bf16 rounding of the widened definition, not bitwise).
+//    Everything else with 16-bit inputs (the ref backend, mixed dtypes, f16 GEMMs and
+//    convolutions: oneDNN 2.6 has none without AVX512-FP16) widens to f32 copies (ops::cast)
+//    around the f32 kernels.
 #pragma once
 #include "brigade/ops/attention.h"
 #include "brigade/ops/cast.h"
