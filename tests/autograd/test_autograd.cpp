@@ -202,13 +202,15 @@ TEST(AutogradRules, Softmax) {
 TEST(AutogradRules, AttentionCausalAndFull) {
   for (bool causal : {true, false}) {
     check_fd(causal ? "attention causal" : "attention full",
-             [causal](const std::vector<Tensor>& v) { return F::attention(v[0], v[1], v[2], causal); },
+             [causal](const std::vector<Tensor>& v) {
+               return F::attention(v[0], v[1], v[2], causal ? F::AttentionMask::causal() : F::AttentionMask{});
+             },
              {rand_tensor({2, 2, 5, 4}, 3, -1.5, 1.5), rand_tensor({2, 2, 5, 4}, 4, -1.5, 1.5),
               rand_tensor({2, 2, 5, 4}, 5)});
   }
   // Causal: query 0 sees only key/value 0, so the output row 0 does not depend on v rows 1..T-1.
   Tensor q = rand_tensor({1, 1, 4, 3}, 6), k = rand_tensor({1, 1, 4, 3}, 7), v = rand_tensor({1, 1, 4, 3}, 8);
-  autograd::backward(F::sum_all(F::narrow(F::attention(q, k, v, true), 2, 0, 1)));
+  autograd::backward(F::sum_all(F::narrow(F::attention(q, k, v, F::AttentionMask::causal()), 2, 0, 1)));
   const std::vector<float> gv = v.grad().to_vector();
   for (size_t i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(gv[i], 1.0f);  // d out[0] / d v[0] = p[0, 0] = 1
   for (size_t i = 3; i < gv.size(); ++i) EXPECT_EQ(gv[i], 0.0f) << i;
@@ -382,7 +384,7 @@ TEST(AutogradGraph, ForwardWithoutBackwardFreesActivations) {
     }
     EXPECT_EQ(live(), start) << "softmax, iteration " << i << ": " << (live() - start) << " bytes still held";
     {
-      Tensor y = F::attention(q, k, v, true);
+      Tensor y = F::attention(q, k, v, F::AttentionMask::causal());
       ASSERT_NE(y.grad_fn(), nullptr);
     }
     EXPECT_EQ(live(), start) << "attention, iteration " << i << ": " << (live() - start) << " bytes still held";

@@ -231,7 +231,7 @@ TEST(Llama, ConfigAndShapeErrors) {
   EXPECT_THROW(m.forward(long_ids), ShapeError);
   EXPECT_THROW(m.forward(Tensor::from_vector_i64({1, 2}, {2})), ShapeError);
   Tensor q = Tensor::zeros({1, 4, 3, 6}), k = Tensor::zeros({1, 3, 3, 6});
-  EXPECT_THROW(fn::grouped_query_attention(q, k, k, true), ShapeError);
+  EXPECT_THROW(fn::attention(q, k, k, fn::AttentionMask::causal()), ShapeError);
 }
 
 TEST(Llama, InitAndFlopsPerToken) {
@@ -267,13 +267,20 @@ TEST(Llama, InitAndFlopsPerToken) {
   EXPECT_DOUBLE_EQ(m.flops_per_token(T), 6.0 * double(L * per_layer + C + V * C) + 12.0 * L * T * C);
 }
 
-TEST(Llama, GqaWithAsManyKvHeadsAsQueryHeadsIsAttention) {
+// Grouped-query attention is attention over the kv heads repeated: bitwise, with one kv head per
+// query head (no copy) and with one kv head shared by three query heads.
+TEST(Llama, GqaIsAttentionOverRepeatedKvHeads) {
   std::vector<float> vals(2 * 3 * 5 * 4);
   for (size_t i = 0; i < vals.size(); ++i) vals[i] = std::sin(0.37f * float(i));
   Tensor q = Tensor::from_vector(vals, {2, 3, 5, 4}), k = q.transpose(2, 3).contiguous().view({2, 3, 5, 4});
   Tensor v = ops::mul_scalar(q, -0.5);
-  Tensor a = fn::grouped_query_attention(q, k, v, true), b = fn::attention(q, k, v, true);
+  const fn::AttentionMask causal = fn::AttentionMask::causal();
+  Tensor a = fn::attention(q, k, v, causal), b = fn::attention(q, fn::repeat_kv(k, 1), fn::repeat_kv(v, 1), causal);
   EXPECT_EQ(0, std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()));
+  Tensor k1 = fn::narrow(k, 1, 0, 1).contiguous(), v1 = fn::narrow(v, 1, 2, 1).contiguous();  // (2, 1, 5, 4)
+  Tensor c = fn::attention(q, k1, v1, causal), d = fn::attention(q, fn::repeat_kv(k1, 3), fn::repeat_kv(v1, 3), causal);
+  ASSERT_EQ(c.shape(), q.shape());
+  EXPECT_EQ(0, std::memcmp(c.raw_data(), d.raw_data(), c.nbytes()));
 }
 
 // Under autocast O1 (bf16 GEMMs and attention, f32 norms, rope, silu and loss) the loss stays

@@ -289,18 +289,17 @@ TEST(SwinOps, WindowAttentionWithBiasAndMask) {
           }
       return y;
     };
-    check_op(with_mask ? "window_attention masked" : "window_attention",
-             {{BW, NH, N, HS}, {BW, NH, N, HS}, {BW, NH, N, HS}, {NH, N, N}, {nW, N, N}},
-             {true, true, true, true, false},
-             [&](const std::vector<Tensor>& t) {
-               return fn::window_attention(t[0], t[1], t[2], t[3], with_mask ? t[4] : Tensor(), scale);
-             },
-             ref, {{}, {}, {}, {}, mask});
+    check_op(
+        with_mask ? "window_attention masked" : "window_attention",
+        {{BW, NH, N, HS}, {BW, NH, N, HS}, {BW, NH, N, HS}, {NH, N, N}, {nW, N, N}}, {true, true, true, true, false},
+        [&](const std::vector<Tensor>& t) {
+          return fn::attention(t[0], t[1], t[2], fn::AttentionMask::additive(t[3], with_mask ? t[4] : Tensor()), scale);
+        },
+        ref, {{}, {}, {}, {}, mask});
   }
-  EXPECT_THROW(
-      fn::window_attention(Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}),
-                           Tensor::zeros({2, 4, 4}), Tensor::zeros({2, 4, 4}), 1.0),
-      ShapeError);  // 2 windows per image do not divide 3 rows
+  EXPECT_THROW(fn::attention(Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}), Tensor::zeros({3, 2, 4, 3}),
+                             fn::AttentionMask::additive(Tensor::zeros({2, 4, 4}), Tensor::zeros({2, 4, 4})), 1.0),
+               ShapeError);  // 2 windows per image do not divide 3 rows
 }
 
 }  // namespace

@@ -139,29 +139,32 @@ Tensor sync_batch_norm2d(const Tensor& x, const Tensor& w, const Tensor& b, cons
                          const std::shared_ptr<const BatchNormSync>& sync);
 
 // ---- attention
-// Multi-head scaled dot-product attention on q, k, v (B, NH, T, HS).
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
-// GPT-style fused input: qkv (B, T, 3C) laid out [q | k | v], heads split inside;
+// What each query may attend to. None: every key. Causal: keys j <= i. KeyPadding: keys with
+// key_mask[b, j] == 1 (BERT's attention_mask: (B, T) of 0 / 1 in any dtype, never differentiated;
+// an undefined key_mask is None). Additive: softmax(scale q k^T + bias [+ window_mask]) with bias
+// (NH, T, T) differentiated and broadcast over the batch, and window_mask (nW, T, T) (Swin's
+// shift mask, never differentiated) added per window, broadcast over the heads; rows of q are
+// batch-major windows (row r is window r % nW of image r / nW).
+struct AttentionMask {
+  enum class Kind { None, Causal, KeyPadding, Additive };
+  Kind kind = Kind::None;
+  Tensor key_mask, bias, window_mask;
+  static AttentionMask causal() { return {Kind::Causal, {}, {}, {}}; }
+  static AttentionMask key_padding(Tensor key_mask);
+  static AttentionMask additive(Tensor bias, Tensor window_mask = Tensor());
+};
+// Multi-head scaled dot-product attention (Vaswani et al. 2017): softmax(scale q k^T + mask) v on
+// q (B, NH, T, HS) and k, v (B, NKV, T, HS), NKV dividing NH (grouped-query attention: query head
+// j uses kv head j / (NH / NKV), through repeat_kv; NKV == NH copies nothing). scale 0 means
+// 1/sqrt(HS). Returns (B, NH, T, HS). None, Causal and KeyPadding run the tiled kernel (no T x T
+// matrix); Additive is a composition of matmul, add and softmax.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask = {}, double scale = 0);
+// GPT-style fused input: qkv (B, T, 3C) laid out [q | k | v], heads split inside; causal;
 // returns (B, T, C). One node: no per-head copies kept for the backward.
 Tensor causal_self_attention(const Tensor& qkv, int64_t n_head);
-// Bidirectional multi-head attention on q, k, v (B, NH, T, HS) where key j of batch row b takes
-// part only when key_mask[b, j] == 1 (BERT's attention_mask, (B, T) of 0 / 1 in any dtype;
-// never differentiated). Scale 1/sqrt(HS). An undefined key_mask is plain non-causal attention.
-Tensor attention_key_mask(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask);
 // x (B, NKV, T, HS) -> (B, NKV * n_rep, T, HS) (HF repeat_kv); the backward sums the
 // gradients of each group of n_rep heads.
 Tensor repeat_kv(const Tensor& x, int64_t n_rep);
-// Grouped-query attention (Ainslie et al. 2023): q (B, NH, T, HS), k and v (B, NKV, T, HS)
-// with NKV dividing NH; query head j attends with kv head j / (NH / NKV). Scale 1/sqrt(HS).
-// = fn::attention(q, repeat_kv(k), repeat_kv(v), causal): (B, NH, T, HS). NKV == NH is
-// plain multi-head attention (no copy).
-Tensor grouped_query_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
-// Window attention: softmax(q k^T * scale + bias [+ mask]) v on q, k, v (B*nW, NH, N, HS),
-// bias (NH, N, N) broadcast over windows, mask (nW, N, N) (never differentiated; undefined for
-// no shift) added per window, broadcast over the batch and the heads (windows are batch-major:
-// row r is window r % nW of image r / nW). Returns (B*nW, NH, N, HS).
-Tensor window_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& bias, const Tensor& mask,
-                        double scale);
 
 // ---- loss
 // Mean cross-entropy of logits (N, V) against targets (N), ignoring ignore_index.

@@ -1,7 +1,7 @@
 // Pieces shared by the derivative rules (rules/<family>.cpp): the wants-a-gradient test, the
-// precision policy's dtype for an op, the one-saved-tensor node of the activations, and the node
-// and autocast step common to every attention. Internal to brigade_autograd: model code calls
-// the fn:: functions of functions.h instead.
+// precision policy's dtype for an op, the one-saved-tensor node of the activations and the node of
+// the normalisations. Internal to brigade_autograd: model code calls the fn:: functions of
+// functions.h instead.
 #pragma once
 #include <initializer_list>
 #include <memory>
@@ -72,36 +72,6 @@ struct NormNode : autograd::Node {
   }
   void release() override { x = w = mean = rstd = Tensor(); }
 };
-
-// q, k, v cast to the dtype the active policy gives attention, and the softmax scale 1/sqrt(HS).
-struct AttentionArgs {
-  Tensor q, k, v;
-  double scale = 1.0;
-};
-AttentionArgs attention_args(const Tensor& q0, const Tensor& k0, const Tensor& v0);
-
-// What the backward of an attention over q, k, v reads: the inputs, the output (detached), the
-// log-sum-exp rows and the scale. Each kind of attention adds its mask and its backward.
-struct AttentionNode : autograd::Node {
-  Tensor q, k, v, out, lse;
-  double scale = 1.0;
-  void release() override { q = k = v = out = lse = Tensor(); }
-};
-
-// Records r.out, the result of an attention on a.q, a.k, a.v, as the output of node n, which
-// saves what its backward reads when an input needs a gradient.
-template <class N>
-Tensor record_attention(std::shared_ptr<N> n, const AttentionArgs& a, const ops::AttentionOut& r) {
-  if (autograd::needs_grad({a.q, a.k, a.v})) {
-    n->q = a.q;
-    n->k = a.k;
-    n->v = a.v;
-    n->out = r.out.detach();  // detached: r.out is the recorded output (no cycle)
-    n->lse = r.lse;
-    n->scale = a.scale;
-  }
-  return autograd::record(r.out, std::move(n), {a.q, a.k, a.v});
-}
 
 }  // namespace brigade::fn::rules
 

@@ -22,11 +22,11 @@ Tensor EncoderSelfAttention::forward(const Tensor& x, const Tensor& key_mask) co
   auto heads = [&](const Tensor& y) {  // (B, T, NH * HS) -> (B, NH, T, HS) view
     return fn::transpose(fn::reshape(y, {B, T, n_head, HS}), 1, 2);
   };
-  const Tensor q = heads(qp);                                  // (B, NH, T, HS)
-  const Tensor k = heads(key->forward(x));                     // (B, NH, T, HS)
-  const Tensor v = heads(value->forward(x));                   // (B, NH, T, HS)
-  const Tensor o = fn::attention_key_mask(q, k, v, key_mask);  // (B, NH, T, HS)
-  return fn::reshape(fn::transpose(o, 1, 2), {B, T, W});       // (B, T, NH * HS)
+  const Tensor q = heads(qp);                                                         // (B, NH, T, HS)
+  const Tensor k = heads(key->forward(x));                                            // (B, NH, T, HS)
+  const Tensor v = heads(value->forward(x));                                          // (B, NH, T, HS)
+  const Tensor o = fn::attention(q, k, v, fn::AttentionMask::key_padding(key_mask));  // (B, NH, T, HS)
+  return fn::reshape(fn::transpose(o, 1, 2), {B, T, W});                              // (B, T, NH * HS)
 }
 
 void EncoderSelfAttention::check_heads(int64_t parts) const { check_head_count(n_head, parts); }

@@ -8,7 +8,7 @@
 // cls.predictions.decoder.weight is that same tensor and is not a separate parameter here).
 // Post-LayerNorm encoder (x = LN(x + attn(x)); x = LN(x + mlp(x))), exact (erf) GELU, eps 1e-12,
 // position ids 0..T-1, token types 0 unless given. attention_mask (B, T) of 0 / 1: padded keys
-// get -inf before the softmax (fn::attention_key_mask; HF adds finfo.min, which gives the same
+// get -inf before the softmax (fn::attention with a key padding mask; HF adds finfo.min, which gives the same
 // probabilities whenever a row has an unmasked key). Dropout (hidden_dropout, where HF applies
 // hidden_dropout_prob) draws from the model's generator; attention-probability dropout is not
 // implemented (parity runs use 0).

@@ -77,10 +77,11 @@ Tensor CLIPAttention::forward(const Tensor& x, bool causal) const {
   auto heads = [&](const Tensor& y) {  // (B, T, D) -> (B, NH, T, HS) view
     return F::transpose(F::reshape(y, {B, T, n_head, HS}), 1, 2);
   };
-  const Tensor q = heads(q_proj->forward(x));                              // (B, NH, T, HS)
-  const Tensor k = heads(k_proj->forward(x));                              // (B, NH, T, HS)
-  const Tensor v = heads(v_proj->forward(x));                              // (B, NH, T, HS)
-  const Tensor o = F::attention(q, k, v, causal);                          // (B, NH, T, HS), scale 1/sqrt(HS)
+  const Tensor q = heads(q_proj->forward(x));  // (B, NH, T, HS)
+  const Tensor k = heads(k_proj->forward(x));  // (B, NH, T, HS)
+  const Tensor v = heads(v_proj->forward(x));  // (B, NH, T, HS)
+  const Tensor o = F::attention(
+      q, k, v, causal ? F::AttentionMask::causal() : F::AttentionMask{});  // (B, NH, T, HS), scale 1/sqrt(HS)
   return out_proj->forward(F::reshape(F::transpose(o, 1, 2), {B, T, D}));  // (B, T, D)
 }
 

@@ -32,7 +32,7 @@ Tensor LlamaAttention::forward(const Tensor& x) const {
   Tensor q = F::rope(heads(q_proj->forward(x), n_head), rope);     // (B, NH, T, HS)
   Tensor k = F::rope(heads(k_proj->forward(x), n_kv_head), rope);  // (B, NKV, T, HS)
   Tensor v = heads(v_proj->forward(x), n_kv_head);                 // (B, NKV, T, HS)
-  Tensor y = F::grouped_query_attention(q, k, v, true);            // (B, NH, T, HS)
+  Tensor y = F::attention(q, k, v, F::AttentionMask::causal());    // (B, NH, T, HS)
   y = F::reshape(F::transpose(y, 1, 2), {B, T, n_head * HS});      // (B, T, NH * HS)
   return o_proj->forward(y);                                       // (B, T, C)
 }

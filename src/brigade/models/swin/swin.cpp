@@ -69,8 +69,9 @@ Tensor SwinSelfAttention::forward(const Tensor& x, const Tensor& mask) const {
   };
   const Tensor q = heads(query->forward(x)), k = heads(key->forward(x)), v = heads(value->forward(x));
   const Tensor bias = F::relative_position_bias(relative_position_bias_table, relative_position_index);  // (NH, N, N)
-  const Tensor ctx = F::window_attention(q, k, v, bias, mask, 1.0 / std::sqrt(double(HS)));  // (BW, NH, N, HS)
-  return F::reshape(F::transpose(ctx, 1, 2), {BW, N, D});                                    // (BW, N, D)
+  const Tensor ctx =
+      F::attention(q, k, v, F::AttentionMask::additive(bias, mask), 1.0 / std::sqrt(double(HS)));  // (BW, NH, N, HS)
+  return F::reshape(F::transpose(ctx, 1, 2), {BW, N, D});                                          // (BW, N, D)
 }
 
 // ------------------------------------------------------------------ block
