@@ -1,4 +1,4 @@
-"""Writes tests/fixtures/align_ops.safetensors for tests/ops/test_ext_vision_ops.cpp:
+"""Writes tests/fixtures/align_ops.safetensors for tests/ops/test_conv_norm_ops.cpp:
 
     /usr/bin/python3 tests/reference/make_align_ops_fixture.py [--out DIR]
 

@@ -1,9 +1,13 @@
-// Swin ops (ops/ext_swin.h, autograd/ext_swin.h): each forward against a scalar reference
-// written here in double, and each backward against central finite differences (h = 1e-6) of
-// that double reference: d/dx sum(G * f(x)) for a random G. Brigade runs in f32, so gradients
-// agree to ~1e-6 relative; the bound is 1e-4 (max-abs error normalised by max |fd|).
-// Also: roll2d's cpu kernel equals the ref backend bitwise (f32, bf16), the shift mask equals
-// Hugging Face's slice construction, the relative position index its meshgrid construction.
+// Swin's window ops through fn:: (autograd/functions.h): roll2d (ops/position.h), window
+// partition and reverse, patch merging, the relative position bias and window attention
+// (fn::attention with an additive mask); each forward against a scalar reference written here in
+// double, and each backward against central finite differences (h = 1e-6) of that double
+// reference: d/dx sum(G * f(x)) for a random G. Brigade runs in f32, so gradients agree to ~1e-6
+// relative; the bound is 1e-4 (max-abs error normalised by max |fd|). Also: roll2d's cpu kernel
+// equals the ref backend bitwise (f32, bf16, f16), the shift mask (ops::swin_shift_mask,
+// ops/attention.h) equals Hugging Face's slice construction, the relative position index
+// (ops::relative_position_index, ops/position.h) its meshgrid construction. roll2d's op-harness
+// cases are in tests/ops/cases/position.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>

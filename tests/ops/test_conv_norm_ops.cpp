@@ -1,5 +1,7 @@
-// Vision ops beyond the table-driven harness (tests/ops/cases_vision.inc runs every vision op
-// in f32, bf16 and f16 on small shapes):
+// The conv and norm families (and the other ops of the ResNet and ALIGN image towers) beyond the
+// op harness, which runs each op in f32, bf16 and f16 on small shapes (tests/ops/cases/conv.cpp,
+// norm.cpp, elementwise.cpp, reduce.cpp, loss.cpp); these tests link every module, for fn::,
+// the precision policy and the fixture reader:
 //  - bf16 conv2d / conv2d_backward on the cpu backend run oneDNN's bf16 convolution
 //    primitives (not the widened f32 path, not oneDNN's reference kernel) on ResNet-sized
 //    geometries, within one bf16 rounding (plus f32 accumulation noise) of the f32 ref on the
@@ -17,7 +19,8 @@
 //  - the direct depthwise kernel above its OpenMP threshold at 1, 2 and 3 threads (cpu vs ref,
 //    bitwise across thread counts), likewise sigmoid, spatial_mean and the smoothed
 //    cross-entropy; conv2d's old signature is bitwise the symmetric Conv2dParams call;
-//  - the precision policy's dtypes for the new functions under O1;
+//  - the precision policy's dtypes for conv2d, sigmoid, spatial_mean and the smoothed
+//    cross-entropy under O1;
 //  - channels-last (NHWC) convolutions: every geometry (padding per side, bias, groups,
 //    depthwise, the ImageNet stem) on the cpu backend within 1e-5 of the NCHW oracle on the same
 //    values, running a non-reference oneDNN kernel (bf16 too, within one bf16 rounding), and
