@@ -199,6 +199,30 @@ TEST(AutogradRules, Softmax) {
            {rand_tensor({2, 5, 4}, 2, -2, 2)});
 }
 
+// add_relu against finite differences (no sum within 2h of the kink), and bitwise the unfused
+// relu(add(a, b)) in its output and both gradients.
+TEST(AutogradRules, AddReluIsReluOfAdd) {
+  const Tensor a = rand_tensor({3, 5}, 21), b = rand_tensor({3, 5}, 22);
+  const std::vector<float> va = a.to_vector(), vb = b.to_vector();
+  int positive = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    ASSERT_GT(std::abs(va[i] + vb[i]), 0.02f) << i;
+    positive += va[i] + vb[i] > 0;
+  }
+  ASSERT_GT(positive, 3);
+  ASSERT_LT(positive, 12);
+  check_fd("add_relu", [](const std::vector<Tensor>& v) { return F::add_relu(v[0], v[1]); }, {a, b});
+  const Tensor a1 = rand_tensor({3, 5}, 21), b1 = rand_tensor({3, 5}, 22);
+  const Tensor a2 = rand_tensor({3, 5}, 21), b2 = rand_tensor({3, 5}, 22);
+  const Tensor fused = F::add_relu(a2, b2), unfused = F::relu(F::add(a1, b1));
+  EXPECT_EQ(std::string(fused.grad_fn()->name()), "AddReluBackward");
+  EXPECT_EQ(fused.to_vector(), unfused.to_vector());
+  autograd::backward(weighted_sum(unfused, 7));
+  autograd::backward(weighted_sum(fused, 7));
+  EXPECT_EQ(a2.grad().to_vector(), a1.grad().to_vector());
+  EXPECT_EQ(b2.grad().to_vector(), b1.grad().to_vector());
+}
+
 TEST(AutogradRules, AttentionCausalAndFull) {
   for (bool causal : {true, false}) {
     check_fd(causal ? "attention causal" : "attention full",

@@ -28,7 +28,7 @@ enum class Level : uint8_t {
 enum class Op : uint8_t {
   // clang-format off
   Linear, Matmul, Attention, Conv,      // GEMM-shaped: the allow-list (conv: conv2d, grouped and depthwise too)
-  Embedding, Gelu, Elementwise,         // gelu: gelu, gelu_erf, silu; elementwise: add/sub/mul, relu,
+  Embedding, Gelu, Elementwise,         // gelu: gelu, gelu_erf, silu; elementwise: add/sub/mul, relu, add_relu,
                                         // sigmoid, tanh, rope and scalar ops
   Pool,                                 // max_pool2d, avg_pool2d (elementwise rules)
   LayerNorm, BatchNorm, Softmax, CrossEntropy, Reduction,  // precision-sensitive (layer_norm: rms_norm

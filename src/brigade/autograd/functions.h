@@ -37,6 +37,9 @@ Tensor gelu_erf(const Tensor& x);
 // x * sigmoid(x).
 Tensor silu(const Tensor& x);
 Tensor relu(const Tensor& x);
+// relu(add(a, b)) in one pass and one node (ResNet's residual join), bitwise the same; a and b of
+// one shape.
+Tensor add_relu(const Tensor& a, const Tensor& b);
 // torch.sigmoid; the backward reads the output (saved detached): g y (1 - y).
 Tensor sigmoid(const Tensor& x);
 // torch.reciprocal, 1 / x; the backward reads the output (saved detached): -g y^2.

@@ -294,6 +294,26 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y) {
   return gx;
 }
 
+Tensor add_relu(const Tensor& a, const Tensor& b) {
+  check_float(a, "add_relu", "a");
+  check_float(b, "add_relu", "b");
+  BRIGADE_CHECK(a.shape() == b.shape(), ShapeError,
+                "add_relu: a {} and b {} must have the same shape (for a broadcast, call add, then relu)",
+                shape_str(a.shape()), shape_str(b.shape()));
+  if (native16({&a, &b}) || (on_cpu() && !any_not_f32({&a, &b}))) {  // strided reads, any one dtype
+    Tensor y = Tensor::empty(a.shape(), a.dtype());                  // a's shape and dtype
+    cpu::add_relu(strided(a), strided(b), a.dtype(), y.raw_data());
+    return y;
+  }
+  if (auto r = via_f32(
+          {same_or_f32(a, b)}, [](const Tensor& x, const Tensor& y) { return add_relu(x, y); }, a, b))
+    return *r;
+  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  Tensor y = Tensor::empty(a.shape());  // a's shape
+  ref::add_relu<float>(a.numel(), ac.data<float>(), bc.data<float>(), y.data<float>());
+  return y;
+}
+
 // ---------------------------------------------------------------- sigmoid, reciprocal
 
 namespace {

@@ -44,6 +44,10 @@ Tensor silu_backward(const Tensor& gy, const Tensor& x);
 // ---------------- ReLU: y = max(x, 0); relu_backward(gy, y) = gy where y > 0, else 0.
 Tensor relu(const Tensor& x);
 Tensor relu_backward(const Tensor& gy, const Tensor& y);
+// The residual add and ReLU of a ResNet block in one pass: y = max(a + b, 0) (NaN passes) on a and
+// b of one shape, in the dtype an add of them gives. Bitwise relu(add(a, b)): the sum is rounded
+// once and rounding keeps the sign. Its backward is relu_backward(gy, y), the same for a and b.
+Tensor add_relu(const Tensor& a, const Tensor& b);
 
 // ---------------- sigmoid (torch.sigmoid): y = 1 / (1 + exp(-x)); the gate of
 // squeeze-and-excitation. sigmoid_backward(gy, y) = gy y (1 - y) (from the output).

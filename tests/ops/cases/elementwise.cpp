@@ -1,11 +1,19 @@
 // Op-harness cases of the elementwise family (src/brigade/ops/elementwise.h): add, sub, mul, div
 // with broadcasting and views (also the squeeze-and-excitation gate's (N, C, 1, 1) broadcast), the
 // scalar and unary ops, add_ in place, sum_to, and the activations gelu, gelu_erf, silu, relu,
-// sigmoid and reciprocal; the big cases above elementwise.cpp's OpenMP threshold.
+// sigmoid and reciprocal, the fused add_relu (also bitwise relu(add) on special values); the big
+// cases above elementwise.cpp's OpenMP threshold.
 #include "ops/harness.h"
 
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
+
+#include "brigade/core/error.h"
+#include "brigade/ops/cpu/kernels.h"
 
 namespace brigade::optest {
 
@@ -32,6 +40,35 @@ OpCase silu_case(Input x) {
   return c;
 }
 
+OpCase add_relu_case(Input a, Input b) {
+  const int64_t n = shape_numel(a.shape);
+  OpCase c;
+  c.name = fmt::format("add_relu_{}{}_{}", shape_str(a.shape), layout_name(a.layout), layout_name(b.layout));
+  c.inputs = {a, b};
+  c.fwd = [](const TVec& v) -> TVec { return {ops::add_relu(v[0], v[1])}; };
+  c.bwd = [](const TVec&, const TVec& y, const Tensor& g) -> TVec {
+    const Tensor gs = ops::relu_backward(g, y[0]);  // the gradient of both inputs
+    return {gs, gs};
+  };
+  c.fwd_d = [n](const std::vector<DVec>& v) -> std::vector<DVec> {
+    DVec y(static_cast<size_t>(n));
+    ref::add_relu<double>(n, v[0].data(), v[1].data(), y.data());
+    return {y};
+  };
+  c.bwd_d = [n](const std::vector<DVec>& v, const DVec& g) -> std::vector<DVec> {
+    DVec y(static_cast<size_t>(n)), gs(static_cast<size_t>(n));
+    ref::add_relu<double>(n, v[0].data(), v[1].data(), y.data());
+    ref::relu_backward<double>(n, g.data(), y.data(), gs.data());
+    return {gs, gs};
+  };
+  return c;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
+
 }  // namespace
 
 std::vector<OpCase> elementwise_cases() {
@@ -49,6 +86,8 @@ std::vector<OpCase> elementwise_cases() {
     cs.push_back(binary_case(std::string(nm) + "_views", op, {in({4, 3}).T(), in({4, 3}).Sliced().Range(lo, 2)}));
     cs.push_back(binary_case(std::string(nm) + "_expanded", op, {in({3, 4}).Expand(0), in({3, 4}).T().Range(lo, 2)}));
   }
+  cs.push_back(add_relu_case(in({3, 4}), in({3, 4})));  // sums of both signs
+  cs.push_back(add_relu_case(in({3, 4}).T(), in({3, 4}).Sliced()));
   cs.push_back(unary_case(
       "add_scalar", [](const Tensor& x) { return ops::add_scalar(x, 0.75); }, UnaryOp::AddScalar, 0.75, in({3, 5}).T(),
       [](const Tensor&, const Tensor&, const Tensor& g) { return ops::mul_scalar(g, 1.0); }));
@@ -271,6 +310,10 @@ std::vector<BigCase> elementwise_big_cases() {
                   ops::mul_scalar_(d3, -1.25);
                   return TVec{d0, d1.contiguous(), d2, d3.contiguous()};
                 }});
+  cs.push_back({"add_relu", [=] {
+                  const Tensor y = ops::add_relu(a, ops::neg(b));  // both signs
+                  return TVec{y, ops::add_relu(at, as), ops::relu_backward(a, y)};
+                }});
   cs.push_back({"gelu",
                 [=] {
                   Tensor x = ops::mul_scalar(a, 4.0);
@@ -288,6 +331,10 @@ std::vector<Big16Case> elementwise_big16_cases() {
                   return TVec{ops::add(x.a, x.b),  ops::sub(x.a, x.b),    ops::mul(x.a, x.b),
                               ops::div(x.a, x.b),  ops::add(x.at, x.row), ops::mul(x.as, x.col),
                               ops::div(x.at, x.b), ops::sub(x.row, x.as), ops::mul(x.at, x.as)};
+                }});
+  cs.push_back({"add_relu", [=](DType dt) {
+                  const BigInputs x = big_inputs(dt);
+                  return TVec{ops::add_relu(x.a, ops::neg(x.b)), ops::add_relu(x.at, x.as)};
                 }});
   cs.push_back({"unary", [=](DType dt) {
                   const BigInputs x = big_inputs(dt);
@@ -328,6 +375,43 @@ std::vector<Big16Case> elementwise_big16_cases() {
          return TVec{ops::gelu(x4), ops::gelu_backward(x.b, x4), ops::gelu(x.at), ops::gelu_backward(x.as, x.at)};
        }});
   return cs;
+}
+
+// add_relu is bitwise relu(add(a, b)) in f32, bf16 and f16, natively and widened, on both
+// backends: every pair of special values (signed zeros, infinities whose sum is NaN, NaN,
+// denormals, sums that overflow f16) and random values above the OpenMP threshold.
+TEST(Ops, AddReluIsBitwiseReluOfAdd) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> sp = {0.f, -0.f, 1.f, -1.f, 0.5f, inf, -inf, nan, 1e-40f, -1e-40f, 6e4f, -3e-8f, 2.75f};
+  const int64_t m = int64_t(sp.size());
+  std::vector<float> va, vb;
+  for (float x : sp)
+    for (float y : sp) {
+      va.push_back(x);
+      vb.push_back(y);
+    }
+  const Tensor sa = Tensor::from_vector(va, {m, m}), sb = Tensor::from_vector(vb, {m, m});
+  const Tensor ra = randn({kBigR, kBigC}, 101), rb = ops::neg(randn({kBigR, kBigC}, 102));
+  for (ops::Backend be : {ops::Backend::Cpu, ops::Backend::Ref})
+    for (DType dt : {DType::F32, DType::BF16, DType::F16})
+      for (bool native : {true, false}) {
+        ops::BackendScope s(be);
+        ops::cpu::Native16Scope mode(native);
+        SCOPED_TRACE(fmt::format("{} {} {}", be == ops::Backend::Cpu ? "cpu" : "ref", dtype_name(dt),
+                                 native ? "native" : "widened"));
+        for (auto [a0, b0] :
+             {std::pair{sa, sb}, std::pair{ra, rb}, std::pair{ra.transpose(0, 1), rb.transpose(0, 1)}}) {
+          const Tensor a = a0.to(dt), b = b0.to(dt);
+          EXPECT_TRUE(same_bytes(ops::add_relu(a, b), ops::relu(ops::add(a, b))));
+        }
+      }
+  try {
+    ops::add_relu(Tensor::zeros({2, 3}), Tensor::zeros({3}));
+    ADD_FAILURE() << "a broadcast was accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("add_relu: a (2, 3) and b (3) must have the same shape"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace brigade::optest

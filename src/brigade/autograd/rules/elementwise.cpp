@@ -41,6 +41,18 @@ struct ScaleBackward : Node {
   std::vector<Tensor> backward(const Tensor& g) override { return {s == 1.0 ? g : ops::mul_scalar(g, s)}; }
 };
 
+struct AddReluBackward : Node {
+  Tensor y;  // the output, detached
+  const char* name() const override { return "AddReluBackward"; }
+  // forward: y = relu(a + b)  ->  ga = gb = g where y > 0 (one tensor for both: the engine sums
+  // gradients out of place)
+  std::vector<Tensor> backward(const Tensor& g) override {
+    const Tensor gs = ops::relu_backward(g, y);
+    return {wants(*this, 0) ? gs : Tensor(), wants(*this, 1) ? gs : Tensor()};
+  }
+  void release() override { y = Tensor(); }
+};
+
 // a + b (b_sign 1, ops::add) or a - b (b_sign -1, ops::sub), recorded with an AddBackward.
 Tensor add_signed(const Tensor& a0, const Tensor& b0, double b_sign) {
   const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
@@ -105,6 +117,15 @@ Tensor relu(const Tensor& x0) {
   const Tensor x = cast(x0, policy_dtype(amp::Op::Elementwise, {&x0}));
   Tensor y = ops::relu(x);  // x's shape
   return rules::record_saving<ops::relu_backward>("ReluBackward", y, x, y.detach());
+}
+
+Tensor add_relu(const Tensor& a0, const Tensor& b0) {
+  const DType dt = policy_dtype(amp::Op::Elementwise, {&a0, &b0});
+  const Tensor a = cast(a0, dt), b = cast(b0, dt);
+  Tensor y = ops::add_relu(a, b);  // a's shape
+  auto n = std::make_shared<AddReluBackward>();
+  if (needs_grad({a, b})) n->y = y.detach();
+  return record(y, n, {a, b});
 }
 
 // The node keeps the output, detached.

@@ -528,6 +528,10 @@ void binary16(BinaryOp op, const Strided& a, const Strided& b, DType ot, void* o
   }
 }
 
+void add_relu(const Strided& a, const Strided& b, DType ot, void* y) {
+  map2([](float x, float z) { return (x + z > 0.f || x + z != x + z) ? x + z : 0.f; }, a, b, ot, y);
+}
+
 void unary16(UnaryOp op, double s, const Strided& a, DType ot, void* out) {
   const float sf = float(s);
   switch (op) {

@@ -118,6 +118,13 @@ void relu(int64_t n, const T* x, T* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : (std::isnan(x[i]) ? x[i] : T(0));
 }
 template <typename T>
+void add_relu(int64_t n, const T* a, const T* b, T* y) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T s = a[i] + b[i];
+    y[i] = s > T(0) ? s : (std::isnan(s) ? s : T(0));
+  }
+}
+template <typename T>
 void relu_backward(int64_t n, const T* gy, const T* y, T* gx) {
   for (int64_t i = 0; i < n; ++i) gx[i] = y[i] > T(0) ? gy[i] : T(0);
 }
