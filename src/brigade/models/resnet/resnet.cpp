@@ -49,7 +49,7 @@ Tensor BasicBlock::body(const Tensor& x) const {
   Tensor out = F::relu(bn1->forward(conv1->forward(x)));  // (N, planes, H', W')
   out = bn2->forward(conv2->forward(out));                // (N, planes, H', W')
   const Tensor identity = downsample ? downsample->forward(x) : x;
-  return F::relu(F::add(out, identity));
+  return F::add_relu(out, identity);  // relu(out + identity) in one pass
 }
 
 Bottleneck::Bottleneck(int64_t in, int64_t planes, int64_t stride, const ResNetConfig& c) {
@@ -68,7 +68,7 @@ Tensor Bottleneck::body(const Tensor& x) const {
   out = F::relu(bn2->forward(conv2->forward(out)));       // (N, planes, H', W')
   out = bn3->forward(conv3->forward(out));                // (N, 4 planes, H', W')
   const Tensor identity = downsample ? downsample->forward(x) : x;
-  return F::relu(F::add(out, identity));
+  return F::add_relu(out, identity);  // relu(out + identity) in one pass
 }
 
 ResNet::ResNet(const ResNetConfig& c) : cfg_(c) {
