@@ -440,19 +440,24 @@ TEST(EncoderOps, BadInputsGiveHelpfulErrors) {
   const Tensor q = Tensor::zeros({2, 1, 3, 4});
   expect_error<ValueError>(
       [&] {
-        ops::attention_key_mask(q, q, q, Tensor::from_vector_i64({1, 1, 0, 1, 2, 1}, {2, 3}), 0.5);
+        ops::attention(q, q, q, false, 0.5, Tensor::from_vector_i64({1, 1, 0, 1, 2, 1}, {2, 3}));
       },
-      {"attention_key_mask", "0 or 1", "2"});
+      {"attention:", "0 or 1", "2"});
   expect_error<ValueError>(
       [&] {
-        ops::attention_key_mask(q, q, q, Tensor::from_vector_i64({1, 1, 0, 0, 0, 0}, {2, 3}), 0.5);
+        ops::attention(q, q, q, false, 0.5, Tensor::from_vector_i64({1, 1, 0, 0, 0, 0}, {2, 3}));
       },
-      {"attention_key_mask", "row 1", "every key"});
+      {"attention:", "row 1", "every key"});
   expect_error<ShapeError>(
       [&] {
-        ops::attention_key_mask(q, q, q, Tensor::ones({2, 4}), 0.5);
+        ops::attention(q, q, q, false, 0.5, Tensor::ones({2, 4}));
       },
-      {"attention_key_mask", "(B, T)", "(2, 3)", "(2, 4)"});
+      {"attention:", "(B, T)", "(2, 3)", "(2, 4)"});
+  expect_error<ValueError>(
+      [&] {
+        ops::attention(q, q, q, true, 0.5, Tensor::ones({2, 3}));
+      },
+      {"attention:", "key padding mask", "causal = false"});
   expect_error<ShapeError>(
       [&] {
         ops::patchify(Tensor::zeros({1, 3, 8, 10}), 4);

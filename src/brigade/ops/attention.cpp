@@ -22,9 +22,13 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op
 }
 }  // namespace
 
-AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                       const Tensor& key_mask) {
   check_qkv(q, k, v, "attention");
-  if (native16({&q, &k, &v})) {
+  const bool masked = key_mask.defined();
+  BRIGADE_CHECK(!(masked && causal), ValueError,
+                "attention: a key padding mask is for bidirectional attention; pass causal = false or no key_mask");
+  if (!masked && native16({&q, &k, &v})) {
     const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
     AttentionOut o;
     o.out = Tensor::empty({B, NH, T, HS}, q.dtype());  // (B, NH, T, HS)
@@ -35,16 +39,23 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   }
   if (auto r = via_f32(
           {q.dtype(), DType::F32},
-          [&](const Tensor& q_, const Tensor& k_, const Tensor& v_) { return attention(q_, k_, v_, causal, scale); }, q,
-          k, v))
+          [&](const Tensor& q_, const Tensor& k_, const Tensor& v_) {
+            return attention(q_, k_, v_, causal, scale, key_mask);
+          },
+          q, k, v))
     return *r;
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   AttentionOut o;
   o.out = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
   o.lse = Tensor::empty({B, NH, T});      // (B, NH, T)
-  BRIGADE_DISPATCH(attention, B * NH, T, HS, qc.data<float>(), kc.data<float>(), vc.data<float>(), causal, scale,
-                   o.out.data<float>(), o.lse.data<float>());
+  if (masked)
+    BRIGADE_DISPATCH(attention_key_mask, B, NH, T, HS, qc.data<float>(), kc.data<float>(), vc.data<float>(),
+                     key_mask_bytes(key_mask, B, T, "attention").data(), scale, o.out.data<float>(),
+                     o.lse.data<float>());
+  else
+    BRIGADE_DISPATCH(attention, B * NH, T, HS, qc.data<float>(), kc.data<float>(), vc.data<float>(), causal, scale,
+                     o.out.data<float>(), o.lse.data<float>());
   return o;
 }
 
@@ -53,7 +64,8 @@ AttentionGrads AttentionGrads::empty(const Shape& s, DType dt) {
 }
 
 AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& lse, bool causal, double scale) {
+                                  const Tensor& out, const Tensor& lse, bool causal, double scale,
+                                  const Tensor& key_mask) {
   check_qkv(q, k, v, "attention_backward");
   check_float(gout, "attention_backward", "gout");
   check_float(out, "attention_backward", "out");
@@ -63,7 +75,11 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   BRIGADE_CHECK(lse.shape() == Shape({B, NH, T}), ShapeError, "attention_backward: lse must be (B, NH, T) = {}, got {}",
                 shape_str({B, NH, T}), shape_str(lse.shape()));
-  if (native16({&gout, &q, &k, &v, &out}) && lse.dtype() == DType::F32) {
+  const bool masked = key_mask.defined();
+  BRIGADE_CHECK(!(masked && causal), ValueError,
+                "attention_backward: a key padding mask is for bidirectional attention; pass causal = false or no "
+                "key_mask");
+  if (!masked && native16({&gout, &q, &k, &v, &out}) && lse.dtype() == DType::F32) {
     const Tensor lc = lse.contiguous();
     AttentionGrads g = AttentionGrads::empty(q.shape(), q.dtype());  // each (B, NH, T, HS)
     cpu::attention_backward16(B * NH, T, HS, strided(gout), strided(q), strided(k), strided(v), strided(out),
@@ -74,19 +90,25 @@ AttentionGrads attention_backward(const Tensor& gout, const Tensor& q, const Ten
   if (auto r = via_f32(
           {q.dtype(), k.dtype(), v.dtype()},
           [&](const Tensor& g_, const Tensor& q_, const Tensor& k_, const Tensor& v_, const Tensor& o_,
-              const Tensor& l_) { return attention_backward(g_, q_, k_, v_, o_, l_, causal, scale); },
+              const Tensor& l_) { return attention_backward(g_, q_, k_, v_, o_, l_, causal, scale, key_mask); },
           gout, q, k, v, out, lse))
     return *r;
   Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(),
          lc = lse.contiguous();
   AttentionGrads g = AttentionGrads::empty(q.shape());  // each (B, NH, T, HS)
-  BRIGADE_DISPATCH(attention_backward, B * NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
-                   vc.data<float>(), oc.data<float>(), lc.data<float>(), causal, scale, g.gq.data<float>(),
-                   g.gk.data<float>(), g.gv.data<float>());
+  if (masked)
+    BRIGADE_DISPATCH(attention_key_mask_backward, B, NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
+                     vc.data<float>(), oc.data<float>(), lc.data<float>(),
+                     key_mask_bytes(key_mask, B, T, "attention_backward").data(), scale, g.gq.data<float>(),
+                     g.gk.data<float>(), g.gv.data<float>());
+  else
+    BRIGADE_DISPATCH(attention_backward, B * NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
+                     vc.data<float>(), oc.data<float>(), lc.data<float>(), causal, scale, g.gq.data<float>(),
+                     g.gk.data<float>(), g.gv.data<float>());
   return g;
 }
 
-// ------------------------------------------------------------------ attention with a key mask
+// ------------------------------------------------------------------ the key padding mask
 
 std::vector<uint8_t> key_mask_bytes(const Tensor& key_mask, int64_t B, int64_t T, const char* op) {
   BRIGADE_CHECK(key_mask.defined(), ValueError, "{}: 'key_mask' is an undefined tensor", op);
@@ -119,66 +141,6 @@ std::vector<uint8_t> key_mask_bytes(const Tensor& key_mask, int64_t B, int64_t T
   return keep;
 }
 
-AttentionOut attention_key_mask(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_mask,
-                                double scale) {
-  const char* op = "attention_key_mask";
-  check_qkv(q, k, v, op);
-  const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
-  const std::vector<uint8_t> keep = key_mask_bytes(key_mask, B, T, op);
-  if (is_half(q) || is_half(k) || is_half(v)) {
-    AttentionOut o = attention_key_mask(f32_of(q), f32_of(k), f32_of(v), key_mask, scale);
-    o.out = round_to(o.out, q.dtype());
-    return o;
-  }
-  Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-  AttentionOut o;
-  o.out = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
-  o.lse = Tensor::empty({B, NH, T});      // (B, NH, T)
-  if (!on_cpu())
-    ref::attention_key_mask<float>(B, NH, T, HS, qc.data<float>(), kc.data<float>(), vc.data<float>(), keep.data(),
-                                   scale, o.out.data<float>(), o.lse.data<float>());
-  else
-    cpu::attention_key_mask(B, NH, T, HS, qc.data<float>(), kc.data<float>(), vc.data<float>(), keep.data(), scale,
-                            o.out.data<float>(), o.lse.data<float>());
-  return o;
-}
-
-AttentionGrads attention_key_mask_backward(const Tensor& gout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                           const Tensor& out, const Tensor& lse, const Tensor& key_mask, double scale) {
-  const char* op = "attention_key_mask_backward";
-  check_qkv(q, k, v, op);
-  check_float(gout, op, "gout");
-  check_float(out, op, "out");
-  check_float(lse, op, "lse");
-  BRIGADE_CHECK(gout.shape() == q.shape() && out.shape() == q.shape(), ShapeError,
-                "{}: gout {} and out {} must have q's shape {}", op, shape_str(gout.shape()), shape_str(out.shape()),
-                shape_str(q.shape()));
-  const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
-  BRIGADE_CHECK(lse.shape() == Shape({B, NH, T}), ShapeError, "{}: lse must be (B, NH, T) = {}, got {}", op,
-                shape_str({B, NH, T}), shape_str(lse.shape()));
-  const std::vector<uint8_t> keep = key_mask_bytes(key_mask, B, T, op);
-  if (is_half(gout) || is_half(q) || is_half(k) || is_half(v) || is_half(out) || is_half(lse)) {
-    AttentionGrads g = attention_key_mask_backward(f32_of(gout), f32_of(q), f32_of(k), f32_of(v), f32_of(out),
-                                                   f32_of(lse), key_mask, scale);
-    g.gq = round_to(g.gq, q.dtype());
-    g.gk = round_to(g.gk, k.dtype());
-    g.gv = round_to(g.gv, v.dtype());
-    return g;
-  }
-  Tensor gc = gout.contiguous(), qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), oc = out.contiguous(),
-         lc = lse.contiguous();
-  AttentionGrads g = AttentionGrads::empty(q.shape());  // each (B, NH, T, HS)
-  if (!on_cpu())
-    ref::attention_key_mask_backward<float>(B, NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
-                                            vc.data<float>(), oc.data<float>(), lc.data<float>(), keep.data(), scale,
-                                            g.gq.data<float>(), g.gk.data<float>(), g.gv.data<float>());
-  else
-    cpu::attention_key_mask_backward(B, NH, T, HS, gc.data<float>(), qc.data<float>(), kc.data<float>(),
-                                     vc.data<float>(), oc.data<float>(), lc.data<float>(), keep.data(), scale,
-                                     g.gq.data<float>(), g.gk.data<float>(), g.gv.data<float>());
-  return g;
-}
-
 // ---------------------------------------------------------------- repeat_kv (GQA)
 
 Tensor repeat_kv(const Tensor& x, int64_t n_rep) {
@@ -200,10 +162,7 @@ Tensor repeat_kv_backward(const Tensor& gy, int64_t n_rep) {
   const int64_t B = gy.size(0), NKV = gy.size(1) / n_rep, T = gy.size(2), HS = gy.size(3);
   const Tensor gc = gy.contiguous();
   Tensor gx = Tensor::empty({B, NKV, T, HS});  // (B, NKV, T, HS)
-  if (on_cpu())
-    cpu::repeat_kv_backward(B, NKV, n_rep, T * HS, gc.data<float>(), gx.data<float>());
-  else
-    ref::repeat_kv_backward<float>(B, NKV, n_rep, T * HS, gc.data<float>(), gx.data<float>());
+  BRIGADE_DISPATCH(repeat_kv_backward, B, NKV, n_rep, T * HS, gc.data<float>(), gx.data<float>());
   return gx;
 }
 

@@ -317,10 +317,7 @@ Tensor patchify(const Tensor& x, int64_t p) {
   if (is_half(x)) return round_to(patchify(f32_of(x), p), x.dtype());
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty({d.N, d.P, d.F});  // (N, P, C*p*p)
-  if (!on_cpu())
-    ref::patchify<float>(d.N, d.C, d.H, d.W, p, xc.data<float>(), y.data<float>());
-  else
-    cpu::patchify(d.N, d.C, d.H, d.W, p, xc.data<float>(), y.data<float>());
+  BRIGADE_DISPATCH(patchify, d.N, d.C, d.H, d.W, p, xc.data<float>(), y.data<float>());
   return y;
 }
 
@@ -333,10 +330,7 @@ Tensor patchify_backward(const Tensor& g, const Shape& x_shape, int64_t p) {
   if (is_half(g)) return round_to(patchify_backward(f32_of(g), x_shape, p), g.dtype());
   Tensor gc = g.contiguous();
   Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
-  if (!on_cpu())
-    ref::patchify_backward<float>(d.N, d.C, d.H, d.W, p, gc.data<float>(), gx.data<float>());
-  else
-    cpu::patchify_backward(d.N, d.C, d.H, d.W, p, gc.data<float>(), gx.data<float>());
+  BRIGADE_DISPATCH(patchify_backward, d.N, d.C, d.H, d.W, p, gc.data<float>(), gx.data<float>());
   return gx;
 }
 

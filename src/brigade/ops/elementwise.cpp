@@ -177,10 +177,7 @@ Tensor gelu_erf(const Tensor& x) {
   if (is_half(x)) return round_to(gelu_erf(f32_of(x)), x.dtype());
   Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // same as x
-  if (!on_cpu())
-    ref::gelu_erf<float>(x.numel(), xc.data<float>(), y.data<float>());
-  else
-    cpu::gelu_erf(x.numel(), xc.data<float>(), y.data<float>());
+  BRIGADE_DISPATCH(gelu_erf, x.numel(), xc.data<float>(), y.data<float>());
   return y;
 }
 
@@ -193,10 +190,7 @@ Tensor gelu_erf_backward(const Tensor& gy, const Tensor& x) {
   if (is_half(gy) || is_half(x)) return round_to(gelu_erf_backward(f32_of(gy), f32_of(x)), x.dtype());
   Tensor gyc = gy.contiguous(), xc = x.contiguous();
   Tensor gx = Tensor::empty(x.shape());  // same as x
-  if (!on_cpu())
-    ref::gelu_erf_backward<float>(x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
-  else
-    cpu::gelu_erf_backward(x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
+  BRIGADE_DISPATCH(gelu_erf_backward, x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
   return gx;
 }
 
@@ -207,10 +201,7 @@ Tensor silu(const Tensor& x) {
   if (any_not_f32({&x})) return round_to(silu(f32_of(x)), x.dtype());
   const Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // same as x
-  if (on_cpu())
-    cpu::silu(x.numel(), xc.data<float>(), y.data<float>());
-  else
-    ref::silu<float>(x.numel(), xc.data<float>(), y.data<float>());
+  BRIGADE_DISPATCH(silu, x.numel(), xc.data<float>(), y.data<float>());
   return y;
 }
 
@@ -221,10 +212,7 @@ Tensor silu_backward(const Tensor& gy, const Tensor& x) {
   if (any_not_f32({&gy, &x})) return round_to(silu_backward(f32_of(gy), f32_of(x)), x.dtype());
   const Tensor gc = gy.contiguous(), xc = x.contiguous();
   Tensor gx = Tensor::empty(x.shape());  // same as x
-  if (on_cpu())
-    cpu::silu_backward(x.numel(), gc.data<float>(), xc.data<float>(), gx.data<float>());
-  else
-    ref::silu_backward<float>(x.numel(), gc.data<float>(), xc.data<float>(), gx.data<float>());
+  BRIGADE_DISPATCH(silu_backward, x.numel(), gc.data<float>(), xc.data<float>(), gx.data<float>());
   return gx;
 }
 
@@ -239,23 +227,12 @@ Tensor relu(const Tensor& x) {
     return y;
   }
   if (is_half(x)) return round_to(relu(f32_of(x)), x.dtype());
-  const Tensor xc = x.contiguous();
   Tensor y = Tensor::empty(x.shape());  // x's shape
-  const int64_t n = x.numel();
-  const float* xp = xc.data<float>();
-  float* yp = y.data<float>();
   if (on_cpu()) {
-    constexpr int64_t kBlock = 1 << 14;
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
-      const float* xb = xp + b * kBlock;
-      float* yb = yp + b * kBlock;
-      const int64_t m = std::min(kBlock, n - b * kBlock);
-#pragma omp simd
-      for (int64_t i = 0; i < m; ++i) yb[i] = (xb[i] > 0.f || xb[i] != xb[i]) ? xb[i] : 0.f;  // NaN passes
-    }
+    cpu::relu(strided(x), y.data<float>());
   } else {
-    ref::relu<float>(n, xp, yp);
+    const Tensor xc = x.contiguous();
+    ref::relu<float>(x.numel(), xc.data<float>(), y.data<float>());
   }
   return y;
 }
@@ -273,23 +250,12 @@ Tensor relu_backward(const Tensor& gy, const Tensor& y) {
     return gx;
   }
   if (is_half(gy) || is_half(y)) return round_to(relu_backward(f32_of(gy), f32_of(y)), gy.dtype());
-  const Tensor gc = gy.contiguous(), yc = y.contiguous();
   Tensor gx = Tensor::empty(y.shape());  // y's shape
-  const int64_t n = y.numel();
-  const float *gp = gc.data<float>(), *yp = yc.data<float>();
-  float* gxp = gx.data<float>();
   if (on_cpu()) {
-    constexpr int64_t kBlock = 1 << 14;
-#pragma omp parallel for schedule(static) if (n > (1 << 15))
-    for (int64_t b = 0; b < (n + kBlock - 1) / kBlock; ++b) {
-      const float *gb = gp + b * kBlock, *yb = yp + b * kBlock;
-      float* ob = gxp + b * kBlock;
-      const int64_t m = std::min(kBlock, n - b * kBlock);
-#pragma omp simd
-      for (int64_t i = 0; i < m; ++i) ob[i] = yb[i] > 0.f ? gb[i] : 0.f;
-    }
+    cpu::relu_backward(strided(gy), strided(y), gx.data<float>());
   } else {
-    ref::relu_backward<float>(n, gp, yp, gxp);
+    const Tensor gc = gy.contiguous(), yc = y.contiguous();
+    ref::relu_backward<float>(y.numel(), gc.data<float>(), yc.data<float>(), gx.data<float>());
   }
   return gx;
 }

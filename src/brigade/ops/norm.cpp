@@ -110,10 +110,7 @@ RMSNormOut rms_norm(const Tensor& x, const Tensor& w, double eps) {
   RMSNormOut o;
   o.y = Tensor::empty(x.shape());  // (..., C)
   o.rstd = Tensor::empty({N});     // (N)
-  if (on_cpu())
-    cpu::rms_norm(N, C, xc.data<float>(), wc.data<float>(), eps, o.y.data<float>(), o.rstd.data<float>());
-  else
-    ref::rms_norm<float>(N, C, xc.data<float>(), wc.data<float>(), eps, o.y.data<float>(), o.rstd.data<float>());
+  BRIGADE_DISPATCH(rms_norm, N, C, xc.data<float>(), wc.data<float>(), eps, o.y.data<float>(), o.rstd.data<float>());
   return o;
 }
 
@@ -140,12 +137,8 @@ RMSNormGrads rms_norm_backward(const Tensor& gy, const Tensor& x, const Tensor& 
   RMSNormGrads g;
   g.gx = Tensor::empty(x.shape());  // (..., C)
   g.gw = Tensor::empty({C});        // (C)
-  if (on_cpu())
-    cpu::rms_norm_backward(N, C, gc.data<float>(), xc.data<float>(), wc.data<float>(), rc.data<float>(),
-                           g.gx.data<float>(), g.gw.data<float>());
-  else
-    ref::rms_norm_backward<float>(N, C, gc.data<float>(), xc.data<float>(), wc.data<float>(), rc.data<float>(),
-                                  g.gx.data<float>(), g.gw.data<float>());
+  BRIGADE_DISPATCH(rms_norm_backward, N, C, gc.data<float>(), xc.data<float>(), wc.data<float>(), rc.data<float>(),
+                   g.gx.data<float>(), g.gw.data<float>());
   return g;
 }
 

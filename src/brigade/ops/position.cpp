@@ -47,10 +47,7 @@ Tensor rope_impl(const Tensor& x, const RopeSpec& spec, int64_t pos0, double sig
   if (any_not_f32({&x})) return round_to(rope_impl(f32_of(x), spec, pos0, sign, op), x.dtype());
   const Tensor xc = x.contiguous();
   Tensor y = Tensor::empty({B, NH, T, HS});  // (B, NH, T, HS)
-  if (on_cpu())
-    cpu::rope(B * NH, T, HS, spec, pos0, sign, xc.data<float>(), y.data<float>());
-  else
-    ref::rope<float>(B * NH, T, HS, spec, pos0, sign, xc.data<float>(), y.data<float>());
+  BRIGADE_DISPATCH(rope, B * NH, T, HS, spec, pos0, sign, xc.data<float>(), y.data<float>());
   return y;
 }
 }  // namespace

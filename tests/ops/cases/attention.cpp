@@ -175,11 +175,11 @@ std::vector<OpCase> attention_cases() {
       return Tensor::from_vector(std::vector<float>(mask.begin(), mask.end()), {B, T});
     };
     c.fwd = [=](const TVec& v) -> TVec {
-      ops::AttentionOut o = ops::attention_key_mask(v[0], v[1], v[2], mask_tensor(), scale);
+      ops::AttentionOut o = ops::attention(v[0], v[1], v[2], false, scale, mask_tensor());
       return {o.out, o.lse};
     };
     c.bwd = [=](const TVec& v, const TVec& o, const Tensor& g) -> TVec {
-      ops::AttentionGrads r = ops::attention_key_mask_backward(g, v[0], v[1], v[2], o[0], o[1], mask_tensor(), scale);
+      ops::AttentionGrads r = ops::attention_backward(g, v[0], v[1], v[2], o[0], o[1], false, scale, mask_tensor());
       return {r.gq, r.gk, r.gv};
     };
     std::vector<uint8_t> keep(mask.begin(), mask.end());
@@ -264,7 +264,7 @@ TEST(EncoderOps, AllOnesKeyMaskIsFullAttention) {
   const Tensor q = fill(), k = fill(), val = fill();
   for (auto be : {ops::Backend::Ref, ops::Backend::Cpu}) {
     ops::BackendScope s(be);
-    const ops::AttentionOut a = ops::attention_key_mask(q, k, val, Tensor::ones({2, 11}, DType::I32), 0.3);
+    const ops::AttentionOut a = ops::attention(q, k, val, false, 0.3, Tensor::ones({2, 11}, DType::I32));
     const ops::AttentionOut b = ops::attention(q, k, val, false, 0.3);
     EXPECT_LE(rel_err(to_d(a.out), to_d(b.out)), 1e-6);
     EXPECT_LE(rel_err(to_d(a.lse), to_d(b.lse)), 1e-6);

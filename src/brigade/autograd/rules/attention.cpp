@@ -15,9 +15,12 @@ struct AttentionBackward : Node {
   double scale = 1.0;
   const char* name() const override { return key_mask.defined() ? "KeyMaskAttentionBackward" : "AttentionBackward"; }
   std::vector<Tensor> backward(const Tensor& g) override {
-    ops::AttentionGrads r = key_mask.defined() ? ops::attention_key_mask_backward(g, q, k, v, out, lse, key_mask, scale)
-                                               : ops::attention_backward(g, q, k, v, out, lse, causal, scale);
+    ops::AttentionGrads r = ops::attention_backward(g, q, k, v, out, lse, causal, scale, key_mask);
     return {r.gq, r.gk, r.gv};
+  }
+  void save(const Tensor& q_, const Tensor& k_, const Tensor& v_, const ops::AttentionOut& r, double s) {
+    q = q_, k = k_, v = v_, lse = r.lse, scale = s;
+    out = r.out.detach();  // detached: r.out may be the recorded output (no cycle)
   }
   void release() override { q = k = v = out = lse = key_mask = Tensor(); }
 };
@@ -48,14 +51,7 @@ struct RepeatKvBackward : Node {
 // Records r.out as the output of n over q, k, v, saving what its backward reads when one needs a gradient.
 Tensor record_attention(std::shared_ptr<AttentionBackward> n, const Tensor& q, const Tensor& k, const Tensor& v,
                         const ops::AttentionOut& r, double scale) {
-  if (needs_grad({q, k, v})) {
-    n->q = q;
-    n->k = k;
-    n->v = v;
-    n->out = r.out.detach();  // detached: r.out is the recorded output (no cycle)
-    n->lse = r.lse;
-    n->scale = scale;
-  }
+  if (needs_grad({q, k, v})) n->save(q, k, v, r, scale);
   return record(r.out, std::move(n), {q, k, v});
 }
 
@@ -116,13 +112,12 @@ Tensor attention(const Tensor& q0, const Tensor& k0, const Tensor& v0, const Att
   const DType dt = policy_dtype(amp::Op::Attention, {&q0, &k1, &v1});
   const Tensor q = cast(q0, dt), k = cast(k1, dt), v = cast(v1, dt);
   auto n = std::make_shared<AttentionBackward>();
-  if (mask.kind == AttentionMask::Kind::KeyPadding) {
-    BRIGADE_CHECK(mask.key_mask.defined(), ShapeError, "attention: a key padding mask needs its key_mask (B, T)");
-    n->key_mask = mask.key_mask;
-    return record_attention(n, q, k, v, ops::attention_key_mask(q, k, v, mask.key_mask, scale), scale);
-  }
   n->causal = mask.kind == AttentionMask::Kind::Causal;
-  return record_attention(n, q, k, v, ops::attention(q, k, v, n->causal, scale), scale);
+  if (mask.kind == AttentionMask::Kind::KeyPadding) {
+    BRIGADE_CHECK(mask.key_mask.defined(), ValueError, "attention: a key padding mask needs its key_mask (B, T)");
+    n->key_mask = mask.key_mask;
+  }
+  return record_attention(n, q, k, v, ops::attention(q, k, v, n->causal, scale, n->key_mask), scale);
 }
 
 Tensor causal_self_attention(const Tensor& qkv0, int64_t n_head) {
@@ -137,14 +132,7 @@ Tensor causal_self_attention(const Tensor& qkv0, int64_t n_head) {
   ops::AttentionOut r = ops::attention(q, k, v, true, scale);           // (B, NH, T, HS)
   Tensor y = r.out.permute({0, 2, 1, 3}).contiguous().view({B, T, C});  // (B, T, C)
   auto n = std::make_shared<SelfAttentionBackward>();
-  if (needs_grad({qkv})) {
-    n->q = q;
-    n->k = k;
-    n->v = v;
-    n->out = r.out;
-    n->lse = r.lse;
-    n->scale = scale;
-  }
+  if (needs_grad({qkv})) n->save(q, k, v, r, scale);
   return record(y, n, {qkv});
 }
 

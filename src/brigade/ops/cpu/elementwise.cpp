@@ -528,6 +528,13 @@ void binary16(BinaryOp op, const Strided& a, const Strided& b, DType ot, void* o
   }
 }
 
+void relu(const Strided& x, float* y) {
+  map1([](float v) { return (v > 0.f || v != v) ? v : 0.f; }, x, DType::F32, y);
+}
+void relu_backward(const Strided& gy, const Strided& y, float* gx) {
+  map2([](float g, float v) { return v > 0.f ? g : 0.f; }, gy, y, DType::F32, gx);
+}
+
 void add_relu(const Strided& a, const Strided& b, DType ot, void* y) {
   map2([](float x, float z) { return (x + z > 0.f || x + z != x + z) ? x + z : 0.f; }, a, b, ot, y);
 }

@@ -174,6 +174,9 @@ void silu(int64_t n, const float* x, float* y);
 void silu_backward(int64_t n, const float* gy, const float* x, float* gx);
 uint16_t inf_bits(DType dt);
 void relu16(int64_t n, uint16_t inf, const uint16_t* x, uint16_t* y);
+// y = relu(x) (NaN passes), gx = y > 0 ? gy : 0 on f32 (strided) into contiguous f32.
+void relu(const Strided& x, float* y);
+void relu_backward(const Strided& gy, const Strided& y, float* gx);
 // y = max(a + b, 0) (NaN passes) on a and b of one shape and any floating dtypes (strided), into
 // ot, the sum rounded once on store.
 void add_relu(const Strided& a, const Strided& b, DType ot, void* y);
