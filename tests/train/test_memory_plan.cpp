@@ -223,6 +223,45 @@ TEST(MemoryPlanFormulas, FollowThePlan) {
   EXPECT_THROW(predict_memory(r, 4), ValueError);
 }
 
+// GPT's activation formulas (models::estimate_activation_peak: what --dry-run, the trainer's
+// report and the "budget" recompute planner use) against a measured dry step of the same recipe
+// (measured_inputs: how every other model is predicted): equal to the byte for every recompute
+// mode, with and without dropout, at several shapes. So any change to what a kernel, a derivative
+// rule or the loss path allocates fails here until the formulas follow it.
+TEST(MemoryPlanFormulas, GptActivationsAreAMeasuredDryStepToTheByte) {
+  const std::vector<std::vector<std::string>> cases{
+      {},  // the default recipe: 4 layers, 256 wide, vocab 4096, batch 16 x 128
+      {"memory.recompute=full"},
+      {"memory.recompute=selective"},
+      {"memory.recompute=every_k", "memory.every_k=3", "model.n_layer=5"},
+      {"model.dropout=0.1"},
+      {"model.dropout=0.1", "memory.recompute=selective"},
+      {"model.n_layer=2", "model.n_head=2", "model.n_embd=64", "train.batch_size=4", "train.seq_len=32"},
+      // the peak in the embeddings' backward (a large vocabulary, few tokens)
+      {"model.n_layer=3", "model.n_head=3", "model.n_embd=96", "model.vocab_size=5000", "train.batch_size=2",
+       "train.seq_len=17", "model.dropout=0.2", "memory.recompute=full"},
+      // the peak in the blocks or the embeddings' forward (a small vocabulary)
+      {"model.vocab_size=100"},
+      {"model.vocab_size=100", "model.dropout=0.1"},
+      {"model.vocab_size=300", "model.n_layer=1", "model.dropout=0.1", "memory.recompute=full"},
+      {"model.vocab_size=100", "model.block_size=1024", "train.batch_size=2", "model.n_layer=1"},
+  };
+  for (const std::vector<std::string>& sets : cases) {
+    std::vector<std::string> all{"run.threads=2"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const Recipe r = load_recipe(std::string(BRIGADE_SOURCE_DIR) + "/recipes/gpt-kjv.toml", all);
+    std::string what;
+    for (const std::string& s : sets) what += s + " ";
+    const MemoryInputs formula = memory_inputs(r);
+    ASSERT_FALSE(formula.measured) << what;
+    const MemoryInputs dry = measured_inputs(r);
+    EXPECT_EQ(formula.recompute, dry.recompute) << what;
+    EXPECT_EQ(formula.act_peak, dry.act_peak)
+        << what << "\nformula: " << formula.act_formula << "\nmeasured: " << dry.act_formula;
+    EXPECT_EQ(formula.act_live, dry.act_live) << what;
+  }
+}
+
 TEST(MemoryPlanReport, NamesEveryCategoryAndRank) {
   Recipe r;
   r.parallel.dp = 2;

@@ -97,6 +97,9 @@ struct MemoryInputs {
   int64_t params_work = 0;
 };
 MemoryInputs memory_inputs(const Recipe& r);
+// The measured dry step alone, for any model (GPT included): what memory_inputs gives a model
+// without formulas. Tests pin GPT's formulas to it byte for byte.
+MemoryInputs measured_inputs(const Recipe& r);
 
 // Predicted memory of `rank` (0 <= rank < parallel.dp) for the recipe. ConfigError for a
 // recipe training would also refuse (e.g. a recompute budget below the least possible).

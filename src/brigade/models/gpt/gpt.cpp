@@ -177,7 +177,8 @@ BlockBytes block_bytes(const GPTConfig& c, int64_t B, int64_t T, nn::Recompute m
   const int64_t internals = 8 * u + 2 * u4 + 4 * s + lse + masks;
   // A backward through a block graph: the residual add's two gradients (2 u), then the MLP
   // projection's input and weight gradients while they are live (u4 + (4C, C) + bias).
-  const int64_t inner_bwd = 2 * u + u4 + held(4 * C * C) + held(C);
+  // With dropout, the MLP dropout's backward has released its mask by then.
+  const int64_t inner_bwd = 2 * u + u4 + held(4 * C * C) + held(C) - (drop ? u : 0);
   // Unrecorded forward (no_grad): the attention call (ln_1 out, qkv, q, k, v, out, merged heads)
   // or the MLP (h, ln_2 out, c_fc out, GELU out, projection, output, dropout).
   const int64_t nograd_fwd = std::max({6 * u + u3 + lse + 2 * s, 2 * u + 2 * u4 + 2 * s, 4 * u + u4 + masks});
@@ -215,11 +216,12 @@ int64_t estimate_activation_peak(const GPTConfig& c, int64_t B, int64_t T, const
   const int64_t N = B * T, C = c.n_embd, V = c.vocab_size;
   const bool drop = c.dropout > 0;
   const int64_t u = held(N * C), s = held(N), logits = held(N * V), vc = held(V * C);
-  // The batch (ids, targets: the caller's), positions, the loss scalars and the root gradient.
-  const int64_t base = 2 * held(N, 8) + held(T, 8) + 4 * held(1);
-  const int64_t emb_keep = drop ? u : 0;                           // the embedding dropout's mask
-  int64_t peak = base + 2 * u + held(T * C) + (drop ? 2 * u : 0);  // token + position embeddings, their sum
-  int64_t kept = 0;                                                // sum of kept bytes of blocks 0..i-1
+  // The batch (ids, targets: the caller's), positions, the loss and the root gradient.
+  const int64_t base = 2 * held(N, 8) + held(T, 8) + 2 * held(1);
+  const int64_t emb_keep = drop ? u : 0;  // the embedding dropout's mask
+  // token + position embeddings and their sum; then (those two freed) the dropout's mask and output
+  int64_t peak = base + std::max(2 * u + held(T * C), drop ? 3 * u : 0);
+  int64_t kept = 0;  // sum of kept bytes of blocks 0..i-1
   std::vector<BlockBytes> bb;
   for (nn::Recompute m : modes) bb.push_back(block_bytes(c, B, T, m));
   for (const BlockBytes& b : bb) {
@@ -237,9 +239,16 @@ int64_t estimate_activation_peak(const GPTConfig& c, int64_t B, int64_t T, const
     kept -= bb[i].kept;
     peak = std::max(peak, base + emb_keep + kept + bb[i].kept + vc + u + bb[i].bwd);
   }
-  // Embeddings: the sum's two gradients, the position and token embedding gradients, and
-  // the tied weight's two contributions and their sum.
-  peak = std::max(peak, base + emb_keep + 3 * u + held(T * C) + held(c.block_size * C) + 3 * vc);
+  // Embeddings, after the blocks: the base, the head's (V, C) gradient of the tied weight and the
+  // gradient g of the embeddings' output (u) are live. Dropout's backward makes g * mask beside g
+  // and the mask. The sum's backward passes g on to the token lookup and reduces it to (T, C) for
+  // the position lookup, which runs first: its (block_size, C) table gradient is copied into the
+  // parameter's gradient (MemTag::Grads, not an activation), then it and the positions are freed;
+  // then the token lookup's (V, C) gradient and the sum of the tied weight's two.
+  const int64_t emb_in = base + vc + u;
+  if (drop) peak = std::max(peak, emb_in + 2 * u);
+  peak = std::max(peak, emb_in + held(T * C) + held(c.block_size * C));
+  peak = std::max(peak, emb_in - held(T, 8) + 2 * vc);
   return peak;
 }
 

@@ -85,9 +85,10 @@ struct RecomputePolicy {
   int64_t budget_bytes = 0;   // budget: bound on the step's peak activation bytes
 };
 
-// Estimated peak of live activation bytes (MemTag::Activations, as the allocator
-// counts them, rounded blocks) of one training step: forward, loss and backward of
-// a batch of B rows of T tokens, with the batch's token tensors included.
+// Peak of live activation bytes (MemTag::Activations, as the allocator counts them,
+// rounded blocks) of one training step: forward, loss and backward of a batch of B rows
+// of T tokens, with the batch's token tensors included. Equal to a measured dry step to
+// the byte (tests/train/test_memory_plan.cpp pins it).
 // `modes` has one entry per block.
 int64_t estimate_activation_peak(const GPTConfig& c, int64_t B, int64_t T, const std::vector<nn::Recompute>& modes);
 // Extra forward FLOPs the backward spends recomputing, for one step.
