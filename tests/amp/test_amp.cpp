@@ -15,6 +15,7 @@
 #include "brigade/core/rng.h"
 #include "brigade/nn/layers.h"
 #include "brigade/optim/optimizer.h"
+#include "support/numeric.h"
 
 using namespace brigade;
 namespace F = brigade::fn;
@@ -38,15 +39,6 @@ Tensor make_input(const Shape& s, uint64_t seed) {
   Generator g(seed);
   g.normal_(x);
   return x;
-}
-
-double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::fabs(double(b[i])));
-  }
-  return num / std::max(den, 1e-30);
 }
 
 }  // namespace
@@ -239,8 +231,9 @@ TEST(Autocast, LowPrecisionResultsTrackFp32WithinTheDtypesRounding) {
     SCOPED_TRACE(fmt::format("{} {}", amp::level_name(p.level), dtype_name(p.low)));
     const double l = run(p, g);
     EXPECT_LE(std::fabs(l - l32), 8 * u * std::fabs(l32) + 1e-6);
-    EXPECT_LE(max_rel(g, g32), 16 * u);
-    EXPECT_GT(max_rel(g, g32), 0.0);  // it really ran in low precision
+    const double e = test_support::rel_err(g, g32, 1e-30);
+    EXPECT_LE(e, 16 * u);
+    EXPECT_GT(e, 0.0);  // it really ran in low precision
   }
 }
 

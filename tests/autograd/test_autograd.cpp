@@ -8,8 +8,8 @@
 
 #include <cmath>
 #include <functional>
-#include <limits>
 #include <random>
+#include <span>
 #include <string>
 
 #include "brigade/autograd/engine.h"
@@ -17,6 +17,7 @@
 #include "brigade/core/allocator.h"
 #include "brigade/core/error.h"
 #include "brigade/nn/layers.h"
+#include "support/numeric.h"
 
 using namespace brigade;
 namespace F = brigade::fn;
@@ -147,18 +148,6 @@ Tensor rand_tensor(const Shape& s, unsigned seed, float lo = -1, float hi = 1, b
   return t;
 }
 
-// max |a - b| / max(max |b|, floor)
-double rel_err(const std::vector<float>& a, const std::vector<double>& b, double floor = 1e-3) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = floor;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const double d = std::fabs(double(a[i]) - b[i]);
-    num = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(num, d);
-    den = std::max(den, std::fabs(b[i]));
-  }
-  return num / den;
-}
-
 // L = sum(f(x) * R) when f's output is not already a scalar.
 Tensor weighted_sum(const Tensor& y, unsigned seed) {
   if (y.numel() == 1) return y;
@@ -174,18 +163,10 @@ void check_fd(const std::string& what, const Fn& f, std::vector<Tensor> leaves, 
     if (!x.requires_grad()) continue;
     ASSERT_TRUE(x.grad().defined()) << what << ": leaf " << li << " got no gradient";
     autograd::NoGradGuard ng;
-    float* p = x.data<float>();
-    std::vector<double> fd(static_cast<size_t>(x.numel()));
-    for (int64_t j = 0; j < x.numel(); ++j) {
-      const float x0 = p[j];
-      p[j] = float(x0 + h);
-      const double lp = weighted_sum(f(leaves), 999).item();
-      p[j] = float(x0 - h);
-      const double lm = weighted_sum(f(leaves), 999).item();
-      p[j] = x0;
-      fd[size_t(j)] = (lp - lm) / (2 * h);
-    }
-    EXPECT_LE(rel_err(x.grad().to_vector(), fd), tol)
+    const std::vector<double> fd = test_support::central_difference([&] { return weighted_sum(f(leaves), 999).item(); },
+                                                                    std::span(x.data<float>(), size_t(x.numel())), h);
+    // floor 1e-3: gradients below it are compared in absolute terms
+    EXPECT_LE(test_support::rel_err(x.grad().to_vector(), fd, 1e-3), tol)
         << what << ": gradient of leaf " << li << " vs finite differences";
   }
 }

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <span>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
@@ -598,17 +599,9 @@ void check_fd(const std::function<Tensor(const std::vector<Tensor>&)>& f, std::v
     ASSERT_TRUE(x.grad().defined());
     autograd::NoGradGuard ng;
     const std::vector<float> g = x.grad().to_vector();
-    float* p = x.data<float>();
-    const double h = 1e-2;
-    for (int64_t j = 0; j < x.numel(); ++j) {
-      const float x0 = p[j];
-      p[j] = float(x0 + h);
-      const double lp = L().item();
-      p[j] = float(x0 - h);
-      const double lm = L().item();
-      p[j] = x0;
-      EXPECT_NEAR(g[size_t(j)], (lp - lm) / (2 * h), 1e-2) << j;
-    }
+    const std::vector<double> fd =
+        test_support::central_difference([&] { return L().item(); }, std::span(x.data<float>(), g.size()), 1e-2);
+    for (size_t j = 0; j < g.size(); ++j) EXPECT_NEAR(g[j], fd[j], 1e-2) << j;
   }
 }
 

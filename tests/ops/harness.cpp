@@ -2,12 +2,9 @@
 // shared inputs of the big cases.
 #include "ops/harness.h"
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <utility>
 
 namespace brigade::optest {
@@ -104,16 +101,6 @@ DVec to_d(const Tensor& t) {
   return DVec(f.begin(), f.end());
 }
 
-double rel_err(const DVec& a, const DVec& b, double floor) {
-  EXPECT_EQ(a.size(), b.size());
-  double num = 0, den = floor;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const double d = std::fabs(a[i] - b[i]);
-    num = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(num, d);
-    den = std::max(den, std::fabs(b[i]));
-  }
-  return num / den;
-}
 Shape cstr(const Shape& s) { return contiguous_strides(s); }
 Shape bstr(const Shape& s, const Shape& out) {
   Shape st(out.size(), 0), cs = cstr(s);

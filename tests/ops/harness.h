@@ -16,6 +16,7 @@
 
 #include "brigade/ops/ops.h"
 #include "brigade/ops/ref/kernels.h"
+#include "support/numeric.h"
 
 namespace brigade::optest {
 
@@ -56,8 +57,9 @@ Tensor make_tensor(const Input& x, const DVec& v, DType dt = DType::F32);
 // v rounded to dt (nearest even, as the ops round); f32 values are returned unchanged.
 DVec round_to(DVec v, DType dt);
 DVec to_d(const Tensor& t);
-// max |a - b| / max(max |b|, floor): a normalised error that ignores where the values sit.
-double rel_err(const DVec& a, const DVec& b, double floor = 1e-3);
+// max |a - b| / max(max |b|, floor): support/numeric.h's rel_err with the harness's floor of 1e-3,
+// under which values are compared in absolute terms.
+inline double rel_err(const DVec& a, const DVec& b, double floor = 1e-3) { return test_support::rel_err(a, b, floor); }
 
 // A tensor of uniform values in [lo, hi), the same for the same seed.
 Tensor randn(const Shape& s, unsigned seed, double lo = -1, double hi = 1);

@@ -48,8 +48,10 @@
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/error.h"
 #include "brigade/ops/ops.h"
+#include "support/numeric.h"
 
 using namespace brigade;
+using brigade::test_support::rel_err;
 
 namespace {
 
@@ -61,18 +63,6 @@ Tensor randn(const Shape& s, uint32_t seed) {
   std::vector<float> v(static_cast<size_t>(n));
   for (float& e : v) e = nd(rng);
   return Tensor::from_vector(v, s);
-}
-
-// max |a - b| / max |b|
-double rel_err(const Tensor& a, const Tensor& b) {
-  const std::vector<float> x = a.to(DType::F32).to_vector(), y = b.to(DType::F32).to_vector();
-  EXPECT_EQ(x.size(), y.size());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    num = std::max(num, std::fabs(double(x[i]) - double(y[i])));
-    den = std::max(den, std::fabs(double(y[i])));
-  }
-  return den > 0 ? num / den : num;
 }
 
 double sum_abs(const Tensor& t) {
@@ -149,15 +139,6 @@ TEST(VisionOps16, F16AndMixedConvolutionsWiden) {
   EXPECT_NE(ops::last_conv2d_impl().find("f32"), std::string::npos) << ops::last_conv2d_impl();
 }
 
-double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::fabs(a[i] - b[i]));
-    den = std::max(den, std::fabs(b[i]));
-  }
-  return den > 0 ? num / den : num;
-}
-
 TEST(VisionOps, SyncBatchNormPiecesAreBatchNormWithLocalSums) {
   const int64_t N = 3, C = 5, H = 7, W = 9;  // HW = 63: the 8-lane loop and its tail
   const Tensor x = randn({N, C, H, W}, 31), gy = randn({N, C, H, W}, 32), w = randn({C}, 33), b = randn({C}, 34);
@@ -177,10 +158,10 @@ TEST(VisionOps, SyncBatchNormPiecesAreBatchNormWithLocalSums) {
     bg[k] = ops::batch_norm2d_backward(gy, x, w, bn[0].mean, bn[0].rstd, true);
     ++k;
   }
-  EXPECT_LT(max_rel(s[1].s1, s[0].s1), 1e-12);
-  EXPECT_LT(max_rel(s[1].s2, s[0].s2), 1e-12);
-  EXPECT_LT(max_rel(gs[1].s1, gs[0].s1), 1e-12);
-  EXPECT_LT(max_rel(gs[1].s2, gs[0].s2), 1e-12);
+  EXPECT_LT(rel_err(s[1].s1, s[0].s1), 1e-12);
+  EXPECT_LT(rel_err(s[1].s2, s[0].s2), 1e-12);
+  EXPECT_LT(rel_err(gs[1].s1, gs[0].s1), 1e-12);
+  EXPECT_LT(rel_err(gs[1].s2, gs[0].s2), 1e-12);
   EXPECT_LT(rel_err(gx[1], gx[0]), 1e-6);
   for (int j = 0; j < 2; ++j) {
     // local sums: the statistics and the backward of batch_norm2d in training

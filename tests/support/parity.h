@@ -11,21 +11,9 @@
 
 #include "brigade/ckpt/safetensors.h"
 #include "brigade/core/tensor.h"
+#include "support/numeric.h"  // rel_err
 
 namespace brigade::test_support {
-
-// max |got - want| / max |want| over the tensor: an error normalised by the tensor's scale,
-// so it does not depend on where the values sit (max |got - want| when want is all zero).
-inline double rel_err(const Tensor& got, const Tensor& want) {
-  std::vector<float> a = got.to(DType::F32).to_vector(), b = want.to(DType::F32).to_vector();  // any float dtype
-  EXPECT_EQ(got.shape(), want.shape());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - double(b[i])));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 
 // Gradient error of parameter `name` against the fixture's "grad.<name>": rel_err, except for
 // an attention key bias (a name ending in `key_bias`, e.g. "key.bias" or "k_proj.bias"):
