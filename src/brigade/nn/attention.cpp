@@ -32,4 +32,22 @@ Tensor EncoderSelfAttention::forward(const Tensor& x, const Tensor& key_mask) co
 void EncoderSelfAttention::check_heads(int64_t parts) const { check_head_count(n_head, parts); }
 void EncoderSelfAttention::divide_heads(int64_t parts) { divide_head_count(n_head, parts); }
 
+namespace F = brigade::fn;
+
+CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t n_head, double dropout, Generator* gen) : n_head(n_head) {
+  BRIGADE_CHECK(C % n_head == 0, ConfigError, "n_embd={} is not divisible by n_head={}", C, n_head);
+  c_attn = register_module("c_attn", std::make_shared<Linear>(C, 3 * C, true, WeightLayout::InOut));
+  c_proj = register_module("c_proj", std::make_shared<Linear>(C, C, true, WeightLayout::InOut));
+  resid_drop = register_module("resid_dropout", std::make_shared<Dropout>(dropout, gen));  // no parameters
+}
+
+void CausalSelfAttention::check_heads(int64_t parts) const { check_head_count(n_head, parts); }
+void CausalSelfAttention::divide_heads(int64_t parts) { divide_head_count(n_head, parts); }
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  Tensor qkv = c_attn->forward(x);                   // (B, T, 3C)
+  Tensor y = F::causal_self_attention(qkv, n_head);  // (B, T, C)
+  return resid_drop->forward(c_proj->forward(y));    // (B, T, C)
+}
+
 }  // namespace brigade::nn

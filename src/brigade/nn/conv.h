@@ -7,7 +7,7 @@
 #include <string>
 
 #include "brigade/autograd/functions.h"
-#include "brigade/nn/layers.h"
+#include "brigade/nn/module.h"
 
 namespace brigade::nn {
 

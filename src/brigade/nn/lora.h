@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "brigade/core/rng.h"
-#include "brigade/nn/layers.h"
+#include "brigade/nn/linear.h"
 
 namespace brigade::nn {
 

@@ -80,4 +80,12 @@ void BatchNorm2d::parameter_replaced(const std::string& name, const Tensor& t) {
   (name == "weight" ? weight : bias) = t;
 }
 
+LayerNorm::LayerNorm(int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", {dim});
+  weight.fill_(1.0);
+  bias = register_parameter("bias", {dim});
+}
+Tensor LayerNorm::forward(const Tensor& x) const { return fn::layer_norm(x, weight, bias, eps); }
+void LayerNorm::parameter_replaced(const std::string& name, const Tensor& t) { (name == "weight" ? weight : bias) = t; }
+
 }  // namespace brigade::nn

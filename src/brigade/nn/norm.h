@@ -1,10 +1,9 @@
-// BatchNorm2d (torch.nn.BatchNorm2d: weight, bias (C) and the buffers running_mean, running_var,
-// num_batches_tracked) and what plans and tasks do with its buffers. nn::Module knows only
-// parameters, so BatchNorm2d keeps its buffers as members and exposes them through
-// named_buffers(); a model that owns BatchNorm2d layers collects them with its own names
-// (models/resnet does). Buffers are plain f32 / i64 tensors that never require grad; the
-// training forward updates them in place. Initialisation as torch: weight 1, bias 0,
-// running_mean 0, running_var 1. LayerNorm is in nn/layers.h.
+// LayerNorm (torch.nn.LayerNorm over the last dim) and BatchNorm2d (torch.nn.BatchNorm2d: weight, bias (C) and the
+// buffers running_mean, running_var, num_batches_tracked) and what plans and tasks do with its buffers. nn::Module
+// knows only parameters, so BatchNorm2d keeps its buffers as members and exposes them through named_buffers(); a model
+// that owns BatchNorm2d layers collects them with its own names (models/resnet does). Buffers are plain f32 / i64
+// tensors that never require grad; the training forward updates them in place. Initialisation as torch: weight 1, bias
+// 0, running_mean 0, running_var 1.
 #pragma once
 #include <memory>
 #include <string>
@@ -63,5 +62,17 @@ NamedTensors batch_norm_buffers(const Module& root);
 // Sets `sync` on every BatchNorm2d at or below `root` (null: back to per-rank statistics);
 // returns how many layers it set. For plans: nn knows the reducer only as an interface.
 int64_t set_batch_norm_sync(Module& root, const std::shared_ptr<const fn::BatchNormSync>& sync);
+
+// torch.nn.LayerNorm over the last dim; weight = 1, bias = 0 at construction.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;
+  Tensor weight, bias;
+  double eps;
+
+ protected:
+  void parameter_replaced(const std::string& name, const Tensor& t) override;
+};
 
 }  // namespace brigade::nn

@@ -3,7 +3,7 @@
 // modules divide their heads, next to its own code (GPT::tp_plan(), LLaMA::tp_plan(), ...), and
 // one generic function (parallel::apply_tensor_parallel) applies any plan. nn knows no process
 // group: the plan is names and styles, the applier installs the LinearShard / EmbeddingShard hooks
-// of layers.h and calls HeadParallel::divide_heads.
+// of nn/linear.h and nn/embedding.h and calls HeadParallel::divide_heads.
 //
 // A rule matches module paths ("transformer.h.3.attn.c_attn", as Module::named_modules names
 // them) against a pattern whose `*` stands for exactly one path segment

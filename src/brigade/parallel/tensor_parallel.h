@@ -11,7 +11,7 @@
 //              (tied or not) + loss on a shard of the vocabulary, never building the full
 //              (N, V) logits (global max, sum of exponentials and target logit by allreduce).
 // apply_tensor_parallel replaces the full parameters of the modules the plan names by this
-// rank's shards (Module::set_parameter) and installs the layer hooks of nn/layers.h:
+// rank's shards (Module::set_parameter) and installs the layer hooks of nn/linear.h, nn/embedding.h:
 //   Column          y_local = tp_copy(x) W[:, cols] + b[cols]         (Linear)
 //   Row             y = tp_reduce(x_local W[rows, :]) + b               (Linear, b replicated)
 //   VocabEmbedding  vocabulary-parallel lookup and Embedding::lm_loss   (rows padded to a

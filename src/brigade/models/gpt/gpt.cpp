@@ -158,7 +158,7 @@ namespace {
 int64_t held(int64_t n, int64_t size = 4) { return int64_t(Allocator::round_size(size_t(n * size))); }
 
 // Activation bytes of one block in a training step, from the tensors its ops allocate
-// (see nn/layers.cpp and autograd/rules/). `kept`: held from the block's forward
+// (see nn/block.cpp, nn/attention.cpp and autograd/rules/). `kept`: held from the block's forward
 // to its backward, input included. `fwd`: the most the forward adds on top of the live
 // bytes at its start (input included there). `bwd`: the most its backward adds on top
 // of the live bytes at its start (kept bytes and the incoming gradient included there).
