@@ -37,7 +37,7 @@ Tensor PatchEmbedding::forward(const Tensor& images) const {
                 "PatchEmbedding: images must be (N, C={}, H, W), got {}", in_channels, shape_str(images.shape()));
   const Tensor patches = fn::patchify(images, patch);                        // (N, P, C*p*p)
   const Tensor w = fn::reshape(weight, {dim, in_channels * patch * patch});  // (D, C*p*p)
-  return fn::linear(patches, w, bias, WeightLayout::OutIn);                  // (N, P, D)
+  return fn::linear(patches, w, bias, ops::WeightLayout::OutIn);             // (N, P, D)
 }
 
 void PatchEmbedding::parameter_replaced(const std::string& name, const Tensor& t) {
