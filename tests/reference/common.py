@@ -71,6 +71,19 @@ def fixture_out_dir():
     return a.out
 
 
+def init_and_perturb(model, init_weights, init_seed, perturb_seed):
+    """init_weights(model, init_seed), then + 0.05 * randn (a generator seeded perturb_seed, in
+    named_parameters order), so no bias or LayerNorm sits at its trivial init: the parameters
+    before ("init.<name>") and after ("<name>"), as (name, tensor) lists."""
+    init_weights(model, init_seed)
+    init = [(f"init.{n}", p.detach().clone()) for n, p in model.named_parameters()]
+    g = torch.Generator().manual_seed(perturb_seed)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return init, [(n, p.detach().clone()) for n, p in model.named_parameters()]
+
+
 def caption_ids(lengths, T, V, g):
     """Caption ids (N, T) of the given lengths: start token V - 2, words 1 .. V - 3 drawn from
     `g`, end token V - 1 (the largest id), then padding 0."""

@@ -42,13 +42,7 @@ CFG = dict(text_config=TEXT, vision_config=VISION, projection_dim=16, hidden_act
 def main():
     out = common.fixture_out_dir()
     model = CLIPModel(CFG)
-    init_weights(model, INIT_SEED)
-    init = [(f"init.{n}", p.detach().clone()) for n, p in model.named_parameters()]
-    g = torch.Generator().manual_seed(PERTURB_SEED)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    params = [(n, p.detach().clone()) for n, p in model.named_parameters()]
+    init, params = common.init_and_perturb(model, init_weights, INIT_SEED, PERTURB_SEED)
 
     g = torch.Generator().manual_seed(4323)
     N, T, V = 4, TEXT["max_position_embeddings"], TEXT["vocab_size"]

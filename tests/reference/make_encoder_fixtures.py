@@ -36,14 +36,7 @@ BERT_CFG = dict(vocab_size=50, max_position_embeddings=16, type_vocab_size=2, hi
 
 
 def prepared(model):
-    init_weights(model, INIT_SEED)
-    init = [(f"init.{n}", p.detach().clone()) for n, p in model.named_parameters()]
-    g = torch.Generator().manual_seed(PERTURB_SEED)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    params = [(n, p.detach().clone()) for n, p in model.named_parameters()]
-    return init, params
+    return common.init_and_perturb(model, init_weights, INIT_SEED, PERTURB_SEED)
 
 
 def grads(model):
