@@ -8,7 +8,6 @@
 // loaded into the reference give the same loss (when /usr/bin/python3 has torch); the frozen
 // statistics scope; config errors and FLOPs.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -22,38 +21,39 @@
 #include "brigade/models/align/align.h"
 #include "brigade/ops/ops.h"
 
+#include "support/fixture_configs.h"
 #include "support/parity.h"
 
 using namespace brigade;
 using test_support::grad_err;
 using test_support::rel_err;
-namespace fs = std::filesystem;
 
 namespace {
 
 const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/align_tiny.safetensors";
 
-class AlignParity : public ::testing::Test {
+// The model's parameters and BatchNorm buffers, as they are saved.
+nn::NamedTensors state_of(const models::ALIGN& m) {
+  nn::NamedTensors state = m.named_parameters();
+  for (auto& b : m.named_buffers()) state.push_back(b);
+  return state;
+}
+
+class AlignParity : public test_support::ParityTest<models::ALIGN, models::AlignConfig> {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(kFixture)) << kFixture;
-    r_.open(kFixture);
-    ASSERT_EQ(r_.metadata("magic").value_or(""), "brigade-fixture");
-    ASSERT_EQ(r_.metadata("kind").value_or(""), "align_parity");
-    cfg_ = models::AlignConfig::from_json(r_.metadata("config").value());
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(open_fixture("align_tiny.safetensors", "align_parity")); }
+  Tensor loss(const models::ALIGN& m) const override {
+    return m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
   }
   // The fixture's weights and (its original) BatchNorm buffers.
-  void load(models::ALIGN& m) {
-    for (auto& [name, p] : m.named_parameters()) {
-      ASSERT_TRUE(r_.contains(name)) << name;
-      p.copy_(r_.get(name));
-    }
+  void load(models::ALIGN& m) const override {
+    ParityTest::load(m);
     for (auto& [name, b] : m.named_buffers()) {
       ASSERT_TRUE(r_.contains(name)) << name;
       b.copy_(r_.get(name));
     }
   }
-  void expect_buffers(const models::ALIGN& m, const std::string& prefix) {
+  void expect_buffers(const models::ALIGN& m, const std::string& prefix) const {
     for (auto& [name, b] : m.named_buffers()) {
       const Tensor want = r_.get(prefix + name);
       if (b.dtype() == DType::I64)
@@ -62,8 +62,6 @@ class AlignParity : public ::testing::Test {
         EXPECT_LT(rel_err(b, want), 1e-5) << prefix << name;
     }
   }
-  ckpt::SafetensorsReader r_;
-  models::AlignConfig cfg_;
 };
 
 }  // namespace
@@ -216,33 +214,9 @@ TEST_F(AlignParity, FrozenStatisticsScopeNormalisesAlikeAndLeavesTheBuffers) {
   EXPECT_EQ(frozen.to_vector(), moving.to_vector());  // the same batch statistics
 }
 
-TEST_F(AlignParity, RefBackendGivesTheSameLoss) {
-  models::ALIGN m(cfg_);
-  load(m);
-  ops::BackendScope s(ops::Backend::Ref);
-  autograd::NoGradGuard ng;
-  const Tensor loss = m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
-  EXPECT_LT(rel_err(loss, r_.get("loss")), 1e-5);
-}
+TEST_F(AlignParity, RefBackendGivesTheSameLoss) { expect_ref_backend_loss(); }
 
-TEST_F(AlignParity, RunsUnderAutocastWithF32Gradients) {
-  for (amp::Level level : {amp::Level::O1, amp::Level::O2}) {
-    models::ALIGN m(cfg_);
-    load(m);
-    Tensor loss;
-    {
-      amp::AutocastScope scope(amp::Policy{level, DType::BF16});
-      loss = m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
-    }
-    EXPECT_EQ(loss.dtype(), DType::F32);
-    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
-    autograd::backward(loss);
-    for (auto& [name, p] : m.named_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << name;
-      EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
-    }
-  }
-}
+TEST_F(AlignParity, RunsUnderAutocastWithF32Gradients) { expect_autocast_f32_gradients(3e-2); }
 
 TEST_F(AlignParity, ConfigJsonRoundTripAndSaveLoadWithHuggingFaceNames) {
   const models::AlignConfig c = models::AlignConfig::from_json(cfg_.to_json());
@@ -251,21 +225,13 @@ TEST_F(AlignParity, ConfigJsonRoundTripAndSaveLoadWithHuggingFaceNames) {
   EXPECT_EQ(c.vision.batch_norm_momentum, 0.99);
   models::ALIGN a(cfg_);
   load(a);
-  nn::NamedTensors state = a.named_parameters();
-  for (auto& b : a.named_buffers()) state.push_back(b);
-  const fs::path path = fs::temp_directory_path() / ("brigade_align_rt_" + std::to_string(::getpid()) + ".safetensors");
-  ckpt::save_safetensors(path.string(), state, {{"config", cfg_.to_json()}});
-  ckpt::SafetensorsReader r(path.string());
-  EXPECT_EQ(r.size(), state.size());
-  models::ALIGN b(models::AlignConfig::from_json(r.metadata("config").value()));
-  for (auto& [name, p] : b.named_parameters()) r.get_into(name, p);
-  for (auto& [name, t] : b.named_buffers()) r.get_into(name, t);
+  const test_support::TempSafetensors file("align_rt", state_of(a), {{"config", cfg_.to_json()}});
+  models::ALIGN b(models::AlignConfig::from_json(file.reader.metadata("config").value()));
+  test_support::expect_round_trip(file.reader, state_of(a), state_of(b));
   a.train(false);
   b.train(false);
   autograd::NoGradGuard ng;
-  const Tensor im = r_.get("images"), ids = r_.get("ids"), len = r_.get("lengths");
-  EXPECT_EQ(a.contrastive_loss(im, ids, len).item(), b.contrastive_loss(im, ids, len).item());
-  fs::remove(path);
+  EXPECT_EQ(loss(a).item(), loss(b).item());
 }
 
 TEST(AlignCheckpoint, BrigadeWeightsAndStatisticsLoadIntoPyTorchWithTheSameLoss) {
@@ -295,11 +261,7 @@ TEST(AlignCheckpoint, BrigadeWeightsAndStatisticsLoadIntoPyTorchWithTheSameLoss)
   models::ALIGN m(c);
   Generator g(99);
   m.init_weights(g);
-  for (auto& [name, p] : m.named_parameters()) {  // off the structured init
-    Tensor noise = Tensor::empty(p.shape());
-    g.normal_(noise, 0.0, 0.05);
-    p.copy_(ops::add(p, noise));
-  }
+  test_support::perturb(m.named_parameters(), g, 0.05);  // off the structured init
   Tensor images = Tensor::empty({5, 3, 12, 12});
   g.normal_(images, 0.0, 1.0);
   const data::CaptionPairs pairs = data::make_caption_pairs(tok, {0, 9, 3, 5, 1}, 7, tok.max_length());
@@ -308,28 +270,11 @@ TEST(AlignCheckpoint, BrigadeWeightsAndStatisticsLoadIntoPyTorchWithTheSameLoss)
     m.encode_image(images);
   }
   m.train(false);
-  double loss;
-  {
-    autograd::NoGradGuard ng;
-    loss = m.contrastive_loss(images, pairs.tokens.ids, pairs.tokens.lengths).item();
-  }
-  const fs::path dir = fs::temp_directory_path() / ("brigade_align_py_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  nn::NamedTensors state = m.named_parameters();
-  for (auto& b : m.named_buffers()) state.push_back(b);
-  ckpt::save_safetensors((dir / "model.safetensors").string(), state, {{"config", c.to_json()}});
-  ckpt::save_safetensors((dir / "batch.safetensors").string(),
-                         {{"images", images},
-                          {"ids", pairs.tokens.ids},
-                          {"lengths", pairs.tokens.lengths},
-                          {"loss", Tensor::full({}, loss)}},
-                         {});
-  const std::string cmd = "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) +
-                          "/tests/reference/align_ref.py check --mode eval --weights " +
-                          (dir / "model.safetensors").string() + " --batch " + (dir / "batch.safetensors").string();
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  fs::remove_all(dir);
+  const double loss = test_support::item_without_grad(
+      [&] { return m.contrastive_loss(images, pairs.tokens.ids, pairs.tokens.lengths); });
+  test_support::expect_reference_loss(
+      "align_py", "align_ref.py check --mode eval --weights", state_of(m), c.to_json(),
+      {{"images", images}, {"ids", pairs.tokens.ids}, {"lengths", pairs.tokens.lengths}}, loss);
 }
 
 TEST(Align, TemperatureClampAndInit) {

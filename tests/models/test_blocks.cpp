@@ -73,6 +73,27 @@ std::vector<std::string> numbered(const std::string& prefix, int64_t n) {
   return v;
 }
 
+// A model of config `c`, initialised from `seed`, in train mode.
+template <class Model, class Config>
+std::shared_ptr<Model> initialised(const Config& c, uint64_t seed) {
+  auto m = std::make_shared<Model>(c);
+  Generator init(seed);
+  m->init_weights(init);
+  m->train(true);
+  return m;
+}
+
+// A causal LM's case: B = 2 rows of T = 8 ids and targets in [0, vocab) (from seeds `seed` and
+// `seed + 1`), its blocks, and its dropout generator (null: no dropout).
+template <class LM>
+Case lm_case(const std::shared_ptr<LM>& m, int64_t vocab, uint32_t seed, std::vector<std::string> blocks,
+             Generator* gen) {
+  const int64_t B = 2, T = 8;
+  const Tensor ids = Tensor::from_vector_i64(ints(size_t(B * T), vocab, seed), {B, T});      // (B, T)
+  const Tensor tgt = Tensor::from_vector_i64(ints(size_t(B * T), vocab, seed + 1), {B, T});  // (B, T)
+  return {m, gen, [m, ids, tgt] { return m->loss(ids, tgt); }, std::move(blocks)};
+}
+
 Case bert_case() {
   models::BERTConfig c;
   c.vocab_size = 53;
@@ -82,10 +103,7 @@ Case bert_case() {
   c.num_attention_heads = 2;
   c.intermediate_size = 32;
   c.hidden_dropout = 0.2;
-  auto m = std::make_shared<models::BERT>(c);
-  Generator init(7);
-  m->init_weights(init);
-  m->train(true);
+  auto m = initialised<models::BERT>(c, 7);
   const int64_t B = 2, T = 8;
   const Tensor ids = Tensor::from_vector_i64(ints(size_t(B * T), c.vocab_size, 11), {B, T});  // (B, T)
   std::vector<int64_t> lab(size_t(B * T), -100), mask(size_t(B * T), 1);
@@ -95,12 +113,8 @@ Case bert_case() {
   lab[size_t(1 * T + 6)] = -100;                                // (no label on padding)
   const Tensor labels = Tensor::from_vector_i64(lab, {B, T});   // (B, T)
   const Tensor am = Tensor::from_vector_i64(mask, {B, T});      // (B, T) of 0 / 1
-  Case k;
-  k.gen = &m->dropout_generator();
-  k.loss = [m, ids, labels, am] { return m->mlm_loss(ids, labels, am); };
-  k.blocks = numbered("bert.encoder.layer.", c.num_hidden_layers);
-  k.model = m;
-  return k;
+  return {m, &m->dropout_generator(), [m, ids, labels, am] { return m->mlm_loss(ids, labels, am); },
+          numbered("bert.encoder.layer.", c.num_hidden_layers)};
 }
 
 Case vit_case() {
@@ -114,18 +128,11 @@ Case vit_case() {
   c.intermediate_size = 32;
   c.num_labels = 5;
   c.hidden_dropout = 0.2;
-  auto m = std::make_shared<models::ViT>(c);
-  Generator init(8);
-  m->init_weights(init);
-  m->train(true);
+  auto m = initialised<models::ViT>(c, 8);
   const Tensor x = images(3, 3, 8, 21);                                      // (N, C, H, W)
   const Tensor y = Tensor::from_vector_i64(ints(3, c.num_labels, 22), {3});  // (N)
-  Case k;
-  k.gen = &m->dropout_generator();
-  k.loss = [m, x, y] { return m->loss(x, y); };
-  k.blocks = numbered("vit.encoder.layer.", c.num_hidden_layers);
-  k.model = m;
-  return k;
+  return {m, &m->dropout_generator(), [m, x, y] { return m->loss(x, y); },
+          numbered("vit.encoder.layer.", c.num_hidden_layers)};
 }
 
 models::SwinConfig swin_config() {
@@ -154,12 +161,11 @@ Case swin_case() {
   m->train(true);
   const Tensor x = images(2, 3, 16, 31);                                     // (N, C, H, W)
   const Tensor y = Tensor::from_vector_i64(ints(2, c.num_labels, 32), {2});  // (N)
-  Case k;
-  k.loss = [m, x, y] { return m->loss(x, y); };
-  k.blocks = {"swin.encoder.layers.0.blocks.0", "swin.encoder.layers.0.blocks.1", "swin.encoder.layers.1.blocks.0",
-              "swin.encoder.layers.1.blocks.1"};
-  k.model = m;
-  return k;
+  return {m,
+          nullptr,
+          [m, x, y] { return m->loss(x, y); },
+          {"swin.encoder.layers.0.blocks.0", "swin.encoder.layers.0.blocks.1", "swin.encoder.layers.1.blocks.0",
+           "swin.encoder.layers.1.blocks.1"}};
 }
 
 Case clip_case() {
@@ -178,19 +184,14 @@ Case clip_case() {
   c.vision.num_attention_heads = 2;
   c.vision.intermediate_size = 48;
   c.projection_dim = 8;
-  auto m = std::make_shared<models::CLIP>(c);
-  Generator init(10);
-  m->init_weights(init);
-  m->train(true);
+  auto m = initialised<models::CLIP>(c, 10);
   const int64_t N = 3, T = 6;
   const Tensor x = images(N, 3, 8, 41);                                                            // (N, C, H, W)
   const Tensor ids = Tensor::from_vector_i64(ints(size_t(N * T), c.text.vocab_size, 42), {N, T});  // (N, T)
   const Tensor lengths = Tensor::from_vector_i64({6, 3, 5}, {N});                                  // (N)
-  Case k;
-  k.loss = [m, x, ids, lengths] { return m->contrastive_loss(x, ids, lengths); };
-  k.blocks = numbered("text_model.encoder.layers.", c.text.num_hidden_layers);
+  Case k{m, nullptr, [m, x, ids, lengths] { return m->contrastive_loss(x, ids, lengths); },
+         numbered("text_model.encoder.layers.", c.text.num_hidden_layers)};
   for (auto& n : numbered("vision_model.encoder.layers.", c.vision.num_hidden_layers)) k.blocks.push_back(n);
-  k.model = m;
   return k;
 }
 
@@ -203,18 +204,8 @@ Case llama_case() {
   c.n_head = 4;
   c.n_kv_head = 2;
   c.max_position = 16;
-  auto m = std::make_shared<models::LLaMA>(c);
-  Generator init(11);
-  m->init_weights(init);
-  m->train(true);
-  const int64_t B = 2, T = 8;
-  const Tensor ids = Tensor::from_vector_i64(ints(size_t(B * T), c.vocab_size, 51), {B, T});  // (B, T)
-  const Tensor tgt = Tensor::from_vector_i64(ints(size_t(B * T), c.vocab_size, 52), {B, T});  // (B, T)
-  Case k;
-  k.loss = [m, ids, tgt] { return m->loss(ids, tgt); };
-  k.blocks = numbered("model.layers.", c.n_layer);
-  k.model = m;
-  return k;
+  auto m = initialised<models::LLaMA>(c, 11);
+  return lm_case(m, c.vocab_size, 51, numbered("model.layers.", c.n_layer), nullptr);
 }
 
 Case gpt_case() {
@@ -225,19 +216,8 @@ Case gpt_case() {
   c.n_head = 2;
   c.n_embd = 16;
   c.dropout = 0.2;
-  auto m = std::make_shared<models::GPT>(c);
-  Generator init(12);
-  m->init_weights(init);
-  m->train(true);
-  const int64_t B = 2, T = 8;
-  const Tensor ids = Tensor::from_vector_i64(ints(size_t(B * T), c.vocab_size, 61), {B, T});  // (B, T)
-  const Tensor tgt = Tensor::from_vector_i64(ints(size_t(B * T), c.vocab_size, 62), {B, T});  // (B, T)
-  Case k;
-  k.gen = &m->dropout_generator();
-  k.loss = [m, ids, tgt] { return m->loss(ids, tgt); };
-  k.blocks = numbered("transformer.h.", c.n_layer);
-  k.model = m;
-  return k;
+  auto m = initialised<models::GPT>(c, 12);
+  return lm_case(m, c.vocab_size, 61, numbered("transformer.h.", c.n_layer), &m->dropout_generator());
 }
 
 const std::map<std::string, std::function<Case()>>& cases() {

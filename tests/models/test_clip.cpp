@@ -8,11 +8,8 @@
 // with f32 gradients, zero-shot prediction on a
 // constructed case, the pooling rule, config errors and FLOPs.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -24,99 +21,26 @@
 #include "brigade/models/clip/clip.h"
 #include "brigade/ops/ops.h"
 
+#include "support/fixture_configs.h"
 #include "support/parity.h"
 
 using namespace brigade;
-using test_support::grad_err;
 using test_support::rel_err;
-namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/clip_tiny.safetensors";
-
-models::CLIPConfig config_from_json(const nlohmann::json& j) {
-  models::CLIPConfig c;
-  const auto& t = j.at("text_config");
-  c.text.vocab_size = t.at("vocab_size");
-  c.text.max_position_embeddings = t.at("max_position_embeddings");
-  c.text.hidden_size = t.at("hidden_size");
-  c.text.num_hidden_layers = t.at("num_hidden_layers");
-  c.text.num_attention_heads = t.at("num_attention_heads");
-  c.text.intermediate_size = t.at("intermediate_size");
-  c.text.layer_norm_eps = t.at("layer_norm_eps");
-  const auto& v = j.at("vision_config");
-  c.vision.image_size = v.at("image_size");
-  c.vision.patch_size = v.at("patch_size");
-  c.vision.num_channels = v.at("num_channels");
-  c.vision.hidden_size = v.at("hidden_size");
-  c.vision.num_hidden_layers = v.at("num_hidden_layers");
-  c.vision.num_attention_heads = v.at("num_attention_heads");
-  c.vision.intermediate_size = v.at("intermediate_size");
-  c.vision.layer_norm_eps = v.at("layer_norm_eps");
-  c.projection_dim = j.at("projection_dim");
-  c.hidden_act = j.at("hidden_act");
-  c.logit_scale_init_value = j.at("logit_scale_init_value");
-  c.initializer_range = j.at("initializer_range");
-  return c;
-}
-
-nlohmann::json config_json(const models::CLIPConfig& c) {
-  return {{"text_config",
-           {{"vocab_size", c.text.vocab_size},
-            {"max_position_embeddings", c.text.max_position_embeddings},
-            {"hidden_size", c.text.hidden_size},
-            {"num_hidden_layers", c.text.num_hidden_layers},
-            {"num_attention_heads", c.text.num_attention_heads},
-            {"intermediate_size", c.text.intermediate_size},
-            {"layer_norm_eps", c.text.layer_norm_eps}}},
-          {"vision_config",
-           {{"image_size", c.vision.image_size},
-            {"patch_size", c.vision.patch_size},
-            {"num_channels", c.vision.num_channels},
-            {"hidden_size", c.vision.hidden_size},
-            {"num_hidden_layers", c.vision.num_hidden_layers},
-            {"num_attention_heads", c.vision.num_attention_heads},
-            {"intermediate_size", c.vision.intermediate_size},
-            {"layer_norm_eps", c.vision.layer_norm_eps}}},
-          {"projection_dim", c.projection_dim},
-          {"hidden_act", c.hidden_act},
-          {"logit_scale_init_value", c.logit_scale_init_value},
-          {"initializer_range", c.initializer_range}};
-}
-
-class ClipParity : public ::testing::Test {
+class ClipParity : public test_support::ParityTest<models::CLIP, models::CLIPConfig> {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(kFixture)) << kFixture;
-    r_.open(kFixture);
-    ASSERT_EQ(r_.metadata("magic").value_or(""), "brigade-fixture");
-    ASSERT_EQ(r_.metadata("kind").value_or(""), "clip_parity");
-    cfg_ = config_from_json(nlohmann::json::parse(r_.metadata("config").value()));
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(open_fixture("clip_tiny.safetensors", "clip_parity")); }
+  Tensor loss(const models::CLIP& m) const override {
+    return m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
   }
-  void load(models::CLIP& m) {
-    for (auto& [name, p] : m.named_parameters()) {
-      ASSERT_TRUE(r_.contains(name)) << name;
-      p.copy_(r_.get(name));
-    }
-  }
-  ckpt::SafetensorsReader r_;
-  models::CLIPConfig cfg_;
 };
 
 TEST_F(ClipParity, ParameterNamesAndShapesAreHuggingFaces) {
   models::CLIP m(cfg_);
-  size_t n = 0;
-  for (auto& [name, p] : m.named_parameters()) {
-    ASSERT_TRUE(r_.contains(name)) << "Brigade has " << name << ", the reference does not";
-    EXPECT_EQ(p.shape(), r_.info(name).shape) << name;
-    ++n;
-  }
-  size_t ref_params = 0;
-  for (const std::string& name : r_.names()) ref_params += name.rfind("grad.", 0) == 0;
-  EXPECT_EQ(n, ref_params);
-  std::set<std::string> names;
-  for (auto& [name, p] : m.named_parameters()) names.insert(name);
+  ASSERT_NO_FATAL_FAILURE(test_support::expect_parameters_in_fixture(m, r_));
+  const std::set<std::string> names = test_support::parameter_names(m);
   for (const char* s : {"text_model.embeddings.token_embedding.weight",
                         "text_model.embeddings.position_embedding.weight",
                         "text_model.encoder.layers.0.self_attn.q_proj.weight",
@@ -146,13 +70,7 @@ TEST_F(ClipParity, ParameterNamesAndShapesAreHuggingFaces) {
 TEST_F(ClipParity, InitialisationIsBitwiseTheReferences) {
   models::CLIP m(cfg_);
   EXPECT_FLOAT_EQ(float(m.logit_scale.item()), float(std::log(1 / 0.07)));  // before init too
-  Generator g(std::stoull(r_.metadata("init_seed").value()));
-  m.init_weights(g);
-  for (auto& [name, p] : m.named_parameters()) {
-    const Tensor want = r_.get("init." + name);
-    ASSERT_EQ(p.shape(), want.shape()) << name;
-    EXPECT_EQ(0, std::memcmp(p.raw_data(), want.raw_data(), p.nbytes())) << "parameter " << name << " differs";
-  }
+  expect_init_is_fixtures(m);
 }
 
 TEST_F(ClipParity, EmbeddingsLogitsLossAndGradientsMatchTorch) {
@@ -165,43 +83,18 @@ TEST_F(ClipParity, EmbeddingsLogitsLossAndGradientsMatchTorch) {
   EXPECT_LT(rel_err(txt, r_.get("text_embeds")), 1e-5);
   const Tensor logits = m.logits_from_embeds(img, txt);
   EXPECT_LT(rel_err(logits, r_.get("logits_per_image")), 1e-5);
-  const Tensor loss = m.contrastive_loss(images, ids, lengths);
-  EXPECT_LT(rel_err(loss, r_.get("loss")), 1e-5) << loss.item() << " vs " << r_.get("loss").item();
-  autograd::backward(loss);
-  for (auto& [name, p] : m.named_parameters()) {
-    ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LT(grad_err(r_, name, p.grad(), "k_proj.bias"), 1e-4) << "gradient of " << name;
-  }
+  const Tensor l = m.contrastive_loss(images, ids, lengths);
+  EXPECT_LT(rel_err(l, r_.get("loss")), 1e-5) << l.item() << " vs " << r_.get("loss").item();
+  autograd::backward(l);
+  test_support::expect_gradients_match(r_, m, 1e-4, "k_proj.bias");
 }
 
-TEST_F(ClipParity, RefBackendGivesTheSameLoss) {
-  models::CLIP m(cfg_);
-  load(m);
-  ops::BackendScope s(ops::Backend::Ref);
-  autograd::NoGradGuard ng;
-  const Tensor loss = m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
-  EXPECT_LT(rel_err(loss, r_.get("loss")), 1e-5);
-}
+TEST_F(ClipParity, RefBackendGivesTheSameLoss) { expect_ref_backend_loss(); }
 
 TEST_F(ClipParity, RunsUnderAutocastWithF32Gradients) {
   // bf16 autocast (O1: GEMMs and attention in bf16; O2: also the rest the table allows): the
   // loss stays near the f32 reference and every parameter gets an f32 gradient.
-  for (amp::Level level : {amp::Level::O1, amp::Level::O2}) {
-    models::CLIP m(cfg_);
-    load(m);
-    Tensor loss;
-    {
-      amp::AutocastScope scope(amp::Policy{level, DType::BF16});
-      loss = m.contrastive_loss(r_.get("images"), r_.get("ids"), r_.get("lengths"));
-    }
-    EXPECT_EQ(loss.dtype(), DType::F32);
-    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
-    autograd::backward(loss);
-    for (auto& [name, p] : m.named_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << name;
-      EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
-    }
-  }
+  expect_autocast_f32_gradients(3e-2);
 }
 
 TEST_F(ClipParity, PaddingAfterTheEndTokenDoesNotChangeTheTextEmbedding) {
@@ -224,24 +117,14 @@ TEST_F(ClipParity, PaddingAfterTheEndTokenDoesNotChangeTheTextEmbedding) {
 }
 
 TEST_F(ClipParity, SaveLoadRoundTripWithHuggingFaceNames) {
-  models::CLIP a(cfg_);
+  models::CLIP a(cfg_), b(cfg_);
   load(a);
-  const fs::path path = fs::temp_directory_path() / ("brigade_clip_rt_" + std::to_string(::getpid()) + ".safetensors");
-  ckpt::save_safetensors(path.string(), a.named_parameters(), {{"config", config_json(cfg_).dump()}});
-  models::CLIP b(cfg_);
-  ckpt::SafetensorsReader r(path.string());
-  EXPECT_EQ(r.size(), a.named_parameters().size());
-  EXPECT_TRUE(r.contains("vision_model.pre_layrnorm.weight"));
-  EXPECT_EQ(r.info("logit_scale").shape, Shape({}));
-  for (auto& [name, p] : b.named_parameters()) r.get_into(name, p);
-  for (auto& [name, p] : a.named_parameters()) {
-    const Tensor q = r.get(name);
-    EXPECT_EQ(0, std::memcmp(p.raw_data(), q.raw_data(), p.nbytes())) << name;
-  }
+  const test_support::TempSafetensors file("clip_rt", a.named_parameters(), {{"config", nlohmann::json(cfg_).dump()}});
+  EXPECT_TRUE(file.reader.contains("vision_model.pre_layrnorm.weight"));
+  EXPECT_EQ(file.reader.info("logit_scale").shape, Shape({}));
+  test_support::expect_round_trip(file.reader, a.named_parameters(), b.named_parameters());
   autograd::NoGradGuard ng;
-  const Tensor im = r_.get("images"), ids = r_.get("ids"), len = r_.get("lengths");
-  EXPECT_EQ(a.contrastive_loss(im, ids, len).item(), b.contrastive_loss(im, ids, len).item());
-  fs::remove(path);
+  EXPECT_EQ(loss(a).item(), loss(b).item());
 }
 
 TEST(ClipCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
@@ -266,35 +149,15 @@ TEST(ClipCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
   models::CLIP m(c);
   Generator g(99);
   m.init_weights(g);
-  for (auto& [name, p] : m.named_parameters()) {  // move off the structured init
-    Tensor noise = Tensor::empty(p.shape());
-    g.normal_(noise, 0.0, 0.05);
-    p.copy_(ops::add(p, noise));
-  }
+  test_support::perturb(m.named_parameters(), g, 0.05);  // move off the structured init
   Tensor images = Tensor::empty({5, 3, 8, 8});
   g.normal_(images, 0.0, 1.0);
   const data::CaptionPairs pairs = data::make_caption_pairs(tok, {0, 9, 3, 5, 1}, 7, tok.max_length());
-  double loss;
-  {
-    autograd::NoGradGuard ng;
-    loss = m.contrastive_loss(images, pairs.tokens.ids, pairs.tokens.lengths).item();
-  }
-  const fs::path dir = fs::temp_directory_path() / ("brigade_clip_py_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  nlohmann::json cj = config_json(c);
-  ckpt::save_safetensors((dir / "model.safetensors").string(), m.named_parameters(), {{"config", cj.dump()}});
-  ckpt::save_safetensors((dir / "batch.safetensors").string(),
-                         {{"images", images},
-                          {"ids", pairs.tokens.ids},
-                          {"lengths", pairs.tokens.lengths},
-                          {"loss", Tensor::full({}, loss)}},
-                         {});
-  const std::string cmd = "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) +
-                          "/tests/reference/clip_ref.py check --weights " + (dir / "model.safetensors").string() +
-                          " --batch " + (dir / "batch.safetensors").string();
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  fs::remove_all(dir);
+  const double loss = test_support::item_without_grad(
+      [&] { return m.contrastive_loss(images, pairs.tokens.ids, pairs.tokens.lengths); });
+  test_support::expect_reference_loss(
+      "clip_py", "clip_ref.py check --weights", m.named_parameters(), nlohmann::json(c).dump(),
+      {{"images", images}, {"ids", pairs.tokens.ids}, {"lengths", pairs.tokens.lengths}}, loss);
 }
 
 models::CLIPConfig small_config() {

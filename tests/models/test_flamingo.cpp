@@ -10,7 +10,6 @@
 // the same loss (when /usr/bin/python3 has torch); fn::tanh and fn::concat against finite
 // differences; config and input errors.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -31,113 +30,31 @@
 #include "brigade/ops/ops.h"
 #include "brigade/optim/optimizer.h"
 
+#include "support/fixture_configs.h"
 #include "support/parity.h"
 
 using namespace brigade;
+using test_support::bitwise_equal;
 using test_support::rel_err;
-namespace fs = std::filesystem;
 namespace F = brigade::fn;
 
 namespace {
-
-const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/flamingo_tiny.safetensors";
-
-models::FlamingoConfig config_from_json(const nlohmann::json& j) {
-  models::FlamingoConfig c;
-  const auto& v = j.at("vision_config");
-  c.vision.image_size = v.at("image_size");
-  c.vision.patch_size = v.at("patch_size");
-  c.vision.num_channels = v.at("num_channels");
-  c.vision.hidden_size = v.at("hidden_size");
-  c.vision.num_hidden_layers = v.at("num_hidden_layers");
-  c.vision.num_attention_heads = v.at("num_attention_heads");
-  c.vision.intermediate_size = v.at("intermediate_size");
-  c.vision.layer_norm_eps = v.at("layer_norm_eps");
-  c.vision_hidden_act = j.at("vision_hidden_act");
-  const auto& l = j.at("lm_config");
-  c.lm.vocab_size = l.at("vocab_size");
-  c.lm.block_size = l.at("block_size");
-  c.lm.n_layer = l.at("n_layer");
-  c.lm.n_head = l.at("n_head");
-  c.lm.n_embd = l.at("n_embd");
-  c.lm.layer_norm_eps = l.at("layer_norm_eps");
-  c.resampler_depth = j.at("resampler_depth");
-  c.resampler_n_heads = j.at("resampler_n_heads");
-  c.resampler_head_dim = j.at("resampler_head_dim");
-  c.resampler_n_latents = j.at("resampler_n_latents");
-  c.resampler_ff_mult = j.at("resampler_ff_mult");
-  c.cross_attn_every_n_layers = j.at("cross_attn_every_n_layers");
-  c.cross_attn_heads = j.at("cross_attn_heads");
-  c.cross_attn_head_dim = j.at("cross_attn_head_dim");
-  c.cross_attn_ff_mult = j.at("cross_attn_ff_mult");
-  c.only_attend_immediate_media = j.at("only_attend_immediate_media");
-  c.ff_act = j.at("ff_act");
-  c.layer_norm_eps = j.at("layer_norm_eps");
-  return c;
-}
-
-nlohmann::json config_json(const models::FlamingoConfig& c) {
-  return {{"vision_config",
-           {{"image_size", c.vision.image_size},
-            {"patch_size", c.vision.patch_size},
-            {"num_channels", c.vision.num_channels},
-            {"hidden_size", c.vision.hidden_size},
-            {"num_hidden_layers", c.vision.num_hidden_layers},
-            {"num_attention_heads", c.vision.num_attention_heads},
-            {"intermediate_size", c.vision.intermediate_size},
-            {"layer_norm_eps", c.vision.layer_norm_eps}}},
-          {"vision_hidden_act", c.vision_hidden_act},
-          {"lm_config",
-           {{"vocab_size", c.lm.vocab_size},
-            {"block_size", c.lm.block_size},
-            {"n_layer", c.lm.n_layer},
-            {"n_head", c.lm.n_head},
-            {"n_embd", c.lm.n_embd},
-            {"layer_norm_eps", c.lm.layer_norm_eps}}},
-          {"resampler_depth", c.resampler_depth},
-          {"resampler_n_heads", c.resampler_n_heads},
-          {"resampler_head_dim", c.resampler_head_dim},
-          {"resampler_n_latents", c.resampler_n_latents},
-          {"resampler_ff_mult", c.resampler_ff_mult},
-          {"cross_attn_every_n_layers", c.cross_attn_every_n_layers},
-          {"cross_attn_heads", c.cross_attn_heads},
-          {"cross_attn_head_dim", c.cross_attn_head_dim},
-          {"cross_attn_ff_mult", c.cross_attn_ff_mult},
-          {"only_attend_immediate_media", c.only_attend_immediate_media},
-          {"ff_act", c.ff_act},
-          {"layer_norm_eps", c.layer_norm_eps}};
-}
-
-bool bitwise_equal(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
-         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
-}
 
 // Row t of sequence b of logits (B, T, W) as a vector.
 std::vector<float> row(const Tensor& logits, int64_t b, int64_t t) {
   return logits.select(0, b).select(0, t).contiguous().to_vector();
 }
 
-class FlamingoParity : public ::testing::Test {
+class FlamingoParity : public test_support::ParityTest<models::Flamingo, models::FlamingoConfig> {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(fs::exists(kFixture)) << kFixture;
-    r_.open(kFixture);
-    ASSERT_EQ(r_.metadata("magic").value_or(""), "brigade-fixture");
-    ASSERT_EQ(r_.metadata("kind").value_or(""), "flamingo_parity");
-    cfg_ = config_from_json(nlohmann::json::parse(r_.metadata("config").value()));
-    cfg_all_ = config_from_json(nlohmann::json::parse(r_.metadata("config_all_media").value()));
+    ASSERT_NO_FATAL_FAILURE(open_fixture("flamingo_tiny.safetensors", "flamingo_parity"));
+    cfg_all_ = nlohmann::json::parse(r_.metadata("config_all_media").value()).get<models::FlamingoConfig>();
     images_ = r_.get("images");
     ids_ = r_.get("ids");
     targets_ = r_.get("targets");
   }
-  void load(models::Flamingo& m) {
-    autograd::NoGradGuard ng;
-    for (auto& [name, p] : m.named_parameters()) {
-      ASSERT_TRUE(r_.contains(name)) << name;
-      p.copy_(r_.get(name));
-    }
-  }
+  Tensor loss(const models::Flamingo& m) const override { return m.loss(images_, ids_, targets_); }
   // Logits, loss and every gradient against the fixture's outputs under `prefix`.
   void check_parity(const models::FlamingoConfig& c, const std::string& prefix) {
     models::Flamingo m(c);
@@ -172,8 +89,7 @@ class FlamingoParity : public ::testing::Test {
     std::cout << "[flamingo parity " << (prefix.empty() ? "immediate" : prefix) << "] logits " << le << ", loss " << lo
               << ", worst gradient " << worst << " (" << worst_name << ")\n";
   }
-  ckpt::SafetensorsReader r_;
-  models::FlamingoConfig cfg_, cfg_all_;
+  models::FlamingoConfig cfg_all_;
   Tensor images_, ids_, targets_;
 };
 
@@ -253,35 +169,12 @@ TEST_F(FlamingoParity, LogitsLossAndGradientsMatchTorch) { check_parity(cfg_, ""
 
 TEST_F(FlamingoParity, AllPreviousMediaAndReluMatchTorch) { check_parity(cfg_all_, "all_media."); }
 
-TEST_F(FlamingoParity, RefBackendGivesTheSameLoss) {
-  models::Flamingo m(cfg_);
-  load(m);
-  ops::BackendScope s(ops::Backend::Ref);
-  autograd::NoGradGuard ng;
-  EXPECT_LT(rel_err(m.loss(images_, ids_, targets_), r_.get("loss")), 1e-5);
-}
+TEST_F(FlamingoParity, RefBackendGivesTheSameLoss) { expect_ref_backend_loss(); }
 
 TEST_F(FlamingoParity, RunsUnderAutocastWithF32Gradients) {
   // bf16 autocast (O1: GEMMs in bf16; O2: also the rest the table allows): the loss stays near
   // the f32 reference and every trainable parameter gets an f32 gradient, the frozen ones none.
-  for (amp::Level level : {amp::Level::O1, amp::Level::O2}) {
-    models::Flamingo m(cfg_);
-    load(m);
-    Tensor loss;
-    {
-      amp::AutocastScope scope(amp::Policy{level, DType::BF16});
-      loss = m.loss(images_, ids_, targets_);
-    }
-    EXPECT_EQ(loss.dtype(), DType::F32);
-    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
-    autograd::backward(loss);
-    for (auto& [name, p] : m.named_parameters()) {
-      EXPECT_EQ(p.grad().defined(), p.requires_grad()) << name;
-      if (p.requires_grad()) {
-        EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
-      }
-    }
-  }
+  expect_autocast_f32_gradients(3e-2, /*frozen=*/true);
 }
 
 TEST_F(FlamingoParity, RecomputeGivesBitwiseTheSameGradients) {
@@ -434,23 +327,15 @@ TEST_F(FlamingoParity, TrainingLeavesFrozenParametersBitwiseUnchanged) {
 }
 
 TEST_F(FlamingoParity, SaveLoadRoundTripUnderTheNames) {
-  models::Flamingo a(cfg_);
+  models::Flamingo a(cfg_), b(cfg_);
   load(a);
-  const fs::path path =
-      fs::temp_directory_path() / ("brigade_flamingo_rt_" + std::to_string(::getpid()) + ".safetensors");
-  ckpt::save_safetensors(path.string(), a.named_parameters(), {{"config", config_json(cfg_).dump()}});
-  models::Flamingo b(cfg_);
-  ckpt::SafetensorsReader r(path.string());
-  EXPECT_EQ(r.size(), a.named_parameters().size());
-  EXPECT_EQ(config_from_json(nlohmann::json::parse(r.metadata("config").value())).cross_attn_every_n_layers, 2);
-  {
-    autograd::NoGradGuard ng;
-    for (auto& [name, p] : b.named_parameters()) r.get_into(name, p);
-  }
-  for (auto& [name, p] : b.named_parameters()) EXPECT_TRUE(bitwise_equal(p, r.get(name))) << name;
+  const test_support::TempSafetensors file("flamingo_rt", a.named_parameters(),
+                                           {{"config", nlohmann::json(cfg_).dump()}});
+  const auto saved = nlohmann::json::parse(file.reader.metadata("config").value()).get<models::FlamingoConfig>();
+  EXPECT_EQ(saved.cross_attn_every_n_layers, 2);
+  test_support::expect_round_trip(file.reader, a.named_parameters(), b.named_parameters());
   autograd::NoGradGuard ng;
-  EXPECT_EQ(a.loss(images_, ids_, targets_).item(), b.loss(images_, ids_, targets_).item());
-  fs::remove(path);
+  EXPECT_EQ(loss(a).item(), loss(b).item());
 }
 
 models::FlamingoConfig small_config() {
@@ -489,11 +374,7 @@ TEST(FlamingoCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
   m.init_weights(g);
   {
     autograd::NoGradGuard ng;
-    for (auto& [name, p] : m.named_parameters()) {  // off the structured init, gates non-zero
-      Tensor noise = Tensor::empty(p.shape());
-      g.normal_(noise, 0.0, 0.3);
-      p.copy_(ops::add(p, noise));
-    }
+    test_support::perturb(m.named_parameters(), g, 0.3);  // off the structured init, gates non-zero
   }
   const int64_t V = c.lm.vocab_size, I = c.image_token_id(), E = c.end_of_chunk_token_id();
   const std::vector<int64_t> ids = {I, 4, 5, E, 7, I, 8, 9, 2,  //
@@ -504,25 +385,11 @@ TEST(FlamingoCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
   const Tensor tids = Tensor::from_vector_i64(ids, {2, 9}), targets = Tensor::from_vector_i64(tg, {2, 9});
   Tensor images = Tensor::empty({3, 3, 8, 8});
   g.normal_(images, 0.0, 1.0);
-  double loss;
-  {
-    autograd::NoGradGuard ng;
-    loss = m.loss(images, tids, targets).item();
-  }
+  const double loss = test_support::item_without_grad([&] { return m.loss(images, tids, targets); });
   EXPECT_GT(V, 0);
-  const fs::path dir = fs::temp_directory_path() / ("brigade_flamingo_py_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  ckpt::save_safetensors((dir / "model.safetensors").string(), m.named_parameters(),
-                         {{"config", config_json(c).dump()}});
-  ckpt::save_safetensors((dir / "batch.safetensors").string(),
-                         {{"images", images}, {"ids", tids}, {"targets", targets}, {"loss", Tensor::full({}, loss)}},
-                         {});
-  const std::string cmd = "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) +
-                          "/tests/reference/flamingo_ref.py check --weights " + (dir / "model.safetensors").string() +
-                          " --batch " + (dir / "batch.safetensors").string();
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  fs::remove_all(dir);
+  test_support::expect_reference_loss("flamingo_py", "flamingo_ref.py check --weights", m.named_parameters(),
+                                      nlohmann::json(c).dump(),
+                                      {{"images", images}, {"ids", tids}, {"targets", targets}}, loss);
 }
 
 TEST(Flamingo, FreshModelStartsAsTheLanguageModel) {

@@ -24,62 +24,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/gpt2_tiny.safetensors";
-
 using brigade::test_support::rel_err;
 
-models::GPTConfig fixture_config(const ckpt::SafetensorsReader& r) {
-  return brigade::test_support::gpt_config_from_json(nlohmann::json::parse(r.metadata("config").value()));
-}
-
-void load_fixture_params(const ckpt::SafetensorsReader& r, models::GPT& m) {
-  for (auto& [name, p] : m.named_parameters()) {
-    ASSERT_TRUE(r.contains(name)) << name;
-    p.copy_(r.get(name));
-  }
-}
-
-class GptParity : public ::testing::Test {
+// The fixture holds the initial weights under the parameters' own names.
+class GptParity : public test_support::ParityTest<models::GPT, models::GPTConfig> {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(kFixture)) << kFixture;
-    r_.open(kFixture);
-    ASSERT_EQ(r_.metadata("magic").value_or(""), "brigade-fixture");
-    cfg_ = fixture_config(r_);
-  }
-  ckpt::SafetensorsReader r_;
-  models::GPTConfig cfg_;
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(open_fixture("gpt2_tiny.safetensors", "gpt2_parity")); }
+  Tensor loss(const models::GPT& m) const override { return m.loss(r_.get("ids"), r_.get("targets")); }
 };
 
 TEST_F(GptParity, InitialisationIsBitwiseTorch) {
   models::GPT m(cfg_);
-  Generator g(std::stoull(r_.metadata("init_seed").value()));
-  m.init_weights(g);
-  for (auto& [name, p] : m.named_parameters()) {
-    Tensor want = r_.get(name);
-    ASSERT_EQ(p.shape(), want.shape()) << name;
-    EXPECT_EQ(0, std::memcmp(p.raw_data(), want.raw_data(), p.nbytes())) << "parameter " << name << " differs";
-  }
+  expect_init_is_fixtures(m, "");
 }
 
 TEST_F(GptParity, LogitsLossAndGradientsMatchTorch) {
   models::GPT m(cfg_);
-  load_fixture_params(r_, m);
-  Tensor ids = r_.get("ids"), targets = r_.get("targets");
-  Tensor logits = m.forward(ids);
-  EXPECT_LT(rel_err(logits, r_.get("logits")), 1e-5);
-  Tensor loss = m.loss(ids, targets);
-  EXPECT_LT(rel_err(loss, r_.get("loss")), 1e-5) << loss.item() << " vs " << r_.get("loss").item();
-  autograd::backward(loss);
-  for (auto& [name, p] : m.named_parameters()) {
-    ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LT(rel_err(p.grad(), r_.get("grad." + name)), 1e-4) << "gradient of " << name;
-  }
+  load(m);
+  expect_logits_loss_and_gradients(m, m.forward(r_.get("ids")));  // no name ends in key.bias: rel_err throughout
 }
 
 TEST_F(GptParity, TenAdamWStepsMatchTorch) {
   models::GPT m(cfg_);
-  load_fixture_params(r_, m);
+  load(m);
   auto hp = nlohmann::json::parse(r_.metadata("adamw").value());
   optim::AdamW opt(m.named_parameters(),
                    optim::AdamWOptions{hp["betas"][0], hp["betas"][1], hp["eps"], hp["weight_decay"]});
@@ -98,7 +65,7 @@ TEST_F(GptParity, TenAdamWStepsMatchTorch) {
 }
 
 TEST(GptCheckpoint, BrigadeCheckpointLoadsIntoPyTorchWithTheSameLoss) {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+  if (!test_support::have_torch())
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   models::GPTConfig c;
   c.vocab_size = 101;  // odd sizes on purpose
@@ -110,23 +77,10 @@ TEST(GptCheckpoint, BrigadeCheckpointLoadsIntoPyTorchWithTheSameLoss) {
   Generator g(99);
   m.init_weights(g);
   // a few optimizer steps so the weights are no longer at their (structured) init
-  std::vector<int64_t> idv, tgv;
-  for (int i = 0; i < 2 * 20; ++i) {
-    idv.push_back((i * 37 + 11) % c.vocab_size);
-    tgv.push_back((i * 53 + 5) % c.vocab_size);
-  }
-  Tensor ids = Tensor::from_vector_i64(idv, {2, 20}), targets = Tensor::from_vector_i64(tgv, {2, 20});
+  const auto [ids, targets] = test_support::lm_batch(c.vocab_size);
   optim::AdamW opt(m.named_parameters(), optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
-  for (int s = 0; s < 3; ++s) {
-    opt.zero_grad();
-    autograd::backward(m.loss(ids, targets));
-    opt.step(1e-2);
-  }
-  double loss;
-  {
-    autograd::NoGradGuard ng;
-    loss = m.loss(ids, targets).item();
-  }
+  test_support::take_adamw_steps(opt, m, ids, targets);
+  const double loss = test_support::item_without_grad([&] { return m.loss(ids, targets); });
   const fs::path dir = fs::temp_directory_path() / ("brigade_gpt_ckpt_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   train::Recipe recipe;

@@ -10,7 +10,6 @@
 // threads, and within 1e-5 of the ref backend.
 #include <gtest/gtest.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -30,27 +29,9 @@
 #include "support/parity.h"
 
 using namespace brigade;
-using test_support::grad_err;
 using test_support::rel_err;
-namespace fs = std::filesystem;
 
 namespace {
-
-const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/llama_tiny.safetensors";
-
-nlohmann::json config_json(const models::LLaMAConfig& c) {
-  return {{"vocab_size", c.vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.intermediate_size},
-          {"n_layer", c.n_layer},
-          {"n_head", c.n_head},
-          {"n_kv_head", c.n_kv_head},
-          {"max_position", c.max_position},
-          {"rms_norm_eps", c.rms_norm_eps},
-          {"rope_theta", c.rope_theta}};
-}
-
-models::LLaMAConfig config_from_json(const nlohmann::json& j) { return test_support::llama_config_from_json(j); }
 
 // The Hugging Face LlamaForCausalLM parameter names, in its registration order.
 std::vector<std::string> hf_names(int64_t n_layer) {
@@ -67,28 +48,14 @@ std::vector<std::string> hf_names(int64_t n_layer) {
   return n;
 }
 
-void load_params(const ckpt::SafetensorsReader& r, models::LLaMA& m) {
-  for (auto& [name, p] : m.named_parameters()) {
-    ASSERT_TRUE(r.contains(name)) << name;
-    Tensor t = r.get(name);
-    ASSERT_EQ(t.shape(), p.shape()) << name;
-    p.copy_(t);
-  }
-}
-
-class LlamaParity : public ::testing::Test {
+class LlamaParity : public test_support::ParityTest<models::LLaMA, models::LLaMAConfig> {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(kFixture)) << kFixture << " (make it with tests/reference/make_llama_fixture.py)";
-    r_.open(kFixture);
-    ASSERT_EQ(r_.metadata("magic").value_or(""), "brigade-fixture");
-    ASSERT_EQ(r_.metadata("kind").value_or(""), "llama_parity");
-    cfg_ = config_from_json(nlohmann::json::parse(r_.metadata("config").value()));
-  }
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(open_fixture("llama_tiny.safetensors", "llama_parity")); }
+  Tensor loss(const models::LLaMA& m) const override { return m.loss(r_.get("ids"), r_.get("targets")); }
   // Logits, loss and every gradient against the fixture on the active backend.
   void check_parity() {
     models::LLaMA m(cfg_);
-    load_params(r_, m);
+    load(m);
     Tensor ids = r_.get("ids"), targets = r_.get("targets");
     Tensor logits = m.forward(ids);
     EXPECT_EQ(logits.shape(), Shape({ids.size(0), ids.size(1), cfg_.vocab_size}));
@@ -102,8 +69,6 @@ class LlamaParity : public ::testing::Test {
       EXPECT_LT(rel_err(p.grad(), r_.get("grad." + name)), 1e-4) << "gradient of " << name;
     }
   }
-  ckpt::SafetensorsReader r_;
-  models::LLaMAConfig cfg_;
 };
 
 TEST_F(LlamaParity, ParameterNamesAndShapesAreHuggingFace) {
@@ -141,24 +106,20 @@ TEST(LlamaCheckpoint, SaveLoadRoundTripUnderHuggingFaceNames) {
   models::LLaMA a(c);
   Generator g(5);
   a.init_weights(g);
-  const fs::path path = fs::temp_directory_path() / ("brigade_llama_rt_" + std::to_string(::getpid()) + ".safetensors");
-  ckpt::save_safetensors(path.string(), a.named_parameters(), {{"config", config_json(c).dump()}});
-  ckpt::SafetensorsReader r;
-  r.open(path.string());
-  EXPECT_EQ(r.names().size(), hf_names(c.n_layer).size());
-  models::LLaMA b(config_from_json(nlohmann::json::parse(r.metadata("config").value())));
-  load_params(r, b);
+  const test_support::TempSafetensors file("llama_rt", a.named_parameters(), {{"config", nlohmann::json(c).dump()}});
+  EXPECT_EQ(file.reader.names().size(), hf_names(c.n_layer).size());
+  models::LLaMA b(nlohmann::json::parse(file.reader.metadata("config").value()).get<models::LLaMAConfig>());
+  ASSERT_NO_FATAL_FAILURE(test_support::load_parameters(file.reader, b));
   auto pa = a.named_parameters(), pb = b.named_parameters();
   ASSERT_EQ(pa.size(), pb.size());
   for (size_t i = 0; i < pa.size(); ++i) {
     EXPECT_EQ(pa[i].first, pb[i].first);
-    EXPECT_EQ(0, std::memcmp(pa[i].second.raw_data(), pb[i].second.raw_data(), pa[i].second.nbytes())) << pa[i].first;
+    EXPECT_TRUE(test_support::bitwise_equal(pa[i].second, pb[i].second)) << pa[i].first;
   }
   Tensor ids = Tensor::from_vector_i64({1, 5, 9, 60, 0, 33, 2, 7}, {2, 4});
   Tensor targets = Tensor::from_vector_i64({5, 9, 60, 0, 33, 2, 7, 8}, {2, 4});
   autograd::NoGradGuard ng;
   EXPECT_EQ(a.loss(ids, targets).item(), b.loss(ids, targets).item());
-  fs::remove(path);
 }
 
 TEST(LlamaCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
@@ -177,36 +138,13 @@ TEST(LlamaCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
   models::LLaMA m(c);
   Generator g(99);
   m.init_weights(g);
-  std::vector<int64_t> idv, tgv;
-  for (int i = 0; i < 2 * 20; ++i) {
-    idv.push_back((i * 37 + 11) % c.vocab_size);
-    tgv.push_back((i * 53 + 5) % c.vocab_size);
-  }
-  Tensor ids = Tensor::from_vector_i64(idv, {2, 20}), targets = Tensor::from_vector_i64(tgv, {2, 20});
+  const auto [ids, targets] = test_support::lm_batch(c.vocab_size);
   // a few optimizer steps so the weights (norms included) leave their structured init
   optim::AdamW opt(m.named_parameters(), optim::AdamWOptions{0.9, 0.95, 1e-8, 0.1});
-  for (int s = 0; s < 3; ++s) {
-    opt.zero_grad();
-    autograd::backward(m.loss(ids, targets));
-    opt.step(1e-2);
-  }
-  double loss;
-  {
-    autograd::NoGradGuard ng;
-    loss = m.loss(ids, targets).item();
-  }
-  const fs::path dir = fs::temp_directory_path() / ("brigade_llama_ckpt_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  ckpt::save_safetensors((dir / "model.safetensors").string(), m.named_parameters(),
-                         {{"config", config_json(c).dump()}});
-  ckpt::save_safetensors((dir / "batch.safetensors").string(),
-                         {{"ids", ids}, {"targets", targets}, {"loss", Tensor::full({}, loss)}}, {});
-  const std::string cmd = "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) +
-                          "/tests/reference/llama_ref.py --model " + (dir / "model.safetensors").string() +
-                          " --batch " + (dir / "batch.safetensors").string();
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  fs::remove_all(dir);
+  test_support::take_adamw_steps(opt, m, ids, targets);
+  const double loss = test_support::item_without_grad([&] { return m.loss(ids, targets); });
+  test_support::expect_reference_loss("llama_ckpt", "llama_ref.py --model", m.named_parameters(),
+                                      nlohmann::json(c).dump(), {{"ids", ids}, {"targets", targets}}, loss);
 }
 
 TEST(Llama, ConfigAndShapeErrors) {
@@ -287,7 +225,7 @@ TEST(Llama, GqaIsAttentionOverRepeatedKvHeads) {
 // close to fp32's and every parameter still receives an fp32 gradient close to fp32's.
 TEST_F(LlamaParity, AutocastO1StaysCloseAndGivesF32Gradients) {
   models::LLaMA m(cfg_);
-  load_params(r_, m);
+  load(m);
   Tensor ids = r_.get("ids"), targets = r_.get("targets");
   Tensor loss;
   {

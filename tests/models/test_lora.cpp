@@ -45,9 +45,9 @@ std::unique_ptr<models::CausalLM> base_model(const ckpt::SafetensorsReader& r) {
   const auto j = nlohmann::json::parse(r.metadata("config").value());
   std::unique_ptr<models::CausalLM> m;
   if (r.metadata("kind").value() == "lora_gpt2")
-    m = std::make_unique<models::GPT>(test_support::gpt_config_from_json(j));
+    m = std::make_unique<models::GPT>(j.get<models::GPTConfig>());
   else
-    m = std::make_unique<models::LLaMA>(test_support::llama_config_from_json(j));
+    m = std::make_unique<models::LLaMA>(j.get<models::LLaMAConfig>());
   for (auto& [name, p] : m->named_parameters()) {
     EXPECT_TRUE(r.contains(name)) << name;
     p.copy_(r.get(name));

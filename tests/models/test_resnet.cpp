@@ -234,11 +234,7 @@ TEST(ResNet, Resnet18StepSpeed) {
   auto m = models::resnet18(10, 1, true);
   Generator g(1);
   m->init_weights(g);
-  Tensor x = Tensor::empty({64, 1, 28, 28});  // (B, 1, 28, 28)
-  g.normal_(x);
-  std::vector<int64_t> lv(64);
-  for (size_t i = 0; i < lv.size(); ++i) lv[i] = int64_t(i % 10);
-  const Tensor labels = Tensor::from_vector_i64(lv, {64});
+  const auto [x, labels] = test_support::bench_image_batch(64, g);
   double best = 1e30;
   for (int it = 0; it < 3; ++it) {
     m->zero_grad();

@@ -384,11 +384,7 @@ TEST(ResNetAmp, Resnet18StepSpeedO0VsO2) {
   auto m = models::resnet18(10, 1, true);
   Generator g(1);
   m->init_weights(g);
-  Tensor x = Tensor::empty({32, 1, 28, 28});  // (B, 1, 28, 28)
-  g.normal_(x);
-  std::vector<int64_t> lv(32);
-  for (size_t i = 0; i < lv.size(); ++i) lv[i] = int64_t(i % 10);
-  const Tensor labels = Tensor::from_vector_i64(lv, {32});
+  const auto [x, labels] = test_support::bench_image_batch(32, g);
   for (amp::Level level : {amp::Level::O0, amp::Level::O2, amp::Level::O0, amp::Level::O2}) {
     std::vector<double> t;
     for (int it = 0; it < 5; ++it) {

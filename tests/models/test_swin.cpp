@@ -6,12 +6,10 @@
 // loaded into the reference give the same loss (when /usr/bin/python3 has torch), shifted and
 // unshifted blocks differ, config and shape errors, init and FLOPs.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <cstring>
-#include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "brigade/amp/policy.h"
 #include "brigade/autograd/engine.h"
@@ -19,75 +17,25 @@
 #include "brigade/core/error.h"
 #include "brigade/models/swin/swin.h"
 
+#include "support/fixture_configs.h"
 #include "support/parity.h"
 
 using namespace brigade;
-using test_support::grad_err;
 using test_support::rel_err;
-namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kFixture = std::string(BRIGADE_FIXTURES_DIR) + "/swin_tiny.safetensors";
-
-models::SwinConfig config_from_json(const nlohmann::json& j) {
-  models::SwinConfig c;
-  c.image_size = j.at("image_size");
-  c.patch_size = j.at("patch_size");
-  c.num_channels = j.at("num_channels");
-  c.embed_dim = j.at("embed_dim");
-  c.depths = j.at("depths").get<std::vector<int64_t>>();
-  c.num_heads = j.at("num_heads").get<std::vector<int64_t>>();
-  c.window_size = j.at("window_size");
-  c.mlp_ratio = j.at("mlp_ratio");
-  c.num_labels = j.at("num_labels");
-  c.layer_norm_eps = j.at("layer_norm_eps");
-  return c;
-}
-
-nlohmann::json config_json(const models::SwinConfig& c) {
-  return {{"image_size", c.image_size},        {"patch_size", c.patch_size}, {"num_channels", c.num_channels},
-          {"embed_dim", c.embed_dim},          {"depths", c.depths},         {"num_heads", c.num_heads},
-          {"window_size", c.window_size},      {"mlp_ratio", c.mlp_ratio},   {"num_labels", c.num_labels},
-          {"layer_norm_eps", c.layer_norm_eps}};
-}
-
-class SwinParity : public ::testing::Test {
+class SwinParity : public test_support::ParityTest<models::Swin, models::SwinConfig> {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(fs::exists(kFixture)) << kFixture;
-    r_.open(kFixture);
-    ASSERT_EQ(r_.metadata("magic").value_or(""), "brigade-fixture");
-    ASSERT_EQ(r_.metadata("kind").value_or(""), "swin_parity");
-    cfg_ = config_from_json(nlohmann::json::parse(r_.metadata("config").value()));
-  }
-  void load(models::Swin& m) {
-    for (auto& [name, p] : m.named_parameters()) {
-      ASSERT_TRUE(r_.contains(name)) << name;
-      p.copy_(r_.get(name));
-    }
-  }
-  ckpt::SafetensorsReader r_;
-  models::SwinConfig cfg_;
+  void SetUp() override { ASSERT_NO_FATAL_FAILURE(open_fixture("swin_tiny.safetensors", "swin_parity")); }
+  Tensor loss(const models::Swin& m) const override { return m.loss(r_.get("images"), r_.get("labels")); }
 };
 
 TEST_F(SwinParity, ParameterNamesAndShapesAreHuggingFaces) {
   models::Swin m(cfg_);
-  size_t n = 0;
-  for (auto& [name, p] : m.named_parameters()) {
-    ASSERT_TRUE(r_.contains(name)) << "Brigade has " << name << ", the reference does not";
-    EXPECT_EQ(p.shape(), r_.info(name).shape) << name;
-    ++n;
-  }
-  size_t ref_params = 0;
-  for (const std::string& name : r_.names()) ref_params += name.rfind("grad.", 0) == 0;
-  EXPECT_EQ(n, ref_params);
+  ASSERT_NO_FATAL_FAILURE(test_support::expect_parameters_in_fixture(m, r_));
   const auto params = m.named_parameters();
-  auto has = [&](const std::string& s) {
-    for (auto& [name, p] : params)
-      if (name == s) return true;
-    return false;
-  };
+  const std::set<std::string> names = test_support::parameter_names(m);
   for (const char* s :
        {"swin.embeddings.patch_embeddings.projection.weight", "swin.embeddings.patch_embeddings.projection.bias",
         "swin.embeddings.norm.weight", "swin.encoder.layers.0.blocks.1.layernorm_before.bias",
@@ -99,9 +47,9 @@ TEST_F(SwinParity, ParameterNamesAndShapesAreHuggingFaces) {
         "swin.encoder.layers.1.blocks.0.intermediate.dense.bias", "swin.encoder.layers.0.blocks.1.output.dense.weight",
         "swin.encoder.layers.0.downsample.reduction.weight", "swin.encoder.layers.0.downsample.norm.weight",
         "swin.encoder.layers.0.downsample.norm.bias", "swin.layernorm.weight", "classifier.weight", "classifier.bias"})
-    EXPECT_TRUE(has(s)) << s;
-  EXPECT_FALSE(has("swin.encoder.layers.0.downsample.reduction.bias"));
-  EXPECT_FALSE(has("swin.encoder.layers.1.downsample.norm.weight"));  // the last stage does not merge
+    EXPECT_TRUE(names.count(s)) << s;
+  EXPECT_FALSE(names.count("swin.encoder.layers.0.downsample.reduction.bias"));
+  EXPECT_FALSE(names.count("swin.encoder.layers.1.downsample.norm.weight"));  // the last stage does not merge
   EXPECT_EQ(params.front().first, "swin.embeddings.patch_embeddings.projection.weight");
   EXPECT_EQ(params.back().first, "classifier.bias");
 }
@@ -109,63 +57,17 @@ TEST_F(SwinParity, ParameterNamesAndShapesAreHuggingFaces) {
 TEST_F(SwinParity, LogitsLossAndGradientsMatchTorch) {
   models::Swin m(cfg_);
   load(m);
-  const Tensor images = r_.get("images"), labels = r_.get("labels");
+  const Tensor images = r_.get("images");
   const Tensor logits = m.forward(images);
   EXPECT_EQ(logits.shape(), Shape({images.size(0), cfg_.num_labels}));
-  EXPECT_LT(rel_err(logits, r_.get("logits")), 1e-5);
-  const Tensor loss = m.loss(images, labels);
-  EXPECT_LT(rel_err(loss, r_.get("loss")), 1e-5) << loss.item() << " vs " << r_.get("loss").item();
-  autograd::backward(loss);
-  for (auto& [name, p] : m.named_parameters()) {
-    ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LT(grad_err(r_, name, p.grad()), 1e-4) << "gradient of " << name;
-  }
+  expect_logits_loss_and_gradients(m, logits);
 }
 
-TEST_F(SwinParity, RefBackendGivesTheSameLoss) {
-  models::Swin m(cfg_);
-  load(m);
-  ops::BackendScope s(ops::Backend::Ref);
-  autograd::NoGradGuard ng;
-  EXPECT_LT(rel_err(m.loss(r_.get("images"), r_.get("labels")), r_.get("loss")), 1e-5);
-}
+TEST_F(SwinParity, RefBackendGivesTheSameLoss) { expect_ref_backend_loss(); }
 
-TEST_F(SwinParity, SaveLoadRoundTripWithHuggingFaceNames) {
-  models::Swin a(cfg_);
-  load(a);
-  const fs::path path = fs::temp_directory_path() / ("brigade_swin_rt_" + std::to_string(::getpid()) + ".safetensors");
-  ckpt::save_safetensors(path.string(), a.named_parameters(), {{"config", config_json(cfg_).dump()}});
-  models::Swin b(cfg_);
-  ckpt::SafetensorsReader r(path.string());
-  EXPECT_EQ(r.size(), a.named_parameters().size());
-  for (auto& [name, p] : b.named_parameters()) r.get_into(name, p);
-  for (auto& [name, p] : a.named_parameters()) {
-    const Tensor q = r.get(name);
-    EXPECT_EQ(0, std::memcmp(p.raw_data(), q.raw_data(), p.nbytes())) << name;
-  }
-  autograd::NoGradGuard ng;
-  EXPECT_EQ(a.loss(r_.get("images"), r_.get("labels")).item(), b.loss(r_.get("images"), r_.get("labels")).item());
-  fs::remove(path);
-}
+TEST_F(SwinParity, SaveLoadRoundTripWithHuggingFaceNames) { expect_save_load_round_trip("swin_rt"); }
 
-TEST_F(SwinParity, RunsUnderAutocastWithF32Gradients) {
-  for (amp::Level level : {amp::Level::O1, amp::Level::O2}) {
-    models::Swin m(cfg_);
-    load(m);
-    Tensor loss;
-    {
-      amp::AutocastScope scope(amp::Policy{level, DType::BF16});
-      loss = m.loss(r_.get("images"), r_.get("labels"));
-    }
-    EXPECT_EQ(loss.dtype(), DType::F32);
-    EXPECT_NEAR(loss.item(), r_.get("loss").item(), 3e-2 * std::abs(r_.get("loss").item())) << amp::level_name(level);
-    autograd::backward(loss);
-    for (auto& [name, p] : m.named_parameters()) {
-      ASSERT_TRUE(p.grad().defined()) << name;
-      EXPECT_EQ(p.grad().dtype(), DType::F32) << name;
-    }
-  }
-}
+TEST_F(SwinParity, RunsUnderAutocastWithF32Gradients) { expect_autocast_f32_gradients(3e-2); }
 
 TEST_F(SwinParity, ShiftedAndUnshiftedBlocksDiffer) {
   models::Swin m(cfg_);
@@ -220,31 +122,13 @@ TEST(SwinCheckpoint, BrigadeWeightsLoadIntoPyTorchWithTheSameLoss) {
   models::Swin m(c);
   Generator g(99);
   m.init_weights(g);
-  for (auto& [name, p] : m.named_parameters()) {
-    Tensor noise = Tensor::empty(p.shape());
-    g.normal_(noise, 0.0, 0.05);
-    p.copy_(ops::add(p, noise));
-  }
+  test_support::perturb(m.named_parameters(), g, 0.05);
   Tensor images = Tensor::empty({3, 3, 16, 16});
   g.normal_(images, 0.0, 1.0);
   const Tensor labels = Tensor::from_vector_i64({0, 6, 3}, {3});
-  double loss;
-  {
-    autograd::NoGradGuard ng;
-    loss = m.loss(images, labels).item();
-  }
-  const fs::path dir = fs::temp_directory_path() / ("brigade_swin_py_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  ckpt::save_safetensors((dir / "model.safetensors").string(), m.named_parameters(),
-                         {{"config", config_json(c).dump()}});
-  ckpt::save_safetensors((dir / "batch.safetensors").string(),
-                         {{"images", images}, {"labels", labels}, {"loss", Tensor::full({}, loss)}}, {});
-  const std::string cmd = "/usr/bin/python3 " + std::string(BRIGADE_SOURCE_DIR) +
-                          "/tests/reference/swin_ref.py check --weights " + (dir / "model.safetensors").string() +
-                          " --batch " + (dir / "batch.safetensors").string();
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  fs::remove_all(dir);
+  const double loss = test_support::item_without_grad([&] { return m.loss(images, labels); });
+  test_support::expect_reference_loss("swin_py", "swin_ref.py check --weights", m.named_parameters(),
+                                      nlohmann::json(c).dump(), {{"images", images}, {"labels", labels}}, loss);
 }
 
 models::SwinConfig small() {

@@ -62,6 +62,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 import st_io  # noqa: E402
 
 
@@ -379,19 +380,8 @@ class AlignModel(nn.Module):
 def load_named(model, tensors):
     """Copies parameters and buffers by HF name (strict; text_model.pooler.* ignored), keeping
     the model's dtypes (float buffers follow the model's float dtype, num_batches_tracked int64)."""
-    state = model.state_dict(keep_vars=True)
-    given = {k: v for k, v in tensors.items() if not k.startswith("text_model.pooler.")}
-    extra = set(given) - set(state)
-    if extra:
-        raise ValueError(f"unknown tensors: {sorted(extra)}")
-    with torch.no_grad():
-        for name, p in state.items():
-            if name not in given:
-                raise ValueError(f"missing tensor {name}")
-            t = given[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, model has {tuple(p.shape)}")
-            p.copy_(t.to(p.dtype))
+    common.load_named(model.state_dict(keep_vars=True), tensors,
+                      ignored=lambda name: name.startswith("text_model.pooler."))
 
 
 # ---------------------------------------------------------------- self-test

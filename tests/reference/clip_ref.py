@@ -14,8 +14,6 @@ Usage as a checker of Brigade-saved weights:
     clip_ref.py check --weights model.safetensors --batch batch.safetensors
 (batch: images, ids, lengths, loss; config in the weights' __metadata__["config"]).
 """
-import argparse
-import json
 import math
 import os
 import sys
@@ -25,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import st_io  # noqa: E402
+import common  # noqa: E402
 
 
 def act_fn(name):
@@ -210,43 +208,15 @@ def init_weights(model, seed):
                 p.normal_(0.0, std)
 
 
-def load_named(model, tensors):
-    params = dict(model.named_parameters())
-    extra = set(tensors) - set(params)
-    if extra:
-        raise ValueError(f"unknown tensors: {sorted(extra)}")
+def check_loss(a, config, tensors, batch):
+    m = CLIPModel(config)
+    common.load_named(dict(m.named_parameters()), tensors)
     with torch.no_grad():
-        for name, p in params.items():
-            if name not in tensors:
-                raise ValueError(f"missing tensor {name}")
-            t = tensors[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, model has {tuple(p.shape)}")
-            p.copy_(t.to(p.dtype))
+        return m(batch["images"].float(), batch["ids"].long(), batch["lengths"].long())[3]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["check"])
-    ap.add_argument("--weights", required=True)
-    ap.add_argument("--batch", required=True)
-    ap.add_argument("--rtol", type=float, default=1e-5)
-    a = ap.parse_args()
-    try:
-        tensors, meta = st_io.load(a.weights)
-        batch, _ = st_io.load(a.batch)
-        m = CLIPModel(json.loads(meta["config"]))
-        load_named(m, tensors)
-        with torch.no_grad():
-            _, _, _, loss = m(batch["images"].float(), batch["ids"].long(), batch["lengths"].long())
-        want = float(batch["loss"])
-    except (KeyError, ValueError, OSError) as e:
-        print(f"clip_ref: {e}", file=sys.stderr)
-        sys.exit(2)
-    got = float(loss)
-    d = abs(got - want) / max(abs(want), 1e-30)
-    print(f"loss torch={got:.9g} expected={want:.9g} rel_diff={d:.3g}")
-    sys.exit(0 if d <= a.rtol else 1)
+    common.check_main("clip_ref", check_loss)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ Command line (used by the C++ tests to load Brigade-saved weights):
          "token_type_ids"; both: 0-d "loss", the expected loss.
 Prints "loss torch=<x> expected=<y> rel_diff=<d>", exits 0 when within rtol, 1 if not, 2 on bad input.
 """
-import argparse
-import json
 import math
 import os
 import sys
@@ -33,7 +31,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import st_io  # noqa: E402
+import common  # noqa: E402
 
 
 def split_heads(x, n_head):  # (B, T, D) -> (B, NH, T, HS)
@@ -287,51 +285,27 @@ def init_weights(model, seed, std=0.02):
 
 
 def load_named(model, tensors):
-    """Copies tensors (name -> tensor, any float dtype) into the model by HF name; every
+    """Copies tensors (name -> tensor, any float dtype) into the (float32) model by HF name; every
     parameter must be present; extra names other than a tied decoder weight are an error."""
-    params = dict(model.named_parameters())
-    extra = set(tensors) - set(params) - {"cls.predictions.decoder.weight"}
-    if extra:
-        raise ValueError(f"unknown tensors: {sorted(extra)}")
-    with torch.no_grad():
-        for name, p in params.items():
-            if name not in tensors:
-                raise ValueError(f"missing tensor {name}")
-            t = tensors[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, model has {tuple(p.shape)}")
-            p.copy_(t.float())
+    common.load_named(dict(model.named_parameters()), tensors,
+                      ignored=lambda name: name == "cls.predictions.decoder.weight")
+
+
+def check_loss(a, cfg, tensors, batch):
+    if a.model == "vit":
+        m = ViTForImageClassification(cfg)
+        load_named(m, tensors)
+        _, loss = m(batch["images"].float(), batch["labels"].long())
+    else:
+        m = BertForMaskedLM(cfg)
+        load_named(m, tensors)
+        _, loss = m(batch["ids"].long(), batch["attention_mask"], batch.get("token_type_ids"), batch["labels"].long())
+    return loss
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["check"])
-    ap.add_argument("--model", choices=["vit", "bert"], required=True)
-    ap.add_argument("--weights", required=True)
-    ap.add_argument("--batch", required=True)
-    ap.add_argument("--rtol", type=float, default=1e-5)
-    a = ap.parse_args()
-    try:
-        tensors, meta = st_io.load(a.weights)
-        batch, _ = st_io.load(a.batch)
-        cfg = json.loads(meta["config"])
-        if a.model == "vit":
-            m = ViTForImageClassification(cfg)
-            load_named(m, tensors)
-            _, loss = m(batch["images"].float(), batch["labels"].long())
-        else:
-            m = BertForMaskedLM(cfg)
-            load_named(m, tensors)
-            _, loss = m(batch["ids"].long(), batch["attention_mask"], batch.get("token_type_ids"),
-                        batch["labels"].long())
-        want = float(batch["loss"])
-    except (KeyError, ValueError, OSError) as e:
-        print(f"encoder_ref: {e}", file=sys.stderr)
-        sys.exit(2)
-    got = float(loss)
-    d = abs(got - want) / max(abs(want), 1e-30)
-    print(f"loss torch={got:.9g} expected={want:.9g} rel_diff={d:.3g}")
-    sys.exit(0 if d <= a.rtol else 1)
+    common.check_main("encoder_ref", check_loss,
+                      add_args=lambda ap: ap.add_argument("--model", choices=["vit", "bert"], required=True))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ Usage as a checker of Brigade-saved weights:
     flamingo_ref.py check --weights model.safetensors --batch batch.safetensors
 (batch: images, ids, targets, loss; config in the weights' __metadata__["config"]).
 """
-import argparse
-import json
 import os
 import sys
 
@@ -33,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import st_io  # noqa: E402
+import common  # noqa: E402
 from clip_ref import CLIPVisionTransformer  # noqa: E402
 from gpt2_ref import Block, LayerNorm  # noqa: E402
 
@@ -238,44 +236,16 @@ class Flamingo(nn.Module):
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
-def load_named(model, tensors):
-    params = dict(model.named_parameters())
-    extra = set(tensors) - set(params)
-    if extra:
-        raise ValueError(f"unknown tensors: {sorted(extra)}")
+def check_loss(a, config, tensors, batch):
+    m = Flamingo(config)
+    common.load_named(dict(m.named_parameters()), tensors)
     with torch.no_grad():
-        for name, p in params.items():
-            if name not in tensors:
-                raise ValueError(f"missing tensor {name}")
-            t = tensors[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, model has {tuple(p.shape)}")
-            p.copy_(t.to(p.dtype))
+        images = batch["images"].float() if "images" in batch else None
+        return m.loss(images, batch["ids"].long(), batch["targets"].long())[1]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["check"])
-    ap.add_argument("--weights", required=True)
-    ap.add_argument("--batch", required=True)
-    ap.add_argument("--rtol", type=float, default=1e-5)
-    a = ap.parse_args()
-    try:
-        tensors, meta = st_io.load(a.weights)
-        batch, _ = st_io.load(a.batch)
-        m = Flamingo(json.loads(meta["config"]))
-        load_named(m, tensors)
-        with torch.no_grad():
-            images = batch["images"].float() if "images" in batch else None
-            _, loss = m.loss(images, batch["ids"].long(), batch["targets"].long())
-        want = float(batch["loss"])
-    except (KeyError, ValueError, OSError, AssertionError) as e:
-        print(f"flamingo_ref: {e}", file=sys.stderr)
-        sys.exit(2)
-    got = float(loss)
-    d = abs(got - want) / max(abs(want), 1e-30)
-    print(f"loss torch={got:.9g} expected={want:.9g} rel_diff={d:.3g}")
-    sys.exit(0 if d <= a.rtol else 1)
+    common.check_main("flamingo_ref", check_loss, errors=(AssertionError,))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ Before writing, align_ref.selftest() checks the depthwise padding against F.pad 
 this script checks every after_train buffer against (1 - m) running + m batch_stat computed from
 the BatchNorm inputs. Deterministic (single thread, fixed seeds).
 """
-import argparse
 import json
 import os
 import sys
@@ -41,6 +40,7 @@ import torch.nn as nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import st_io  # noqa: E402
 from align_ref import AlignModel, block_specs, correct_pad, load_named, selftest  # noqa: E402
 
@@ -162,11 +162,7 @@ def check_momentum(model, before, images, ids, lengths):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures"))
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    os.makedirs(a.out, exist_ok=True)
+    out = common.fixture_out_dir()
     selftest()
 
     model = AlignModel(CFG)
@@ -182,12 +178,7 @@ def main():
     C, S = VISION["num_channels"], VISION["image_size"]
     images = torch.randn(N, C, S, S, generator=g)
     lengths = torch.tensor([8, 5, 6, 3], dtype=torch.int64)
-    ids = torch.zeros(N, T, dtype=torch.int64)
-    for b in range(N):
-        L = int(lengths[b])
-        ids[b, 0] = V - 2
-        ids[b, 1:L - 1] = torch.randint(1, V - 2, (L - 2,), generator=g)
-        ids[b, L - 1] = V - 1
+    ids = common.caption_ids(lengths, T, V, g)
     gs = torch.Generator().manual_seed(STATS_SEED)
     stats_images = [torch.randn(N, C, S, S, generator=gs) for _ in range(3)]
 
@@ -233,7 +224,7 @@ def main():
     tensors += [(f"stats_images.{i}", x) for i, x in enumerate(stats_images)] + stats
     tensors += [("eval.image_embeds", f(e_img)), ("eval.logits_per_image", f(e_logits)),
                 ("eval.loss", f(e_loss).reshape(()))]
-    path = os.path.join(a.out, "align_tiny.safetensors")
+    path = os.path.join(out, "align_tiny.safetensors")
     st_io.save(path, tensors, meta)
     print(f"{len(param_names)} parameters ({sum(p.numel() for p in model.parameters())} values), "
           f"{len(buffer_names)} buffers, {len(tensors)} tensors, {os.path.getsize(path)} bytes -> {path}")

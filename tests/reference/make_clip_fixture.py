@@ -14,7 +14,6 @@ its trivial init; logit_scale gets +0.05 * randn too), the inputs "images" (N, C
 "logits_per_image" (N, N), 0-d "loss" and "grad.<name>" for every parameter, computed in float64
 from the float32 weights and cast to float32. Deterministic (single thread, fixed seeds).
 """
-import argparse
 import json
 import math
 import os
@@ -24,6 +23,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import st_io  # noqa: E402
 from clip_ref import CLIPModel, init_weights  # noqa: E402
 
@@ -40,30 +40,15 @@ CFG = dict(text_config=TEXT, vision_config=VISION, projection_dim=16, hidden_act
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures"))
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    os.makedirs(a.out, exist_ok=True)
+    out = common.fixture_out_dir()
     model = CLIPModel(CFG)
-    init_weights(model, INIT_SEED)
-    init = [(f"init.{n}", p.detach().clone()) for n, p in model.named_parameters()]
-    g = torch.Generator().manual_seed(PERTURB_SEED)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    params = [(n, p.detach().clone()) for n, p in model.named_parameters()]
+    init, params = common.init_and_perturb(model, init_weights, INIT_SEED, PERTURB_SEED)
 
     g = torch.Generator().manual_seed(4323)
     N, T, V = 4, TEXT["max_position_embeddings"], TEXT["vocab_size"]
     images = torch.randn(N, VISION["num_channels"], VISION["image_size"], VISION["image_size"], generator=g)
     lengths = torch.tensor([8, 5, 6, 3], dtype=torch.int64)
-    ids = torch.zeros(N, T, dtype=torch.int64)
-    for b in range(N):
-        L = int(lengths[b])
-        ids[b, 0] = V - 2
-        ids[b, 1:L - 1] = torch.randint(1, V - 2, (L - 2,), generator=g)
-        ids[b, L - 1] = V - 1
+    ids = common.caption_ids(lengths, T, V, g)
 
     model.double()
     img, txt, logits, loss = model(images.double(), ids, lengths)
@@ -79,7 +64,7 @@ def main():
     tensors = init + params + [("images", images), ("ids", ids), ("lengths", lengths), ("image_embeds", f(img)),
                                ("text_embeds", f(txt)), ("logits_per_image", f(logits)),
                                ("loss", f(loss).reshape(()))] + grads
-    st_io.save(os.path.join(a.out, "clip_tiny.safetensors"), tensors, meta)
+    st_io.save(os.path.join(out, "clip_tiny.safetensors"), tensors, meta)
     print(f"loss {float(loss):.9g}")
 
 

@@ -13,7 +13,6 @@ reproduce bit for bit), "<name>" (those weights perturbed by 0.05 * randn so no 
 sits at its trivial init: the parity weights), the inputs, "logits", 0-d "loss" and
 "grad.<name>" for every parameter (float32). Deterministic (single thread, fixed seeds).
 """
-import argparse
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import st_io  # noqa: E402
 from encoder_ref import BertForMaskedLM, ViTForImageClassification, init_weights  # noqa: E402
 
@@ -36,14 +36,7 @@ BERT_CFG = dict(vocab_size=50, max_position_embeddings=16, type_vocab_size=2, hi
 
 
 def prepared(model):
-    init_weights(model, INIT_SEED)
-    init = [(f"init.{n}", p.detach().clone()) for n, p in model.named_parameters()]
-    g = torch.Generator().manual_seed(PERTURB_SEED)
-    with torch.no_grad():
-        for _, p in model.named_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    params = [(n, p.detach().clone()) for n, p in model.named_parameters()]
-    return init, params
+    return common.init_and_perturb(model, init_weights, INIT_SEED, PERTURB_SEED)
 
 
 def grads(model):
@@ -102,13 +95,9 @@ def write_bert(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures"))
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    os.makedirs(a.out, exist_ok=True)
-    write_vit(os.path.join(a.out, "vit_tiny.safetensors"))
-    write_bert(os.path.join(a.out, "bert_tiny.safetensors"))
+    out = common.fixture_out_dir()
+    write_vit(os.path.join(out, "vit_tiny.safetensors"))
+    write_bert(os.path.join(out, "bert_tiny.safetensors"))
 
 
 if __name__ == "__main__":

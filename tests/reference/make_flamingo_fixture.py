@@ -20,7 +20,6 @@ and the outputs "logits" (2, 12, 22), 0-d "loss" and "grad.<name>" for every tra
 in float64 from the float32 weights and cast to float32; "all_media.logits", "all_media.loss" and
 "all_media.grad.<name>" are the same with config_all_media. Deterministic (single thread, fixed seeds).
 """
-import argparse
 import json
 import os
 import sys
@@ -29,6 +28,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import st_io  # noqa: E402
 from flamingo_ref import Flamingo  # noqa: E402
 
@@ -84,11 +84,7 @@ def run(cfg, params, images, ids, targets, prefix):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures"))
-    a = ap.parse_args()
-    torch.set_num_threads(1)
-    os.makedirs(a.out, exist_ok=True)
+    out = common.fixture_out_dir()
     g = torch.Generator().manual_seed(SEED)
     model = Flamingo(CFG)
     make_weights(model, g)
@@ -108,7 +104,7 @@ def main():
                 params="normal / LayerNorm / latents init + 0.05 * randn, gates +-U(0.3, 0.9); generator seeded seed",
                 batch="ids as make_flamingo_fixture.IDS, images randn from the same generator; float64 reference")
     tensors = params + [("images", images), ("ids", ids), ("targets", targets)] + outs + outs_all
-    st_io.save(os.path.join(a.out, "flamingo_tiny.safetensors"), tensors, meta)
+    st_io.save(os.path.join(out, "flamingo_tiny.safetensors"), tensors, meta)
     print(f"loss {loss:.9g} all_media.loss {loss_all:.9g}")
 
 

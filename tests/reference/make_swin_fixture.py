@@ -11,7 +11,6 @@ Weights: normal(0, 0.02) linear / conv weights, LayerNorm 1 / 0, biases 0, then 
 value. Computed in float64 and stored as float32: the weights "<name>", "images", "labels",
 "logits", 0-d "loss" and "grad.<name>" for every parameter. Deterministic (fixed seeds).
 """
-import argparse
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import common  # noqa: E402
 import st_io  # noqa: E402
 from swin_ref import SwinForImageClassification  # noqa: E402
 
@@ -28,10 +28,7 @@ CFG = dict(image_size=16, patch_size=2, num_channels=1, embed_dim=16, depths=[2,
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.path.join(HERE, "..", "fixtures"))
-    a = ap.parse_args()
-    torch.set_num_threads(1)
+    out = common.fixture_out_dir()
     torch.manual_seed(1234)
     model = SwinForImageClassification(CFG)
     g = torch.Generator().manual_seed(777)
@@ -60,8 +57,7 @@ def main():
                      "images randn, labels randint, generator seed 4321"}
     tensors = params + [("images", images), ("labels", labels), ("logits", logits.detach().float()),
                         ("loss", loss.detach().float().reshape(()))] + grads
-    os.makedirs(a.out, exist_ok=True)
-    st_io.save(os.path.join(a.out, "swin_tiny.safetensors"), tensors, meta)
+    st_io.save(os.path.join(out, "swin_tiny.safetensors"), tensors, meta)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ Command line (used by the C++ test to load Brigade-saved weights):
   B  "images", "labels", 0-d "loss" (the expected loss).
 Prints "loss torch=<x> expected=<y> rel_diff=<d>", exits 0 when within rtol, 1 if not, 2 on bad input.
 """
-import argparse
-import json
 import math
 import os
 import sys
@@ -31,7 +29,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import st_io  # noqa: E402
+import common  # noqa: E402
 
 
 def window_partition(x, ws):  # (B, H, W, C) -> (B*nW, ws, ws, C)
@@ -223,43 +221,15 @@ class SwinForImageClassification(nn.Module):
         return logits, loss
 
 
-def load_named(model, tensors):
-    params = dict(model.named_parameters())
-    extra = set(tensors) - set(params)
-    if extra:
-        raise ValueError(f"unknown tensors: {sorted(extra)}")
+def check_loss(a, config, tensors, batch):
+    m = SwinForImageClassification(config).double()
+    common.load_named(dict(m.named_parameters()), tensors)
     with torch.no_grad():
-        for name, p in params.items():
-            if name not in tensors:
-                raise ValueError(f"missing tensor {name}")
-            t = tensors[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, model has {tuple(p.shape)}")
-            p.copy_(t.to(p.dtype))
+        return m(batch["images"].double(), batch["labels"].long())[1]
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["check"])
-    ap.add_argument("--weights", required=True)
-    ap.add_argument("--batch", required=True)
-    ap.add_argument("--rtol", type=float, default=1e-5)
-    a = ap.parse_args()
-    try:
-        tensors, meta = st_io.load(a.weights)
-        batch, _ = st_io.load(a.batch)
-        m = SwinForImageClassification(json.loads(meta["config"])).double()
-        load_named(m, tensors)
-        with torch.no_grad():
-            _, loss = m(batch["images"].double(), batch["labels"].long())
-        want = float(batch["loss"])
-    except (KeyError, ValueError, OSError) as e:
-        print(f"swin_ref: {e}", file=sys.stderr)
-        sys.exit(2)
-    got = float(loss)
-    d = abs(got - want) / max(abs(want), 1e-30)
-    print(f"loss torch={got:.9g} expected={want:.9g} rel_diff={d:.3g}")
-    sys.exit(0 if d <= a.rtol else 1)
+    common.check_main("swin_ref", check_loss)
 
 
 if __name__ == "__main__":
