@@ -265,30 +265,19 @@ Tensor max_pool2d_backward(const Tensor& gy, const Tensor& idx, const Shape& x_s
     return gx;
   }
   if (is_half(gy)) return round_to(max_pool2d_backward(f32_of(gy), idx, x_shape), gy.dtype());
-  const Tensor gyc = gy.contiguous();
-  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
-  const int64_t P = x_shape[0] * x_shape[1], OHW = gy.size(2) * gy.size(3);
-  const float* gp = gyc.data<float>();
-  float* gxp = gx.data<float>();
-  for_each_plane(P, HW, [&](int64_t p) {
-    ref::max_pool2d_backward_plane<float>(HW, OHW, gp + p * OHW, ip + p * OHW, gxp + p * HW);
+  const int64_t OHW = gy.size(2) * gy.size(3);
+  return map_planes(gy, x_shape, HW, [&](int64_t p, const float* gp, float* gxp) {  // (N, C, H, W)
+    ref::max_pool2d_backward_plane<float>(HW, OHW, gp, ip + p * OHW, gxp);
   });
-  return gx;
 }
 
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
   check_nchw(x, "avg_pool2d", "x");
   const PoolGeom g = pool_geom(x.shape(), kernel, stride, padding, "avg_pool2d");
   if (is_half(x)) return round_to(avg_pool2d(f32_of(x), kernel, stride, padding), x.dtype());
-  const Tensor xc = x.contiguous();
-  Tensor y = Tensor::empty({x.size(0), x.size(1), g.OH, g.OW});  // (N, C, OH, OW)
-  const float* xp = xc.data<float>();
-  float* yp = y.data<float>();
-  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-  for_each_plane(g.P, HW, [&](int64_t p) {
-    ref::avg_pool2d_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, xp + p * HW, yp + p * OHW);
+  return map_planes(x, {x.size(0), x.size(1), g.OH, g.OW}, g.H * g.W, [&](int64_t, const float* xp, float* yp) {
+    ref::avg_pool2d_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, xp, yp);  // (N, C, OH, OW)
   });
-  return y;
 }
 
 Tensor avg_pool2d_backward(const Tensor& gy, const Shape& x_shape, int64_t kernel, int64_t stride, int64_t padding) {
@@ -298,15 +287,9 @@ Tensor avg_pool2d_backward(const Tensor& gy, const Shape& x_shape, int64_t kerne
                 "avg_pool2d_backward: gy {} must be the output's shape {}", shape_str(gy.shape()),
                 shape_str({x_shape[0], x_shape[1], g.OH, g.OW}));
   if (is_half(gy)) return round_to(avg_pool2d_backward(f32_of(gy), x_shape, kernel, stride, padding), gy.dtype());
-  const Tensor gyc = gy.contiguous();
-  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
-  const float* gp = gyc.data<float>();
-  float* gxp = gx.data<float>();
-  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-  for_each_plane(g.P, HW, [&](int64_t p) {
-    ref::avg_pool2d_backward_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, gp + p * OHW, gxp + p * HW);
+  return map_planes(gy, x_shape, g.H * g.W, [&](int64_t, const float* gp, float* gxp) {  // (N, C, H, W)
+    ref::avg_pool2d_backward_plane<float>(g.H, g.W, kernel, stride, padding, g.OH, g.OW, gp, gxp);
   });
-  return gx;
 }
 
 // ---------------------------------------------------------------- patchify

@@ -200,4 +200,18 @@ void for_each_plane(int64_t P, int64_t HW, F plane) {
   for (int64_t p = 0; p < P; ++p) plane(p);
 }
 
+// The f32 path of a per-plane op of one input and one output (pooling, the spatial mean): y
+// (shape: N, C, ...) = plane(p, in's plane p, y's plane p) over the N C planes of in's contiguous
+// values, through for_each_plane (HW: the values of an input image's plane).
+template <class F>
+Tensor map_planes(const Tensor& in, const Shape& shape, int64_t HW, F plane) {
+  const Tensor ic = in.contiguous();
+  Tensor y = Tensor::empty(shape);  // shape
+  const int64_t P = shape[0] * shape[1], in_size = P ? in.numel() / P : 0, out_size = P ? y.numel() / P : 0;
+  const float* ip = ic.data<float>();
+  float* yp = y.data<float>();
+  for_each_plane(P, HW, [&](int64_t p) { plane(p, ip + p * in_size, yp + p * out_size); });
+  return y;
+}
+
 }  // namespace brigade::ops::detail

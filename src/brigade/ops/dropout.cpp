@@ -13,12 +13,6 @@ using namespace detail;
 namespace {
 // The native 16-bit cpu kernels apply (see ops.h).
 bool native16_on() { return on_cpu() && cpu::native16_enabled(); }
-void apply(int64_t n, const float* x, const float* m, float* y) {
-  if (current_backend() == Backend::Cpu)
-    cpu::dropout_apply(n, x, m, y);
-  else
-    ref::dropout_apply<float>(n, x, m, y);
-}
 }  // namespace
 
 // 16-bit x (see ops.h): the mask is drawn in f32 exactly as for f32 x, then rounded to x's
@@ -60,12 +54,12 @@ DropoutOut dropout(const Tensor& x, double p, Generator& gen) {
     for (int64_t i = 0; i < n; ++i) m[i] = gen.uniform_float() < keep ? inv : 0.0f;
   }
   if (x.dtype() == DType::F32) {
-    apply(n, xc.data<float>(), m, o.y.data<float>());
+    BRIGADE_DISPATCH(dropout_apply, n, xc.data<float>(), m, o.y.data<float>());
     return o;
   }
   o.mask = cast(o.mask, x.dtype());
   const Tensor mf = cast(o.mask, DType::F32);
-  apply(n, xc.data<float>(), mf.data<float>(), o.y.data<float>());
+  BRIGADE_DISPATCH(dropout_apply, n, xc.data<float>(), mf.data<float>(), o.y.data<float>());
   o.y = cast(o.y, x.dtype());
   return o;
 }
@@ -73,9 +67,7 @@ DropoutOut dropout(const Tensor& x, double p, Generator& gen) {
 Tensor dropout_backward(const Tensor& gy, const Tensor& mask) {
   check_float(gy, "dropout_backward", "gy");
   check_float(mask, "dropout_backward", "mask");
-  BRIGADE_CHECK(gy.shape() == mask.shape(), ShapeError,
-                "dropout_backward: gy has shape {} but mask has shape {}; they must match", shape_str(gy.shape()),
-                shape_str(mask.shape()));
+  check_same_shape(gy, mask, "dropout_backward", "gy", "mask");
   if (is_half(mask) && native16_on()) {                   // gy: any floating dtype; gx in the mask's
     Tensor gx = Tensor::empty(gy.shape(), mask.dtype());  // same as gy
     cpu::binary16(ref::BinaryOp::Mul, strided(gy), strided(mask), mask.dtype(), gx.raw_data());
@@ -84,7 +76,7 @@ Tensor dropout_backward(const Tensor& gy, const Tensor& mask) {
   const bool f32 = gy.dtype() == DType::F32 && mask.dtype() == DType::F32;
   Tensor gc = f32 ? gy.contiguous() : f32_of(gy).contiguous(), mc = f32 ? mask.contiguous() : f32_of(mask).contiguous();
   Tensor gx = Tensor::empty(gy.shape());  // same as gy
-  apply(gy.numel(), gc.data<float>(), mc.data<float>(), gx.data<float>());
+  BRIGADE_DISPATCH(dropout_apply, gy.numel(), gc.data<float>(), mc.data<float>(), gx.data<float>());
   return f32 ? gx : (mask.dtype() == DType::F32 ? gx : cast(gx, mask.dtype()));
 }
 

@@ -48,6 +48,15 @@ Tensor unary_op(UnaryOp op, double s, const char* name, const Tensor& a) {
   return y;
 }
 
+// The f32 path's tail of the ops with contiguous kernels (GELU, SiLU): y (shape) =
+// kernel(n, the inputs' contiguous f32 values..., y).
+template <class K, class... T>
+Tensor map_contiguous(K kernel, const Shape& shape, const T&... in) {
+  Tensor y = Tensor::empty(shape);  // shape
+  kernel(y.numel(), fptr(in.contiguous())..., y.data<float>());
+  return y;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- elementwise
@@ -146,10 +155,7 @@ Tensor gelu(const Tensor& x) {
   if (auto r = via_f32(
           {x.dtype()}, [](const Tensor& x_) { return gelu(x_); }, x))
     return *r;
-  Tensor xc = x.contiguous();
-  Tensor y = Tensor::empty(x.shape());  // same as x
-  BRIGADE_DISPATCH(gelu, x.numel(), xc.data<float>(), y.data<float>());
-  return y;
+  return map_contiguous([](auto... a) { BRIGADE_DISPATCH(gelu, a...); }, x.shape(), x);
 }
 
 Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
@@ -164,10 +170,7 @@ Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
   if (auto r = via_f32(
           {x.dtype()}, [](const Tensor& g_, const Tensor& x_) { return gelu_backward(g_, x_); }, gy, x))
     return *r;
-  Tensor gyc = gy.contiguous(), xc = x.contiguous();
-  Tensor gx = Tensor::empty(x.shape());  // same as x
-  BRIGADE_DISPATCH(gelu_backward, x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
-  return gx;
+  return map_contiguous([](auto... a) { BRIGADE_DISPATCH(gelu_backward, a...); }, x.shape(), gy, x);
 }
 
 // ---------------------------------------------------------------- GELU (exact, erf)
@@ -175,23 +178,15 @@ Tensor gelu_backward(const Tensor& gy, const Tensor& x) {
 Tensor gelu_erf(const Tensor& x) {
   check_float(x, "gelu_erf", "x");
   if (is_half(x)) return round_to(gelu_erf(f32_of(x)), x.dtype());
-  Tensor xc = x.contiguous();
-  Tensor y = Tensor::empty(x.shape());  // same as x
-  BRIGADE_DISPATCH(gelu_erf, x.numel(), xc.data<float>(), y.data<float>());
-  return y;
+  return map_contiguous([](auto... a) { BRIGADE_DISPATCH(gelu_erf, a...); }, x.shape(), x);
 }
 
 Tensor gelu_erf_backward(const Tensor& gy, const Tensor& x) {
   check_float(gy, "gelu_erf_backward", "gy");
   check_float(x, "gelu_erf_backward", "x");
-  BRIGADE_CHECK(gy.shape() == x.shape(), ShapeError,
-                "gelu_erf_backward: 'gy' has shape {} but 'x' has shape {}; they must match", shape_str(gy.shape()),
-                shape_str(x.shape()));
+  check_same_shape(gy, x, "gelu_erf_backward", "gy", "x");
   if (is_half(gy) || is_half(x)) return round_to(gelu_erf_backward(f32_of(gy), f32_of(x)), x.dtype());
-  Tensor gyc = gy.contiguous(), xc = x.contiguous();
-  Tensor gx = Tensor::empty(x.shape());  // same as x
-  BRIGADE_DISPATCH(gelu_erf_backward, x.numel(), gyc.data<float>(), xc.data<float>(), gx.data<float>());
-  return gx;
+  return map_contiguous([](auto... a) { BRIGADE_DISPATCH(gelu_erf_backward, a...); }, x.shape(), gy, x);
 }
 
 // ---------------------------------------------------------------- SiLU
@@ -199,10 +194,7 @@ Tensor gelu_erf_backward(const Tensor& gy, const Tensor& x) {
 Tensor silu(const Tensor& x) {
   check_float(x, "silu", "x");
   if (any_not_f32({&x})) return round_to(silu(f32_of(x)), x.dtype());
-  const Tensor xc = x.contiguous();
-  Tensor y = Tensor::empty(x.shape());  // same as x
-  BRIGADE_DISPATCH(silu, x.numel(), xc.data<float>(), y.data<float>());
-  return y;
+  return map_contiguous([](auto... a) { BRIGADE_DISPATCH(silu, a...); }, x.shape(), x);
 }
 
 Tensor silu_backward(const Tensor& gy, const Tensor& x) {
@@ -210,10 +202,7 @@ Tensor silu_backward(const Tensor& gy, const Tensor& x) {
   check_float(x, "silu_backward", "x");
   check_same_shape(gy, x, "silu_backward", "gy", "x");
   if (any_not_f32({&gy, &x})) return round_to(silu_backward(f32_of(gy), f32_of(x)), x.dtype());
-  const Tensor gc = gy.contiguous(), xc = x.contiguous();
-  Tensor gx = Tensor::empty(x.shape());  // same as x
-  BRIGADE_DISPATCH(silu_backward, x.numel(), gc.data<float>(), xc.data<float>(), gx.data<float>());
-  return gx;
+  return map_contiguous([](auto... a) { BRIGADE_DISPATCH(silu_backward, a...); }, x.shape(), gy, x);
 }
 
 // ---------------------------------------------------------------- relu

@@ -264,37 +264,22 @@ BatchNormGrads batch_norm2d_backward(const Tensor& gy, const Tensor& x, const Te
 
 namespace {
 
-// Double sums of a row in 8 lanes (fixed order: lane l takes i = l mod 8, then the lanes in
-// order, then the tail), so the cpu loop vectorises and stays reproducible.
-inline void row_sums_d(const float* x, int64_t n, double& s1, double& s2) {
+// Double sums of u(i) and v(i) over a row's n elements in 8 lanes (fixed order: lane l takes
+// i = l mod 8, then the lanes in order, then the tail), so the cpu loop vectorises and stays
+// reproducible.
+template <class U, class V>
+inline void lane_sums_d(int64_t n, double& s1, double& s2, U u, V v) {
   double a[8] = {0}, b[8] = {0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
 #pragma omp simd
     for (int l = 0; l < 8; ++l) {
-      const double v = double(x[i + l]);
-      a[l] += v;
-      b[l] += v * v;
+      a[l] += u(i + l);
+      b[l] += v(i + l);
     }
   double p = 0, q = 0;
   for (int l = 0; l < 8; ++l) p += a[l], q += b[l];
-  for (; i < n; ++i) p += double(x[i]), q += double(x[i]) * double(x[i]);
-  s1 += p, s2 += q;
-}
-// sum gy and sum gy (x - m) of a row, in double lanes as above.
-inline void row_grad_sums_d(const float* gy, const float* x, int64_t n, double m, double& s1, double& s2) {
-  double a[8] = {0}, b[8] = {0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-#pragma omp simd
-    for (int l = 0; l < 8; ++l) {
-      const double g = double(gy[i + l]);
-      a[l] += g;
-      b[l] += g * (double(x[i + l]) - m);
-    }
-  double p = 0, q = 0;
-  for (int l = 0; l < 8; ++l) p += a[l], q += b[l];
-  for (; i < n; ++i) p += double(gy[i]), q += double(gy[i]) * (double(x[i]) - m);
+  for (; i < n; ++i) p += u(i), q += v(i);
   s1 += p, s2 += q;
 }
 
@@ -317,7 +302,11 @@ ChannelSums batch_norm2d_sums(const Tensor& x0) {
 #pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
     for (int64_t c = 0; c < C; ++c) {
       double a = 0, b = 0;
-      for (int64_t n = 0; n < N; ++n) row_sums_d(xp + (n * C + c) * HW, HW, a, b);
+      for (int64_t n = 0; n < N; ++n) {
+        const float* xr = xp + (n * C + c) * HW;
+        const auto v = [xr](int64_t i) { return double(xr[i]); };
+        lane_sums_d(HW, a, b, v, [v](int64_t i) { return v(i) * v(i); });
+      }
       s1[c] = a, s2[c] = b;
     }
   } else {
@@ -342,7 +331,12 @@ ChannelSums batch_norm2d_grad_sums(const Tensor& gy0, const Tensor& x0, const Te
 #pragma omp parallel for schedule(static) if (N * C * HW > (1 << 15))
     for (int64_t c = 0; c < C; ++c) {
       double a = 0, b = 0;  // sum gy, sum gy (x - m)
-      for (int64_t n = 0; n < N; ++n) row_grad_sums_d(gp + (n * C + c) * HW, xp + (n * C + c) * HW, HW, mp[c], a, b);
+      for (int64_t n = 0; n < N; ++n) {
+        const float *gr = gp + (n * C + c) * HW, *xr = xp + (n * C + c) * HW;
+        const double m = mp[c];
+        const auto g = [gr](int64_t i) { return double(gr[i]); };
+        lane_sums_d(HW, a, b, g, [&](int64_t i) { return g(i) * (double(xr[i]) - m); });
+      }
       s1[c] = a, s2[c] = b * double(sp[c]);
     }
   } else {

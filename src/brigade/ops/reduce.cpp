@@ -130,13 +130,9 @@ Tensor spatial_mean(const Tensor& x, bool keepdim) {
   if (is_half(x)) return round_to(spatial_mean(f32_of(x), keepdim), x.dtype());
   const int64_t N = x.size(0), C = x.size(1), HW = x.size(2) * x.size(3);
   BRIGADE_CHECK(HW > 0, ShapeError, "spatial_mean: x {} has no spatial positions", shape_str(x.shape()));
-  const Tensor xc = x.contiguous();
-  Tensor y = keepdim ? Tensor::empty({N, C, 1, 1}) : Tensor::empty({N, C});  // (N, C[, 1, 1])
-  const float* xp = xc.data<float>();
-  float* yp = y.data<float>();
   // the oracle's own code, one plane per iteration: cpu and ref agree bitwise
-  for_each_plane(N * C, HW, [&](int64_t p) { ref::spatial_mean<float>(1, HW, xp + p * HW, yp + p); });
-  return y;
+  return map_planes(x, keepdim ? Shape{N, C, 1, 1} : Shape{N, C}, HW,  // (N, C[, 1, 1])
+                    [&](int64_t, const float* xp, float* yp) { ref::spatial_mean<float>(1, HW, xp, yp); });
 }
 
 Tensor spatial_mean_backward(const Tensor& gy, const Shape& x_shape) {
@@ -148,12 +144,8 @@ Tensor spatial_mean_backward(const Tensor& gy, const Shape& x_shape) {
                 "spatial_mean_backward: gy must be ({}, {}) or ({}, {}, 1, 1) for x {}, got {}", N, C, N, C,
                 shape_str(x_shape), shape_str(gy.shape()));
   if (is_half(gy)) return round_to(spatial_mean_backward(f32_of(gy), x_shape), gy.dtype());
-  const Tensor gc = gy.contiguous();
-  Tensor gx = Tensor::empty(x_shape);  // (N, C, H, W)
-  const float* gp = gc.data<float>();
-  float* gxp = gx.data<float>();
-  for_each_plane(N * C, HW, [&](int64_t p) { ref::spatial_mean_backward<float>(1, HW, gp + p, gxp + p * HW); });
-  return gx;
+  return map_planes(gy, x_shape, HW,  // (N, C, H, W)
+                    [&](int64_t, const float* gp, float* gxp) { ref::spatial_mean_backward<float>(1, HW, gp, gxp); });
 }
 
 }  // namespace brigade::ops

@@ -467,6 +467,17 @@ std::unique_ptr<Task> make_lm_task(const Recipe& r) {
   return causal_lm_task(r, std::move(model));
 }
 
+// An image classifier over the model m, seeded: its module, forward and flops per image.
+template <class M>
+ImageClassifier image_classifier(const std::shared_ptr<M>& m, const Recipe& r, double flops_per_image) {
+  seeded(*m, r);
+  ImageClassifier c;
+  c.module = m;
+  c.forward = [p = m.get()](const Tensor& x) { return p->forward(x); };
+  c.flops_per_image = flops_per_image;
+  return c;
+}
+
 std::unique_ptr<Task> make_bert_task(const Recipe& r) {
   auto model = std::make_unique<models::BERT>(bert_config(r.model));
   seeded(*model, r);
@@ -475,11 +486,7 @@ std::unique_ptr<Task> make_bert_task(const Recipe& r) {
 
 std::unique_ptr<Task> make_vit_task(const Recipe& r) {
   auto vit = std::make_shared<models::ViT>(vit_config(r.model));
-  seeded(*vit, r);
-  ImageClassifier c;
-  c.module = vit;
-  c.forward = [m = vit.get()](const Tensor& x) { return m->forward(x); };
-  c.flops_per_image = vit->flops_per_image();
+  ImageClassifier c = image_classifier(vit, r, vit->flops_per_image());
   c.dropout = &vit->dropout_generator();
   c.description = fmt::format("ViT {} layers, {} dims, {} heads, patch {}", r.model.n_layer, r.model.n_embd,
                               r.model.n_head, r.model.patch_size);
@@ -501,11 +508,7 @@ std::unique_ptr<Task> make_vit_task(const Recipe& r) {
 
 std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
   auto resnet = std::make_shared<models::ResNet>(resnet_config(r.model));
-  seeded(*resnet, r);
-  ImageClassifier c;
-  c.module = resnet;
-  c.forward = [m = resnet.get()](const Tensor& x) { return m->forward(x); };
-  c.flops_per_image = resnet->flops_per_image(r.model.image_size);
+  ImageClassifier c = image_classifier(resnet, r, resnet->flops_per_image(r.model.image_size));
   c.buffers = resnet->named_buffers();
   c.description = fmt::format("ResNet-{} layout, width {}, {} stem{}", r.model.type == "resnet50" ? 50 : 18,
                               r.model.width, r.model.stem == "imagenet" ? "ImageNet" : "small-input",
@@ -515,11 +518,7 @@ std::unique_ptr<Task> make_resnet_task(const Recipe& r) {
 
 std::unique_ptr<Task> make_swin_task(const Recipe& r) {
   auto swin = std::make_shared<models::Swin>(swin_config(r.model));
-  seeded(*swin, r);
-  ImageClassifier c;
-  c.module = swin;
-  c.forward = [m = swin.get()](const Tensor& x) { return m->forward(x); };
-  c.flops_per_image = swin->flops_per_image();
+  ImageClassifier c = image_classifier(swin, r, swin->flops_per_image());
   c.description = fmt::format("Swin, embed {}, depths {}, window {}, patch {}", r.model.n_embd,
                               r.model.depths.empty() ? "2,2" : r.model.depths, r.model.window_size, r.model.patch_size);
   return image_classification_task(r, std::move(c));

@@ -1,16 +1,25 @@
-// Loads and stores of the native 16-bit cpu kernels (implemented in cpu/cast.cpp with
-// the same vectorised conversions as cast, so bitwise the scalar definitions of
-// core/dtype.h): 16-bit (or f32) values are widened exactly into small f32 buffers, the
-// f32 arithmetic runs there, and results are rounded once on the way out. All serial:
-// the kernels call them inside their own parallel loops. Internal to ops/cpu.
+// Internal to ops/cpu: the loads and stores of the native 16-bit kernels (implemented in
+// cpu/cast.cpp with the vectorised conversions of cast, so bitwise the scalar definitions of
+// core/dtype.h: 16-bit values are widened exactly into small f32 buffers, the f32 arithmetic
+// runs there, results are rounded once on the way out), the piece and row walks built on them,
+// and the parallel thresholds that several kernel files share. The loads and stores are serial.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <utility>
 #include <vector>
 
 #include "brigade/ops/cpu/kernels.h"
 
 namespace brigade::ops::cpu {
+
+// Below these many elements a kernel stays serial: elementwise maps, sums and gathers; row
+// kernels (norms, softmax, losses), whose rows carry more work per element.
+constexpr int64_t kMapParallelMin = 1 << 15;
+constexpr int64_t kRowParallelMin = 1 << 14;
+// Elements per piece of the 16-bit piece walks (per-thread f32 buffers on the stack).
+constexpr int64_t kPiece = 1024;
 
 // out[0:n] = the n contiguous values of dtype dt at in, widened exactly.
 void load_f32(DType dt, int64_t n, const void* in, float* out);
@@ -76,6 +85,52 @@ constexpr int64_t kWidenChunk = 256;
 template <class F>
 inline void for_chunks(int64_t C, F&& f) {
   for (int64_t c0 = 0; c0 < C; c0 += kWidenChunk) f(c0, std::min(kWidenChunk, C - c0));
+}
+
+// acc[0:w] += the logical elements [i0, i0 + w) of x: contiguous bf16 is widened in the loop
+// (a shift), anything else through the buffer t (w floats).
+inline void accumulate(const Strided& x, bool contig, int64_t i0, int64_t w, float* acc, float* t) {
+  if (contig && x.dt == DType::BF16) {
+    const uint16_t* h = static_cast<const uint16_t*>(x.p) + i0;
+#pragma omp simd
+    for (int64_t c = 0; c < w; ++c) acc[c] += bf16_to_float(h[c]);
+    return;
+  }
+  if (contig)
+    load_f32(x.dt, w, static_cast<const char*>(x.p) + size_t(i0) * dtype_size(x.dt), t);
+  else
+    gather_f32(x, i0, w, t);
+#pragma omp simd
+  for (int64_t c = 0; c < w; ++c) acc[c] += t[c];
+}
+
+inline float row_max(int64_t C, const float* x) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
+  return m;
+}
+
+// For each of the N rows of C elements: row n of every input widened into per-thread f32
+// buffers, row(n, inputs..., out) computing the f32 output row, which is stored rounded to
+// dtype ot at row n of y. Parallel over rows above kRowParallelMin elements, static schedule.
+template <typename Row, typename... In>
+void map_rows16(int64_t N, int64_t C, DType ot, void* y, Row row, const In&... in) {
+  constexpr size_t K = sizeof...(In);
+  const size_t eo = dtype_size(ot);
+#pragma omp parallel if (N * C > kRowParallelMin)
+  {
+    std::vector<float> buf(static_cast<size_t>((K + 1) * C));
+    float* out = buf.data() + K * C;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      size_t k = 0;
+      (gather_f32(in, n * C, C, buf.data() + (k++) * C), ...);
+      [&]<size_t... I>(std::index_sequence<I...>) { row(n, (buf.data() + I * C)..., out); }
+      (std::make_index_sequence<K>{});
+      store_f32(ot, C, out, static_cast<char*>(y) + size_t(n * C) * eo);
+    }
+  }
 }
 
 }  // namespace brigade::ops::cpu

@@ -130,22 +130,22 @@ void unary16(UnaryOp op, double s, const Strided& a, DType ot, void* out);
 // In place (dst.p is written through its strides): dst += alpha * src; dst *= s.
 void axpy16(const Strided& dst, const Strided& src, double alpha);
 void scale16(const Strided& dst, double s);
-// reduce_sum above on the logical elements of `in` (so: output strides over in.shape, 0 on
-// reduced dims), out (out_numel values) in dtype ot.
-void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType ot, void* out);
 void gelu16(const Strided& x, DType ot, void* y);
 void gelu_backward16(const Strided& gy, const Strided& x, DType ot, void* gx);
-// gy: logical (N, C); gw (V, C) in dtype ot.
+// cpu/reduce.cpp: reduce_sum above on the logical elements of `in` (so: output strides over
+// in.shape, 0 on reduced dims), out (out_numel values) in dtype ot. x, gy, y: logical (N, C).
+void reduce_sum16(const Strided& in, const int64_t* so, int64_t out_numel, DType ot, void* out);
+void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y);
+void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx);
+// cpu/embedding.cpp. gy: logical (N, C); gw (V, C) in dtype ot.
 void embedding_backward16(int64_t N, int64_t C, int64_t V, const Strided& gy, const int64_t* ids, DType ot, void* gw);
 
-// cpu/norm.cpp. x, gy, y, logits: logical (N, C) / (N, V). w, b, mean, rstd, lse: f32.
+// cpu/norm.cpp, cpu/loss.cpp. x, gy, logits: logical (N, C) / (N, V). w, b, mean, rstd, lse: f32.
 void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot, void* y,
                   float* mean, float* rstd);
 // gx in dtype ot; gw, gb f32 (C).
 void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& x, const float* w, const float* mean,
                            const float* rstd, DType ot, void* gx, float* gw, float* gb);
-void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y);
-void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx);
 int64_t cross_entropy16(int64_t N, int64_t V, const Strided& logits, const int64_t* targets, int64_t ignore_index,
                         float* loss, float* lse);
 void cross_entropy_backward16(int64_t N, int64_t V, double gloss, const Strided& logits, const int64_t* targets,

@@ -1,31 +1,16 @@
-// Row kernels: layer and RMS norm, batch norm, softmax and the fused log-softmax + cross-entropy
-// (oracles: ops/ref/norm.h, ops/ref/loss.h). One row per iteration of a static `omp for`; weight
-// gradients sum fixed row blocks, so results do not depend on the thread count.
-#include <omp.h>
-
+// Normalisation kernels: layer and RMS norm, batch norm (oracle: ops/ref/norm.h), f32 and native
+// 16-bit. One row per iteration of a static `omp for`; weight gradients sum fixed row blocks, so
+// results do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
-#include <limits>
-#include <utility>
 #include <vector>
 
 #include "brigade/ops/cpu/io16.h"
-#include "brigade/ops/cpu/kernels.h"
-#include "brigade/ops/cpu/vec_math.h"
 #include "brigade/ops/cpu/workspace.h"
 
 namespace brigade::ops::cpu {
 
 namespace {
-constexpr int64_t kParallelMin = 1 << 14;
-
-inline float row_max(int64_t C, const float* x) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t c = 0; c < C; ++c) m = std::max(m, x[c]);
-  return m;
-}
-
 // One row of each kernel, shared by the f32 kernels and their native 16-bit variants (which
 // call them on rows widened into per-thread buffers).
 inline void layer_norm_row(int64_t C, const float* xr, const float* w, const float* b, float epsf, float* yr,
@@ -66,42 +51,6 @@ inline void layer_norm_backward_row(int64_t C, const float* gr, const float* xr,
   }
 }
 
-inline void softmax_row(int64_t C, const float* xr, float* yr) {
-  const float m = row_max(C, xr);
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t c = 0; c < C; ++c) {
-    yr[c] = fast_exp(xr[c] - m);
-    s += yr[c];
-  }
-  const float inv = 1.0f / s;
-#pragma omp simd
-  for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
-}
-
-inline void softmax_backward_row(int64_t C, const float* gr, const float* yr, float* gxr) {
-  float d = 0.f;
-#pragma omp simd reduction(+ : d)
-  for (int64_t c = 0; c < C; ++c) d += gr[c] * yr[c];
-#pragma omp simd
-  for (int64_t c = 0; c < C; ++c) gxr[c] = yr[c] * (gr[c] - d);
-}
-
-inline float logsumexp_row(int64_t V, const float* xr) {
-  const float m = row_max(V, xr);
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t j = 0; j < V; ++j) s += fast_exp(xr[j] - m);
-  return m + std::log(s);
-}
-
-// g * softmax(xr) - g * onehot(t), from the row's lse l.
-inline void cross_entropy_backward_row(int64_t V, const float* xr, float g, float l, int64_t t, float* gr) {
-#pragma omp simd
-  for (int64_t j = 0; j < V; ++j) gr[j] = g * fast_exp(xr[j] - l);
-  gr[t] -= g;
-}
-
 // The block structure of the layer-norm backward (f32 and native 16-bit): gx row by row, gw / gb
 // partial sums per fixed block of kRows rows, then summed over the blocks in order (so the result
 // does not depend on the thread count). make_row() runs once per thread and gives the function
@@ -111,7 +60,7 @@ void layer_norm_backward_blocks(int64_t N, int64_t C, float* gw, float* gb, Make
   constexpr int64_t kRows = 32;
   const int64_t nb = (N + kRows - 1) / kRows;
   std::vector<float> part(static_cast<size_t>(nb * 2 * C));  // (nb, 2, C): gw, gb partials
-#pragma omp parallel if (N * C > kParallelMin)
+#pragma omp parallel if (N * C > kRowParallelMin)
   {
     auto row = make_row();
 #pragma omp for schedule(static)
@@ -140,7 +89,7 @@ void layer_norm_backward_blocks(int64_t N, int64_t C, float* gw, float* gb, Make
 void layer_norm(int64_t N, int64_t C, const float* x, const float* w, const float* b, double eps, float* y, float* mean,
                 float* rstd) {
   const float epsf = float(eps);
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
+#pragma omp parallel for schedule(static) if (N * C > kRowParallelMin)
   for (int64_t n = 0; n < N; ++n) layer_norm_row(C, x + n * C, w, b, epsf, y + n * C, mean + n, rstd + n);
 }
 
@@ -155,83 +104,9 @@ void layer_norm_backward(int64_t N, int64_t C, const float* gy, const float* x, 
   });
 }
 
-// ---------------------------------------------------------------- softmax (last dim)
-
-void softmax(int64_t N, int64_t C, const float* x, float* y) {
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) softmax_row(C, x + n * C, y + n * C);
-}
-
-void softmax_backward(int64_t N, int64_t C, const float* gy, const float* y, float* gx) {
-  // Backward of `y = softmax(x)`: gx = y * (gy - sum(gy * y)).
-#pragma omp parallel for schedule(static) if (N * C > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) softmax_backward_row(C, gy + n * C, y + n * C, gx + n * C);
-}
-
-// ---------------------------------------------------------------- fused log-softmax + cross-entropy
-
-int64_t cross_entropy(int64_t N, int64_t V, const float* logits, const int64_t* targets, int64_t ignore_index,
-                      float* loss, float* lse) {
-  // One pass for the max, one for sum(exp); nothing of size V is written.
-#pragma omp parallel for schedule(static) if (N * V > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) lse[n] = logsumexp_row(V, logits + n * V);
-  double total = 0.0;  // serial, in row order
-  int64_t count = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    if (targets[n] == ignore_index) continue;
-    total += double(lse[n]) - double(logits[n * V + targets[n]]);
-    ++count;
-  }
-  *loss = count ? float(total / double(count)) : std::numeric_limits<float>::quiet_NaN();
-  return count;
-}
-
-void cross_entropy_backward(int64_t N, int64_t V, double gloss, const float* logits, const int64_t* targets,
-                            const float* lse, int64_t ignore_index, float* glogits) {
-  // Backward of `loss = mean(lse[n] - logits[n, t[n]])`: gloss * (softmax - onehot) / count,
-  // written straight into glogits.
-  int64_t count = 0;
-  for (int64_t n = 0; n < N; ++n) count += targets[n] != ignore_index;
-#pragma omp parallel for schedule(static) if (N * V > kParallelMin)
-  for (int64_t n = 0; n < N; ++n) {
-    float* gr = glogits + n * V;
-    if (targets[n] == ignore_index || count == 0) {
-      std::fill(gr, gr + V, 0.f);
-      continue;
-    }
-    cross_entropy_backward_row(V, logits + n * V, float(gloss / double(count)), lse[n], targets[n], gr);
-  }
-}
-
 // ---------------------------------------------------------------- native 16-bit variants (see kernels.h)
 // Each row is widened into a per-thread f32 buffer, the f32 row function runs there, and the
 // output row is rounded once as it is stored. Same thresholds, splits and sums as above.
-
-namespace {
-
-// For each of the N rows of C elements: row n of every input widened into per-thread f32
-// buffers, row(n, inputs..., out) computing the f32 output row, which is stored rounded to
-// dtype ot at row n of y. Parallel over rows above kParallelMin elements, static schedule.
-template <typename Row, typename... In>
-void map_rows16(int64_t N, int64_t C, DType ot, void* y, Row row, const In&... in) {
-  constexpr size_t K = sizeof...(In);
-  const size_t eo = dtype_size(ot);
-#pragma omp parallel if (N * C > kParallelMin)
-  {
-    std::vector<float> buf(static_cast<size_t>((K + 1) * C));
-    float* out = buf.data() + K * C;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      size_t k = 0;
-      (gather_f32(in, n * C, C, buf.data() + (k++) * C), ...);
-      [&]<size_t... I>(std::index_sequence<I...>) { row(n, (buf.data() + I * C)..., out); }
-      (std::make_index_sequence<K>{});
-      store_f32(ot, C, out, static_cast<char*>(y) + size_t(n * C) * eo);
-    }
-  }
-}
-
-}  // namespace
 
 void layer_norm16(int64_t N, int64_t C, const Strided& x, const float* w, const float* b, double eps, DType ot, void* y,
                   float* mean, float* rstd) {
@@ -257,68 +132,6 @@ void layer_norm_backward16(int64_t N, int64_t C, const Strided& gy, const Stride
     };
   });
 }
-
-void softmax16(int64_t N, int64_t C, const Strided& x, DType ot, void* y) {
-  map_rows16(
-      N, C, ot, y, [&](int64_t, const float* xr, float* yr) { softmax_row(C, xr, yr); }, x);
-}
-
-void softmax_backward16(int64_t N, int64_t C, const Strided& gy, const Strided& y, DType ot, void* gx) {
-  map_rows16(
-      N, C, ot, gx,
-      [&](int64_t, const float* gr, const float* yr, float* gxr) { softmax_backward_row(C, gr, yr, gxr); }, gy, y);
-}
-
-int64_t cross_entropy16(int64_t N, int64_t V, const Strided& logits, const int64_t* targets, int64_t ignore_index,
-                        float* loss, float* lse) {
-#pragma omp parallel if (N * V > kParallelMin)
-  {
-    std::vector<float> xr(static_cast<size_t>(V));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      gather_f32(logits, n * V, V, xr.data());
-      lse[n] = logsumexp_row(V, xr.data());
-    }
-  }
-  double total = 0.0;  // serial, in row order
-  int64_t count = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    if (targets[n] == ignore_index) continue;
-    float xt;
-    gather_f32(logits, n * V + targets[n], 1, &xt);
-    total += double(lse[n]) - double(xt);
-    ++count;
-  }
-  *loss = count ? float(total / double(count)) : std::numeric_limits<float>::quiet_NaN();
-  return count;
-}
-
-void cross_entropy_backward16(int64_t N, int64_t V, double gloss, const Strided& logits, const int64_t* targets,
-                              const float* lse, int64_t ignore_index, DType ot, void* glogits) {
-  int64_t count = 0;
-  for (int64_t n = 0; n < N; ++n) count += targets[n] != ignore_index;
-  const size_t eo = dtype_size(ot);
-#pragma omp parallel if (N * V > kParallelMin)
-  {
-    std::vector<float> buf(static_cast<size_t>(2 * V));
-    float* xr = buf.data();
-    float* gr = xr + V;
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      if (targets[n] == ignore_index || count == 0) {
-        std::fill(gr, gr + V, 0.f);
-      } else {
-        gather_f32(logits, n * V, V, xr);
-        cross_entropy_backward_row(V, xr, float(gloss / double(count)), lse[n], targets[n], gr);
-      }
-      store_f32(ot, V, gr, static_cast<char*>(glogits) + size_t(n * V) * eo);
-    }
-  }
-}
-
-}  // namespace brigade::ops::cpu
-
-namespace brigade::ops::cpu {
 
 // RMSNorm and its backward.
 void rms_norm(int64_t N, int64_t C, const float* x, const float* w, double eps, float* y, float* rstd) {

@@ -123,6 +123,19 @@ void batch_norm2d(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, cons
   }
 }
 
+// sum gy and sum gy xhat (xhat = (x - m) r) over channel c, in n then hw order.
+template <typename T>
+void grad_sums_channel(int64_t N, int64_t C, int64_t HW, int64_t c, const T* gy, const T* x, double m, double r,
+                       double& sg, double& sgx) {
+  sg = 0, sgx = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t i = 0; i < HW; ++i) {
+      const int64_t k = (n * C + c) * HW + i;
+      sg += double(gy[k]);
+      sgx += double(gy[k]) * (double(x[k]) - m) * r;
+    }
+}
+
 // Channels [c0, c1) of the batch-norm backward (see ops::batch_norm2d_backward).
 template <typename T, typename S>
 void batch_norm2d_backward(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* gy, const T* x,
@@ -130,13 +143,8 @@ void batch_norm2d_backward(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t
   const double M = double(N * HW);
   for (int64_t c = c0; c < c1; ++c) {
     const double m = double(mean[c]), r = double(rstd[c]), wc = double(w[c]);
-    double sg = 0, sgx = 0;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i = 0; i < HW; ++i) {
-        const int64_t k = (n * C + c) * HW + i;
-        sg += double(gy[k]);
-        sgx += double(gy[k]) * (double(x[k]) - m) * r;
-      }
+    double sg, sgx;
+    grad_sums_channel(N, C, HW, c, gy, x, m, r, sg, sgx);
     gw[c] = T(sgx);
     gb[c] = T(sg);
     for (int64_t n = 0; n < N; ++n)
@@ -167,18 +175,8 @@ void batch_norm2d_sums(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1,
 template <typename T, typename S>
 void batch_norm2d_grad_sums(int64_t N, int64_t C, int64_t HW, int64_t c0, int64_t c1, const T* gy, const T* x,
                             const S* mean, const S* rstd, double* s1, double* s2) {
-  for (int64_t c = c0; c < c1; ++c) {
-    const double m = double(mean[c]), r = double(rstd[c]);
-    double a = 0, b = 0;
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i = 0; i < HW; ++i) {
-        const int64_t k = (n * C + c) * HW + i;
-        a += double(gy[k]);
-        b += double(gy[k]) * (double(x[k]) - m) * r;
-      }
-    s1[c] = a;
-    s2[c] = b;
-  }
+  for (int64_t c = c0; c < c1; ++c)
+    grad_sums_channel(N, C, HW, c, gy, x, double(mean[c]), double(rstd[c]), s1[c], s2[c]);
 }
 // gx = w r (gy - s1 / M - xhat s2 / M)
 template <typename T, typename S>
