@@ -35,8 +35,9 @@ namespace fs = std::filesystem;
 namespace {
 
 using brigade::test_support::CmdResult;
+using brigade::test_support::json_file;
 using brigade::test_support::kMpirun;
-using brigade::test_support::slurp;
+using brigade::test_support::per_step;
 
 // tests/cli's tiny recipe, one thread per process, 20 steps, evaluation at 10 and 20;
 // batch_size 8 is the single-process reference (the global batch of every run here).
@@ -93,25 +94,10 @@ class DpTrain : public ::testing::Test {
     return curve(out_dir);
   }
   Curve curve(const std::string& out_dir) {
-    Curve c;
-    std::ifstream f(dir_ / out_dir / "metrics.jsonl");
-    for (std::string line; std::getline(f, line);) {
-      const auto j = nlohmann::json::parse(line);
-      const int64_t step = j.at("step");
-      if (j.contains("loss")) c.loss[step] = j["loss"];
-      if (j.contains("val_loss")) c.val_loss[step] = j["val_loss"];
-      if (j.contains("bytes_sent")) c.bytes_sent[step] = j["bytes_sent"];
-    }
-    return c;
+    const fs::path m = dir_ / out_dir / "metrics.jsonl";
+    return {per_step(m, "loss"), per_step(m, "val_loss"), per_step<int64_t>(m, "bytes_sent")};
   }
-  nlohmann::json memory(const std::string& out_dir) {
-    const fs::path p = dir_ / out_dir / "memory.json";
-    if (!fs::exists(p)) {
-      ADD_FAILURE() << "no " << p;
-      return nlohmann::json::object();
-    }
-    return nlohmann::json::parse(slurp(p));
-  }
+  nlohmann::json memory(const std::string& out_dir) { return json_file(dir_ / out_dir / "memory.json"); }
 
   fs::path dir_;
 };

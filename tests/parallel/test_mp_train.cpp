@@ -35,6 +35,7 @@ namespace {
 
 using brigade::test_support::CmdResult;
 using brigade::test_support::kMpirun;
+using brigade::test_support::per_step;
 using brigade::test_support::slurp;
 
 // Vocabulary 127, 5 blocks of 4 heads (seed 11), 10 steps of 8 rows, an evaluation every 5 steps.
@@ -72,24 +73,10 @@ class MpTrain : public ::testing::Test {
     return curve(out_dir);
   }
   Curve curve(const std::string& out_dir) {
-    Curve c;
-    std::ifstream f(dir_ / out_dir / "metrics.jsonl");
-    for (std::string line; std::getline(f, line);) {
-      const auto j = nlohmann::json::parse(line);
-      const int64_t step = j.at("step");
-      if (j.contains("loss")) c.loss[step] = j["loss"];
-      if (j.contains("val_loss")) c.val_loss[step] = j["val_loss"];
-    }
-    return c;
+    const fs::path m = dir_ / out_dir / "metrics.jsonl";
+    return {per_step(m, "loss"), per_step(m, "val_loss")};
   }
-  nlohmann::json json_file(const std::string& rel) {
-    const fs::path p = dir_ / rel;
-    if (!fs::exists(p)) {
-      ADD_FAILURE() << "no " << p;
-      return nlohmann::json::object();
-    }
-    return nlohmann::json::parse(slurp(p));
-  }
+  nlohmann::json json_file(const std::string& rel) { return brigade::test_support::json_file(dir_ / rel); }
 
   fs::path dir_;
 };

@@ -1,7 +1,7 @@
 // The tiny GPT recipe the end-to-end tests train through the `brigade` binary (tests/cli,
 // tests/parallel), written once: its TOML text with the keys a test changes, a test folder
 // holding the tiny corpus and that recipe, and the binary run in that folder (as one process,
-// under mpirun, or in the background until a signal). Needs BRIGADE_BINARY_DIR (defined for
+// under mpirun, or in the background until a signal), and what a run wrote. Needs BRIGADE_BINARY_DIR (defined for
 // brigade_test targets); kMpirun needs BRIGADE_MPIRUN.
 #pragma once
 #include <signal.h>
@@ -10,6 +10,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <utility>
@@ -85,6 +87,27 @@ inline std::filesystem::path write_tiny_run(const std::filesystem::path& dir, co
 inline CmdResult run_brigade(const std::filesystem::path& dir, const std::string& args, int np = 0,
                              const std::string& mpirun = "", const std::string& env = "", int limit_s = 300) {
   return run_in(dir, launcher(np, mpirun, env, limit_s) + " " + kBrigade + " " + args);
+}
+
+// The value of `key` at each step of a run's metrics.jsonl that logs it.
+template <class T = double>
+std::map<int64_t, T> per_step(const std::filesystem::path& metrics, const std::string& key) {
+  std::map<int64_t, T> out;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out[j.at("step").get<int64_t>()] = j[key].get<T>();
+  }
+  return out;
+}
+
+// The JSON file `p` (a test failure, and an empty object, where it is missing).
+inline nlohmann::json json_file(const std::filesystem::path& p) {
+  if (!std::filesystem::exists(p)) {
+    ADD_FAILURE() << "no " << p;
+    return nlohmann::json::object();
+  }
+  return nlohmann::json::parse(slurp(p));
 }
 
 // Starts `brigade <args>` in `dir` in the background (`env` settings before it), waits until
