@@ -4,8 +4,6 @@
 // of B rows equals one step of N*B rows; the ramp and noise-scale rules are
 // recomputed here from the logged values.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -17,64 +15,30 @@
 #include "brigade/core/error.h"
 #include "brigade/train/accumulation.h"
 #include "brigade/train/config.h"
-#include "support/test_support.h"
+#include "support/recipes.h"
 
 namespace fs = std::filesystem;
 using namespace brigade;
 
 namespace {
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
-
-const char* kRecipe = R"(
-[run]
-name = "acc"
-out_dir = "run"
-seed = 11
-threads = 1
-[model]
-vocab_size = 128
-block_size = 32
-n_layer = 2
-n_head = 2
-n_embd = 32
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 12
-batch_size = 8
-seq_len = 32
-eval_every = 6
-eval_batches = 2
-log_every = 1
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 2
-min_lr = 3e-4
-)";
+// 12 steps of 8 rows ("acc", seed 11), an evaluation every 6 steps, no checkpoint_every key.
+const std::string kRecipe =
+    test_support::tiny_gpt_recipe({"run.name=\"acc\"", "run.seed=11", "train.eval_every=6", "train.checkpoint_every"});
 
 class Accumulation : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("brigade_acc_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    test_support::write_tiny_corpus(dir_ / "corpus.txt");
-    std::ofstream(dir_ / "acc.toml") << kRecipe;
+    dir_ = test_support::write_tiny_run(test_support::fresh_test_dir("brigade_acc"), kRecipe, "acc.toml");
   }
   void TearDown() override { fs::remove_all(dir_); }
 
+  // `brigade train acc.toml` with `args`: its exit status (its stderr in err()).
   int train(const std::string& args) {
-    const std::string cmd = "cd '" + dir_.string() + "' && timeout 300 " + kBin +
-                            " train acc.toml --quiet --no-sample " + args + " > out.txt 2> err.txt";
-    const int st = std::system(cmd.c_str());
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    last_ = test_support::run_brigade(dir_, "train acc.toml --quiet --no-sample " + args);
+    return last_.code;
   }
-  std::string err() const { return test_support::slurp(dir_ / "err.txt"); }
+  std::string err() const { return last_.err; }
   // Step records ("loss") and eval records ("val_loss") of a run.
   std::vector<nlohmann::json> records(const std::string& out, const char* key) const {
     std::vector<nlohmann::json> v;
@@ -90,6 +54,7 @@ class Accumulation : public ::testing::Test {
     return nlohmann::json::parse(f);
   }
   fs::path dir_;
+  test_support::CmdResult last_;
 };
 
 TEST_F(Accumulation, MicroStepsEqualOneBigBatchWithLessActivationMemory) {

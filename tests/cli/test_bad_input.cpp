@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 
 namespace fs = std::filesystem;
 using brigade::test_support::CmdResult;
@@ -31,41 +31,10 @@ using brigade::test_support::slurp;
 
 namespace {
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
-
-// The tiny GPT of test_recovery.cpp, 4 steps, one thread, a checkpoint every 2 steps.
-const char* kTiny = R"([run]
-name = "tiny"
-out_dir = "run"
-seed = 7
-threads = 1
-[model]
-vocab_size = 128
-block_size = 32
-n_layer = 2
-n_head = 2
-n_embd = 32
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 4
-batch_size = 4
-seq_len = 32
-eval_every = 0
-eval_batches = 2
-log_every = 1
-checkpoint_every = 2
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 2
-min_lr = 3e-4
-[sample]
-prompt = "And the king"
-tokens = 4
-)";
+// The tiny GPT, 4 steps of 4 rows, a checkpoint every 2 steps, a 4-token sample.
+const std::string kTiny =
+    brigade::test_support::tiny_gpt_recipe({"train.steps=4", "train.batch_size=4", "train.checkpoint_every=2",
+                                            "sample.prompt=\"And the king\"", "sample.tokens=4"});
 
 // A tiny ViT on Fashion-MNIST in the folder `fashion` (which no case provides intact).
 const char* kVit = R"([run]
@@ -203,7 +172,7 @@ const std::vector<Case>& cases() {
        {"recipe tiny.toml:", "unknown key 'optim.lrr'", "did you mean 'optim.lr'?", "docs/recipes.md"}},
       {"recipe-unknown-section",
        {},
-       [] { put("tiny.toml", std::string(kTiny) + "[extra]\nfoo = 1\n"); },
+       [] { put("tiny.toml", kTiny + "[extra]\nfoo = 1\n"); },
        "train tiny.toml --no-sample",
        {"recipe tiny.toml:", "unknown section '[extra]'", "sections are [run]"}},
       {"recipe-wrong-type",
@@ -505,8 +474,7 @@ class BadInput : public ::testing::TestWithParam<Case> {
       const fs::path d = fs::temp_directory_path() / ("brigade_bad_input_template_" + std::to_string(::getpid()));
       fs::remove_all(d);
       fs::create_directories(d);
-      brigade::test_support::write_tiny_corpus(d / "corpus.txt");
-      std::ofstream(d / "tiny.toml") << kTiny;
+      brigade::test_support::write_tiny_run(d, kTiny);
       for (const std::string cmd :
            {"prepare tiny.toml", "train tiny.toml --no-sample --quiet", "export --ckpt run/checkpoint --out hf",
             "prepare tiny.toml --set model.vocab_size=256 --set data.dir=d256"}) {
@@ -521,8 +489,7 @@ class BadInput : public ::testing::TestWithParam<Case> {
     return dir;
   }
   static CmdResult run(const fs::path& dir, const std::string& args) {
-    return brigade::test_support::run_in(
-        dir, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1", /*limit_s=*/60) + " " + kBin + " " + args);
+    return brigade::test_support::run_brigade(dir, args, 0, "", "OMP_NUM_THREADS=1", /*limit_s=*/60);
   }
 };
 

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 
 namespace fs = std::filesystem;
 using namespace brigade;
@@ -30,11 +30,10 @@ namespace {
 using test_support::CmdResult;
 using test_support::slurp;
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 const char* kData = "/usr/share/datasets/fashion-mnist";
 
 CmdResult brigade(const std::string& args, const fs::path& cwd) {
-  return test_support::run_in(cwd, "timeout 120 " + kBin + " " + args);
+  return test_support::run_brigade(cwd, args, 0, "", "", 120);
 }
 
 const char* kVit = R"(
@@ -288,23 +287,11 @@ TEST_F(Classify, StopAndResumeMatchesAnUninterruptedRun) {
 // exit 130; --resume then continues from that step.
 TEST_F(Classify, InterruptCheckpointsAndExits130) {
   write("vit.toml", kVit);
-  const fs::path pidfile = dir_ / "pid";
-  const std::string cmd =
-      "cd '" + dir_.string() + "' && { " + kBin +
-      " train vit.toml --set train.steps=100000 --set run.out_dir=intr >out.txt 2>err.txt & echo $! "
-      ">'" +
-      pidfile.string() + "'; wait $!; echo $? >rc.txt; }";
-  std::thread runner([cmd] { (void)std::system(cmd.c_str()); });
   // signal once a training step is logged (the handler is installed before the loop)
-  const fs::path metrics = dir_ / "intr" / "metrics.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline && !(fs::exists(metrics) && fs::file_size(metrics) > 0))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  while (!fs::exists(pidfile) || slurp(pidfile).empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(::kill(pid_t(std::stol(slurp(pidfile))), SIGINT), 0);
-  runner.join();
-  EXPECT_EQ(std::stoi(slurp(dir_ / "rc.txt")), 130) << slurp(dir_ / "err.txt");
-  EXPECT_NE(slurp(dir_ / "err.txt").find("interrupted at step"), std::string::npos) << slurp(dir_ / "err.txt");
+  const CmdResult r = test_support::interrupt_brigade(
+      dir_, "train vit.toml --set train.steps=100000 --set run.out_dir=intr", dir_ / "intr" / "metrics.jsonl", SIGINT);
+  EXPECT_EQ(r.code, 130) << r.err;
+  EXPECT_NE(r.err.find("interrupted at step"), std::string::npos) << r.err;
   const nlohmann::json state = nlohmann::json::parse(slurp(dir_ / "intr/checkpoint/state.json"));
   const int64_t step = state["step"].get<int64_t>();
   ASSERT_GE(step, 1);

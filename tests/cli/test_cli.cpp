@@ -14,7 +14,7 @@
 #include <sstream>
 #include <string>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 
 namespace fs = std::filesystem;
 using namespace brigade;
@@ -24,54 +24,17 @@ namespace {
 using test_support::CmdResult;
 using test_support::slurp;
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
+// Runs `brigade <args>` in `cwd` with a time limit; captures stdout and stderr.
+CmdResult brigade(const std::string& args, const fs::path& cwd) { return test_support::run_brigade(cwd, args); }
 
-// Runs `args` through the shell with a time limit; captures stdout and stderr.
-CmdResult brigade(const std::string& args, const fs::path& cwd) {
-  return test_support::run_in(cwd, "timeout 300 " + kBin + " " + args);
-}
-
-const char* kRecipe = R"(
-[run]
-name = "tiny"
-out_dir = "run"
-seed = 7
-threads = 2
-[model]
-vocab_size = 128
-block_size = 32
-n_layer = 2
-n_head = 2
-n_embd = 32
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 16
-batch_size = 4
-seq_len = 32
-eval_every = 8
-eval_batches = 2
-log_every = 1
-checkpoint_every = 0
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 4
-min_lr = 3e-4
-[sample]
-prompt = "And the king"
-tokens = 12
-)";
+// 16 steps of 4 rows on two threads, an evaluation every 8 steps, a sample after training.
+const std::string kRecipe =
+    test_support::tiny_gpt_recipe({"run.threads=2", "train.steps=16", "train.batch_size=4", "train.eval_every=8",
+                                   "schedule.warmup_steps=4", "sample.prompt=\"And the king\"", "sample.tokens=12"});
 
 class Cli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = brigade::test_support::fresh_test_dir("brigade_cli");
-    test_support::write_tiny_corpus(dir_ / "corpus.txt");
-    write("tiny.toml", kRecipe);
-  }
+  void SetUp() override { dir_ = test_support::write_tiny_run(test_support::fresh_test_dir("brigade_cli"), kRecipe); }
   void TearDown() override { fs::remove_all(dir_); }
   void write(const std::string& name, const std::string& text) {
     std::ofstream f(dir_ / name);
@@ -130,10 +93,6 @@ TEST_F(Cli, StopAndResumeGivesBitwiseIdenticalLosses) {
   ASSERT_EQ(second.code, 0) << second.err;
   EXPECT_EQ(losses("full"), losses("split"));
   // the checkpoints at the end are identical too
-  auto slurp = [](const fs::path& p) {
-    std::ifstream f(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  };
   EXPECT_EQ(slurp(dir_ / "full/checkpoint/model.safetensors"), slurp(dir_ / "split/checkpoint/model.safetensors"));
   EXPECT_EQ(slurp(dir_ / "full/checkpoint/optimizer.safetensors"),
             slurp(dir_ / "split/checkpoint/optimizer.safetensors"));
@@ -166,16 +125,9 @@ TEST_F(Cli, NothingToResumeAndBadStopAtAreClearErrors) {
 TEST_F(Cli, InterruptCheckpointsAndResumesExactly) {
   // A long run, stopped with SIGINT once a few steps are logged.
   const std::string long_run = "train tiny.toml --quiet --no-sample --set train.steps=100000 --set train.eval_every=0";
-  const std::string script = "cd '" + dir_.string() + "' && (" + kBin + " " + long_run +
-                             " --set run.out_dir=intr >/dev/null 2>intr.err & pid=$!; "
-                             "for i in $(seq 600); do [ -f intr/metrics.jsonl ] && "
-                             "[ $(wc -l < intr/metrics.jsonl) -ge 5 ] && break; sleep 0.1; done; "
-                             "kill -INT $pid; wait $pid; echo $? > intr.code)";
-  ASSERT_EQ(std::system(script.c_str()), 0);
-  std::ifstream code(dir_ / "intr.code");
-  int rc = -1;
-  code >> rc;
-  EXPECT_EQ(rc, 130);
+  const CmdResult r = test_support::interrupt_brigade(dir_, long_run + " --set run.out_dir=intr",
+                                                      dir_ / "intr/metrics.jsonl", SIGINT, 5);
+  EXPECT_EQ(r.code, 130) << r.err;
   const size_t done = losses("intr").size();
   ASSERT_GE(done, 5u);
   std::ifstream st(dir_ / "intr/checkpoint/state.json");
@@ -202,7 +154,7 @@ TEST_F(Cli, TrainPrintsValLossAndSampleThenGenerateContinuesPrompt) {
 }
 
 TEST_F(Cli, UnknownRecipeKeyIsNamed) {
-  write("bad.toml", std::string(kRecipe) + "\n[extra]\nfoo = 1\n");
+  write("bad.toml", kRecipe + "\n[extra]\nfoo = 1\n");
   expect_clean_error(brigade("train bad.toml --quiet", dir_), "extra");
   CmdResult r = brigade("train tiny.toml --quiet --set train.stepz=3", dir_);
   expect_clean_error(r, "train.stepz");
@@ -211,7 +163,7 @@ TEST_F(Cli, UnknownRecipeKeyIsNamed) {
 TEST_F(Cli, MistypedRecipeValueIsNamed) {
   CmdResult r = brigade("train tiny.toml --quiet --set 'train.steps=\"many\"'", dir_);
   expect_clean_error(r, "train.steps");
-  std::string text = std::regex_replace(std::string(kRecipe), std::regex("n_layer = 2"), "n_layer = \"two\"");
+  std::string text = std::regex_replace(kRecipe, std::regex("n_layer = 2"), "n_layer = \"two\"");
   write("typo.toml", text);
   CmdResult r2 = brigade("train typo.toml --quiet", dir_);
   expect_clean_error(r2, "model.n_layer");
@@ -260,11 +212,6 @@ TEST_F(Cli, PromptWithUnknownCharactersIsAClearError) {
 
 // ---- early stopping, loss plots, ablate
 
-std::string slurp_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 // (step, val_loss) of every evaluation in a run's metrics.jsonl, at full precision.
 std::vector<std::pair<int64_t, double>> val_losses(const fs::path& metrics) {
   std::ifstream f(metrics);
@@ -295,7 +242,7 @@ std::pair<int64_t, int64_t> expected_early_stop(const std::vector<std::pair<int6
 
 int64_t state_step(const fs::path& ckpt) {
   std::smatch m;
-  const std::string s = slurp_file(ckpt / "state.json");
+  const std::string s = slurp(ckpt / "state.json");
   std::regex re("\"step\": ([0-9]+)");
   return std::regex_search(s, m, re) ? std::stoll(m[1]) : -1;
 }
@@ -327,7 +274,7 @@ TEST_F(Cli, EarlyStopStopsWhereTheRuleSaysAndKeepsTheBestModel) {
   EXPECT_EQ(evals.back().first, stop);  // it stopped right there
   EXPECT_EQ(losses("es").size(), size_t(stop));
   EXPECT_NE(r.out.find("early stop at step " + std::to_string(stop)), std::string::npos) << r.out;
-  const std::string metrics = slurp_file(dir_ / "es/metrics.jsonl");
+  const std::string metrics = slurp(dir_ / "es/metrics.jsonl");
   EXPECT_NE(metrics.find("\"best_step\":" + std::to_string(best) + ","), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("\"early_stop\":true,\"step\":" + std::to_string(stop) + "}"), std::string::npos) << metrics;
   // best/ is the checkpoint of the best step; checkpoint/ the last one
@@ -341,17 +288,17 @@ TEST_F(Cli, EarlyStopStopsWhereTheRuleSaysAndKeepsTheBestModel) {
               dir_)
           .code,
       0);
-  EXPECT_EQ(slurp_file(dir_ / "es/best/model.safetensors"), slurp_file(dir_ / "ref/checkpoint/model.safetensors"));
+  EXPECT_EQ(slurp(dir_ / "es/best/model.safetensors"), slurp(dir_ / "ref/checkpoint/model.safetensors"));
   // the best checkpoint is a checkpoint: generate reads it
   CmdResult g = brigade("generate --ckpt es/best --prompt 'And the king' --tokens 5", dir_);
   EXPECT_EQ(g.code, 0) << g.err;
   // every run draws loss.svg beside metrics.jsonl: train loss, val loss and the best point
-  const std::string svg = slurp_file(dir_ / "es/loss.svg");
+  const std::string svg = slurp(dir_ / "es/loss.svg");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(polyline_points(svg), (std::vector<size_t>{size_t(stop), evals.size(), 1}));
   EXPECT_NE(svg.find(">step</text>"), std::string::npos);
   EXPECT_NE(svg.find(">val loss</text>"), std::string::npos);
-  EXPECT_EQ(polyline_points(slurp_file(dir_ / "ref/loss.svg")).size(), 2u);
+  EXPECT_EQ(polyline_points(slurp(dir_ / "ref/loss.svg")).size(), 2u);
 }
 
 TEST_F(Cli, EarlyStopStateSurvivesResume) {
@@ -371,7 +318,7 @@ TEST_F(Cli, EarlyStopStateSurvivesResume) {
   EXPECT_EQ(losses("full"), losses("split"));
   EXPECT_EQ(val_losses(dir_ / "full/metrics.jsonl"), val_losses(dir_ / "split/metrics.jsonl"));
   EXPECT_EQ(state_step(dir_ / "split/best"), best);
-  EXPECT_EQ(slurp_file(dir_ / "full/best/model.safetensors"), slurp_file(dir_ / "split/best/model.safetensors"));
+  EXPECT_EQ(slurp(dir_ / "full/best/model.safetensors"), slurp(dir_ / "split/best/model.safetensors"));
   // nothing left to do: resuming a run that stopped early says why and where the best model is
   expect_clean_error(brigade(es + "--set run.out_dir=split --resume", dir_), "early stopping ended the run");
   // early stopping needs periodic evaluations
@@ -383,7 +330,7 @@ TEST_F(Cli, AblateRunsEveryVariantAndWritesTheTableAndThePlot) {
   CmdResult r =
       brigade("ablate tiny.toml --vary train.accumulation=1,2 --vary optim.lr=1e-3,3e-3 --steps 3 --out abl", dir_);
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::string md = slurp_file(dir_ / "abl/ablate.md");
+  const std::string md = slurp(dir_ / "abl/ablate.md");
   const char* rows[] = {
       "| 1 | train.accumulation=1, optim.lr=1e-3 | 3 |", "| 2 | train.accumulation=1, optim.lr=3e-3 | 3 |",
       "| 3 | train.accumulation=2, optim.lr=1e-3 | 3 |", "| 4 | train.accumulation=2, optim.lr=3e-3 | 3 |"};
@@ -395,10 +342,10 @@ TEST_F(Cli, AblateRunsEveryVariantAndWritesTheTableAndThePlot) {
   EXPECT_NE(md.find("tokens/s"), std::string::npos);
   EXPECT_NE(md.find("activations MiB"), std::string::npos);
   EXPECT_NE(md.find("![train loss of every variant](ablate.svg)"), std::string::npos);
-  const std::string svg = slurp_file(dir_ / "abl/ablate.svg");
+  const std::string svg = slurp(dir_ / "abl/ablate.svg");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_EQ(polyline_points(svg), (std::vector<size_t>{3, 3, 3, 3}));
-  const std::string json = slurp_file(dir_ / "abl/ablate.json");
+  const std::string json = slurp(dir_ / "abl/ablate.json");
   EXPECT_EQ(std::regex_search(json, std::regex("\"ok\": true")), true) << json;
   // every variant is an ordinary run folder (log_every = 1, the given steps, its own loss.svg)
   size_t runs = 0;
@@ -529,13 +476,13 @@ TEST_F(Cli, AblatePrecisionRecomputeAndAccumulation) {
       "--vary train.accumulation=1,2 --steps 2 --out abl",
       dir_);
   ASSERT_EQ(r.code, 0) << r.err;
-  const std::string md = slurp_file(dir_ / "abl/ablate.md");
+  const std::string md = slurp(dir_ / "abl/ablate.md");
   EXPECT_NE(md.find("| 1 | precision.level=O0, memory.recompute=none, train.accumulation=1 | 2 |"), std::string::npos)
       << md;
   EXPECT_NE(md.find("| 8 | precision.level=O2, memory.recompute=full, train.accumulation=2 | 2 |"), std::string::npos)
       << md;
   EXPECT_EQ(md.find("failed"), std::string::npos) << md;
-  EXPECT_EQ(polyline_points(slurp_file(dir_ / "abl/ablate.svg")), (std::vector<size_t>(8, 2)));
+  EXPECT_EQ(polyline_points(slurp(dir_ / "abl/ablate.svg")), (std::vector<size_t>(8, 2)));
 }
 
 TEST_F(Cli, BenchPrintsOneJsonLineWithSpeedAndMemory) {

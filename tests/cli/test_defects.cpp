@@ -18,7 +18,7 @@
 #include <string>
 #include <thread>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 #include "support/tiny_models.h"
 
 namespace fs = std::filesystem;
@@ -26,8 +26,6 @@ using brigade::test_support::CmdResult;
 using brigade::test_support::slurp;
 
 namespace {
-
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 
 class Defects : public ::testing::Test {
  protected:
@@ -40,8 +38,7 @@ class Defects : public ::testing::Test {
   }
   // `brigade <args>` in the test dir, one process, one thread.
   CmdResult brigade(const std::string& args) {
-    return brigade::test_support::run_in(
-        dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " + kBin + " " + args);
+    return brigade::test_support::run_brigade(dir_, args, 0, "", "OMP_NUM_THREADS=1");
   }
   fs::path dir_;
 };
@@ -85,21 +82,11 @@ TEST_F(Defects, GenerateAndEvalOpenACheckpointInterruptedBetweenItsRenames) {
 
 TEST_F(Defects, AStopBeforeAnyEvaluationWritesNoSentinel) {
   // SIGTERM a long run that only evaluates at its end
-  const fs::path pidfile = dir_ / "pid";
-  const std::string cmd = "cd '" + dir_.string() + "' && { OMP_NUM_THREADS=1 " + kBin +
-                          " train r.toml --no-sample --set train.steps=1000000 --set train.eval_every=0 >out.txt "
-                          "2>err.txt & echo $! >'" +
-                          pidfile.string() + "'; wait $!; echo $? >rc.txt; }";
-  std::thread runner([cmd] { (void)std::system(cmd.c_str()); });
-  const fs::path metrics = dir_ / "run/metrics.jsonl";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline && !(fs::exists(metrics) && fs::file_size(metrics) > 0))
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  while (!fs::exists(pidfile) || slurp(pidfile).empty()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  ASSERT_EQ(::kill(pid_t(std::stol(slurp(pidfile))), SIGTERM), 0);
-  runner.join();
-  EXPECT_EQ(std::stoi(slurp(dir_ / "rc.txt")), 130);
-  const std::string out = slurp(dir_ / "out.txt") + slurp(dir_ / "err.txt");
+  const CmdResult r = brigade::test_support::interrupt_brigade(
+      dir_, "train r.toml --no-sample --set train.steps=1000000 --set train.eval_every=0", dir_ / "run/metrics.jsonl",
+      SIGTERM, 1, "OMP_NUM_THREADS=1");
+  EXPECT_EQ(r.code, 130);
+  const std::string out = r.out + r.err;
   EXPECT_EQ(out.find("-1.0"), std::string::npos) << out;
   const nlohmann::json state = nlohmann::json::parse(slurp(dir_ / "run/checkpoint/state.json"));
   EXPECT_TRUE(state.at("last_val_loss").is_null()) << state.dump();

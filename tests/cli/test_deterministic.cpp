@@ -15,7 +15,7 @@
 
 #include <unistd.h>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 #include "support/tiny_models.h"
 
 namespace fs = std::filesystem;
@@ -24,47 +24,16 @@ using namespace brigade;
 namespace {
 
 using test_support::CmdResult;
+using test_support::kMpirun;
 using test_support::slurp;
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
-const std::string kMpirun = BRIGADE_MPIRUN;
 constexpr int64_t kGlobalRows = 16;
 
-const char* kRecipe = R"(
-[run]
-name = "tiny"
-out_dir = "run"
-seed = 11
-threads = 1
-[model]
-vocab_size = 128
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
-dropout = 0.1
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 20
-batch_size = 16
-seq_len = 16
-eval_every = 0
-eval_batches = 1
-log_every = 1
-checkpoint_every = 0
-grad_clip = 0.5
-[optim]
-lr = 3e-3
-weight_decay = 0.1
-[schedule]
-warmup_steps = 2
-min_lr = 3e-4
-[parallel]
-deterministic = true
-)";
+// 20 steps of the global batch at context 16 (seed 11), dropout, gradient clipping and weight decay on.
+const std::string kRecipe =
+    test_support::tiny_gpt_recipe({"run.seed=11", "model.block_size=16", "model.dropout=0.1", "train.steps=20",
+                                   "train.batch_size=16", "train.seq_len=16", "train.eval_batches=1",
+                                   "train.grad_clip=0.5", "optim.weight_decay=0.1", "parallel.deterministic=true"});
 
 // The masked LM: the same run with BERT's keys.
 std::string bert_recipe() {
@@ -89,8 +58,7 @@ class Deterministic : public ::testing::Test {
     dir_ = new fs::path(fs::temp_directory_path() / ("brigade_deterministic_" + std::to_string(::getpid())));
     fs::remove_all(*dir_);
     fs::create_directories(*dir_);
-    test_support::write_tiny_corpus(*dir_ / "corpus.txt");
-    std::ofstream(*dir_ / "tiny.toml") << kRecipe;
+    test_support::write_tiny_run(*dir_, kRecipe);
     std::ofstream(*dir_ / "bert.toml") << bert_recipe();
   }
   static void TearDownTestSuite() {
@@ -100,9 +68,9 @@ class Deterministic : public ::testing::Test {
   // `brigade train tiny.toml` into run.out_dir = out (one process when np = 1).
   static CmdResult train(const std::string& out, int np, const std::string& args,
                          const std::string& recipe = "tiny.toml") {
-    return test_support::run_in(*dir_, test_support::launcher(np > 1 ? np : 0, kMpirun, "", 300) + " " + kBin +
-                                           " train " + recipe + " --quiet --no-sample --set run.out_dir=" + out + " " +
-                                           args);
+    return test_support::run_brigade(*dir_,
+                                     "train " + recipe + " --quiet --no-sample --set run.out_dir=" + out + " " + args,
+                                     np > 1 ? np : 0, kMpirun);
   }
   static fs::path* dir_;
 };

@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 #include "support/tiny_models.h"
 
 namespace fs = std::filesystem;
@@ -28,8 +28,6 @@ using brigade::test_support::slurp;
 using brigade::test_support::TinyModel;
 
 namespace {
-
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 
 class EveryModel : public ::testing::TestWithParam<TinyModel> {
  protected:
@@ -45,8 +43,7 @@ class EveryModel : public ::testing::TestWithParam<TinyModel> {
   }
   // `brigade <args>` in the test dir, one process, one thread.
   CmdResult brigade(const std::string& args) {
-    return brigade::test_support::run_in(
-        dir_, brigade::test_support::launcher(0, "", "OMP_NUM_THREADS=1") + " " + kBin + " " + args);
+    return brigade::test_support::run_brigade(dir_, args, 0, "", "OMP_NUM_THREADS=1");
   }
   std::string type() const {
     const std::string& m = GetParam().model;

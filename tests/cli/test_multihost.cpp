@@ -12,7 +12,7 @@
 #include <regex>
 #include <string>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 #include "support/tiny_models.h"
 
 namespace fs = std::filesystem;
@@ -20,45 +20,15 @@ using namespace brigade;
 
 namespace {
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 const std::string kLauncher = std::string(BRIGADE_SOURCE_DIR) + "/tests/cli/multihost/netns_mpirun.sh";
 
-const char* kRecipe = R"(
-[run]
-name = "tiny"
-out_dir = "run"
-seed = 3
-threads = 1
-[model]
-vocab_size = 128
-block_size = 16
-n_layer = 2
-n_head = 2
-n_embd = 32
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 12
-batch_size = 8
-seq_len = 16
-eval_every = 6
-eval_batches = 2
-log_every = 1
-checkpoint_every = 6
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 2
-min_lr = 3e-4
-)";
-
 TEST(MultiHost, DataParallelOverTcpBetweenTwoNamespacesMatchesOneProcess) {
-  const fs::path dir = test_support::fresh_test_dir("brigade_multihost");
-  test_support::write_tiny_corpus(dir / "corpus.txt");
-  std::ofstream(dir / "tiny.toml") << kRecipe;
-  const std::string train = kBin + " train tiny.toml --quiet --no-sample";
+  // 12 steps of 8 rows at context 16 (seed 3), an evaluation and a checkpoint every 6 steps
+  const fs::path dir = test_support::write_tiny_run(
+      test_support::fresh_test_dir("brigade_multihost"),
+      test_support::tiny_gpt_recipe(
+          {"run.seed=3", "model.block_size=16", "train.seq_len=16", "train.eval_every=6", "train.checkpoint_every=6"}));
+  const std::string train = test_support::kBrigade + " train tiny.toml --quiet --no-sample";
   // prepare the data once, as one process (then both hosts read the same folder)
   const test_support::CmdResult one = test_support::run_in(dir, train + " --set run.out_dir=one");
   ASSERT_EQ(one.code, 0) << one.err;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 #include "support/tiny_models.h"
 
 namespace fs = std::filesystem;
@@ -21,48 +21,17 @@ using namespace brigade;
 namespace {
 
 using test_support::CmdResult;
+using test_support::kMpirun;
 using test_support::slurp;
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
-const std::string kMpirun = BRIGADE_MPIRUN;
-
-const char* kRecipe = R"(
-[run]
-name = "tiny"
-out_dir = "run"
-seed = 7
-threads = 2
-[model]
-vocab_size = 128
-block_size = 32
-n_layer = 2
-n_head = 2
-n_embd = 32
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 12
-batch_size = 4
-seq_len = 32
-eval_every = 0
-eval_batches = 2
-log_every = 1
-checkpoint_every = 4
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 2
-min_lr = 3e-4
-)";
+// 12 steps of 4 rows on two threads, a checkpoint every 4 steps.
+const std::string kRecipe =
+    test_support::tiny_gpt_recipe({"run.threads=2", "train.batch_size=4", "train.checkpoint_every=4"});
 
 class Recovery : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = test_support::fresh_test_dir("brigade_recovery");
-    test_support::write_tiny_corpus(dir_ / "corpus.txt");
-    std::ofstream(dir_ / "tiny.toml") << kRecipe;
+    dir_ = test_support::write_tiny_run(test_support::fresh_test_dir("brigade_recovery"), kRecipe);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -71,8 +40,8 @@ class Recovery : public ::testing::Test {
   CmdResult train(const std::string& out, const std::string& args, const std::string& fault = "", int np = 0,
                   int limit_s = 300) {
     const std::string env = fault.empty() ? "" : "BRIGADE_FAULT='" + fault + "'";
-    return test_support::run_in(dir_, test_support::launcher(np, kMpirun, env, limit_s) + " " + kBin +
-                                          " train tiny.toml --quiet --no-sample --set run.out_dir=" + out + " " + args);
+    return test_support::run_brigade(dir_, "train tiny.toml --quiet --no-sample --set run.out_dir=" + out + " " + args,
+                                     np, kMpirun, env, limit_s);
   }
   std::string model(const std::string& out) { return slurp(dir_ / out / "checkpoint/model.safetensors"); }
   std::string optimizer(const std::string& out) { return slurp(dir_ / out / "checkpoint/optimizer.safetensors"); }
@@ -82,6 +51,20 @@ class Recovery : public ::testing::Test {
     for (std::string line; std::getline(f, line);)
       if (line.find("\"" + key + "\"") != std::string::npos) got.push_back(line);
     return got;
+  }
+  // The same fault and `args` under train.nonfinite = "skip" (into skip_out) and "rollback" (into
+  // rb_out): both succeed with bitwise the same weights, and the rollback run logs one rollback,
+  // back to step `back_to`.
+  void expect_rollback_equals_skip(const std::string& skip_out, const std::string& rb_out, const std::string& args,
+                                   const std::string& fault, int back_to) {
+    const CmdResult skip = train(skip_out, "--set train.nonfinite=skip" + args, fault);
+    ASSERT_EQ(skip.code, 0) << skip.err;
+    const CmdResult rb = train(rb_out, "--set train.nonfinite=rollback" + args, fault);
+    ASSERT_EQ(rb.code, 0) << rb.err;
+    EXPECT_EQ(model(rb_out), model(skip_out));
+    const std::vector<std::string> back = records(rb_out, "rollback_from");
+    ASSERT_EQ(back.size(), 1u);
+    EXPECT_NE(back[0].find("\"step\":" + std::to_string(back_to)), std::string::npos) << back[0];
   }
   fs::path dir_;
 };
@@ -124,16 +107,10 @@ TEST_F(Recovery, SkipLeavesWeightsAndOptimizerStateOfThePreviousStep) {
 TEST_F(Recovery, RollbackReplaysFromTheLastCheckpointAndEqualsSkipping) {
   // the same fault under "skip" and under "rollback": going back to the step-4 checkpoint and
   // replaying steps 5-6 without step 7's batch gives the skip run's weights, bitwise
-  const CmdResult skip = train("skip", "--set train.nonfinite=skip", "0:7:nan_loss");
-  ASSERT_EQ(skip.code, 0) << skip.err;
-  const CmdResult rb = train("rollback", "--set train.nonfinite=rollback", "0:7:nan_loss");
-  ASSERT_EQ(rb.code, 0) << rb.err;
-  EXPECT_EQ(model("rollback"), model("skip"));
+  ASSERT_NO_FATAL_FAILURE(expect_rollback_equals_skip("skip", "rollback", "", "0:7:nan_loss", 4));
   EXPECT_EQ(optimizer("rollback"), optimizer("skip"));
-  const std::vector<std::string> back = records("rollback", "rollback_from");
-  ASSERT_EQ(back.size(), 1u);
-  EXPECT_NE(back[0].find("\"step\":4"), std::string::npos) << back[0];
-  EXPECT_NE(back[0].find("\"rollback_from\":7"), std::string::npos) << back[0];
+  const std::string back = records("rollback", "rollback_from").at(0);
+  EXPECT_NE(back.find("\"rollback_from\":7"), std::string::npos) << back;
   // the skip leaves its record in the replay, and the loss curve has each step once
   EXPECT_EQ(records("rollback", "skipped_update").size(), 1u);
   EXPECT_EQ(records("rollback", "loss").size(), 12u);
@@ -180,14 +157,7 @@ TEST_F(Recovery, AStoppedRankEndsTheJobNamingIt) {
 }
 
 TEST_F(Recovery, RollbackBeforeThePeriodicCheckpointGoesBackToStepZero) {
-  const CmdResult skip = train("skip0", "--set train.nonfinite=skip --set train.checkpoint_every=0", "0:3:nan_grad");
-  ASSERT_EQ(skip.code, 0) << skip.err;
-  const CmdResult rb = train("rb0", "--set train.nonfinite=rollback --set train.checkpoint_every=0", "0:3:nan_grad");
-  ASSERT_EQ(rb.code, 0) << rb.err;
-  EXPECT_EQ(model("rb0"), model("skip0"));
-  const std::vector<std::string> back = records("rb0", "rollback_from");
-  ASSERT_EQ(back.size(), 1u);
-  EXPECT_NE(back[0].find("\"step\":0"), std::string::npos) << back[0];
+  expect_rollback_equals_skip("skip0", "rb0", " --set train.checkpoint_every=0", "0:3:nan_grad", 0);
 }
 
 TEST_F(Recovery, TooManySkipsInARowStop) {

@@ -13,14 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 
 namespace fs = std::filesystem;
 using brigade::test_support::CmdResult;
 
 namespace {
-
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
 
 class SyntheticImages : public ::testing::Test {
  protected:
@@ -36,7 +34,7 @@ class SyntheticImages : public ::testing::Test {
                                    << data << "[train]\nsteps = 2\nbatch_size = 4\n[schedule]\nwarmup_steps = 0\n";
   }
   CmdResult brigade(const std::string& args) {
-    return brigade::test_support::run_in(dir_, "OMP_NUM_THREADS=1 timeout 300 " + kBin + " " + args);
+    return brigade::test_support::run_brigade(dir_, args, 0, "", "OMP_NUM_THREADS=1");
   }
   nlohmann::json bench() {
     const CmdResult r = brigade("bench r.toml --steps 1 --warmup 0");

@@ -28,54 +28,22 @@
 #include <string>
 #include <vector>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
-const std::string kMpirun = BRIGADE_MPIRUN;  // empty when CMake found none
-
 using brigade::test_support::CmdResult;
-using brigade::test_support::kMpiEnv;
-using brigade::test_support::slurp;
+using brigade::test_support::json_file;
+using brigade::test_support::kMpirun;
+using brigade::test_support::per_step;
 
 // tests/cli's tiny recipe, one thread per process, 20 steps, evaluation at 10 and 20;
 // batch_size 8 is the single-process reference (the global batch of every run here).
-const char* kRecipe = R"(
-[run]
-name = "tiny"
-out_dir = "run"
-seed = 7
-threads = 1
-[model]
-vocab_size = 128
-block_size = 32
-n_layer = 2
-n_head = 2
-n_embd = 32
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 20
-batch_size = 8
-seq_len = 32
-eval_every = 10
-eval_batches = 2
-log_every = 1
-checkpoint_every = 0
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 4
-min_lr = 3e-4
-[sample]
-prompt = "And the king"
-tokens = 12
-)";
+const std::string kRecipe =
+    brigade::test_support::tiny_gpt_recipe({"train.steps=20", "train.eval_every=10", "schedule.warmup_steps=4",
+                                            "sample.prompt=\"And the king\"", "sample.tokens=12"});
 
 constexpr int64_t kVocab = 128, kBlock = 32, kLayers = 2, kEmbd = 32;
 
@@ -104,9 +72,7 @@ int64_t tiny_flat_floats() {
 class DpTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = brigade::test_support::fresh_test_dir("brigade_dp");
-    brigade::test_support::write_tiny_corpus(dir_ / "corpus.txt");
-    std::ofstream(dir_ / "tiny.toml") << kRecipe;
+    dir_ = brigade::test_support::write_tiny_run(brigade::test_support::fresh_test_dir("brigade_dp"), kRecipe);
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);  // kept for inspection when a test fails
@@ -118,9 +84,8 @@ class DpTrain : public ::testing::Test {
   // directly when np == 0 (without launcher variables, so it is surely one process).
   // `env` is prepended to the command's environment; `limit` is the hard time limit.
   CmdResult train(int np, const std::string& args, const std::string& env = "", int limit = 120) {
-    return brigade::test_support::run_in(
-        dir_, brigade::test_support::launcher(np, kMpirun, np > 0 ? env : "OMP_NUM_THREADS=1 " + env, limit) + " " +
-                  kBin + " train tiny.toml " + args);
+    return brigade::test_support::run_brigade(dir_, "train tiny.toml " + args, np, kMpirun,
+                                              np > 0 ? env : "OMP_NUM_THREADS=1 " + env, limit);
   }
   // A run that must succeed; returns its curve.
   Curve train_ok(int np, const std::string& out_dir, const std::string& args) {
@@ -129,25 +94,10 @@ class DpTrain : public ::testing::Test {
     return curve(out_dir);
   }
   Curve curve(const std::string& out_dir) {
-    Curve c;
-    std::ifstream f(dir_ / out_dir / "metrics.jsonl");
-    for (std::string line; std::getline(f, line);) {
-      const auto j = nlohmann::json::parse(line);
-      const int64_t step = j.at("step");
-      if (j.contains("loss")) c.loss[step] = j["loss"];
-      if (j.contains("val_loss")) c.val_loss[step] = j["val_loss"];
-      if (j.contains("bytes_sent")) c.bytes_sent[step] = j["bytes_sent"];
-    }
-    return c;
+    const fs::path m = dir_ / out_dir / "metrics.jsonl";
+    return {per_step(m, "loss"), per_step(m, "val_loss"), per_step<int64_t>(m, "bytes_sent")};
   }
-  nlohmann::json memory(const std::string& out_dir) {
-    const fs::path p = dir_ / out_dir / "memory.json";
-    if (!fs::exists(p)) {
-      ADD_FAILURE() << "no " << p;
-      return nlohmann::json::object();
-    }
-    return nlohmann::json::parse(slurp(p));
-  }
+  nlohmann::json memory(const std::string& out_dir) { return json_file(dir_ / out_dir / "memory.json"); }
 
   fs::path dir_;
 };

@@ -27,52 +27,22 @@
 #include <string>
 #include <vector>
 
-#include "support/test_support.h"
+#include "support/recipes.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kBin = std::string(BRIGADE_BINARY_DIR) + "/bin/brigade";
-const std::string kMpirun = BRIGADE_MPIRUN;  // empty when CMake found none
-
 using brigade::test_support::CmdResult;
-using brigade::test_support::kMpiEnv;
+using brigade::test_support::kMpirun;
+using brigade::test_support::per_step;
 using brigade::test_support::slurp;
 
-const char* kRecipe = R"(
-[run]
-name = "tiny-mp"
-out_dir = "run"
-seed = 11
-threads = 1
-[model]
-vocab_size = 127
-block_size = 32
-n_layer = 5
-n_head = 4
-n_embd = 32
-[data]
-corpus = "corpus.txt"
-dir = "data"
-val_fraction = 0.1
-[train]
-steps = 10
-batch_size = 8
-seq_len = 32
-eval_every = 5
-eval_batches = 2
-log_every = 1
-checkpoint_every = 0
-[optim]
-lr = 3e-3
-[schedule]
-warmup_steps = 3
-min_lr = 3e-4
-[sample]
-prompt = "And the king"
-tokens = 8
-)";
+// Vocabulary 127, 5 blocks of 4 heads (seed 11), 10 steps of 8 rows, an evaluation every 5 steps.
+const std::string kRecipe = brigade::test_support::tiny_gpt_recipe(
+    {"run.name=\"tiny-mp\"", "run.seed=11", "model.vocab_size=127", "model.n_layer=5", "model.n_head=4",
+     "train.steps=10", "train.eval_every=5", "schedule.warmup_steps=3", "sample.prompt=\"And the king\"",
+     "sample.tokens=8"});
 
 struct Curve {
   std::map<int64_t, double> loss, val_loss;
@@ -81,9 +51,7 @@ struct Curve {
 class MpTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = brigade::test_support::fresh_test_dir("brigade_mp");
-    brigade::test_support::write_tiny_corpus(dir_ / "corpus.txt");
-    std::ofstream(dir_ / "tiny.toml") << kRecipe;
+    dir_ = brigade::test_support::write_tiny_run(brigade::test_support::fresh_test_dir("brigade_mp"), kRecipe);
   }
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
@@ -93,9 +61,8 @@ class MpTrain : public ::testing::Test {
   // `brigade <cmd> tiny.toml <args>` under mpirun -np np, or as one plain process (np == 0).
   CmdResult run(int np, const std::string& args, const std::string& env = "", int limit = 180,
                 const std::string& cmd_name = "train tiny.toml") {
-    return brigade::test_support::run_in(
-        dir_, brigade::test_support::launcher(np, kMpirun, np > 0 ? env : "OMP_NUM_THREADS=1 " + env, limit) + " " +
-                  kBin + " " + cmd_name + " " + args);
+    return brigade::test_support::run_brigade(dir_, cmd_name + " " + args, np, kMpirun,
+                                              np > 0 ? env : "OMP_NUM_THREADS=1 " + env, limit);
   }
   Curve train_ok(int np, const std::string& out_dir, const std::string& settings) {
     std::string args = "--quiet --no-sample --set run.out_dir=" + out_dir;
@@ -106,24 +73,10 @@ class MpTrain : public ::testing::Test {
     return curve(out_dir);
   }
   Curve curve(const std::string& out_dir) {
-    Curve c;
-    std::ifstream f(dir_ / out_dir / "metrics.jsonl");
-    for (std::string line; std::getline(f, line);) {
-      const auto j = nlohmann::json::parse(line);
-      const int64_t step = j.at("step");
-      if (j.contains("loss")) c.loss[step] = j["loss"];
-      if (j.contains("val_loss")) c.val_loss[step] = j["val_loss"];
-    }
-    return c;
+    const fs::path m = dir_ / out_dir / "metrics.jsonl";
+    return {per_step(m, "loss"), per_step(m, "val_loss")};
   }
-  nlohmann::json json_file(const std::string& rel) {
-    const fs::path p = dir_ / rel;
-    if (!fs::exists(p)) {
-      ADD_FAILURE() << "no " << p;
-      return nlohmann::json::object();
-    }
-    return nlohmann::json::parse(slurp(p));
-  }
+  nlohmann::json json_file(const std::string& rel) { return brigade::test_support::json_file(dir_ / rel); }
 
   fs::path dir_;
 };
