@@ -20,8 +20,7 @@
 #include "brigade/core/error.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/parallel/pipeline.h"
-// tests/ is not on this target's include path (tests/parallel/CMakeLists.txt)
-#include "../support/numeric.h"
+#include "support/numeric.h"
 
 using namespace brigade;
 using namespace brigade::parallel;

@@ -15,8 +15,7 @@
 // Parity: tests/reference/encoder_ref.py and tests/models/test_bert.cpp.
 #pragma once
 #include "brigade/core/rng.h"
-#include "brigade/nn/attention.h"
-#include "brigade/nn/conv.h"
+#include "brigade/nn/layers.h"
 #include "brigade/nn/tp_plan.h"
 
 namespace brigade::models {

@@ -30,8 +30,7 @@
 
 #include "brigade/core/rng.h"
 #include "brigade/models/dual_encoder.h"
-#include "brigade/nn/attention.h"
-#include "brigade/nn/conv.h"
+#include "brigade/nn/layers.h"
 
 namespace brigade::models {
 

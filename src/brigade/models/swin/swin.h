@@ -27,8 +27,7 @@
 #include <vector>
 
 #include "brigade/core/rng.h"
-#include "brigade/nn/attention.h"
-#include "brigade/nn/conv.h"
+#include "brigade/nn/layers.h"
 
 namespace brigade::models {
 

@@ -15,8 +15,7 @@
 // tests/models/test_vit.cpp.
 #pragma once
 #include "brigade/core/rng.h"
-#include "brigade/nn/attention.h"
-#include "brigade/nn/conv.h"
+#include "brigade/nn/layers.h"
 #include "brigade/nn/tp_plan.h"
 
 namespace brigade::models {
