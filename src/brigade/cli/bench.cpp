@@ -45,7 +45,7 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   parallel::DataParallelOptions dpo;
   dpo.accumulation = A;
   dpo.deterministic = r.parallel.deterministic;
-  const std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
+  const std::shared_ptr<dist::ProcessGroup> world = o.group ? o.group : dist::ProcessGroup::world();
   parallel::DataParallel dp(task->units(dpo.deterministic ? 3 : dpo.zero), world, dpo);  // as the trainer
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   const amp::Policy policy = precision_policy(r.precision);
@@ -56,8 +56,10 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
 
   BenchResult res;
   res.parameters = task->model().num_parameters();
-  res.gemm_peak_f32 = measure_gemm_peak_gflops(DType::F32);
-  res.gemm_peak_bf16 = measure_gemm_peak_gflops(DType::BF16);
+  if (o.gemm_peaks) {
+    res.gemm_peak_f32 = measure_gemm_peak_gflops(DType::F32);
+    res.gemm_peak_bf16 = measure_gemm_peak_gflops(DType::BF16);
+  }
   task->model().train(true);
   struct rusage ru0 {};
   int64_t os_allocs0 = 0;
@@ -89,12 +91,17 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
       autograd::backward(scaler.enabled() ? fn::mul_scalar(l.loss, scaler.scale()) : l.loss);
       loss_sum += l.value ? *l.value : l.loss.item();
     }
+    const auto t_fb = std::chrono::steady_clock::now();
     dp.finish_gradients();
     apply_gradients(dp, *opt, scaler, policy, r.train, r.optim.lr, *world, {},
                     [&](const nn::NamedTensors& master) { task->after_update(master); });  // the trainer's step
     res.last_loss = loss_sum / double(A);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (step >= o.warmup) res.step_seconds.push_back(dt);
+    if (step >= o.warmup) {
+      res.step_seconds.push_back(dt);
+      res.fwd_bwd_seconds.push_back(std::chrono::duration<double>(t_fb - t0).count());
+      res.update_seconds.push_back(dt - res.fwd_bwd_seconds.back());
+    }
     fmt::print(stderr, "bench: step {}/{} ({}) {:.3f} s, loss {:.4f}\n", step + 1, o.warmup + o.steps,
                step < o.warmup ? "warm-up" : "timed", dt, res.last_loss);
   }
@@ -105,15 +112,20 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
         double(ru1.ru_minflt - ru0.ru_minflt + ru1.ru_majflt - ru0.ru_majflt) / double(o.steps);
     res.timed_os_allocs_per_step = double(Allocator::instance().stats().os_allocs - os_allocs0) / double(o.steps);
   }
-  std::vector<double> s = res.step_seconds;
-  std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
-  res.median_step_s = s[s.size() / 2];
+  auto median = [](std::vector<double> s) {
+    std::nth_element(s.begin(), s.begin() + long(s.size() / 2), s.end());
+    return s[s.size() / 2];
+  };
+  res.median_step_s = median(res.step_seconds);
+  res.median_fwd_bwd_s = median(res.fwd_bwd_seconds);
+  res.median_update_s = median(res.update_seconds);
   res.item = task->item_kind();
   res.items_per_s = double(batch.rows * task->items_per_row() * A) / res.median_step_s;
   res.flops_per_item = task->flops_per_item();
   res.achieved_gflops = res.items_per_s * res.flops_per_item / 1e9;
   const bool low_gemm = policy.level != amp::Level::O0 && policy.low == DType::BF16;
-  res.mfu = res.achieved_gflops / (low_gemm ? res.gemm_peak_bf16 : res.gemm_peak_f32);
+  const double peak = low_gemm ? res.gemm_peak_bf16 : res.gemm_peak_f32;
+  res.mfu = peak > 0 ? res.achieved_gflops / peak : 0.0;
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   res.peak_rss_bytes = int64_t(ru.ru_maxrss) * 1024;
@@ -139,6 +151,8 @@ std::string bench_json(const Recipe& r, const BenchResult& b) {
                    {"steps", b.step_seconds.size()},
                    {"step_seconds", b.step_seconds},
                    {"median_step_s", b.median_step_s},
+                   {"median_fwd_bwd_s", b.median_fwd_bwd_s},
+                   {"median_update_s", b.median_update_s},
                    {"items_per_s", b.items_per_s},
                    {item_rate_key(b.item), b.items_per_s},
                    {"flops_per_item", b.flops_per_item},

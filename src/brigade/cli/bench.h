@@ -10,10 +10,12 @@
 // Not a test: speed targets live in benchmarks, never in timed tests.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "brigade/core/allocator.h"
+#include "brigade/dist/process_group.h"
 #include "brigade/train/config.h"
 #include "brigade/train/task.h"
 
@@ -22,10 +24,19 @@ namespace brigade::cli {
 struct BenchOptions {
   int64_t steps = 10;  // timed steps
   int64_t warmup = 2;  // untimed steps first (primitive creation, allocator warm-up)
+  // The process group the step's data parallelism runs over (null = the world). `brigade
+  // calibrate` gives each rank a group of its own, to time one rank's compute while the other
+  // ranks of the launch compute beside it.
+  std::shared_ptr<dist::ProcessGroup> group;
+  bool gemm_peaks = true;  // measure the f32 and bf16 GEMM ceilings (about a second)
 };
 
 struct BenchResult {
   std::vector<double> step_seconds;  // each timed step
+  // each timed step split in two: every micro-step's forward + backward, then the rest (the
+  // gradient synchronisation, clipping, loss-scale check and optimizer update: apply_gradients)
+  std::vector<double> fwd_bwd_seconds, update_seconds;
+  double median_fwd_bwd_s = 0, median_update_s = 0;
   double median_step_s = 0, items_per_s = 0;
   train::ItemKind item = train::ItemKind::Token;
   double flops_per_item = 0, achieved_gflops = 0;

@@ -1,4 +1,5 @@
-// `brigade`: the command-line front-end. Subcommands: prepare, train, generate, eval, export, ablate, bench.
+// `brigade`: the command-line front-end. Subcommands: prepare, train, generate, eval, export, ablate, bench,
+// calibrate, plan.
 // Every error ends in one line "brigade: error: ..." on stderr and a non-zero exit.
 #include <omp.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 
 #include "brigade/cli/ablate.h"
 #include "brigade/cli/bench.h"
+#include "brigade/cli/plan.h"
 #include "brigade/cli/supervise.h"
 #include "brigade/core/error.h"
 #include "brigade/data/text/prepare.h"
@@ -188,6 +190,11 @@ int run(int argc, char** argv) {
                "Print the predicted memory per category (params, grads, optimizer, activations, workspace) and "
                "exit without training");
   tr->add_flag("--json", json, "With --dry-run: print the prediction as one JSON line");
+  std::string train_plan, train_calibration;
+  tr->add_option("--plan", train_plan,
+                 "auto: train with the plan `brigade plan` ranks first (from the recipe's calibration), launching "
+                 "itself under mpirun when the plan has several ranks");
+  tr->add_option("--calibration", train_calibration, "With --plan auto: the calibration file (default: the recipe's)");
 
   auto* gen = app.add_subcommand("generate", "Sample text from a checkpoint");
   gen->add_option("--ckpt", ckpt, "Checkpoint directory (e.g. runs/gpt-kjv/checkpoint)")->required();
@@ -253,6 +260,46 @@ int run(int argc, char** argv) {
   bench->add_option("--steps", bopts.steps, "Timed steps")->capture_default_str();
   bench->add_option("--warmup", bopts.warmup, "Untimed steps first")->capture_default_str();
 
+  cli::CalibrateOptions copts;
+  std::vector<std::string> cal_levels, cal_recompute;
+  auto* cal = app.add_subcommand("calibrate",
+                                 "Measure this machine for a recipe's model (compute per precision, recompute and "
+                                 "micro-batch size; GEMM peaks; pipeline stages; the interconnect under mpirun) for "
+                                 "`brigade plan`");
+  cal->add_option("recipe", recipe, "Recipe TOML file")->required();
+  cal->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)")->allow_extra_args(false);
+  cal->add_option("--out", copts.out, "Calibration file (default: <run.out_dir's parent>/<run.name>-calibration.json)");
+  cal->add_option("--ranks", copts.ranks, "Launches to measure, comma-separated (1 = this process; more under mpirun)")
+      ->delimiter(',')
+      ->capture_default_str();
+  cal->add_option("--levels", copts.levels, "Precision levels (bf16), comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cal->add_option("--recompute", copts.recompute, "Recompute modes, comma-separated")
+      ->delimiter(',')
+      ->capture_default_str();
+  cal->add_option("--rows", copts.rows,
+                  "Micro-batch rows, comma-separated (default: powers of two up to the global batch)")
+      ->delimiter(',');
+  cal->add_option("--steps", copts.steps, "Timed steps per point")->capture_default_str();
+  cal->add_option("--warmup", copts.warmup, "Untimed steps per point")->capture_default_str();
+  cal->add_option("--child-out", copts.child_out, "Internal: a launch under mpirun writes its points here")->group("");
+
+  cli::PlanCommandOptions popts;
+  auto* pl = app.add_subcommand("plan",
+                                "Predict the step time and memory of every parallel, precision and memory plan of a "
+                                "recipe on this machine (or a described cluster) and print the best");
+  pl->add_option("recipe", recipe, "Recipe TOML file")->required();
+  pl->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)")->allow_extra_args(false);
+  pl->add_option("--calibration", popts.calibration,
+                 "Calibration file (default: the recipe's, from `brigade calibrate`)");
+  pl->add_option("--cluster", popts.cluster, "A cluster described in TOML (docs/planning.md); default: this machine");
+  pl->add_flag("--json", popts.json, "One JSON object per plan (feasible first, best first), then the rejected ones");
+  pl->add_flag("--predict", popts.predict, "Only the recipe's own plan, as one JSON object");
+  pl->add_option("--apply", popts.apply, "Write the best plan's recipe (every key) to this file");
+  pl->add_option("--top", popts.top, "Plans in the table")->capture_default_str();
+  pl->add_option("--max-ranks", popts.max_ranks, "Consider at most this many ranks (0 = the whole cluster)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -280,6 +327,16 @@ int run(int argc, char** argv) {
     if (prep->parsed()) return finish(cmd_prepare(recipe, sets), "");
     if (tr->parsed()) {
       topts.sample = !no_sample;
+      if (!train_plan.empty()) {
+        BRIGADE_CHECK(train_plan == "auto", ConfigError, "--plan {}: the only value is auto", train_plan);
+        BRIGADE_CHECK(!dry_run && max_restarts == 0, ConfigError,
+                      "--plan auto goes without --dry-run and --max-restarts (`brigade plan` predicts without "
+                      "training)");
+        std::vector<std::string> plan_sets;
+        const int rc = cli::plan_for_training(recipe, sets, train_calibration, argc, argv, plan_sets);
+        if (rc >= 0) return finish(rc, "");  // the plan ran under mpirun as a child
+        sets.insert(sets.end(), plan_sets.begin(), plan_sets.end());
+      }
       if (max_restarts == 0 || dry_run) return finish(cmd_train(recipe, sets, topts, dry_run, json, resume_if_any), "");
       const train::Recipe r = train::load_recipe(recipe, sets);
       return cli::supervise(max_restarts, (fs::path(r.run.out_dir) / "checkpoint").string(),
@@ -315,6 +372,16 @@ int run(int argc, char** argv) {
       const train::Recipe r = train::load_recipe(recipe, sets);
       fmt::print("{}\n", cli::bench_json(r, cli::run_bench(r, bopts)));
       return finish(0, "");
+    }
+    if (cal->parsed()) {
+      copts.recipe = recipe;
+      copts.sets = sets;
+      return finish(cli::run_calibrate(copts), "");
+    }
+    if (pl->parsed()) {
+      popts.recipe = recipe;
+      popts.sets = sets;
+      return finish(cli::run_plan(popts), "");
     }
     if (abl->parsed()) {
       aopts.recipe = recipe;

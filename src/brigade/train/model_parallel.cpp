@@ -18,6 +18,7 @@
 #include "brigade/parallel/tensor_parallel.h"
 #include "brigade/train/executor.h"
 #include "brigade/train/registry.h"
+#include "brigade/train/stage_timing.h"
 #include "brigade/train/trainer.h"
 
 namespace brigade::train {
@@ -39,19 +40,6 @@ void release_parameter(nn::Module& root, const std::map<std::string, nn::Module*
   }
   owner->set_parameter(dot == std::string::npos ? name : name.substr(dot + 1),
                        Tensor::empty({0}, DType::F32, MemTag::Params));
-}
-
-// Seconds of fn(), the median of `reps` runs (after one warm-up).
-double time_median(int reps, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = Clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 // Row offsets of n rows cut into m micro-batches as evenly as possible (the first n % m get one more).
@@ -142,49 +130,10 @@ ModelParallel::ModelParallel(const Recipe& r, Task& task, const Stages& stages,
     // Measured per-micro-batch times of one block and of the head on this rank (medians,
     // averaged over every rank), through the task's stages on a synthetic micro-batch, so the
     // simulator compares the schedules on real costs.
-    autograd::NoGradGuard outer;
-    const Batch syn = task.synthetic_batch(r.run.seed, Bm);
-    Tensor x = ops::mul_scalar(Tensor::ones(act, DType::F32), 0.1);  // (Bm, T, C)
-    auto measure = [&](const std::function<Tensor(const Tensor&)>& fwd, double& f, double& bi, double& w) {
-      autograd::EnableGradGuard eg;
-      f = time_median(3, [&] { (void)fwd(x.clone().set_requires_grad(true)); });
-      double bsum = 0.0, wsum = 0.0;
-      for (int i = 0; i < 3; ++i) {
-        Tensor in = x.clone();
-        in.set_requires_grad(true);
-        Tensor y = fwd(in);
-        autograd::DeferredGrads tasks;
-        const auto t0 = Clock::now();
-        {
-          autograd::DeferWeightGradScope scope(&tasks);
-          if (y.numel() == 1)
-            autograd::backward(y);
-          else
-            autograd::backward(y, Tensor::ones(y.shape(), y.dtype()));
-        }
-        const auto t1 = Clock::now();
-        for (auto& task : tasks) task();
-        bsum += std::chrono::duration<double>(t1 - t0).count();
-        wsum += std::chrono::duration<double>(Clock::now() - t1).count();
-      }
-      bi = bsum / 3;
-      w = wsum / 3;
-      for (auto& [name, prm] : model.named_parameters()) prm.set_grad(Tensor());  // leave no gradient behind
-    };
-    const amp::Policy policy = precision_policy(r.precision);
-    measure(
-        [&](const Tensor& in) {
-          amp::AutocastScope ac(policy);
-          return stages.blocks(in, 0, 1, syn);
-        },
-        f_block, bi_block, w_block);
-    measure(
-        [&](const Tensor& in) {
-          amp::AutocastScope ac(policy);
-          Metrics unused;
-          return stages.head(in, syn, unused);
-        },
-        f_last, bi_last, w_last);
+    const StageTimes st =
+        measure_stage_times(model, stages, task.synthetic_batch(r.run.seed, Bm), act, precision_policy(r.precision));
+    f_block = st.block_f, bi_block = st.block_bi, w_block = st.block_w;
+    f_last = st.head_f, bi_last = st.head_bi, w_last = st.head_w;
     double t[6] = {f_block, bi_block, w_block, f_last, bi_last, w_last};
     world_->allreduce(t, 6);
     for (double& v : t) v /= double(world_->size());

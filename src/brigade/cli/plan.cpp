@@ -1,0 +1,334 @@
+// `brigade calibrate` and `brigade plan`; see plan.h.
+#include "brigade/cli/plan.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+
+#include "brigade/cli/bench.h"
+#include "brigade/core/error.h"
+#include "brigade/data/atomic_file.h"
+#include "brigade/dist/process_group.h"
+#include "brigade/plan/comm_bench.h"
+#include "brigade/train/memory_plan.h"
+#include "brigade/train/registry.h"
+#include "brigade/train/stage_timing.h"
+#include "brigade/train/trainer.h"
+
+namespace brigade::cli {
+
+namespace fs = std::filesystem;
+using train::Recipe;
+
+std::string calibration_path(const Recipe& r) {
+  return (fs::path(r.run.out_dir).parent_path() / (r.run.name + "-calibration.json")).string();
+}
+
+namespace {
+
+std::string join(const std::vector<std::string>& v, const char* sep = ",") {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// The recipe of one measured point: one process, one micro-step of `rows` rows.
+Recipe point_recipe(const Recipe& base, const std::string& level, const std::string& recompute, int64_t rows,
+                    int threads) {
+  Recipe r = base;
+  for (const std::string& o : {std::string("parallel.dp=1"), std::string("parallel.tp=1"), std::string("parallel.pp=1"),
+                               std::string("parallel.zero=0"), std::string("parallel.microbatches=1"),
+                               std::string("train.accumulation=1"), std::string("train.accumulation_mode=static"),
+                               fmt::format("train.batch_size={}", rows), fmt::format("precision.level={}", level),
+                               fmt::format("memory.recompute={}", recompute), fmt::format("run.threads={}", threads)})
+    train::apply_override(r, o);
+  if (level != "O0") train::apply_override(r, "precision.dtype=bf16");
+  train::validate_recipe(r, "calibrate");
+  return r;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+// The points of one launch: every rank of `world` measures its own model copy (a one-rank group
+// each) at the same time, point after point (a barrier between them); rank 0's numbers are kept.
+void measure_points(const Recipe& base, const CalibrateOptions& o, const std::vector<int64_t>& rows, int ranks,
+                    int threads, dist::ProcessGroup& world, plan::Calibration& c) {
+  const std::shared_ptr<dist::ProcessGroup> self = world.split(world.rank(), 0);
+  const bool speak = world.rank() == 0;
+  const size_t total = o.levels.size() * o.recompute.size() * rows.size();
+  size_t k = 0;
+  for (const std::string& level : o.levels)
+    for (const std::string& rc : o.recompute)
+      for (int64_t n : rows) {
+        ++k;
+        const Recipe r = point_recipe(base, level, rc, n, threads);
+        world.barrier();
+        BenchOptions bo;
+        bo.steps = o.steps;
+        bo.warmup = o.warmup;
+        bo.group = self;
+        bo.gemm_peaks = false;
+        const BenchResult b = run_bench(r, bo);
+        plan::ComputePoint p;
+        p.ranks = ranks, p.threads = threads, p.level = level, p.recompute = rc, p.rows = n;
+        p.fwd_bwd_s = b.median_fwd_bwd_s;
+        p.update_s = b.median_update_s;
+        if (ranks == 1) {  // memory does not depend on the launch: measured once
+          const train::MemoryInputs in = train::measured_inputs(r);
+          p.act_peak = in.act_peak, p.act_live = in.act_live, p.work_compute = in.work_compute;
+          p.params_work = in.params_work;
+        }
+        c.compute.push_back(p);
+        if (speak)
+          fmt::print(stderr,
+                     "calibrate: {} rank{} x {} thread{} [{}/{}] {} {} rows {}: fwd+bwd {:.4f} s, update {:.4f} s\n",
+                     ranks, ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", k, total, level, rc, n,
+                     p.fwd_bwd_s, p.update_s);
+      }
+  // per-block and head times for the pipeline simulator (recompute none; the planner rescales)
+  for (const std::string& level : o.levels)
+    for (int64_t n : rows) {
+      const Recipe r = point_recipe(base, level, "none", n, threads);
+      world.barrier();
+      const std::unique_ptr<train::Task> task = train::make_task(r);
+      const train::Stages* st = task->stages();
+      if (!st) break;
+      const train::StageTimes t = train::measure_stage_times(task->model(), *st, task->synthetic_batch(r.run.seed, n),
+                                                             st->hidden(n), train::precision_policy(r.precision));
+      c.stages.push_back({ranks, threads, level, n, t.block_f, t.block_bi, t.block_w, t.head_f, t.head_bi, t.head_w});
+    }
+}
+
+}  // namespace
+
+int run_calibrate(const CalibrateOptions& o) {
+  const Recipe base = train::load_recipe(o.recipe, o.sets);
+  const auto world = dist::ProcessGroup::world();
+  for (const std::string& l : o.levels)
+    BRIGADE_CHECK(l == "O0" || l == "O1" || l == "O2" || l == "O3", ConfigError,
+                  "--levels {}: precision levels are O0, O1, O2, O3", l);
+  for (const std::string& m : o.recompute)
+    BRIGADE_CHECK(m == "none" || m == "selective" || m == "full", ConfigError,
+                  "--recompute {}: the planner's recompute modes are none, selective, full", m);
+  BRIGADE_CHECK(o.steps >= 1 && o.warmup >= 0, ConfigError, "--steps must be >= 1 and --warmup >= 0");
+  std::vector<int64_t> rows = o.rows;
+  if (rows.empty()) {
+    const int64_t G = base.train.batch_size * base.train.accumulation * base.parallel.dp;
+    for (int64_t n = 1; n <= G; n *= 2) rows.push_back(n);
+  }
+  const int cores = omp_get_num_procs();
+
+  if (!o.child_out.empty()) {  // a child launched under mpirun: this launch's points and the interconnect
+    const int R = world->size();
+    plan::Calibration c;
+    measure_points(base, o, rows, R, std::max(1, cores / R), *world, c);
+    plan::CommCalibration comm = plan::measure_comm(*world);
+    if (world->rank() == 0) {
+      c.comm[R] = comm;
+      data::write_file_atomic(o.child_out, plan::calibration_to_json(c).dump() + "\n");
+    }
+    return 0;
+  }
+  BRIGADE_CHECK(world->size() == 1, ConfigError,
+                "brigade calibrate runs as one process and launches itself under mpirun for --ranks above 1; run it "
+                "without mpirun");
+  for (int R : o.ranks)
+    BRIGADE_CHECK(R >= 1 && R <= cores, ConfigError,
+                  "--ranks {}: must be between 1 and this machine's {} cores (one thread per rank at least)", R, cores);
+  const std::string out = o.out.empty() ? calibration_path(base) : o.out;
+  const auto t_start = std::chrono::steady_clock::now();
+
+  plan::Calibration c;
+  c.created = utc_now();
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  c.host = host;
+  c.cores = cores;
+  c.model = plan::calibration_key(base);
+  {
+    fmt::print(stderr, "calibrate: {} on {} ({} cores), {} -> {}\n", o.recipe, c.host, cores,
+               "GEMM peaks, compute points, stages, interconnect", out);
+    const std::unique_ptr<train::Task> task = train::make_task(base);
+    c.parameters = 0;
+    for (auto& [name, p] : task->model().named_parameters())
+      if (p.requires_grad())
+        c.parameters += p.numel();
+      else
+        c.frozen.push_back({p.numel(), int64_t(p.element_size())});
+    auto planned = [&](int zero) {
+      std::vector<train::PlannedUnit> us;
+      for (const parallel::ParamUnit& u : task->units(zero)) {
+        train::PlannedUnit pu{u.name, {}};
+        for (auto& [name, p] : u.params) pu.params.emplace_back(name, p.numel());
+        us.push_back(std::move(pu));
+      }
+      return us;
+    };
+    c.units = planned(0);
+    c.units_zero3 = planned(3);
+    c.flops_per_item = task->flops_per_item();
+    c.items_per_row = task->items_per_row();
+    c.item = train::item_name(task->item_kind());
+    if (const train::Stages* st = task->stages()) {
+      c.has_stages = true;
+      c.num_blocks = st->num_blocks;
+      c.hidden_per_row = shape_numel(st->hidden(1));
+      c.tp_plan = !st->tp_plan.empty();
+    }
+  }
+  omp_set_num_threads(cores);
+  c.gemm_peak_f32 = train::measure_gemm_peak_gflops(DType::F32);
+  c.gemm_peak_bf16 = train::measure_gemm_peak_gflops(DType::BF16);
+  fmt::print(stderr, "calibrate: GEMM peaks {:.0f} GFLOP/s fp32, {:.0f} bf16\n", c.gemm_peak_f32, c.gemm_peak_bf16);
+
+  std::string binary = o.binary;
+  if (binary.empty()) binary = fs::read_symlink("/proc/self/exe").string();
+  for (int R : o.ranks) {
+    if (R == 1) {
+      measure_points(base, o, rows, 1, cores, *world, c);
+      continue;
+    }
+    const std::string tmp = out + fmt::format(".ranks{}.json", R);
+    const std::string log = out + fmt::format(".ranks{}.log", R);
+    std::string cmd = fmt::format("mpirun --oversubscribe --bind-to none -np {} {} calibrate {}", R,
+                                  shell_quote(binary), shell_quote(o.recipe));
+    for (const auto& s : o.sets) cmd += " --set " + shell_quote(s);
+    std::vector<std::string> rs;
+    for (int64_t n : rows) rs.push_back(std::to_string(n));
+    cmd +=
+        fmt::format(" --levels {} --recompute {} --rows {} --steps {} --warmup {} --child-out {} 2>&1 | tee {} >&2",
+                    join(o.levels), join(o.recompute), join(rs), o.steps, o.warmup, shell_quote(tmp), shell_quote(log));
+    fmt::print(stderr, "calibrate: launching {} ranks: {}\n", R, cmd);
+    const int rc = std::system(("bash -o pipefail -c " + shell_quote(cmd)).c_str());
+    BRIGADE_CHECK(rc == 0 && fs::exists(tmp), IoError,
+                  "the {}-rank calibration failed (exit {}; log {}); check that mpirun runs here (as root: "
+                  "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1), or calibrate with --ranks 1",
+                  R, rc, log);
+    std::ifstream in(tmp);
+    const plan::Calibration part = [&] {
+      nlohmann::json j = nlohmann::json::parse(in);
+      // the child wrote only its measurements: give it the header the parser expects
+      nlohmann::json whole = plan::calibration_to_json(c);
+      whole["compute"] = j["compute"];
+      whole["stages"] = j["stages"];
+      whole["comm"] = j["comm"];
+      return plan::calibration_from_json(whole, tmp);
+    }();
+    c.compute.insert(c.compute.end(), part.compute.begin(), part.compute.end());
+    c.stages.insert(c.stages.end(), part.stages.begin(), part.stages.end());
+    for (const auto& [k, v] : part.comm) c.comm[k] = v;
+    fs::remove(tmp);
+  }
+  plan::write_calibration(out, c);
+  fmt::print(stderr,
+             "calibrate: wrote {} ({} compute points, {} stage points, interconnect for {} launch{}) in {:.0f} s\n",
+             out, c.compute.size(), c.stages.size(), c.comm.size(), c.comm.size() == 1 ? "" : "es",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  return 0;
+}
+
+plan::Calibration load_calibration_for(const Recipe& r, const std::string& path) {
+  const std::string p = path.empty() ? calibration_path(r) : path;
+  BRIGADE_CHECK(fs::exists(p), IoError,
+                "no calibration at {}: measure this machine first with `brigade calibrate {}` (a few minutes), or "
+                "give --calibration FILE",
+                p, r.path);
+  plan::Calibration c = plan::read_calibration(p);
+  const std::string diff = plan::calibration_mismatch(c, r);
+  BRIGADE_CHECK(diff.empty(), ConfigError,
+                "{} was measured for another model or shape ({}); re-run `brigade calibrate {}` for this one", p, diff,
+                r.path);
+  return c;
+}
+
+int run_plan(const PlanCommandOptions& o) {
+  const Recipe r = train::load_recipe(o.recipe, o.sets);
+  const plan::Calibration c = load_calibration_for(r, o.calibration);
+  const plan::Cluster cl = o.cluster.empty() ? plan::local_cluster(c) : plan::read_cluster(o.cluster);
+  if (o.predict) {
+    fmt::print("{}\n", plan::prediction_json(plan::predict(r, c, cl), c.item).dump());
+    return 0;
+  }
+  plan::PlanOptions po;
+  po.max_ranks = o.max_ranks;
+  const std::vector<plan::Prediction> ps = plan::enumerate_plans(r, c, cl, po);
+  const plan::Prediction* best = nullptr;
+  for (const auto& p : ps)
+    if (p.feasible) {
+      best = &p;
+      break;
+    }
+  if (o.json) {
+    for (const auto& p : ps) fmt::print("{}\n", plan::prediction_json(p, c.item).dump());
+  } else {
+    fmt::print("plans for {} on {} (calibrated {} on {}):\n\n{}", o.recipe, cl.name, c.created, c.host,
+               plan::plan_table(ps, c.item, o.top));
+  }
+  if (!best) {
+    // what the smallest plan would need
+    const plan::Prediction* least = nullptr;
+    for (const auto& p : ps)
+      if (p.peak_total > 0 && (!least || p.peak_total < least->peak_total)) least = &p;
+    throw ConfigError(fmt::format("no plan of {} fits {}{}", o.recipe, cl.name,
+                                  least ? fmt::format(": the least memory any plan needs is {} per rank ({})",
+                                                      train::format_bytes(least->peak_total), least->plan.label())
+                                        : ""));
+  }
+  if (!o.apply.empty()) {
+    const Recipe applied = plan::apply_plan(r, best->plan);
+    data::write_file_atomic(
+        o.apply,
+        fmt::format("# brigade plan {}: {} (predicted {:.0f} {}/s, peak {})\n{}", o.recipe, best->plan.label(),
+                    best->items_per_s, c.item, train::format_bytes(best->peak_total), train::recipe_to_toml(applied)));
+    if (!o.json) fmt::print("\nwrote the best plan's recipe to {}\n", o.apply);
+  }
+  return 0;
+}
+
+int plan_for_training(const std::string& recipe, const std::vector<std::string>& sets, const std::string& calibration,
+                      int argc, char** argv, std::vector<std::string>& plan_sets) {
+  const Recipe r = train::load_recipe(recipe, sets);
+  const plan::Calibration c = load_calibration_for(r, calibration);
+  const plan::Cluster cl = plan::local_cluster(c);
+  const int W = dist::Env::world_size();
+  plan::PlanOptions po;
+  if (W > 1) po.only_ranks = W;
+  const std::vector<plan::Prediction> ps = plan::enumerate_plans(r, c, cl, po);
+  BRIGADE_CHECK(!ps.empty() && ps.front().feasible, ConfigError,
+                "--plan auto: no plan of {}{} fits this machine (`brigade plan {}` lists why)", recipe,
+                W > 1 ? fmt::format(" on {} ranks", W) : "", recipe);
+  const plan::Prediction& best = ps.front();
+  if (dist::Env::world_rank() == 0)
+    fmt::print(stderr, "plan: {} (predicted {:.0f} {}/s, peak {} per rank): --set {}\n", best.plan.label(),
+               best.items_per_s, c.item, train::format_bytes(best.peak_total), join(best.plan.overrides(), " --set "));
+  if (W == 1 && best.plan.ranks() > 1) {
+    std::string binary = fs::read_symlink("/proc/self/exe").string();
+    std::string cmd =
+        fmt::format("mpirun --oversubscribe --bind-to none -np {} {}", best.plan.ranks(), shell_quote(binary));
+    for (int i = 1; i < argc; ++i) cmd += " " + shell_quote(argv[i]);
+    fmt::print(stderr, "plan: launching {}\n", cmd);
+    const int rc = std::system(cmd.c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
+  }
+  plan_sets = best.plan.overrides();
+  if (best.plan.level != "O0") plan_sets.push_back("precision.dtype=bf16");
+  return -1;
+}
+
+}  // namespace brigade::cli

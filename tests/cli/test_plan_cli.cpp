@@ -1,0 +1,148 @@
+// `brigade calibrate`, `brigade plan` and `brigade train --plan auto` end to end on the tiny GPT,
+// one process: the calibration file's contents, the plan listing's JSON, --predict against the
+// dry run's memory model (GPT's formulas, an independent source: the plan's memory comes from
+// the calibration's measured dry step), --apply, and the errors for a calibration of another
+// model and a cluster no plan fits.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/recipes.h"
+
+namespace fs = std::filesystem;
+using namespace brigade;
+
+namespace {
+
+class PlanCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // one folder for the suite (fresh_test_dir names it after a test; none runs yet)
+    const fs::path d = fs::temp_directory_path() / ("brigade_plan_cli_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    fs::create_directories(d);
+    dir_ = new fs::path(test_support::write_tiny_run(d, test_support::tiny_gpt_recipe({"run.threads=0"}), "tiny.toml"));
+    // one process only (no mpirun here): O0 and O2, no recompute and full, 2 to 8 rows
+    calibrate_ = new test_support::CmdResult(
+        test_support::run_brigade(*dir_,
+                                  "calibrate tiny.toml --ranks 1 --levels O0,O2 --recompute none,full --rows "
+                                  "2,4,8 --steps 1 --warmup 1 --out cal.json"));
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+    delete calibrate_;
+  }
+  static test_support::CmdResult brigade(const std::string& args) { return test_support::run_brigade(*dir_, args); }
+  static std::vector<nlohmann::json> lines(const std::string& out) {
+    std::vector<nlohmann::json> v;
+    std::istringstream in(out);
+    for (std::string l; std::getline(in, l);)
+      if (!l.empty()) v.push_back(nlohmann::json::parse(l));
+    return v;
+  }
+  static fs::path* dir_;
+  static test_support::CmdResult* calibrate_;
+};
+fs::path* PlanCli::dir_ = nullptr;
+test_support::CmdResult* PlanCli::calibrate_ = nullptr;
+
+TEST_F(PlanCli, CalibrateWritesEveryPointOfTheGrid) {
+  ASSERT_EQ(calibrate_->code, 0) << calibrate_->err;
+  const nlohmann::json c = test_support::json_file(*dir_ / "cal.json");
+  EXPECT_EQ(c["format"], "brigade-calibration-1");
+  EXPECT_EQ(c["compute"].size(), 2u * 2u * 3u);  // levels x recompute x rows
+  for (const auto& p : c["compute"]) {
+    EXPECT_EQ(p["ranks"], 1);
+    EXPECT_GT(p["fwd_bwd_s"].get<double>(), 0.0);
+    EXPECT_GT(p["act_peak"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(c["stages"].size(), 2u * 3u);  // levels x rows
+  EXPECT_EQ(c["num_blocks"], 2);
+  EXPECT_GT(c["gemm_peak_f32_gflops"].get<double>(), 0.0);
+}
+
+TEST_F(PlanCli, PredictedMemoryOfTheRecipeIsTheDryRunsFormulas) {
+  ASSERT_EQ(calibrate_->code, 0) << calibrate_->err;
+  for (const char* level : {"O0"}) {
+    const std::string sets = std::string(" --set precision.level=") + level;
+    const auto pred = brigade("plan tiny.toml --calibration cal.json --predict" + sets);
+    ASSERT_EQ(pred.code, 0) << pred.err;
+    const nlohmann::json p = nlohmann::json::parse(pred.out);
+    ASSERT_TRUE(p["feasible"].get<bool>()) << p.dump();
+    EXPECT_GT(p["items_per_s"].get<double>(), 0.0);
+    const auto dry = brigade("train tiny.toml --dry-run --json" + sets);
+    ASSERT_EQ(dry.code, 0) << dry.err;
+    const nlohmann::json d = nlohmann::json::parse(dry.out)["ranks"][0]["peak"];
+    for (const char* cat : {"params", "grads", "optimizer", "activations", "workspace", "other"})
+      EXPECT_EQ(p["peak_bytes"][cat], d[cat]) << cat;
+  }
+}
+
+TEST_F(PlanCli, ListsPlansBestFirstRejectsTheUncalibratedAndApplies) {
+  ASSERT_EQ(calibrate_->code, 0) << calibrate_->err;
+  const auto r = brigade("plan tiny.toml --calibration cal.json --json --apply best.toml");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto ps = lines(r.out);
+  ASSERT_GT(ps.size(), 4u);
+  ASSERT_TRUE(ps[0]["feasible"].get<bool>());
+  bool saw_uncalibrated = false;
+  double last = 1e300;
+  for (const auto& p : ps) {
+    if (p["feasible"].get<bool>()) {
+      EXPECT_LE(p["items_per_s"].get<double>(), last);
+      last = p["items_per_s"].get<double>();
+    } else if (p["ranks"].get<int>() == 2) {
+      saw_uncalibrated |= p["reason"].get<std::string>().find("not calibrated for 2 ranks") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(saw_uncalibrated) << "a 2-rank plan without a 2-rank calibration must be rejected as such";
+  // the applied recipe is a whole recipe with the best plan's keys
+  const auto dry = brigade("train best.toml --dry-run");
+  EXPECT_EQ(dry.code, 0) << dry.err;
+  std::ifstream in(*dir_ / "best.toml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  for (const auto& o : ps[0]["overrides"]) {
+    const std::string kv = o.get<std::string>();
+    const std::string key = kv.substr(kv.find('.') + 1, kv.find('=') - kv.find('.') - 1);
+    EXPECT_NE(ss.str().find(key + " = "), std::string::npos) << key;
+  }
+}
+
+TEST_F(PlanCli, RefusesAnotherModelsCalibrationAndSaysWhatNoPlanFits) {
+  ASSERT_EQ(calibrate_->code, 0) << calibrate_->err;
+  auto r = brigade("plan tiny.toml --calibration cal.json --set model.n_layer=3");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("model.n_layer: 2 (calibrated) vs 3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("brigade calibrate"), std::string::npos) << r.err;
+  std::ofstream(*dir_ / "small.toml") << "[cluster]\nname = \"tiny\"\nnodes = 1\nranks_per_node = 1\n"
+                                         "cores_per_node = 2\nmemory_per_rank_gb = 0.0001\n"
+                                         "[cluster.intra]\nlatency_us = 1\ngbps = 10\n";
+  r = brigade("plan tiny.toml --calibration cal.json --cluster small.toml");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("no plan of tiny.toml fits tiny"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the least memory any plan needs is"), std::string::npos) << r.err;
+}
+
+TEST_F(PlanCli, TrainPlanAutoTrainsWithTheBestPlan) {
+  ASSERT_EQ(calibrate_->code, 0) << calibrate_->err;
+  const auto best = lines(brigade("plan tiny.toml --calibration cal.json --json").out).at(0);
+  const auto r = brigade("train tiny.toml --plan auto --calibration cal.json --quiet --no-sample --stop-at 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("plan: " + best["plan"].get<std::string>()), std::string::npos) << r.err;
+  // the run's saved recipe has the plan's keys
+  const auto mem = test_support::json_file(*dir_ / "run/memory.json");
+  std::string level;
+  for (const auto& o : best["overrides"])
+    if (o.get<std::string>().rfind("precision.level=", 0) == 0) level = o.get<std::string>().substr(16);
+  EXPECT_EQ(mem["precision"]["level"], level);
+}
+
+}  // namespace

@@ -1,0 +1,260 @@
+// The planner (plan/planner.h) on hand-written calibrations: each expected step time is worked
+// out here from the calibration's numbers (the measured points, alpha-beta fits, the GPipe
+// makespan of equal stages), each expected byte count from the parameter layout's algebra;
+// the calibration file's JSON form; described clusters; the reasons plans are rejected.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "brigade/core/error.h"
+#include "brigade/plan/calibration.h"
+#include "brigade/plan/planner.h"
+#include "brigade/train/config.h"
+
+namespace brigade::plan {
+namespace {
+
+// A 4-block GPT of the default recipe's shape, global batch 16 x 128 tokens.
+train::Recipe recipe() {
+  train::Recipe r;
+  r.model.type = "gpt";
+  r.model.n_layer = 4, r.model.n_head = 4, r.model.n_embd = 256, r.model.vocab_size = 4096, r.model.block_size = 128;
+  r.train.batch_size = 16, r.train.seq_len = 128;
+  return r;
+}
+
+ComputePoint point(int ranks, int threads, const std::string& level, const std::string& rc, int64_t rows, double fb,
+                   double upd, int64_t act = 0) {
+  ComputePoint p;
+  p.ranks = ranks, p.threads = threads, p.level = level, p.recompute = rc, p.rows = rows;
+  p.fwd_bwd_s = fb, p.update_s = upd, p.act_peak = act, p.act_live = 0, p.work_compute = 4096;
+  return p;
+}
+
+// Two units (embeddings + 4 blocks) of known sizes; every numel a multiple of 16, so the flat
+// layout has no alignment padding: params = 4 B x sum.
+Calibration calibration() {
+  Calibration c;
+  c.created = "2026-12-05T00:00:00Z", c.host = "test", c.cores = 2;
+  c.gemm_peak_f32 = 400, c.gemm_peak_bf16 = 800;
+  c.model = calibration_key(recipe());
+  c.parameters = 1024 + 4 * 4096;
+  c.num_blocks = 4;
+  c.flops_per_item = 1e6, c.items_per_row = 128, c.item = "tokens";
+  c.hidden_per_row = 128 * 256;
+  c.has_stages = true, c.tp_plan = true;
+  train::PlannedUnit outside{"embeddings+head", {{"transformer.wte.weight", 1024}}};
+  c.units = {outside};
+  c.units_zero3 = {outside};
+  for (int b = 0; b < 4; ++b) {
+    const std::pair<std::string, int64_t> w{fmt::format("transformer.h.{}.w", b), 4096};
+    c.units.front().params.push_back(w);
+    c.units_zero3.push_back({fmt::format("transformer.h.{}", b), {w}});
+  }
+  for (int64_t rows : {2, 4, 8, 16}) {
+    c.compute.push_back(point(1, 2, "O0", "none", rows, 0.01 * double(rows) + 0.02, 0.005, rows * 1000));
+    c.compute.push_back(point(2, 1, "O0", "none", rows, 0.02 * double(rows) + 0.03, 0.008));
+  }
+  CommCalibration cc;
+  cc.ranks = 2;
+  CommFit f;
+  f.alpha_s = 1e-4, f.beta_s_per_byte = 1e-9;
+  for (const char* k : {"allreduce/mpi", "allreduce/ring", "allreduce/tree", "reduce_scatter/mpi",
+                        "reduce_scatter/ring", "allgather", "sendrecv"})
+    cc.fits[k] = f;
+  c.comm[2] = cc;
+  return c;
+}
+
+Cluster machine() {
+  Cluster cl;
+  cl.nodes = 1, cl.ranks_per_node = 2, cl.cores_per_node = 2;
+  return cl;
+}
+
+TEST(Calibration, InterpolatesLinearlyBetweenMeasuredRowsAndProportionallyBeyond) {
+  const Calibration c = calibration();
+  // measured at 2, 4, 8, 16 rows: 0.01 rows + 0.02
+  EXPECT_DOUBLE_EQ(c.fwd_bwd_seconds(1, 2, "O0", "none", 8), 0.10);
+  EXPECT_NEAR(c.fwd_bwd_seconds(1, 2, "O0", "none", 6), 0.08, 1e-12);       // between 4 (0.06) and 8 (0.10)
+  EXPECT_NEAR(c.fwd_bwd_seconds(1, 2, "O0", "none", 1), 0.04 / 2, 1e-12);   // below 2: 0.04 x 1/2
+  EXPECT_NEAR(c.fwd_bwd_seconds(1, 2, "O0", "none", 32), 0.18 * 2, 1e-12);  // above 16: 0.18 x 2
+  EXPECT_LT(c.fwd_bwd_seconds(1, 2, "O2", "none", 8), 0);                   // not measured
+}
+
+TEST(Calibration, JsonRoundTripIsExactAndMissingFieldsAreNamed) {
+  const Calibration c = calibration();
+  const nlohmann::json j = calibration_to_json(c);
+  const Calibration back = calibration_from_json(j, "test");
+  EXPECT_EQ(calibration_to_json(back), j);
+  nlohmann::json bad = j;
+  bad["compute"][1].erase("update_s");
+  try {
+    calibration_from_json(bad, "cal.json");
+    FAIL() << "a point without update_s was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("compute[1]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("update_s"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(calibration_from_json(nlohmann::json{{"format", "other"}}, "x"), ConfigError);
+}
+
+TEST(Calibration, RefusesAnotherModel) {
+  const Calibration c = calibration();
+  EXPECT_EQ(calibration_mismatch(c, recipe()), "");
+  train::Recipe r = recipe();
+  r.model.n_layer = 6;
+  const std::string diff = calibration_mismatch(c, r);
+  EXPECT_NE(diff.find("model.n_layer: 4 (calibrated) vs 6"), std::string::npos) << diff;
+}
+
+TEST(Planner, OneRankStepIsTheMeasuredMicroStepsPlusTheUpdate) {
+  const Calibration c = calibration();
+  train::Recipe r = recipe();
+  r.run.threads = 2;
+  r.train.batch_size = 8, r.train.accumulation = 2;
+  const Prediction p = predict(r, c, machine());
+  ASSERT_TRUE(p.feasible) << p.reason;
+  EXPECT_NEAR(p.compute_s, 2 * (0.01 * 8 + 0.02), 1e-12);
+  EXPECT_NEAR(p.update_s, 0.005, 1e-12);
+  EXPECT_EQ(p.comm_s, 0.0);
+  EXPECT_NEAR(p.step_s, 0.2 + 0.005, 1e-12);
+  EXPECT_NEAR(p.items_per_s, 16 * 128 / 0.205, 1e-6);
+  // fp32 flat buffers: params and grads 4 B x 17408, AdamW's two states the same again
+  const int64_t flat = 4 * (1024 + 4 * 4096);
+  EXPECT_EQ(p.peak[size_t(MemTag::Params)], flat);
+  EXPECT_EQ(p.peak[size_t(MemTag::Grads)], flat);
+  EXPECT_EQ(p.peak[size_t(MemTag::Optimizer)], 2 * flat);
+  EXPECT_EQ(p.peak[size_t(MemTag::Activations)], 8 * 1000);  // the point at 8 rows
+}
+
+TEST(Planner, DataParallelAddsTheBucketAllreducesOfTheAlphaBetaFit) {
+  const Calibration c = calibration();
+  train::Recipe r = recipe();
+  r.parallel.dp = 2, r.train.batch_size = 8, r.run.threads = 1;
+  r.parallel.bucket_mb = 0.03125;  // 32 KiB buckets: 69632 gradient bytes make 3
+  const Prediction p = predict(r, c, machine());
+  ASSERT_TRUE(p.feasible) << p.reason;
+  const double grad_bytes = 4.0 * (1024 + 4 * 4096);
+  const double buckets = 3, per_bucket = std::floor(grad_bytes / buckets);
+  const double expect_comm = buckets * (1e-4 + 1e-9 * per_bucket) + (1e-4 + 1e-9 * 8);  // + the gradient norm
+  EXPECT_NEAR(p.comm_s, expect_comm, 1e-12);
+  EXPECT_NEAR(p.compute_s, 0.02 * 8 + 0.03, 1e-12);  // the 2-rank launch's point, 1 thread
+  EXPECT_NEAR(p.update_s, 0.008, 1e-12);
+  // ZeRO-1: the update runs on half the parameters; reduce-scatters, then one allgather
+  r.parallel.zero = 1;
+  const Prediction z = predict(r, c, machine());
+  ASSERT_TRUE(z.feasible) << z.reason;
+  EXPECT_NEAR(z.update_s, 0.004, 1e-12);
+  EXPECT_NEAR(z.comm_s, buckets * (1e-4 + 1e-9 * per_bucket) + (1e-4 + 1e-9 * grad_bytes) + (1e-4 + 1e-9 * 8), 1e-12);
+}
+
+TEST(Planner, GpipeOfEqualStagesTakesMPlusPMinusOneSlots) {
+  Calibration c = calibration();
+  // one block: F 1 ms, B 2 ms (input) + 1 ms (weight); no head cost; measured at 4 rows
+  c.stages.push_back({2, 1, "O0", 4, 0.001, 0.002, 0.001, 0, 0, 0});
+  // make the whole micro-batch at 4 rows agree with 4 blocks x 4 ms, so no rescaling happens
+  for (ComputePoint& pt : c.compute)
+    if (pt.ranks == 2 && pt.rows == 4) pt.fwd_bwd_s = 0.016;
+  for (auto& [k, f] : c.comm[2].fits) f.alpha_s = 0, f.beta_s_per_byte = 0;  // free hops
+  train::Recipe r = recipe();
+  r.parallel.pp = 2, r.parallel.microbatches = 4, r.parallel.schedule = "gpipe", r.run.threads = 1;
+  const Prediction p = predict(r, c, machine());
+  ASSERT_TRUE(p.feasible) << p.reason;
+  // 2 stages of 2 blocks: F = 2 ms, B = 6 ms per stage and micro-batch; GPipe: (m + p - 1) x (F + B)
+  EXPECT_NEAR(p.compute_s, (4 + 2 - 1) * (0.002 + 0.006), 1e-9);
+  EXPECT_NEAR(p.bubble, (2 - 1) / 4.0, 1e-9);  // (makespan - ideal) / ideal = (p - 1) / m
+  EXPECT_TRUE(p.memory_approximate);
+}
+
+TEST(Planner, RejectsWithTheReason) {
+  const Calibration c = calibration();
+  train::Recipe r = recipe();
+  r.run.threads = 2;
+  r.precision.level = "O2";
+  Prediction p = predict(r, c, machine());
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.reason.find("not calibrated"), std::string::npos) << p.reason;
+  r = recipe();
+  r.parallel.pp = 8, r.run.threads = 1;
+  p = predict(r, c, machine());
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.reason.find("nodes"), std::string::npos) << p.reason;  // 8 ranks on one 2-rank node
+  Cluster small = machine();
+  small.memory_per_rank = 1 << 16;
+  r = recipe();
+  r.run.threads = 2;
+  p = predict(r, c, small);
+  EXPECT_FALSE(p.feasible);
+  EXPECT_NE(p.reason.find("per rank"), std::string::npos) << p.reason;
+  EXPECT_GT(p.peak_total, int64_t(1) << 16);  // what it would need, for the "least memory" message
+}
+
+TEST(Planner, EnumeratesEveryLayoutOfTheGlobalBatchAndAppliesTheBest) {
+  const Calibration c = calibration();
+  train::Recipe r = recipe();
+  const std::vector<Prediction> ps = enumerate_plans(r, c, machine());
+  ASSERT_FALSE(ps.empty());
+  ASSERT_TRUE(ps.front().feasible);
+  for (size_t i = 1; i < ps.size() && ps[i].feasible; ++i) EXPECT_GE(ps[i - 1].items_per_s, ps[i].items_per_s);
+  for (const Prediction& p : ps) EXPECT_EQ(p.plan.batch_size * p.plan.accumulation * p.plan.dp, 16) << p.plan.label();
+  const train::Recipe applied = apply_plan(r, ps.front().plan);
+  train::validate_recipe(applied, "applied");
+  EXPECT_EQ(applied.parallel.dp, ps.front().plan.dp);
+  EXPECT_EQ(applied.train.batch_size, ps.front().plan.batch_size);
+  // the applied recipe predicts as the enumerated plan did
+  const Prediction again = predict(applied, c, machine());
+  EXPECT_NEAR(again.step_s, ps.front().step_s, 1e-12);
+}
+
+TEST(Cluster, ParsesADescribedClusterAndNamesBadKeys) {
+  const Cluster cl = parse_cluster(R"(
+[cluster]
+name = "8 nodes"
+nodes = 8
+ranks_per_node = 1
+cores_per_node = 2
+memory_per_rank_gb = 24
+[cluster.intra]
+latency_us = 1
+gbps = 100
+[cluster.inter]
+latency_us = 20
+gbps = 25
+)",
+                                   "c.toml");
+  EXPECT_EQ(cl.nodes, 8);
+  EXPECT_EQ(cl.memory_per_rank, int64_t(24) << 30);
+  EXPECT_DOUBLE_EQ(cl.inter.bytes_per_s, 25e9 / 8);
+  EXPECT_DOUBLE_EQ(cl.inter.latency_s, 20e-6);
+  try {
+    parse_cluster("[cluster]\nnodez = 2\n[cluster.intra]\ngbps = 1\n", "c.toml");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("nodez"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nodes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_cluster("[cluster]\nnodes = 2\n[cluster.intra]\ngbps = 1\n", "c.toml"), ConfigError);  // no inter
+}
+
+TEST(Cluster, DescribedLinksGiveRingCosts) {
+  const Calibration c = calibration();
+  Cluster cl = parse_cluster(
+      "[cluster]\nnodes = 2\nranks_per_node = 1\ncores_per_node = 2\n[cluster.intra]\ngbps = 80\n"
+      "[cluster.inter]\nlatency_us = 10\ngbps = 8\n",
+      "c.toml");
+  train::Recipe r = recipe();
+  r.parallel.dp = 2, r.train.batch_size = 8, r.run.threads = 2;
+  r.parallel.bucket_mb = 1.0;  // one bucket
+  const Prediction p = predict(r, c, cl);
+  ASSERT_TRUE(p.feasible) << p.reason;
+  // ring allreduce over 2 nodes: 2 (P - 1) latencies + 2 (P - 1) / P x bytes / bandwidth, for the
+  // gradients and for the 8-byte norm
+  const double bw = 8e9 / 8, grads = 4.0 * (1024 + 4 * 4096);
+  const double expect = (2 * 1e-5 + grads / bw) + (2 * 1e-5 + 8 / bw);
+  EXPECT_NEAR(p.comm_s, expect, 1e-12);
+  EXPECT_NEAR(p.compute_s, 0.01 * 8 + 0.02, 1e-12);  // one rank per node: the 1-rank, 2-thread points
+}
+
+}  // namespace
+}  // namespace brigade::plan
