@@ -365,6 +365,9 @@ TEST_F(LadderRun, BadLadderFailsBeforeAnythingRuns) {
   EXPECT_EQ(n.code, 1) << n.err;
   EXPECT_NE(n.err.find("ladder row 3 (a + heads)"), std::string::npos) << n.err;
   EXPECT_FALSE(fs::exists(dir_ / "bad"));
+  const CmdResult target = brigade("ablate tiny.toml --vary optim.lr=1e-3 --target-loss 3 --out bad");
+  EXPECT_EQ(target.code, 1);
+  EXPECT_NE(target.err.find("--target-loss and --predictor go with --ladder"), std::string::npos) << target.err;
   const CmdResult both = brigade("ablate tiny.toml --vary optim.lr=1e-3 --ladder default --out bad");
   EXPECT_NE(both.code, 0);
   EXPECT_NE(both.err.find("excludes"), std::string::npos) << both.err;

@@ -409,6 +409,9 @@ int run_ablation(const AblateOptions& o) {
                 "--vary and --ladder/--ladder-file: give one of them (a ladder adds and removes techniques; --vary "
                 "runs every combination of values)");
   if (ladder) return run_ladder(o);
+  BRIGADE_CHECK(!std::isfinite(o.target_loss) && o.predictor.empty(), ConfigError,
+                "--target-loss and --predictor go with --ladder (the ladder's rows are timed to a loss and predicted); "
+                "remove them or give a --ladder");
   BRIGADE_CHECK(o.steps >= 1, ConfigError, "--steps {}: must be >= 1 (steps per variant)", o.steps);
   BRIGADE_CHECK(!o.vary.empty(), ConfigError,
                 "nothing to compare: give at least one --vary section.key=v1,v2 (e.g. --vary train.accumulation=1,2) "
