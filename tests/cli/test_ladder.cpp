@@ -354,6 +354,23 @@ TEST_F(LadderRun, ReadsATomlLadderAndAGivenTargetAndRunsWithoutAPlanner) {
   EXPECT_NE(slurp(dir_ / "lad/ladder.md").find("| not reached |"), std::string::npos);
 }
 
+TEST_F(LadderRun, RowsOfTheSameRecipeRunOnce) {
+  // `own` sets the recipe's own learning rate: its rows are the baseline's, however they are spelled
+  const CmdResult r = brigade(
+      "ablate tiny.toml --ladder \"own=optim.lr=3e-3;lr=optim.lr=1e-3\" --steps 1 --out lad --quiet "
+      "--predictor \"sh fake_plan.sh\"");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json rows = nlohmann::json::parse(slurp(dir_ / "lad/ladder.json")).at("rows");
+  ASSERT_EQ(rows.size(), 5u);
+  // baseline, own (= 1), own + lr, all but own = {lr} (= 3), all but lr = {own} (= 1)
+  const std::vector<nlohmann::json> same = {nullptr, 1, nullptr, 3, 1};
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(rows[i].at("same_as"), same[i]) << i;
+  size_t runs = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "lad"))
+    if (e.is_directory() && e.path().filename() != "predict") ++runs;
+  EXPECT_EQ(runs, 2u);
+}
+
 TEST_F(LadderRun, BadLadderFailsBeforeAnythingRuns) {
   const CmdResult r = brigade("ablate tiny.toml --ladder precision.level=O2 --out bad");
   EXPECT_EQ(r.code, 1) << r.err;

@@ -521,6 +521,7 @@ int run_ladder(const AblateOptions& o) {
         continue;
       }
     }
+    while (rows[size_t(row.same_as)].same_as >= 0) row.same_as = rows[size_t(row.same_as)].same_as;  // the first
     run_of[i] = run_of[size_t(row.same_as)];
   }
   check_variants(o, runs);  // mpirun where a row needs several processes
