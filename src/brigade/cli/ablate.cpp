@@ -118,20 +118,24 @@ class SignalForwarder {
   }, old_term_{};
 };
 
-// Runs argv with stdout and stderr into `log`; returns the exit status (128 + signal when killed).
-int run_child(const std::vector<std::string>& args, const std::string& log) {
+// Runs argv with stdout into `log` and stderr into `err_log` (into `log` too when empty); returns the
+// exit status (128 + signal when killed). A signal caught meanwhile (g_ablate_stop) is passed on as SIGTERM.
+int run_child(const std::vector<std::string>& args, const std::string& log, const std::string& err_log = "") {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  if (err_log.empty())
+    posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  else
+    posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, err_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
   const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   BRIGADE_CHECK(rc == 0, IoError,
-                "cannot start {}: {}; check that the brigade binary (and mpirun for parallel.dp > 1) "
+                "cannot start {}: {}; check that the brigade binary (and mpirun for more than one process) "
                 "can be executed",
                 args[0], std::strerror(rc));
   bool forwarded = false;
@@ -162,20 +166,20 @@ std::string failure_line(const std::string& log) {
   return trim(error.empty() ? last : error);
 }
 
-std::string pct(double v, double base) {
-  if (!(base != 0) || !std::isfinite(v) || !std::isfinite(base)) return "";
-  return fmt::format("{:+.1f}%", 100.0 * (v - base) / std::fabs(base));
+}  // namespace
+
+std::string percent_change(double now, double base) {
+  if (!(base != 0) || !std::isfinite(now) || !std::isfinite(base)) return "";
+  return fmt::format("{:+.1f}%", 100.0 * (now - base) / std::fabs(base));
 }
 
-std::string mib(int64_t b) { return fmt::format("{:.1f}", double(b) / double(1 << 20)); }
+std::string mib_text(int64_t bytes) { return fmt::format("{:.1f}", double(bytes) / double(1 << 20)); }
 
-std::string md_escape(const std::string& s) {
+std::string markdown_escape(const std::string& s) {
   std::string out;
   for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
   return out;
 }
-
-}  // namespace
 
 VaryAxis parse_vary(const std::string& text) {
   const size_t eq = text.find('=');
@@ -262,17 +266,18 @@ std::string ablation_table(const std::vector<VariantResult>& vs) {
     const VariantResult& v = vs[i];
     if (!v.ok) {
       const char* status = v.error.empty() ? "not run" : v.error == "interrupted" ? "interrupted" : "failed";
-      t += fmt::format("| {} | {} | {} | | | | | | | | | | | |\n", i + 1, md_escape(v.label), status);
+      t += fmt::format("| {} | {} | {} | | | | | | | | | | | |\n", i + 1, markdown_escape(v.label), status);
       continue;
     }
     auto delta = [&](double now, double then) {
       if (i == 0) return std::string("base");
-      return base ? pct(now, then) : std::string();
+      return base ? percent_change(now, then) : std::string();
     };
     const bool has_val = v.final_val_loss >= 0;
     t += fmt::format("| {} | {} | {} | {:.0f} | {} | {} | {} | {} | {} | {} | {} | {:.4f} | {} | {} |\n", i + 1,
-                     md_escape(v.label), v.steps, v.items_per_s, delta(v.items_per_s, base ? base->items_per_s : 0),
-                     mib(v.peak[0]), mib(v.peak[1]), mib(v.peak[2]), mib(v.peak[3]), mib(v.peak_total),
+                     markdown_escape(v.label), v.steps, v.items_per_s,
+                     delta(v.items_per_s, base ? base->items_per_s : 0), mib_text(v.peak[0]), mib_text(v.peak[1]),
+                     mib_text(v.peak[2]), mib_text(v.peak[3]), mib_text(v.peak_total),
                      delta(double(v.peak_total), base ? double(base->peak_total) : 0), v.final_loss,
                      has_val ? fmt::format("{:.4f}", v.final_val_loss) : "",
                      has_val && (i == 0 || (base && base->final_val_loss >= 0))
@@ -295,13 +300,122 @@ std::string ablation_plot_svg(const std::vector<VariantResult>& vs, const std::s
   return line_plot_svg(series, o);
 }
 
+std::string brigade_binary(const AblateOptions& o) {
+  if (!o.binary.empty()) return o.binary;
+  std::error_code ec;
+  const std::string self = fs::read_symlink("/proc/self/exe", ec).string();
+  BRIGADE_CHECK(!ec, IoError, "cannot find the brigade binary (/proc/self/exe: {}); run ablate on Linux", ec.message());
+  return self;
+}
+
+int run_command(std::vector<std::string> args, const std::string& out_path, const std::string& err_path) {
+  BRIGADE_CHECK(!args.empty() && !args[0].empty(), ConfigError, "no command to run (an empty command line)");
+  if (args[0].find('/') == std::string::npos) {
+    const std::string found = find_on_path(args[0]);
+    BRIGADE_CHECK(!found.empty(), ConfigError, "cannot run '{}': no such program on PATH; give its path", args[0]);
+    args[0] = found;
+  }
+  return run_child(args, out_path, err_path);
+}
+
+namespace {
+
+// The recipe of variant i (o.sets, then its overrides); a ConfigError names the variant.
+Recipe variant_recipe(const AblateOptions& o, const VariantResult& v, size_t i) {
+  std::vector<std::string> sets = o.sets;
+  sets.insert(sets.end(), v.overrides.begin(), v.overrides.end());
+  try {
+    return load_recipe(o.recipe, sets);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("variant {} ({}): {}", i + 1, v.label, e.what()));
+  }
+}
+
+// Processes a run of `r` takes: one per data-parallel, tensor-parallel and pipeline rank.
+int64_t processes(const Recipe& r) { return r.parallel.dp * r.parallel.tp * r.parallel.pp; }
+
+}  // namespace
+
+std::string check_variants(const AblateOptions& o, const std::vector<VariantResult>& variants) {
+  std::string mpirun;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Recipe r = variant_recipe(o, variants[i], i);
+    if (processes(r) > 1 && mpirun.empty()) {
+      mpirun = find_on_path("mpirun");
+      BRIGADE_CHECK(!mpirun.empty(), ConfigError,
+                    "variant {} ({}) runs as {} processes (parallel.dp x tp x pp = {} x {} x {}), which needs "
+                    "mpirun, and there is none on PATH; install openmpi-bin or leave more than one process out of "
+                    "the variants",
+                    i + 1, variants[i].label, processes(r), r.parallel.dp, r.parallel.tp, r.parallel.pp);
+    }
+  }
+  return mpirun;
+}
+
+bool run_variants(const AblateOptions& o, std::vector<VariantResult>& variants, const std::string& tag) {
+  const std::string mpirun = check_variants(o, variants);
+  const std::string binary = brigade_binary(o);
+  auto say = [&](const std::string& s) {
+    if (!o.quiet) fmt::print(stderr, "{}: {}\n", tag, s);
+  };
+  std::error_code ec;
+  SignalForwarder forward;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    VariantResult& v = variants[i];
+    if (g_ablate_stop.load()) return false;  // a signal between two variants
+    fs::remove_all(v.dir, ec);
+    fs::create_directories(v.dir, ec);
+    BRIGADE_CHECK(!ec, IoError, "cannot create {}: {}; choose a writable --out", v.dir, ec.message());
+    std::vector<std::string> sets = o.sets;
+    sets.insert(sets.end(), v.overrides.begin(), v.overrides.end());
+    const Recipe r = variant_recipe(o, v, i);
+    std::vector<std::string> args;
+    if (processes(r) > 1) args = {mpirun, "--oversubscribe", "--bind-to", "none", "-np", std::to_string(processes(r))};
+    for (const std::string& a :
+         {binary, std::string("train"), o.recipe, std::string("--no-sample"), std::string("--stop-at"),
+          std::to_string(o.steps), std::string("--set"), std::string("train.log_every=1")})
+      args.push_back(a);
+    for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+    args.insert(args.end(), {"--set", "run.out_dir=" + v.dir});
+    say(fmt::format("[{}/{}] {}", i + 1, variants.size(), v.label));
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string log = (fs::path(v.dir) / "train.log").string();
+    const int rc = run_child(args, log);
+    v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if ((rc == 130 || g_ablate_stop.load()) && rc != 0) {
+      v.error = "interrupted";
+      return false;
+    }
+    if (rc != 0) {
+      v.error = fmt::format("exit {}: {} (log: {})", rc, failure_line(log), log);
+    } else {
+      v.ok = read_variant_result(v);
+    }
+    if (v.ok)
+      say(fmt::format("       {:.1f}s | {:.0f} {}/s | peak {} MiB | loss {:.4f} | val loss {:.4f}", v.seconds,
+                      v.items_per_s, v.item, mib_text(v.peak_total), v.final_loss, v.final_val_loss));
+    else
+      say(fmt::format("       failed: {}", v.error));
+  }
+  return !g_ablate_stop.load();
+}
+
 int run_ablation(const AblateOptions& o) {
   BRIGADE_CHECK(dist::Env::world_size() == 1, ConfigError,
                 "brigade ablate runs as one process and launches its variants itself (with mpirun for "
-                "parallel.dp > 1); run it without mpirun");
+                "more than one process); run it without mpirun");
+  const bool ladder = !o.ladder.empty() || !o.ladder_file.empty();
+  BRIGADE_CHECK(!(ladder && !o.vary.empty()), ConfigError,
+                "--vary and --ladder/--ladder-file: give one of them (a ladder adds and removes techniques; --vary "
+                "runs every combination of values)");
+  if (ladder) return run_ladder(o);
+  BRIGADE_CHECK(!std::isfinite(o.target_loss) && o.predictor.empty(), ConfigError,
+                "--target-loss and --predictor go with --ladder (the ladder's rows are timed to a loss and predicted); "
+                "remove them or give a --ladder");
   BRIGADE_CHECK(o.steps >= 1, ConfigError, "--steps {}: must be >= 1 (steps per variant)", o.steps);
   BRIGADE_CHECK(!o.vary.empty(), ConfigError,
-                "nothing to compare: give at least one --vary section.key=v1,v2 (e.g. --vary train.accumulation=1,2)");
+                "nothing to compare: give at least one --vary section.key=v1,v2 (e.g. --vary train.accumulation=1,2) "
+                "or a --ladder");
   std::vector<VaryAxis> axes;
   std::set<std::string> seen;
   for (const auto& text : o.vary) {
@@ -319,94 +433,26 @@ int run_ablation(const AblateOptions& o) {
 
   const fs::path out =
       o.out_dir.empty() ? fs::path(base.run.out_dir).parent_path() / (base.run.name + "-ablate") : fs::path(o.out_dir);
-  std::string binary = o.binary;
-  if (binary.empty()) {
-    std::error_code ec;
-    binary = fs::read_symlink("/proc/self/exe", ec).string();
-    BRIGADE_CHECK(!ec, IoError, "cannot find the brigade binary (/proc/self/exe: {}); run ablate on Linux",
-                  ec.message());
-  }
+  (void)brigade_binary(o);
 
   // Check every variant's recipe before running anything: a bad combination fails now, not after an hour.
   std::vector<VariantResult> results(combos.size());
-  std::string mpirun;
   for (size_t i = 0; i < combos.size(); ++i) {
     VariantResult& v = results[i];
     v.overrides = combos[i];
     v.label = join(combos[i], ", ");
     v.dir = (out / folder_name(i, combos[i])).string();
-    std::vector<std::string> sets = o.sets;
-    sets.insert(sets.end(), combos[i].begin(), combos[i].end());
-    Recipe r;
-    try {
-      r = load_recipe(o.recipe, sets);
-    } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("variant {} ({}): {}", i + 1, v.label, e.what()));
-    }
-    if (r.parallel.dp > 1 && mpirun.empty()) {
-      mpirun = find_on_path("mpirun");
-      BRIGADE_CHECK(!mpirun.empty(), ConfigError,
-                    "variant {} ({}) has parallel.dp = {}, which needs mpirun, and there is none on PATH; install "
-                    "openmpi-bin or leave parallel.dp > 1 out of the --vary list",
-                    i + 1, v.label, r.parallel.dp);
-    }
   }
+  check_variants(o, results);
   std::error_code ec;
   fs::create_directories(out, ec);
   BRIGADE_CHECK(!ec, IoError, "cannot create the ablation folder {}: {}; choose a writable --out", out.string(),
                 ec.message());
 
-  auto say = [&](const std::string& s) {
-    if (!o.quiet) fmt::print(stderr, "{}\n", s);
-  };
-  say(fmt::format("ablate: {} variant{} x {} steps of {} -> {}", combos.size(), combos.size() == 1 ? "" : "s", o.steps,
-                  o.recipe, out.string()));
-  bool interrupted = false;
-  {
-    SignalForwarder forward;
-    for (size_t i = 0; i < results.size() && !interrupted; ++i) {
-      VariantResult& v = results[i];
-      if (g_ablate_stop.load()) {  // a signal between two variants
-        interrupted = true;
-        break;
-      }
-      fs::remove_all(v.dir, ec);
-      fs::create_directories(v.dir, ec);
-      BRIGADE_CHECK(!ec, IoError, "cannot create {}: {}", v.dir, ec.message());
-      std::vector<std::string> sets = o.sets;
-      sets.insert(sets.end(), v.overrides.begin(), v.overrides.end());
-      const Recipe r = load_recipe(o.recipe, sets);
-      std::vector<std::string> args;
-      if (r.parallel.dp > 1)
-        args = {mpirun, "--oversubscribe", "--bind-to", "none", "-np", std::to_string(r.parallel.dp)};
-      for (const std::string& a :
-           {binary, std::string("train"), o.recipe, std::string("--no-sample"), std::string("--stop-at"),
-            std::to_string(o.steps), std::string("--set"), std::string("train.log_every=1")})
-        args.push_back(a);
-      for (const auto& s : sets) args.insert(args.end(), {"--set", s});
-      args.insert(args.end(), {"--set", "run.out_dir=" + v.dir});
-      say(fmt::format("ablate: [{}/{}] {}", i + 1, results.size(), v.label));
-      const auto t0 = std::chrono::steady_clock::now();
-      const std::string log = (fs::path(v.dir) / "train.log").string();
-      const int rc = run_child(args, log);
-      v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      interrupted = rc == 130 || g_ablate_stop.load();
-      if (interrupted && rc != 0) {
-        v.error = "interrupted";
-        break;
-      }
-      if (rc != 0) {
-        v.error = fmt::format("exit {}: {} (log: {})", rc, failure_line(log), log);
-      } else {
-        v.ok = read_variant_result(v);
-      }
-      if (v.ok)
-        say(fmt::format("ablate:        {:.1f}s | {:.0f} {}/s | peak {} MiB | loss {:.4f} | val loss {:.4f}", v.seconds,
-                        v.items_per_s, v.item, mib(v.peak_total), v.final_loss, v.final_val_loss));
-      else
-        say(fmt::format("ablate:        failed: {}", v.error));
-    }
-  }
+  if (!o.quiet)
+    fmt::print(stderr, "ablate: {} variant{} x {} steps of {} -> {}\n", combos.size(), combos.size() == 1 ? "" : "s",
+               o.steps, o.recipe, out.string());
+  const bool interrupted = !run_variants(o, results, "ablate");
 
   // The report (also after a failure or an interrupt: what ran is kept).
   const std::string cmd = fmt::format(
@@ -461,7 +507,7 @@ int run_ablation(const AblateOptions& o) {
   fmt::print("report: {} | plot: {}\n", (out / "ablate.md").string(), (out / "ablate.svg").string());
   std::fflush(stdout);
   if (interrupted) {
-    say("ablate: interrupted; the report covers the variants that finished");
+    if (!o.quiet) fmt::print(stderr, "ablate: interrupted; the report covers the variants that finished\n");
     return 130;
   }
   std::vector<std::string> failed;

@@ -239,12 +239,23 @@ int run(int argc, char** argv) {
                "adapter_config.json");
 
   auto* abl = app.add_subcommand("ablate",
-                                 "Run a recipe under each combination of --vary values and compare "
-                                 "tokens/s, peak memory and loss (table + loss-curve plot)");
+                                 "Run a recipe under each combination of --vary values, or a --ladder of "
+                                 "techniques, and compare tokens/s, peak memory and loss (table + loss-curve plot)");
   abl->add_option("recipe", recipe, "Recipe TOML file")->required();
-  abl->add_option("--vary", aopts.vary, "section.key=v1,v2,... (repeatable; every combination runs)")
-      ->required()
-      ->allow_extra_args(false);  // one value per --vary, so the recipe may follow it
+  auto* vary = abl->add_option("--vary", aopts.vary, "section.key=v1,v2,... (repeatable; every combination runs)")
+                   ->allow_extra_args(false);  // one value per --vary, so the recipe may follow it
+  auto* ladder = abl->add_option("--ladder", aopts.ladder,
+                                 "Techniques added in turn, then each left out, beside the planner's prediction: "
+                                 "\"NAME=section.key=value[,key=value];NAME=...\" or \"default\"")
+                     ->excludes(vary);
+  abl->add_option("--ladder-file", aopts.ladder_file,
+                  "The ladder as TOML: [[technique]] tables of a name and its overrides")
+      ->excludes(vary)
+      ->excludes(ladder);
+  abl->add_option("--target-loss", aopts.target_loss,
+                  "--ladder: report the seconds of training to this train loss (default: the baseline's final)");
+  abl->add_option("--predictor", aopts.predictor,
+                  "--ladder: the prediction command, run as CMD RECIPE --predict --set ... (default: brigade plan)");
   abl->add_option("--steps", aopts.steps, "Steps per variant (train --stop-at)")->capture_default_str();
   abl->add_option("--out", aopts.out_dir, "Report folder (default: <run.out_dir's parent>/<run.name>-ablate)");
   abl->add_option("--set", sets, "Override a recipe key for every variant: section.key=value (repeatable)")
