@@ -223,3 +223,20 @@ TEST(MeasureComm, RejectsBadOptions) {
 }
 
 }  // namespace
+
+namespace brigade::plan {
+namespace {
+
+TEST(CommFitInterpolate, LinearBetweenMeasuredSizesProportionalAboveAndAlphaBetaWithoutPoints) {
+  CommFit f;
+  f.alpha_s = 1e-3, f.beta_s_per_byte = 1e-6;
+  EXPECT_DOUBLE_EQ(f.interpolate(2000), 1e-3 + 2e-3);  // no points: the fit
+  f.points = {{3000, 2.0}, {1000, 1.0}};               // any order
+  EXPECT_DOUBLE_EQ(f.interpolate(2000), 1.5);
+  EXPECT_DOUBLE_EQ(f.interpolate(1000), 1.0);
+  EXPECT_DOUBLE_EQ(f.interpolate(500), 1.0);   // below the smallest: its time
+  EXPECT_DOUBLE_EQ(f.interpolate(6000), 4.0);  // above the largest: 2.0 x 6000 / 3000
+}
+
+}  // namespace
+}  // namespace brigade::plan

@@ -105,6 +105,20 @@ int64_t integer_in(const nlohmann::json& v, int64_t lo, int64_t hi, const std::s
 
 double CommFit::seconds(int64_t bytes) const { return alpha_s + beta_s_per_byte * double(bytes); }
 
+double CommFit::interpolate(int64_t bytes) const {
+  if (points.empty()) return seconds(bytes);
+  Points p = points;
+  std::sort(p.begin(), p.end());
+  if (bytes <= p.front().first) return p.front().second;
+  if (bytes >= p.back().first) return p.back().second * double(bytes) / double(std::max<int64_t>(1, p.back().first));
+  for (size_t i = 1; i < p.size(); ++i)
+    if (bytes <= p[i].first) {
+      const double x0 = double(p[i - 1].first), x1 = double(p[i].first);
+      return p[i - 1].second + (p[i].second - p[i - 1].second) * (double(bytes) - x0) / (x1 - x0);
+    }
+  return p.back().second;
+}
+
 CommFit fit_alpha_beta(const Points& points) {
   BRIGADE_CHECK(!points.empty(), ConfigError, "alpha-beta fit: no points to fit (measure at least one size)");
   for (const auto& [x, y] : points)

@@ -22,6 +22,12 @@ struct CommFit {
   double alpha_s = 0, beta_s_per_byte = 0;
   std::vector<std::pair<int64_t, double>> points;  // (bytes per rank's buffer, median seconds)
   double seconds(int64_t bytes) const;             // alpha + beta * bytes
+  // What the planner predicts with: linear between the two measured sizes around `bytes`
+  // (below the smallest, its time; above the largest, its time scaled by size), and
+  // seconds(bytes) when no points were kept. On this project's VM large collectives cost more
+  // than alpha + beta * bytes says for the mid sizes (fresh temporaries page-fault at 16 MiB), so
+  // one straight line through every size misses the buckets' sizes by up to 4x.
+  double interpolate(int64_t bytes) const;
 };
 
 // Least squares of seconds = alpha + beta * bytes over the points, subject to alpha, beta >= 0:

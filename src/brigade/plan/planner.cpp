@@ -188,7 +188,7 @@ struct CommModel {
       if (missing && missing->empty()) *missing = fmt::format("the calibration has no fit for {}", key);
       return 0.0;
     }
-    return f->second.seconds(bytes);
+    return f->second.interpolate(bytes);
   }
 };
 
