@@ -153,8 +153,10 @@ def main():
         if pred.get("feasible"):
             row["time_err"] = measured_rate / pred["items_per_s"] - 1.0  # predicted step / measured step - 1
             cat_err = {}
-            for c in CATS:
-                p, m = pred["peak_bytes"].get(c, 0), busiest["peak"].get(c, 0)
+            for c in CATS:  # against the nearest end of a predicted range (ZeRO-2/3 buckets)
+                hi, m = pred["peak_bytes"].get(c, 0), busiest["peak"].get(c, 0)
+                lo = pred.get("peak_bytes_low", {}).get(c, hi) or hi
+                p = lo if m < lo else hi if m > hi else m
                 cat_err[c] = (p - m) / m if m else (0.0 if p == 0 else float("inf"))
             row["mem_err"] = cat_err
             row["mem_total_err"] = pred["peak_bytes"]["total"] / max(1, sum(busiest["peak"].values())) - 1.0
@@ -162,7 +164,7 @@ def main():
         print(f"[{i + 1}/{len(plans)}] {label}: predicted {pred.get('items_per_s', 0):.0f}, measured "
               f"{measured_rate:.0f} {pred.get('item', 'items')}/s", file=sys.stderr)
 
-    print("| plan | ranks | predicted items/s | measured | step time error | peak memory predicted / measured MiB "
+    print("| plan | ranks | predicted items/s | measured | step time error | category peaks predicted / measured MiB "
           "| worst category error |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -173,7 +175,7 @@ def main():
         worst = max(r["mem_err"].items(), key=lambda kv: abs(kv[1]) if kv[1] != float("inf") else 1e9)
         approx = " (approx.)" if p.get("memory_approximate") else ""
         print(f"| {r['label']} | {r['ranks']} | {p['items_per_s']:.0f} | {r['measured_items_per_s']:.0f} | "
-              f"{100 * r['time_err']:+.1f}% | {p['peak_bytes']['total'] / 2**20:.1f} / "
+              f"{100 * r['time_err']:+.1f}% | {sum(p['peak_bytes'][c] for c in CATS) / 2**20:.1f} / "
               f"{sum(r['measured_peak'].values()) / 2**20:.1f}{approx} | {worst[0]} {100 * worst[1]:+.1f}% |")
     ok = [r for r in rows if r["predicted"].get("feasible")]
     if len(ok) >= 2:

@@ -30,7 +30,7 @@ struct CalibrateOptions {
   std::vector<std::string> levels = {"O0", "O1", "O2"};  // precision levels (bf16)
   std::vector<std::string> recompute = {"none", "selective", "full"};
   std::vector<int64_t> rows;      // micro-batch rows; empty = powers of two up to the global batch
-  int64_t steps = 3, warmup = 1;  // timed and untimed steps per point
+  int64_t steps = 5, warmup = 1;  // timed and untimed steps per point
   std::string child_out;          // internal: a rank-launch child writes its points here
   std::string binary;             // the brigade executable ("" = this process's)
 };

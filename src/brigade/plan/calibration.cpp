@@ -19,9 +19,10 @@ const ComputePoint* Calibration::find(int ranks, int threads, const std::string&
   return nullptr;
 }
 
-const StagePoint* Calibration::find_stage(int ranks, int threads, const std::string& level, int64_t rows) const {
+const StagePoint* Calibration::find_stage(int ranks, int threads, const std::string& level, int64_t rows,
+                                          int tp) const {
   for (const StagePoint& p : stages)
-    if (p.ranks == ranks && p.threads == threads && p.level == level && p.rows == rows) return &p;
+    if (p.ranks == ranks && p.threads == threads && p.level == level && p.rows == rows && p.tp == tp) return &p;
   return nullptr;
 }
 
@@ -110,6 +111,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
   for (const StagePoint& p : c.stages)
     j["stages"].push_back({{"ranks", p.ranks},
                            {"threads", p.threads},
+                           {"tp", p.tp},
                            {"level", p.level},
                            {"rows", p.rows},
                            {"block_f", p.block_f},
@@ -198,6 +200,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& or
     StagePoint p;
     p.ranks = field<int>(e, "ranks", where);
     p.threads = field<int>(e, "threads", where);
+    p.tp = field<int>(e, "tp", where);
     p.level = field<std::string>(e, "level", where);
     p.rows = field<int64_t>(e, "rows", where);
     p.block_f = field<double>(e, "block_f", where);

@@ -265,9 +265,29 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   auto tp_comm = [&](double rw) {
     return double(4 * L + 2) * comm("allreduce/mpi", int64_t(rw * double(act_bytes)), int(p.tp), tp_cross);
   };
+  // tensor parallel, where the calibration measured the block and head split over tp ranks (their
+  // allreduces included): the split's time against the unsplit one's at the nearest rows, which
+  // scales the measured micro-batch; < 0 when not measured (then: the time / tp + the allreduces)
+  auto tp_ratio = [&](double rw) -> double {
+    if (p.tp == 1) return 1.0;
+    const StagePoint* split = nullptr;
+    for (const StagePoint& s : c.stages)
+      if (s.ranks == local && s.threads == p.threads && s.level == p.level && s.tp == p.tp &&
+          c.find_stage(local, p.threads, p.level, s.rows) &&
+          (!split || std::abs(std::log(double(s.rows) / rw)) < std::abs(std::log(double(split->rows) / rw))))
+        split = &s;
+    if (!split) return -1.0;
+    const StagePoint* one = c.find_stage(local, p.threads, p.level, split->rows);
+    const double whole =
+        double(L) * (one->block_f + one->block_bi + one->block_w) + one->head_f + one->head_bi + one->head_w;
+    const double part = double(L) * (split->block_f + split->block_bi + split->block_w) + split->head_f +
+                        split->head_bi + split->head_w;
+    return whole > 0 ? part / whole : -1.0;
+  };
   double micro = 0.0;  // one micro-step (accumulation step) of this rank
   if (p.pp == 1) {
-    micro = fwd_bwd(rows) / double(p.tp) + (p.tp > 1 ? tp_comm(rows) : 0.0);
+    const double ratio = tp_ratio(rows);
+    micro = ratio > 0 ? fwd_bwd(rows) * ratio : fwd_bwd(rows) / double(p.tp) + tp_comm(rows);
   } else {
     const double bm = rows / double(p.microbatches);
     // per-block forward / backward-input / backward-weight and the head's, from the stage
@@ -275,7 +295,7 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
     double f = 0, bi = 0, w = 0, hf = 0, hbi = 0, hw = 0;
     const StagePoint* best = nullptr;
     for (const StagePoint& s : c.stages)
-      if (s.ranks == local && s.threads == p.threads && s.level == p.level &&
+      if (s.ranks == local && s.threads == p.threads && s.level == p.level && s.tp == 1 &&
           (!best || std::abs(std::log(double(s.rows) / bm)) < std::abs(std::log(double(best->rows) / bm))))
         best = &s;
     const double whole = fwd_bwd(bm);
@@ -293,8 +313,9 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
     } else {
       f = whole / (3.0 * double(L)), bi = f, w = f;
     }
-    const double tpdiv = double(p.tp);
-    const double tpc = p.tp > 1 ? tp_comm(bm) / double(L) : 0.0;  // per block
+    const double ratio = tp_ratio(bm);
+    const double tpdiv = ratio > 0 ? 1.0 / ratio : double(p.tp);
+    const double tpc = p.tp > 1 && ratio <= 0 ? tp_comm(bm) / double(L) : 0.0;  // per block
     const int S = int(p.pp * p.virtual_stages);
     parallel::PipeCosts costs;
     for (int s = 0; s < S; ++s) {
@@ -410,7 +431,10 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   Recipe rm = rp;
   rm.parallel.tp = rm.parallel.pp = 1;
   const train::MemoryPrediction mp = train::predict_memory(rm, 0, in);
-  for (int i = 0; i < kNumMemTags; ++i) out.peak[size_t(i)] = mp.tags[size_t(i)].peak;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    out.peak[size_t(i)] = mp.tags[size_t(i)].peak;
+    out.peak_low[size_t(i)] = mp.tags[size_t(i)].peak_low;
+  }
   out.peak_total = mp.total_peak;
   if (cl.memory_per_rank > 0 && out.peak_total > cl.memory_per_rank)
     return reject(fmt::format("needs {} per rank; the cluster has {}", train::format_bytes(out.peak_total),
@@ -495,8 +519,11 @@ std::vector<Prediction> enumerate_plans(const Recipe& r, const Calibration& c, c
 }
 
 nlohmann::json prediction_json(const Prediction& p, const std::string& item) {
-  nlohmann::json peak;
-  for (int i = 0; i < kNumMemTags; ++i) peak[std::string(mem_tag_name(MemTag(i)))] = p.peak[size_t(i)];
+  nlohmann::json peak, low;
+  for (int i = 0; i < kNumMemTags; ++i) {
+    peak[std::string(mem_tag_name(MemTag(i)))] = p.peak[size_t(i)];
+    low[std::string(mem_tag_name(MemTag(i)))] = p.peak_low[size_t(i)];
+  }
   peak["total"] = p.peak_total;
   nlohmann::json j{{"plan", p.plan.label()},
                    {"overrides", p.plan.overrides()},
@@ -513,6 +540,7 @@ nlohmann::json prediction_json(const Prediction& p, const std::string& item) {
     j["comm_s"] = p.comm_s;
     j["bubble"] = p.bubble;
     j["peak_bytes"] = peak;
+    j["peak_bytes_low"] = low;
     j["memory_approximate"] = p.memory_approximate;
     j["calibrated"] = p.calibrated;
   }

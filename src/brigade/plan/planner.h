@@ -73,6 +73,7 @@ struct Prediction {
   double step_s = 0, items_per_s = 0;
   double compute_s = 0, update_s = 0, comm_s = 0, bubble = 0;  // parts of step_s (bubble: the pipeline's, a fraction)
   std::array<int64_t, kNumMemTags> peak{};                     // bytes per category, the busiest rank
+  std::array<int64_t, kNumMemTags> peak_low{};  // the low end where communication timing decides (ZeRO-2/3 buckets)
   int64_t peak_total = 0;
   bool memory_approximate = false;  // tp / pp: modelled split, not the dry-run model
   bool calibrated = true;           // compute from measured points (false: from FLOPs x efficiency)
