@@ -14,7 +14,6 @@
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
 #include "brigade/dist/process_group.h"
-#include "brigade/parallel/tensor_parallel.h"
 #include "brigade/plan/comm_bench.h"
 #include "brigade/train/memory_plan.h"
 #include "brigade/train/registry.h"
@@ -112,30 +111,8 @@ void measure_points(const Recipe& base, const CalibrateOptions& o, const std::ve
       if (!st) break;
       const train::StageTimes t = train::measure_stage_times(task->model(), *st, task->synthetic_batch(r.run.seed, n),
                                                              st->hidden(n), train::precision_policy(r.precision));
-      c.stages.push_back(
-          {ranks, threads, 1, level, n, t.block_f, t.block_bi, t.block_w, t.head_f, t.head_bi, t.head_w});
+      c.stages.push_back({ranks, threads, level, n, t.block_f, t.block_bi, t.block_w, t.head_f, t.head_bi, t.head_w});
     }
-  // the same block and head split tensor-parallel over the launch's ranks (every rank at once:
-  // the split layers all-reduce), for the planner's tp plans
-  if (ranks > 1)
-    for (const std::string& level : o.levels)
-      for (int64_t n : rows) {
-        const Recipe r = point_recipe(base, level, "none", n, threads);
-        world.barrier();
-        const std::unique_ptr<train::Task> task = train::make_task(r);
-        const train::Stages* st = task->stages();
-        if (!st || st->tp_plan.empty()) break;
-        try {
-          (void)parallel::apply_tensor_parallel(task->model(), st->tp_plan, dist::ProcessGroup::world());
-        } catch (const ConfigError& e) {  // e.g. heads not divisible by the ranks: no tp points
-          if (world.rank() == 0) fmt::print(stderr, "calibrate: no tensor-parallel points: {}\n", e.what());
-          break;
-        }
-        const train::StageTimes t = train::measure_stage_times(task->model(), *st, task->synthetic_batch(r.run.seed, n),
-                                                               st->hidden(n), train::precision_policy(r.precision));
-        c.stages.push_back(
-            {ranks, threads, ranks, level, n, t.block_f, t.block_bi, t.block_w, t.head_f, t.head_bi, t.head_w});
-      }
 }
 
 }  // namespace

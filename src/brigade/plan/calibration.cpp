@@ -19,10 +19,9 @@ const ComputePoint* Calibration::find(int ranks, int threads, const std::string&
   return nullptr;
 }
 
-const StagePoint* Calibration::find_stage(int ranks, int threads, const std::string& level, int64_t rows,
-                                          int tp) const {
+const StagePoint* Calibration::find_stage(int ranks, int threads, const std::string& level, int64_t rows) const {
   for (const StagePoint& p : stages)
-    if (p.ranks == ranks && p.threads == threads && p.level == level && p.rows == rows && p.tp == tp) return &p;
+    if (p.ranks == ranks && p.threads == threads && p.level == level && p.rows == rows) return &p;
   return nullptr;
 }
 
@@ -111,7 +110,6 @@ nlohmann::json calibration_to_json(const Calibration& c) {
   for (const StagePoint& p : c.stages)
     j["stages"].push_back({{"ranks", p.ranks},
                            {"threads", p.threads},
-                           {"tp", p.tp},
                            {"level", p.level},
                            {"rows", p.rows},
                            {"block_f", p.block_f},
@@ -126,7 +124,6 @@ nlohmann::json calibration_to_json(const Calibration& c) {
 }
 
 namespace {
-
 template <class T>
 T field(const nlohmann::json& j, const char* name, const std::string& where) {
   BRIGADE_CHECK(j.is_object() && j.contains(name), ConfigError,
@@ -200,7 +197,6 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& or
     StagePoint p;
     p.ranks = field<int>(e, "ranks", where);
     p.threads = field<int>(e, "threads", where);
-    p.tp = field<int>(e, "tp", where);
     p.level = field<std::string>(e, "level", where);
     p.rows = field<int64_t>(e, "rows", where);
     p.block_f = field<double>(e, "block_f", where);

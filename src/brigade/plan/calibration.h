@@ -36,7 +36,6 @@ struct ComputePoint {
 // micro-batch, from the task's pipeline stages (train/stage_timing.h), for the pipeline simulator.
 struct StagePoint {
   int ranks = 1, threads = 1;
-  int tp = 1;  // > 1: the block and head split tensor-parallel over the launch's ranks (their allreduces included)
   std::string level = "O0";
   int64_t rows = 1;
   double block_f = 0, block_bi = 0, block_w = 0, head_f = 0, head_bi = 0, head_w = 0;
@@ -69,7 +68,7 @@ struct Calibration {
   // The point at exactly these settings; nullptr when not measured.
   const ComputePoint* find(int ranks, int threads, const std::string& level, const std::string& recompute,
                            int64_t rows) const;
-  const StagePoint* find_stage(int ranks, int threads, const std::string& level, int64_t rows, int tp = 1) const;
+  const StagePoint* find_stage(int ranks, int threads, const std::string& level, int64_t rows) const;
   // Forward + backward seconds at `rows`, linear between the two nearest measured row counts of
   // the same (ranks, threads, level, recompute), proportional beyond them; < 0 when nothing was
   // measured there.

@@ -265,29 +265,9 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   auto tp_comm = [&](double rw) {
     return double(4 * L + 2) * comm("allreduce/mpi", int64_t(rw * double(act_bytes)), int(p.tp), tp_cross);
   };
-  // tensor parallel, where the calibration measured the block and head split over tp ranks (their
-  // allreduces included): the split's time against the unsplit one's at the nearest rows, which
-  // scales the measured micro-batch; < 0 when not measured (then: the time / tp + the allreduces)
-  auto tp_ratio = [&](double rw) -> double {
-    if (p.tp == 1) return 1.0;
-    const StagePoint* split = nullptr;
-    for (const StagePoint& s : c.stages)
-      if (s.ranks == local && s.threads == p.threads && s.level == p.level && s.tp == p.tp &&
-          c.find_stage(local, p.threads, p.level, s.rows) &&
-          (!split || std::abs(std::log(double(s.rows) / rw)) < std::abs(std::log(double(split->rows) / rw))))
-        split = &s;
-    if (!split) return -1.0;
-    const StagePoint* one = c.find_stage(local, p.threads, p.level, split->rows);
-    const double whole =
-        double(L) * (one->block_f + one->block_bi + one->block_w) + one->head_f + one->head_bi + one->head_w;
-    const double part = double(L) * (split->block_f + split->block_bi + split->block_w) + split->head_f +
-                        split->head_bi + split->head_w;
-    return whole > 0 ? part / whole : -1.0;
-  };
   double micro = 0.0;  // one micro-step (accumulation step) of this rank
   if (p.pp == 1) {
-    const double ratio = tp_ratio(rows);
-    micro = ratio > 0 ? fwd_bwd(rows) * ratio : fwd_bwd(rows) / double(p.tp) + tp_comm(rows);
+    micro = fwd_bwd(rows) / double(p.tp) + (p.tp > 1 ? tp_comm(rows) : 0.0);
   } else {
     const double bm = rows / double(p.microbatches);
     // per-block forward / backward-input / backward-weight and the head's, from the stage
@@ -295,7 +275,7 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
     double f = 0, bi = 0, w = 0, hf = 0, hbi = 0, hw = 0;
     const StagePoint* best = nullptr;
     for (const StagePoint& s : c.stages)
-      if (s.ranks == local && s.threads == p.threads && s.level == p.level && s.tp == 1 &&
+      if (s.ranks == local && s.threads == p.threads && s.level == p.level &&
           (!best || std::abs(std::log(double(s.rows) / bm)) < std::abs(std::log(double(best->rows) / bm))))
         best = &s;
     const double whole = fwd_bwd(bm);
@@ -313,9 +293,8 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
     } else {
       f = whole / (3.0 * double(L)), bi = f, w = f;
     }
-    const double ratio = tp_ratio(bm);
-    const double tpdiv = ratio > 0 ? 1.0 / ratio : double(p.tp);
-    const double tpc = p.tp > 1 && ratio <= 0 ? tp_comm(bm) / double(L) : 0.0;  // per block
+    const double tpdiv = double(p.tp);
+    const double tpc = p.tp > 1 ? tp_comm(bm) / double(L) : 0.0;  // per block
     const int S = int(p.pp * p.virtual_stages);
     parallel::PipeCosts costs;
     for (int s = 0; s < S; ++s) {
