@@ -34,41 +34,12 @@ using namespace brigade::train;  // the recipes, tasks and trainer these command
 
 namespace fs = std::filesystem;
 
-namespace {
-
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
   return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
-// Splits at commas outside double quotes (so a string value may hold a comma: "a, b").
-std::vector<std::string> split_values(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  bool quoted = false, escaped = false;
-  for (char c : s) {
-    if (quoted && escaped)
-      escaped = false;
-    else if (quoted && c == '\\')
-      escaped = true;
-    else if (c == '"')
-      quoted = !quoted;
-    else if (c == ',' && !quoted) {
-      out.push_back(trim(cur));
-      cur.clear();
-      continue;
-    }
-    cur += c;
-  }
-  out.push_back(trim(cur));
-  return out;
-}
-
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
-  return out;
-}
+namespace {
 
 // A folder name from a variant: "03_train.accumulation=2_optim.lr=3e-3" (odd characters -> '_').
 std::string folder_name(size_t index, const std::vector<std::string>& overrides) {
@@ -168,6 +139,39 @@ std::string failure_line(const std::string& log) {
 
 }  // namespace
 
+std::vector<std::string> split_top(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool quoted = false, escaped = false;
+  int depth = 0;
+  for (char c : s) {
+    if (quoted && escaped)
+      escaped = false;
+    else if (quoted && c == '\\')
+      escaped = true;
+    else if (c == '"')
+      quoted = !quoted;
+    else if (!quoted && (c == '[' || c == '{'))
+      ++depth;
+    else if (!quoted && (c == ']' || c == '}') && depth > 0)
+      --depth;
+    else if (c == sep && !quoted && depth == 0) {
+      out.push_back(trim(cur));
+      cur.clear();
+      continue;
+    }
+    cur += c;
+  }
+  out.push_back(trim(cur));
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
 std::string percent_change(double now, double base) {
   if (!(base != 0) || !std::isfinite(now) || !std::isfinite(base)) return "";
   return fmt::format("{:+.1f}%", 100.0 * (now - base) / std::fabs(base));
@@ -187,7 +191,7 @@ VaryAxis parse_vary(const std::string& text) {
   a.key = trim(text.substr(0, eq == std::string::npos ? text.size() : eq));
   BRIGADE_CHECK(eq != std::string::npos && !a.key.empty(), ConfigError,
                 "--vary '{}' must look like section.key=v1,v2,... (e.g. --vary train.accumulation=1,2)", text);
-  a.values = split_values(text.substr(eq + 1));
+  a.values = split_top(text.substr(eq + 1), ',');
   for (const auto& v : a.values)
     BRIGADE_CHECK(!v.empty(), ConfigError,
                   "--vary '{}': empty value in the list; separate values by single commas, "

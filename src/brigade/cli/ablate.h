@@ -73,6 +73,13 @@ std::string ablation_table(const std::vector<VariantResult>& variants);
 // ablate.svg's content: the train-loss curve of every variant that ran.
 std::string ablation_plot_svg(const std::vector<VariantResult>& variants, const std::string& title);
 
+// `s` without leading and trailing blanks.
+std::string trim(const std::string& s);
+// Splits `s` at `sep` outside double quotes (with \" escapes) and brackets, so a value may be "a, b" or
+// [1, 2]; each piece trimmed of blanks.
+std::vector<std::string> split_top(const std::string& s, char sep);
+// The strings with `sep` between them.
+std::string join(const std::vector<std::string>& v, const std::string& sep);
 // "+12.3%": the change from `base` to `now` ("" when base is 0 or either is not finite).
 std::string percent_change(double now, double base);
 // Bytes as MiB with one decimal.

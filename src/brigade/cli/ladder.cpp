@@ -25,45 +25,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-}
-
-// Splits at `sep` outside double quotes and brackets (so a value may be "a;b" or [1, 2]); pieces trimmed.
-std::vector<std::string> split_top(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string cur;
-  bool quoted = false, escaped = false;
-  int depth = 0;
-  for (char c : s) {
-    if (quoted && escaped)
-      escaped = false;
-    else if (quoted && c == '\\')
-      escaped = true;
-    else if (c == '"')
-      quoted = !quoted;
-    else if (!quoted && (c == '[' || c == '{'))
-      ++depth;
-    else if (!quoted && (c == ']' || c == '}') && depth > 0)
-      --depth;
-    else if (c == sep && !quoted && depth == 0) {
-      out.push_back(trim(cur));
-      cur.clear();
-      continue;
-    }
-    cur += c;
-  }
-  out.push_back(trim(cur));
-  return out;
-}
-
-std::string join(const std::vector<std::string>& v, const std::string& sep) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
-  return out;
-}
-
 bool valid_name(const std::string& name) {
   if (name.empty()) return false;
   for (char c : name)

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "brigade/cli/ablate.h"
 #include "brigade/cli/bench.h"
 #include "brigade/core/error.h"
 #include "brigade/data/atomic_file.h"
@@ -30,12 +31,6 @@ std::string calibration_path(const Recipe& r) {
 }
 
 namespace {
-
-std::string join(const std::vector<std::string>& v, const char* sep = ",") {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
-  return s;
-}
 
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
@@ -198,7 +193,7 @@ int run_calibrate(const CalibrateOptions& o) {
   fmt::print(stderr, "calibrate: GEMM peaks {:.0f} GFLOP/s fp32, {:.0f} bf16\n", c.gemm_peak_f32, c.gemm_peak_bf16);
 
   std::string binary = o.binary;
-  if (binary.empty()) binary = fs::read_symlink("/proc/self/exe").string();
+  if (binary.empty()) binary = brigade_binary({});
   for (int R : o.ranks) {
     if (R == 1) {
       measure_points(base, o, rows, 1, cores, *world, c);
@@ -211,9 +206,9 @@ int run_calibrate(const CalibrateOptions& o) {
     for (const auto& s : o.sets) cmd += " --set " + shell_quote(s);
     std::vector<std::string> rs;
     for (int64_t n : rows) rs.push_back(std::to_string(n));
-    cmd +=
-        fmt::format(" --levels {} --recompute {} --rows {} --steps {} --warmup {} --child-out {} 2>&1 | tee {} >&2",
-                    join(o.levels), join(o.recompute), join(rs), o.steps, o.warmup, shell_quote(tmp), shell_quote(log));
+    cmd += fmt::format(" --levels {} --recompute {} --rows {} --steps {} --warmup {} --child-out {} 2>&1 | tee {} >&2",
+                       join(o.levels, ","), join(o.recompute, ","), join(rs, ","), o.steps, o.warmup, shell_quote(tmp),
+                       shell_quote(log));
     fmt::print(stderr, "calibrate: launching {} ranks: {}\n", R, cmd);
     const int rc = std::system(("bash -o pipefail -c " + shell_quote(cmd)).c_str());
     BRIGADE_CHECK(rc == 0 && fs::exists(tmp), IoError,
@@ -318,7 +313,7 @@ int plan_for_training(const std::string& recipe, const std::vector<std::string>&
     fmt::print(stderr, "plan: {} (predicted {:.0f} {}/s, peak {} per rank): --set {}\n", best.plan.label(),
                best.items_per_s, c.item, train::format_bytes(best.peak_total), join(best.plan.overrides(), " --set "));
   if (W == 1 && best.plan.ranks() > 1) {
-    std::string binary = fs::read_symlink("/proc/self/exe").string();
+    const std::string binary = brigade_binary({});
     std::string cmd =
         fmt::format("mpirun --oversubscribe --bind-to none -np {} {}", best.plan.ranks(), shell_quote(binary));
     for (int i = 1; i < argc; ++i) cmd += " " + shell_quote(argv[i]);

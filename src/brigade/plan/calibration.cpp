@@ -11,20 +11,6 @@
 
 namespace brigade::plan {
 
-const ComputePoint* Calibration::find(int ranks, int threads, const std::string& level, const std::string& recompute,
-                                      int64_t rows) const {
-  for (const ComputePoint& p : compute)
-    if (p.ranks == ranks && p.threads == threads && p.level == level && p.recompute == recompute && p.rows == rows)
-      return &p;
-  return nullptr;
-}
-
-const StagePoint* Calibration::find_stage(int ranks, int threads, const std::string& level, int64_t rows) const {
-  for (const StagePoint& p : stages)
-    if (p.ranks == ranks && p.threads == threads && p.level == level && p.rows == rows) return &p;
-  return nullptr;
-}
-
 double Calibration::fwd_bwd_seconds(int ranks, int threads, const std::string& level, const std::string& recompute,
                                     double rows) const {
   std::vector<std::pair<double, double>> pts;  // (rows, seconds), sorted by rows

@@ -65,10 +65,6 @@ struct Calibration {
   std::vector<StagePoint> stages;
   std::map<int, CommCalibration> comm;  // by ranks launched together
 
-  // The point at exactly these settings; nullptr when not measured.
-  const ComputePoint* find(int ranks, int threads, const std::string& level, const std::string& recompute,
-                           int64_t rows) const;
-  const StagePoint* find_stage(int ranks, int threads, const std::string& level, int64_t rows) const;
   // Forward + backward seconds at `rows`, linear between the two nearest measured row counts of
   // the same (ranks, threads, level, recompute), proportional beyond them; < 0 when nothing was
   // measured there.
