@@ -145,4 +145,67 @@ TEST_F(PlanCli, TrainPlanAutoTrainsWithTheBestPlan) {
   EXPECT_EQ(mem["precision"]["level"], level);
 }
 
+// A model too large to build is calibrated from models of 1 and 2 blocks at its width
+// (--proxy-layers), every per-block quantity extrapolated. The independent source: the same
+// model of 3 blocks calibrated whole. Structure and memory are exact (linear in the blocks);
+// the times are measured, so they are only compared for being there.
+TEST(PlanCliProxy, ProxiesOfOneAndTwoBlocksGiveTheWholeModelsStructureAndMemory) {
+  const fs::path d = fs::temp_directory_path() / ("brigade_plan_proxy_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  test_support::write_tiny_run(d,
+                               test_support::tiny_gpt_recipe({"model.type=\"llama\"", "model.n_layer=3",
+                                                              "model.n_kv_head=1", "run.threads=0"}),
+                               "llama3.toml");
+  const std::string grid = " --levels O0,O2 --recompute none,full --rows 2 --steps 1 --warmup 0";
+  const auto whole = test_support::run_brigade(d, "calibrate llama3.toml --ranks 1 --out whole.json" + grid);
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  const auto proxy = test_support::run_brigade(d, "calibrate llama3.toml --proxy-layers 1,2 --out proxy.json" + grid);
+  ASSERT_EQ(proxy.code, 0) << proxy.err;
+  const nlohmann::json w = test_support::json_file(d / "whole.json"), p = test_support::json_file(d / "proxy.json");
+  EXPECT_EQ(p["proxy_layers"], nlohmann::json::array({1, 2}));
+  for (const char* k : {"parameters", "num_blocks", "hidden_per_row", "items_per_row", "tp_plan", "has_stages"})
+    EXPECT_EQ(p[k], w[k]) << k;
+  EXPECT_NEAR(p["flops_per_item"].get<double>(), w["flops_per_item"].get<double>(),
+              1e-9 * w["flops_per_item"].get<double>());
+  // the units: as many, each of the same size (names of the extrapolated copies differ)
+  for (const char* k : {"units", "units_zero3"}) {
+    ASSERT_EQ(p[k].size(), w[k].size()) << k;
+    for (size_t i = 0; i < w[k].size(); ++i) {
+      int64_t a = 0, b = 0;
+      for (const auto& pr : p[k][i]["params"]) a += pr[1].get<int64_t>();
+      for (const auto& pr : w[k][i]["params"]) b += pr[1].get<int64_t>();
+      EXPECT_EQ(a, b) << k << " " << i;
+    }
+  }
+  ASSERT_EQ(p["compute"].size(), w["compute"].size());
+  for (size_t i = 0; i < w["compute"].size(); ++i) {
+    const auto &a = p["compute"][i], &b = w["compute"][i];
+    EXPECT_EQ(a["level"], b["level"]);
+    EXPECT_EQ(a["recompute"], b["recompute"]);
+    for (const char* k : {"act_peak", "act_live", "params_work", "work_compute"})
+      EXPECT_EQ(a[k], b[k]) << k << " at " << b["level"] << " " << b["recompute"];
+    EXPECT_GT(a["fwd_bwd_s"].get<double>(), 0.0);
+    EXPECT_GT(a["update_s"].get<double>(), 0.0);
+  }
+  EXPECT_FALSE(p["stages"].empty());
+  // and so the planner predicts the same memory from either
+  for (const char* level : {"O0", "O2"}) {
+    const std::string args = std::string("plan llama3.toml --predict --set precision.level=") + level;
+    const auto a = test_support::run_brigade(d, args + " --calibration proxy.json");
+    const auto b = test_support::run_brigade(d, args + " --calibration whole.json");
+    ASSERT_EQ(a.code, 0) << a.err;
+    ASSERT_EQ(b.code, 0) << b.err;
+    EXPECT_EQ(nlohmann::json::parse(a.out)["peak_bytes"], nlohmann::json::parse(b.out)["peak_bytes"]) << level;
+  }
+  // bad proxies: named, with what to give
+  const auto bad = test_support::run_brigade(d, "calibrate llama3.toml --proxy-layers 2,4" + grid);
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--proxy-layers 2,4: give two block counts A,B"), std::string::npos) << bad.err;
+  const auto ranks = test_support::run_brigade(d, "calibrate llama3.toml --proxy-layers 1,2 --ranks 1,2" + grid);
+  EXPECT_EQ(ranks.code, 1);
+  EXPECT_NE(ranks.err.find("--proxy-layers measures one process"), std::string::npos) << ranks.err;
+  fs::remove_all(d);
+}
+
 }  // namespace

@@ -30,10 +30,15 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   const Recipe r = deterministic_split(recipe);  // parallel.deterministic: micro-steps of one atom each
   BRIGADE_CHECK(o.steps >= 1 && o.warmup >= 0, ConfigError,
                 "bench: --steps must be >= 1 and --warmup >= 0, got {} and {}", o.steps, o.warmup);
-  BRIGADE_CHECK(r.parallel.dp == 1, ConfigError,
-                "bench: runs one process; parallel.dp = {} is for `brigade train` under mpirun (bench/dp_bench.py "
-                "times it)",
-                r.parallel.dp);
+  const std::shared_ptr<dist::ProcessGroup> world = o.group ? o.group : dist::ProcessGroup::world();
+  // data parallel under mpirun: every rank times its own micro-batch of train.batch_size rows, with
+  // the gradient synchronisation of the trainer's step (weak scaling: the job's items are dp x a rank's)
+  BRIGADE_CHECK(r.parallel.dp == world->size(), ConfigError,
+                "bench: parallel.dp = {} but {} process{} run{}: {}", r.parallel.dp, world->size(),
+                world->size() == 1 ? "" : "es", world->size() == 1 ? "s" : "",
+                world->size() == 1 ? fmt::format("launch `mpirun -np {} brigade bench ...` to time data parallelism",
+                                                 r.parallel.dp)
+                                   : fmt::format("set parallel.dp = {} (the ranks launched)", world->size()));
   BRIGADE_CHECK(r.parallel.tp == 1 && r.parallel.pp == 1, ConfigError,
                 "bench: runs one process; parallel.tp = {} and parallel.pp = {} are for `brigade train` under mpirun "
                 "(bench/mp_bench.py times them)",
@@ -42,10 +47,13 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   const int64_t A = r.train.accumulation;
   const std::unique_ptr<Task> task = make_task(r);  // the recipe's model, as `brigade train` builds it
   apply_recompute(r, *task);
-  parallel::DataParallelOptions dpo;
+  parallel::DataParallelOptions dpo;  // as the trainer sets them for one process's whole model
+  dpo.zero = int(r.parallel.zero);
+  dpo.algo = dist::allreduce_algo_from_name(r.parallel.allreduce);
+  dpo.bucket_bytes = int64_t(r.parallel.bucket_mb * double(1 << 20));
+  dpo.overlap = r.parallel.overlap;
   dpo.accumulation = A;
   dpo.deterministic = r.parallel.deterministic;
-  const std::shared_ptr<dist::ProcessGroup> world = o.group ? o.group : dist::ProcessGroup::world();
   parallel::DataParallel dp(task->units(dpo.deterministic ? 3 : dpo.zero), world, dpo);  // as the trainer
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(r.optim, dp.optimizer_params(), dp);
   const amp::Policy policy = precision_policy(r.precision);
@@ -102,7 +110,8 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
       res.fwd_bwd_seconds.push_back(std::chrono::duration<double>(t_fb - t0).count());
       res.update_seconds.push_back(dt - res.fwd_bwd_seconds.back());
     }
-    fmt::print(stderr, "bench: step {}/{} ({}) {:.3f} s, loss {:.4f}\n", step + 1, o.warmup + o.steps,
+    if (world->rank() == 0)
+      fmt::print(stderr, "bench: step {}/{} ({}) {:.3f} s, loss {:.4f}\n", step + 1, o.warmup + o.steps,
                step < o.warmup ? "warm-up" : "timed", dt, res.last_loss);
   }
   {
@@ -120,7 +129,8 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   res.median_fwd_bwd_s = median(res.fwd_bwd_seconds);
   res.median_update_s = median(res.update_seconds);
   res.item = task->item_kind();
-  res.items_per_s = double(batch.rows * task->items_per_row() * A) / res.median_step_s;
+  res.ranks = world->size();
+  res.items_per_s = double(batch.rows * task->items_per_row() * A * world->size()) / res.median_step_s;
   res.flops_per_item = task->flops_per_item();
   res.achieved_gflops = res.items_per_s * res.flops_per_item / 1e9;
   const bool low_gemm = policy.level != amp::Level::O0 && policy.low == DType::BF16;
@@ -147,6 +157,7 @@ std::string bench_json(const Recipe& r, const BenchResult& b) {
                    {"seq_len", r.train.seq_len},
                    {"precision", r.precision.level + (r.precision.level == "O0" ? "" : " " + r.precision.dtype)},
                    {"threads", omp_get_max_threads()},
+                   {"ranks", b.ranks},
                    {"parameters", b.parameters},
                    {"steps", b.step_seconds.size()},
                    {"step_seconds", b.step_seconds},

@@ -294,6 +294,11 @@ int run(int argc, char** argv) {
       ->delimiter(',');
   cal->add_option("--steps", copts.steps, "Timed steps per point")->capture_default_str();
   cal->add_option("--warmup", copts.warmup, "Untimed steps per point")->capture_default_str();
+  auto* cal_ranks = cal->get_option("--ranks");
+  cal->add_option("--proxy-layers", copts.proxy_layers,
+                  "A,B: measure the model with A and B blocks at its full width and extrapolate to model.n_layer "
+                  "(for a model too large to build here; one process, with --ranks 1)")
+      ->delimiter(',');
   cal->add_option("--child-out", copts.child_out, "Internal: a launch under mpirun writes its points here")->group("");
 
   cli::PlanCommandOptions popts;
@@ -381,12 +386,15 @@ int run(int argc, char** argv) {
     }
     if (bench->parsed()) {
       const train::Recipe r = train::load_recipe(recipe, sets);
-      fmt::print("{}\n", cli::bench_json(r, cli::run_bench(r, bopts)));
+      const cli::BenchResult b = cli::run_bench(r, bopts);
+      if (dist::Env::world_rank() == 0) fmt::print("{}\n", cli::bench_json(r, b));  // one line for the job
       return finish(0, "");
     }
     if (cal->parsed()) {
       copts.recipe = recipe;
       copts.sets = sets;
+      // proxies measure one process: the default --ranks 1,2 becomes 1; an explicit one is checked
+      if (!copts.proxy_layers.empty() && cal_ranks->count() == 0) copts.ranks = {1};
       return finish(cli::run_calibrate(copts), "");
     }
     if (pl->parsed()) {

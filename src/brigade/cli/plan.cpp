@@ -9,7 +9,9 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
+#include "brigade/autograd/engine.h"
 #include "brigade/cli/ablate.h"
 #include "brigade/cli/bench.h"
 #include "brigade/core/error.h"
@@ -110,6 +112,170 @@ void measure_points(const Recipe& base, const CalibrateOptions& o, const std::ve
     }
 }
 
+// ---- proxies: a model too large to build here, measured with A and B blocks at its width
+
+double lerp_layers(double a, double b, int64_t A, int64_t B, int64_t L) {
+  return a + (b - a) * double(L - A) / double(B - A);
+}
+
+// The parameter units of the L-block model from those of the A- and B-block models. A unit only
+// the B-block model has is a block's: it is repeated. A unit both have keeps its parameters, and
+// those only the B-block one holds (blocks inside one unit) are repeated in it. Copies are named
+// "<name>#k"; (L - B) must be a multiple of (B - A).
+std::vector<train::PlannedUnit> extrapolate_units(const std::vector<train::PlannedUnit>& ua,
+                                                  const std::vector<train::PlannedUnit>& ub, int64_t A, int64_t B,
+                                                  int64_t L) {
+  const int64_t copies = (L - B) / (B - A);
+  std::map<std::string, const train::PlannedUnit*> in_a;
+  for (const auto& u : ua) in_a[u.name] = &u;
+  std::vector<train::PlannedUnit> out, blocks;
+  for (const auto& u : ub) {
+    auto it = in_a.find(u.name);
+    if (it == in_a.end()) {
+      out.push_back(u);
+      blocks.push_back(u);
+      continue;
+    }
+    std::set<std::string> had;
+    for (const auto& pr : it->second->params) had.insert(pr.first);
+    train::PlannedUnit v = u;
+    for (int64_t k = 1; k <= copies; ++k)
+      for (const auto& [name, numel] : u.params)
+        if (!had.count(name)) v.params.emplace_back(fmt::format("{}#{}", name, k), numel);
+    out.push_back(std::move(v));
+  }
+  for (int64_t k = 1; k <= copies; ++k)
+    for (train::PlannedUnit u : blocks) {
+      u.name += fmt::format("#{}", k);
+      for (auto& pr : u.params) pr.first += fmt::format("#{}", k);
+      out.push_back(std::move(u));
+    }
+  return out;
+}
+
+// One micro-batch's forward + backward on a built task, median seconds of `steps` (the caller
+// has run one already: the dry step that measured its memory, which warms the allocator).
+double time_fwd_bwd(const Recipe& r, train::Task& task, int64_t steps) {
+  const amp::Policy policy = train::precision_policy(r.precision);
+  const train::Batch b = task.synthetic_batch(r.run.seed + 2, r.train.batch_size);
+  task.model().train(true);
+  std::vector<double> ts;
+  for (int64_t s = 0; s < steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      train::Metrics extras;
+      std::vector<train::Batch> micro{b};
+      const std::shared_ptr<dist::ProcessGroup> one = dist::ProcessGroup::world();
+      if (task.needs_whole_step()) task.begin_step(micro, train::Shard{0, 1, one.get()});
+      train::Loss l;
+      {
+        amp::AutocastScope autocast(policy);
+        l = task.loss(micro[0], 0, extras);
+      }
+      autograd::backward(l.loss);
+    }
+    ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (auto& [name, p] : task.model().named_parameters()) p.set_grad(Tensor());
+  }
+  std::nth_element(ts.begin(), ts.begin() + long(ts.size() / 2), ts.end());
+  return ts[ts.size() / 2];
+}
+
+// The model at A and B blocks: its structure, each (level, recompute, rows) point's memory (the
+// measured dry step) and forward + backward time, the stage times at A blocks, and the update's
+// seconds per parameter from a `brigade bench` of the A-block model; then every per-block
+// quantity extrapolated linearly to model.n_layer. One process, all cores.
+void measure_proxies(const Recipe& base, const CalibrateOptions& o, const std::vector<int64_t>& rows, int cores,
+                     plan::Calibration& c) {
+  const int64_t A = o.proxy_layers[0], B = o.proxy_layers[1], L = base.model.n_layer;
+  struct At {
+    int64_t params = 0;
+    double flops = 0;
+    std::vector<train::PlannedUnit> units, units3;
+    std::vector<plan::ComputePoint> points;
+  } at[2];
+  const size_t total = 2 * rows.size() * o.levels.size() * o.recompute.size();
+  size_t k = 0;
+  for (int i = 0; i < 2; ++i) {
+    Recipe rl = base;
+    train::apply_override(rl, fmt::format("model.n_layer={}", o.proxy_layers[size_t(i)]));
+    for (int64_t n : rows) {
+      const std::unique_ptr<train::Task> task = train::make_task(point_recipe(rl, "O0", "none", n, cores));
+      if (n == rows.front()) {
+        for (auto& [name, p] : task->model().named_parameters()) at[i].params += p.numel();
+        auto planned = [&](int zero) {
+          std::vector<train::PlannedUnit> us;
+          for (const parallel::ParamUnit& u : task->units(zero)) {
+            train::PlannedUnit pu{u.name, {}};
+            for (auto& [name, p] : u.params) pu.params.emplace_back(name, p.numel());
+            us.push_back(std::move(pu));
+          }
+          return us;
+        };
+        at[i].units = planned(0);
+        at[i].units3 = planned(3);
+        at[i].flops = task->flops_per_item();
+      }
+      for (const std::string& level : o.levels)
+        for (const std::string& rc : o.recompute) {
+          ++k;
+          const Recipe r = point_recipe(rl, level, rc, n, cores);
+          const train::MemoryInputs in = train::measured_inputs(r, *task);
+          plan::ComputePoint p;
+          p.ranks = 1, p.threads = cores, p.level = level, p.recompute = rc, p.rows = n;
+          p.fwd_bwd_s = time_fwd_bwd(r, *task, o.steps);
+          p.act_peak = in.act_peak, p.act_live = in.act_live, p.work_compute = in.work_compute;
+          p.params_work = in.params_work;
+          at[i].points.push_back(p);
+          fmt::print(stderr, "calibrate: proxy of {} blocks [{}/{}] {} {} rows {}: fwd+bwd {:.3f} s, activations {}\n",
+                     o.proxy_layers[size_t(i)], k, total, level, rc, n, p.fwd_bwd_s, train::format_bytes(in.act_peak));
+        }
+      if (i == 0)  // per block and head: the A-block model's are the model's
+        for (const std::string& level : o.levels) {
+          const Recipe r = point_recipe(rl, level, "none", n, cores);
+          apply_recompute(r, *task);
+          const train::Stages* st = task->stages();
+          const train::StageTimes t = train::measure_stage_times(task->model(), *st, task->synthetic_batch(r.run.seed, n),
+                                                                 st->hidden(n), train::precision_policy(r.precision));
+          c.stages.push_back({1, cores, level, n, t.block_f, t.block_bi, t.block_w, t.head_f, t.head_bi, t.head_w});
+        }
+    }
+  }
+  // the update is elementwise over the parameters: seconds per parameter at A blocks
+  std::map<std::string, double> update_per_param;
+  {
+    Recipe ra = base;
+    train::apply_override(ra, fmt::format("model.n_layer={}", A));
+    for (const std::string& level : o.levels) {
+      BenchOptions bo;
+      bo.steps = o.steps;
+      bo.warmup = o.warmup;
+      bo.gemm_peaks = false;
+      const BenchResult b = run_bench(point_recipe(ra, level, "none", rows.front(), cores), bo);
+      update_per_param[level] = b.median_update_s / double(at[0].params);
+      fmt::print(stderr, "calibrate: proxy of {} blocks: {} update {:.3f} s ({:.2f} ns per parameter)\n", A, level,
+                 b.median_update_s, 1e9 * update_per_param[level]);
+    }
+  }
+  c.proxy_layers = o.proxy_layers;
+  c.parameters = int64_t(std::llround(lerp_layers(double(at[0].params), double(at[1].params), A, B, L)));
+  c.flops_per_item = lerp_layers(at[0].flops, at[1].flops, A, B, L);
+  c.units = extrapolate_units(at[0].units, at[1].units, A, B, L);
+  c.units_zero3 = extrapolate_units(at[0].units3, at[1].units3, A, B, L);
+  c.num_blocks = L;
+  for (size_t j = 0; j < at[0].points.size(); ++j) {
+    const plan::ComputePoint &a = at[0].points[j], &b = at[1].points[j];
+    plan::ComputePoint p = b;
+    auto ext = [&](double x, double y) { return lerp_layers(x, y, A, B, L); };
+    p.fwd_bwd_s = ext(a.fwd_bwd_s, b.fwd_bwd_s);
+    p.update_s = update_per_param[p.level] * double(c.parameters);
+    p.act_peak = int64_t(ext(double(a.act_peak), double(b.act_peak)));
+    p.work_compute = std::max(a.work_compute, b.work_compute);
+    p.params_work = int64_t(ext(double(a.params_work), double(b.params_work)));
+    c.compute.push_back(p);
+  }
+}
+
 }  // namespace
 
 int run_calibrate(const CalibrateOptions& o) {
@@ -128,6 +294,31 @@ int run_calibrate(const CalibrateOptions& o) {
     for (int64_t n = 1; n <= G; n *= 2) rows.push_back(n);
   }
   const int cores = omp_get_num_procs();
+  if (!o.proxy_layers.empty()) {
+    const int64_t L = base.model.n_layer;
+    BRIGADE_CHECK(o.proxy_layers.size() == 2 && o.proxy_layers[0] >= 1 && o.proxy_layers[0] < o.proxy_layers[1] &&
+                      o.proxy_layers[1] <= L && (L - o.proxy_layers[1]) % (o.proxy_layers[1] - o.proxy_layers[0]) == 0,
+                  ConfigError,
+                  "--proxy-layers {}: give two block counts A,B with 1 <= A < B <= model.n_layer = {} and "
+                  "n_layer - B a multiple of B - A (e.g. --proxy-layers 1,2)",
+                  join([&] {
+                    std::vector<std::string> v;
+                    for (int64_t x : o.proxy_layers) v.push_back(std::to_string(x));
+                    return v;
+                  }(),
+                       ","),
+                  L);
+    BRIGADE_CHECK(o.ranks == std::vector<int>{1}, ConfigError,
+                  "--proxy-layers measures one process: use --ranks 1 (a described cluster gives the links; "
+                  "docs/planning.md)");
+    BRIGADE_CHECK(base.finetune.method != "lora", ConfigError,
+                  "--proxy-layers extrapolates trainable blocks only; a LoRA recipe's frozen base is not extrapolated");
+    const train::ModelEntry& e = train::model_entry(base.model.type);
+    BRIGADE_CHECK(e.caps.pipeline_parallel, ConfigError,
+                  "--proxy-layers needs a model built of repeated blocks (one with pipeline stages: {}); model.type = "
+                  "\"{}\" has none",
+                  train::model_types_with(&train::Capabilities::pipeline_parallel), base.model.type);
+  }
 
   if (!o.child_out.empty()) {  // a child launched under mpirun: this launch's points and the interconnect
     const int R = world->size();
@@ -156,7 +347,19 @@ int run_calibrate(const CalibrateOptions& o) {
   c.host = host;
   c.cores = cores;
   c.model = plan::calibration_key(base);
-  {
+  if (!o.proxy_layers.empty()) {
+    fmt::print(stderr, "calibrate: {} on {} ({} cores): proxies of {} and {} blocks, extrapolated to {} -> {}\n",
+               o.recipe, c.host, cores, o.proxy_layers[0], o.proxy_layers[1], base.model.n_layer, out);
+    Recipe ra = base;
+    train::apply_override(ra, fmt::format("model.n_layer={}", o.proxy_layers[0]));
+    const std::unique_ptr<train::Task> task = train::make_task(ra);
+    c.items_per_row = task->items_per_row();
+    c.item = train::item_name(task->item_kind());
+    const train::Stages* st = task->stages();
+    c.has_stages = st != nullptr;
+    c.hidden_per_row = st ? shape_numel(st->hidden(1)) : 0;
+    c.tp_plan = st && !st->tp_plan.empty();
+  } else {
     fmt::print(stderr, "calibrate: {} on {} ({} cores), {} -> {}\n", o.recipe, c.host, cores,
                "GEMM peaks, compute points, stages, interconnect", out);
     const std::unique_ptr<train::Task> task = train::make_task(base);
@@ -194,7 +397,9 @@ int run_calibrate(const CalibrateOptions& o) {
 
   std::string binary = o.binary;
   if (binary.empty()) binary = brigade_binary({});
+  if (!o.proxy_layers.empty()) measure_proxies(base, o, rows, cores, c);
   for (int R : o.ranks) {
+    if (!o.proxy_layers.empty()) break;
     if (R == 1) {
       measure_points(base, o, rows, 1, cores, *world, c);
       continue;

@@ -33,6 +33,9 @@ struct CalibrateOptions {
   int64_t steps = 5, warmup = 1;  // timed and untimed steps per point
   std::string child_out;          // internal: a rank-launch child writes its points here
   std::string binary;             // the brigade executable ("" = this process's)
+  // {A, B}: measure models of A and B blocks at the recipe's width and extrapolate to its
+  // model.n_layer (for a model too large to build here; one process only)
+  std::vector<int64_t> proxy_layers;
 };
 
 // <run.out_dir's parent>/<run.name>-calibration.json

@@ -70,6 +70,7 @@ nlohmann::json calibration_to_json(const Calibration& c) {
   j["hidden_per_row"] = c.hidden_per_row;
   j["has_stages"] = c.has_stages;
   j["tp_plan"] = c.tp_plan;
+  j["proxy_layers"] = c.proxy_layers;
   auto units_json = [](const std::vector<train::PlannedUnit>& us) {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& u : us) a.push_back({{"name", u.name}, {"params", u.params}});
@@ -144,6 +145,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& or
   c.hidden_per_row = field<int64_t>(j, "hidden_per_row", origin);
   c.has_stages = field<bool>(j, "has_stages", origin);
   c.tp_plan = field<bool>(j, "tp_plan", origin);
+  if (j.contains("proxy_layers")) c.proxy_layers = j.at("proxy_layers").get<std::vector<int64_t>>();
   auto units_from = [&](const char* key) {
     std::vector<train::PlannedUnit> us;
     for (const auto& e : field<nlohmann::json>(j, key, origin)) {

@@ -57,6 +57,10 @@ struct Calibration {
   bool has_stages = false;      // the task gives pipeline stages (tp and pp possible)
   bool tp_plan = false;         // ... and a tensor-parallel plan
   std::string item = "tokens";  // tokens | images | pairs
+  // empty: measured on the model itself. {A, B}: the model was too large to build, so it was
+  // measured with A and B blocks at its full width and every per-block quantity (parameters,
+  // FLOPs, units, times, activation peaks) extrapolated linearly to its num_blocks
+  std::vector<int64_t> proxy_layers;
   // the parameter units as data parallelism lays them out (train::MemoryInputs::units), below
   // ZeRO-3 and at ZeRO-3 (where every block is its own unit), and the frozen parameters
   std::vector<train::PlannedUnit> units, units_zero3;

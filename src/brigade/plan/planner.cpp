@@ -511,7 +511,7 @@ nlohmann::json prediction_json(const Prediction& p, const std::string& item) {
                    {"feasible", p.feasible},
                    {"reason", p.reason},
                    {"item", item}};
-  if (p.feasible) {
+  if (p.feasible || p.peak_total > 0) {  // a plan over the memory per rank still has its prediction
     j["step_s"] = p.step_s;
     j["items_per_s"] = p.items_per_s;
     j["compute_s"] = p.compute_s;

@@ -96,6 +96,8 @@ std::vector<Prediction> enumerate_plans(const train::Recipe& r, const Calibratio
 // The recipe with the plan's keys set (what --apply writes and `train --plan auto` trains).
 train::Recipe apply_plan(const train::Recipe& r, const Plan& p);
 
+// Feasible plans, and those rejected only for needing more memory than a rank has, carry their
+// predicted step time and memory; other rejected plans their reason alone.
 nlohmann::json prediction_json(const Prediction& p, const std::string& item);
 // The top `top` feasible plans as a table, then how many were rejected and the commonest reasons.
 std::string plan_table(const std::vector<Prediction>& ps, const std::string& item, int top);

@@ -121,9 +121,14 @@ std::vector<PlannedUnit> planned_gpt_units(const ModelConfig& m) {
 }
 
 MemoryInputs measured_inputs(const Recipe& r) {
+  const std::unique_ptr<Task> task = make_task(r);
+  return measured_inputs(r, *task);
+}
+
+MemoryInputs measured_inputs(const Recipe& r, Task& t) {
   MemoryInputs in;
   in.measured = true;
-  const std::unique_ptr<Task> task = make_task(r);
+  Task* task = &t;
   const std::vector<nn::Recompute> modes = apply_recompute(r, *task);
   for (nn::Recompute m : modes) in.recompute += models::recompute_name(m)[0];
   for (const parallel::ParamUnit& u : task->units(int(r.parallel.zero))) {
@@ -140,7 +145,7 @@ MemoryInputs measured_inputs(const Recipe& r) {
   const int64_t act0 = a.stats().live[size_t(MemTag::Activations)];
   const int64_t work0 = a.stats().live[size_t(MemTag::Workspace)];
   const int64_t params0 = a.stats().live[size_t(MemTag::Params)];
-  Batch b = task->synthetic_batch(r.run.seed + 2);
+  Batch b = task->synthetic_batch(r.run.seed + 2, r.train.batch_size);
   const int64_t batch_bytes = a.stats().live[size_t(MemTag::Activations)] - act0;
   a.reset_peak();
   task->model().train(true);

@@ -40,6 +40,8 @@
 
 namespace brigade::train {
 
+class Task;
+
 struct PredictedCategory {
   int64_t peak = 0;      // bytes, as the allocator accounts them (an upper bound where timing decides)
   int64_t peak_low = 0;  // the lower end where the peak depends on communication timing (ZeRO-2/3
@@ -100,6 +102,9 @@ MemoryInputs memory_inputs(const Recipe& r);
 // The measured dry step alone, for any model (GPT included): what memory_inputs gives a model
 // without formulas. Tests pin GPT's formulas to it byte for byte.
 MemoryInputs measured_inputs(const Recipe& r);
+// The same on a task already built from r's model (its recompute modes are set from r): for a
+// caller that measures several precision levels and recompute modes on one large model.
+MemoryInputs measured_inputs(const Recipe& r, Task& task);
 
 // Predicted memory of `rank` (0 <= rank < parallel.dp) for the recipe. ConfigError for a
 // recipe training would also refuse (e.g. a recompute budget below the least possible).
