@@ -153,10 +153,10 @@ TEST(PlanCliProxy, ProxiesOfOneAndTwoBlocksGiveTheWholeModelsStructureAndMemory)
   const fs::path d = fs::temp_directory_path() / ("brigade_plan_proxy_" + std::to_string(::getpid()));
   fs::remove_all(d);
   fs::create_directories(d);
-  test_support::write_tiny_run(d,
-                               test_support::tiny_gpt_recipe({"model.type=\"llama\"", "model.n_layer=3",
-                                                              "model.n_kv_head=1", "run.threads=0"}),
-                               "llama3.toml");
+  test_support::write_tiny_run(
+      d,
+      test_support::tiny_gpt_recipe({"model.type=\"llama\"", "model.n_layer=3", "model.n_kv_head=1", "run.threads=0"}),
+      "llama3.toml");
   const std::string grid = " --levels O0,O2 --recompute none,full --rows 2 --steps 1 --warmup 0";
   const auto whole = test_support::run_brigade(d, "calibrate llama3.toml --ranks 1 --out whole.json" + grid);
   ASSERT_EQ(whole.code, 0) << whole.err;

@@ -33,12 +33,11 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
   const std::shared_ptr<dist::ProcessGroup> world = o.group ? o.group : dist::ProcessGroup::world();
   // data parallel under mpirun: every rank times its own micro-batch of train.batch_size rows, with
   // the gradient synchronisation of the trainer's step (weak scaling: the job's items are dp x a rank's)
-  BRIGADE_CHECK(r.parallel.dp == world->size(), ConfigError,
-                "bench: parallel.dp = {} but {} process{} run{}: {}", r.parallel.dp, world->size(),
-                world->size() == 1 ? "" : "es", world->size() == 1 ? "s" : "",
-                world->size() == 1 ? fmt::format("launch `mpirun -np {} brigade bench ...` to time data parallelism",
-                                                 r.parallel.dp)
-                                   : fmt::format("set parallel.dp = {} (the ranks launched)", world->size()));
+  BRIGADE_CHECK(r.parallel.dp == world->size(), ConfigError, "bench: parallel.dp = {} but {} process{} run{}: {}",
+                r.parallel.dp, world->size(), world->size() == 1 ? "" : "es", world->size() == 1 ? "s" : "",
+                world->size() == 1
+                    ? fmt::format("launch `mpirun -np {} brigade bench ...` to time data parallelism", r.parallel.dp)
+                    : fmt::format("set parallel.dp = {} (the ranks launched)", world->size()));
   BRIGADE_CHECK(r.parallel.tp == 1 && r.parallel.pp == 1, ConfigError,
                 "bench: runs one process; parallel.tp = {} and parallel.pp = {} are for `brigade train` under mpirun "
                 "(bench/mp_bench.py times them)",
@@ -112,7 +111,7 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
     }
     if (world->rank() == 0)
       fmt::print(stderr, "bench: step {}/{} ({}) {:.3f} s, loss {:.4f}\n", step + 1, o.warmup + o.steps,
-               step < o.warmup ? "warm-up" : "timed", dt, res.last_loss);
+                 step < o.warmup ? "warm-up" : "timed", dt, res.last_loss);
   }
   {
     struct rusage ru1 {};

@@ -38,7 +38,7 @@ struct BenchResult {
   std::vector<double> fwd_bwd_seconds, update_seconds;
   double median_fwd_bwd_s = 0, median_update_s = 0;
   double median_step_s = 0, items_per_s = 0;  // items/s of the job (every rank's batch: dp x one rank's)
-  int ranks = 1;                               // data-parallel ranks (the processes of the launch)
+  int ranks = 1;                              // data-parallel ranks (the processes of the launch)
   train::ItemKind item = train::ItemKind::Token;
   double flops_per_item = 0, achieved_gflops = 0;
   double gemm_peak_f32 = 0, gemm_peak_bf16 = 0;  // GFLOP/s, this process

@@ -235,8 +235,9 @@ void measure_proxies(const Recipe& base, const CalibrateOptions& o, const std::v
           const Recipe r = point_recipe(rl, level, "none", n, cores);
           apply_recompute(r, *task);
           const train::Stages* st = task->stages();
-          const train::StageTimes t = train::measure_stage_times(task->model(), *st, task->synthetic_batch(r.run.seed, n),
-                                                                 st->hidden(n), train::precision_policy(r.precision));
+          const train::StageTimes t =
+              train::measure_stage_times(task->model(), *st, task->synthetic_batch(r.run.seed, n), st->hidden(n),
+                                         train::precision_policy(r.precision));
           c.stages.push_back({1, cores, level, n, t.block_f, t.block_bi, t.block_w, t.head_f, t.head_bi, t.head_w});
         }
     }
@@ -268,6 +269,21 @@ void measure_proxies(const Recipe& base, const CalibrateOptions& o, const std::v
     plan::ComputePoint p = b;
     auto ext = [&](double x, double y) { return lerp_layers(x, y, A, B, L); };
     p.fwd_bwd_s = ext(a.fwd_bwd_s, b.fwd_bwd_s);
+    if (b.fwd_bwd_s <= a.fwd_bwd_s) {
+      // the timing noise is larger than B - A blocks (a small model on a busy machine): take one
+      // block's cost from its own stage timing (forward, input and weight backward; full
+      // recompute runs the forward twice) instead of the difference
+      double block = 0;
+      for (const plan::StagePoint& s : c.stages)
+        if (s.level == p.level && s.rows == p.rows)
+          block = s.block_f + s.block_bi + s.block_w + (p.recompute == "full" ? s.block_f : 0.0);
+      fmt::print(stderr,
+                 "calibrate: warning: {} {} rows {}: the proxy of {} blocks measured {:.4f} s, not more than the one "
+                 "of {} ({:.4f} s); extrapolating with the stage-timed block ({:.4f} s). Calibrate on an idle "
+                 "machine or with more --steps.\n",
+                 p.level, p.recompute, p.rows, B, b.fwd_bwd_s, A, a.fwd_bwd_s, block);
+      p.fwd_bwd_s = a.fwd_bwd_s + double(L - A) * block;
+    }
     p.update_s = update_per_param[p.level] * double(c.parameters);
     p.act_peak = int64_t(ext(double(a.act_peak), double(b.act_peak)));
     p.work_compute = std::max(a.work_compute, b.work_compute);
@@ -301,12 +317,13 @@ int run_calibrate(const CalibrateOptions& o) {
                   ConfigError,
                   "--proxy-layers {}: give two block counts A,B with 1 <= A < B <= model.n_layer = {} and "
                   "n_layer - B a multiple of B - A (e.g. --proxy-layers 1,2)",
-                  join([&] {
-                    std::vector<std::string> v;
-                    for (int64_t x : o.proxy_layers) v.push_back(std::to_string(x));
-                    return v;
-                  }(),
-                       ","),
+                  join(
+                      [&] {
+                        std::vector<std::string> v;
+                        for (int64_t x : o.proxy_layers) v.push_back(std::to_string(x));
+                        return v;
+                      }(),
+                      ","),
                   L);
     BRIGADE_CHECK(o.ranks == std::vector<int>{1}, ConfigError,
                   "--proxy-layers measures one process: use --ranks 1 (a described cluster gives the links; "
