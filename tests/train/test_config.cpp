@@ -3,7 +3,11 @@
 // overrides, and the recipe_to_toml round trip.
 #include <gtest/gtest.h>
 
+#include <omp.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -572,6 +576,39 @@ TEST(Recipe, LoadAppliesOverrides) {
   EXPECT_EQ(r.train.batch_size, 4);
   EXPECT_EQ(r.path, path.string());
   std::filesystem::remove(path);
+}
+
+// run.threads = 0 is this process's share of the node: every core alone, cores / local ranks
+// under mpirun (two ranks with every core each would contend for the same cores),
+// OMP_NUM_THREADS where the user set it; a positive value as given.
+TEST(Threads, ZeroIsThisProcesssShareOfTheCores) {
+  const char* keep_omp = std::getenv("OMP_NUM_THREADS");
+  const char* keep_local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const std::string omp_saved = keep_omp ? keep_omp : "", local_saved = keep_local ? keep_local : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  ::unsetenv("MPI_LOCALNRANKS");
+  const int cores = omp_get_num_procs();
+  EXPECT_EQ(resolve_threads(0), cores);
+  EXPECT_EQ(resolve_threads(3), 3);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  EXPECT_EQ(resolve_threads(0), std::max(1, cores / 2));
+  EXPECT_EQ(resolve_threads(5), 5);
+  ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1000000", 1);
+  EXPECT_EQ(resolve_threads(0), 1);  // never below one thread
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  EXPECT_EQ(resolve_threads(0), 3);
+  set_threads(0);
+  EXPECT_EQ(omp_get_max_threads(), 3);
+  if (keep_omp)
+    ::setenv("OMP_NUM_THREADS", omp_saved.c_str(), 1);
+  else
+    ::unsetenv("OMP_NUM_THREADS");
+  if (keep_local)
+    ::setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local_saved.c_str(), 1);
+  else
+    ::unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  omp_set_num_threads(cores);
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
                 "bench: runs one process; parallel.tp = {} and parallel.pp = {} are for `brigade train` under mpirun "
                 "(bench/mp_bench.py times them)",
                 r.parallel.tp, r.parallel.pp);
-  if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
+  train::set_threads(r.run.threads);
   const int64_t A = r.train.accumulation;
   const std::unique_ptr<Task> task = make_task(r);  // the recipe's model, as `brigade train` builds it
   apply_recompute(r, *task);

@@ -8,9 +8,11 @@
 #include "brigade/train/finetune.h"
 #include "brigade/train/registry.h"
 
+#include <omp.h>
 #include <toml++/toml.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -875,5 +877,19 @@ std::map<std::string, std::string> recipe_values(const Recipe& r) {
   }
   return out;
 }
+
+int resolve_threads(int64_t run_threads) {
+  if (run_threads > 0) return int(run_threads);
+  if (const char* v = std::getenv("OMP_NUM_THREADS"); v && std::atoi(v) > 0) return std::atoi(v);
+  int local = 1;
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(name); v && *v) {
+      local = std::max(1, std::atoi(v));
+      break;
+    }
+  return std::max(1, omp_get_num_procs() / local);
+}
+
+void set_threads(int64_t run_threads) { omp_set_num_threads(resolve_threads(run_threads)); }
 
 }  // namespace brigade::train

@@ -15,7 +15,7 @@ struct RunConfig {
   std::string name = "run";
   std::string out_dir = "runs/run";  // checkpoints, metrics.jsonl
   uint64_t seed = 1337;
-  int threads = 0;  // 0 = all cores (OpenMP default)
+  int threads = 0;  // 0 = this process's share of the node's cores (resolve_threads)
   bool operator==(const RunConfig&) const = default;
 };
 
@@ -289,5 +289,13 @@ std::vector<int64_t> swin_depths(const ModelConfig& m);
 std::string did_you_mean(const std::string& wrong, const std::vector<std::string>& candidates);
 // "section.key" -> value as recipe_to_toml writes it, for every key (comparing two recipes).
 std::map<std::string, std::string> recipe_values(const Recipe& r);
+
+// This process's OpenMP threads for run.threads: a positive value as given; 0 = this process's
+// share of the node's cores: every core for one process, the cores divided by the ranks on this
+// node under mpirun (OMPI_COMM_WORLD_LOCAL_SIZE, or MPICH's MPI_LOCALNRANKS), so that 2 ranks on
+// 2 cores get 1 thread each rather than 2 that contend for the same cores; OMP_NUM_THREADS
+// where the user set it. set_threads applies it (omp_set_num_threads).
+int resolve_threads(int64_t run_threads);
+void set_threads(int64_t run_threads);
 
 }  // namespace brigade::train

@@ -220,7 +220,7 @@ MemoryInputs memory_inputs(const Recipe& r) {
         r.memory.recompute, in.recompute);
   }
   // the attention kernels' per-thread tiles, during the forward and backward
-  const int threads = r.run.threads > 0 ? int(r.run.threads) : omp_get_max_threads();
+  const int threads = resolve_threads(r.run.threads);
   in.work_compute = r.model.n_layer > 0 ? threads * ops::attention_workspace_per_thread(r.train.seq_len,
                                                                                         r.model.n_embd / r.model.n_head)
                                         : 0;

@@ -192,7 +192,7 @@ Recipe deterministic_split(const Recipe& recipe) {
 
 TrainResult train(const Recipe& recipe, const TrainOptions& opts) {
   const Recipe r = deterministic_split(recipe);
-  if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
+  set_threads(r.run.threads);
   std::unique_ptr<Task> task = make_task(r, /*init_weights=*/!opts.resume);  // resume: the checkpoint's weights
   return train(r, opts, *task);
 }
@@ -234,7 +234,7 @@ TrainResult train(const Recipe& r, const TrainOptions& opts, Task& task) {
 namespace {
 
 TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task, const Attempt& attempt) {
-  if (r.run.threads > 0) omp_set_num_threads(r.run.threads);
+  set_threads(r.run.threads);
   std::shared_ptr<dist::ProcessGroup> world = dist::ProcessGroup::world();
   const int rank = world->rank(), P = world->size();
   const bool lead = rank == 0;  // rank 0 alone prints, writes logs and the shared checkpoint files
