@@ -391,24 +391,45 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
         mib(norm));
   }
 
-  // ---- other: ZeRO-3 checkpoints are written by rank 0 from per-parameter copies
-  if (zero == 3 && rank == 0) {
-    for (const auto& p : f.params) other.peak += held(p.numel);
-    other.formula = "rank 0 under ZeRO-3: a copy of every parameter while a checkpoint is written";
-  } else {
-    other.formula = "none";
+  // ---- other: checkpoint staging (every run writes one at its end). ZeRO >= 1: each rank copies
+  // its shard of every optimizer state into one flat tensor to write it; ZeRO-3: rank 0 also
+  // copies every parameter, one gathered unit at a time.
+  std::vector<std::string> staged;
+  if (zero >= 1) {
+    const int64_t numel = f.params.empty() ? 0 : f.params.back().offset + f.params.back().numel;
+    const int64_t len = std::max<int64_t>(0, std::min(f.hi, numel) - f.lo);
+    other.peak += states * held(len);
+    staged.push_back(fmt::format("this rank's shard of the {} optimizer state{} as flat copies {}", states,
+                                 states == 1 ? "" : "s", mib(states * held(len))));
   }
+  if (zero == 3 && rank == 0) {
+    int64_t copies = 0;
+    for (const auto& p : f.params) copies += held(p.numel);
+    other.peak += copies;
+    staged.push_back(fmt::format("rank 0 under ZeRO-3: a copy of every parameter {}", mib(copies)));
+  }
+  other.formula = "none";
+  for (size_t i = 0; i < staged.size(); ++i)
+    other.formula = (i == 0 ? "while a checkpoint is written: " : other.formula + "; ") + staged[i];
 
   // ---- total: at the activation peak (the head's backward) the steady state is held, plus the
   // embeddings+head unit (ZeRO-3) and the first gradient bucket, armed for the backward (ZeRO >= 2)
   const int64_t unit0 = zero == 3 ? unit_bytes(0) : 0;
-  out.total_peak = params.live + grads.live + optim.live + acts.peak + unit0 + first_bucket + in.params_work;
+  const int64_t in_step = params.live + grads.live + optim.live + acts.peak + unit0 + first_bucket + in.params_work;
+  // while a checkpoint is written: the state held between steps and the staging copies (the
+  // optimizer shards are copied after the last gathered unit is released)
+  const int64_t at_checkpoint = params.live + grads.live + optim.live + other.peak;
+  out.total_peak = std::max(in_step, at_checkpoint);
   for (PredictedCategory& c : out.tags)
     if (c.peak_low == 0) c.peak_low = c.peak;
   out.total_formula = "params + grads + optimizer held between steps + the activation peak" +
                       std::string(zero == 3 ? " + the gathered embeddings+head unit" : "") +
                       (zero >= 2 ? " + the first gradient bucket (armed)" : "") +
-                      (in.params_work > 0 ? " + the weights' working copies" : "");
+                      (in.params_work > 0 ? " + the weights' working copies" : "") +
+                      (other.peak > 0 ? fmt::format("; or, if larger ({}), the held state + the checkpoint's staging "
+                                                    "copies (other)",
+                                                    at_checkpoint > in_step ? "it is" : "it is not")
+                                      : std::string());
   return out;
 }
 

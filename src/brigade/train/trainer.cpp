@@ -533,8 +533,10 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     }
     if (lead) begin_checkpoint(dir);
     ctrl->barrier();
-    const std::map<std::string, Tensor> zshard =
-        dpo.zero >= 1 ? dp.shard_state(opt->state_tensors()) : std::map<std::string, Tensor>();
+    const std::map<std::string, Tensor> zshard = [&] {
+      MemTagScope tag(MemTag::Other);  // checkpoint staging, as the parameter copies above
+      return dpo.zero >= 1 ? dp.shard_state(opt->state_tensors()) : std::map<std::string, Tensor>();
+    }();
     if (dpo.zero >= 1) write_optimizer_shard(tmp, rank, P, dp.shard_begin(), dp.shard_end(), zshard);
     if (kill_in_save && !lead) ::raise(SIGKILL);
     ctrl->barrier();
