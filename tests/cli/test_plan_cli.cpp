@@ -209,3 +209,21 @@ TEST(PlanCliProxy, ProxiesOfOneAndTwoBlocksGiveTheWholeModelsStructureAndMemory)
 }
 
 }  // namespace
+
+// A launch of 2 ranks writes its points beside the calibration: into a folder that does not
+// exist yet too (runs/ in a fresh checkout), as the 1-rank points do.
+TEST(PlanCliRanks, TwoRankCalibrationIntoAFolderNotYetMade) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun on PATH";
+  const fs::path d = test_support::write_tiny_run(test_support::fresh_test_dir("brigade_plan_cli"),
+                                                  test_support::tiny_gpt_recipe({"run.threads=0"}), "tiny.toml");
+  const auto r = test_support::run_brigade(
+      d,
+      "calibrate tiny.toml --ranks 2 --levels O0 --recompute none --rows 2 --steps 1 --warmup 0 --out new/dir/cal.json",
+      0, "", test_support::kMpiEnv);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json c = test_support::json_file(d / "new/dir/cal.json");
+  ASSERT_EQ(c["compute"].size(), 1u);
+  EXPECT_EQ(c["compute"][0]["ranks"], 2);
+  EXPECT_TRUE(c["comm"].contains("2")) << c["comm"].dump();
+  EXPECT_TRUE(fs::exists(d / "new/dir/cal.json.ranks2.log"));
+}

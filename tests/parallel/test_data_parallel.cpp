@@ -18,9 +18,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "brigade/autograd/engine.h"
@@ -28,6 +30,7 @@
 #include "brigade/core/rng.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
+#include "brigade/parallel/comm_queue.h"
 #include "brigade/parallel/data_parallel.h"
 #include "brigade/train/executor.h"
 #include "brigade/train/trainer.h"
@@ -255,3 +258,26 @@ INSTANTIATE_TEST_SUITE_P(Stages, DataParallelMemory, ::testing::Values(0, 3),
                          [](const ::testing::TestParamInfo<int>& i) { return "zero" + std::to_string(i.param); });
 
 }  // namespace
+
+// The communication queue's task accounting: a task that computes uses CPU, one that sleeps
+// uses wall time only; both on the thread and inline (the CPU of a thread, not of the process).
+TEST(CommQueueSeconds, CpuOfTheTasksAndTheirWallTime) {
+  for (const bool threaded : {true, false}) {
+    parallel::CommQueue q(threaded);
+    auto spin = [] {  // ~30 ms of CPU
+      const auto t0 = std::chrono::steady_clock::now();
+      volatile double x = 0;
+      while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(30)) x = x + 1.0;
+    };
+    q.submit(spin);
+    q.submit([] { std::this_thread::sleep_for(std::chrono::milliseconds(60)); });
+    q.wait_all();
+    const double cpu = q.task_cpu_seconds(), wall = q.task_wall_seconds();
+    EXPECT_GE(wall, 0.089) << "threaded " << threaded;        // 30 ms + 60 ms, less the clocks' rounding
+    EXPECT_GE(cpu, 0.005) << "threaded " << threaded;         // the spin, however the scheduler shared the core
+    EXPECT_LT(cpu, wall - 0.055) << "threaded " << threaded;  // the sleep used no CPU
+    q.reset_task_seconds();
+    EXPECT_EQ(q.task_cpu_seconds(), 0.0);
+    EXPECT_EQ(q.task_wall_seconds(), 0.0);
+  }
+}

@@ -422,6 +422,8 @@ int run_calibrate(const CalibrateOptions& o) {
       continue;
     }
     const std::string tmp = out + fmt::format(".ranks{}.json", R);
+    // the child's points and the launch's log go beside the calibration (runs/ in a fresh checkout)
+    if (const fs::path dir = fs::path(out).parent_path(); !dir.empty()) fs::create_directories(dir);
     const std::string log = out + fmt::format(".ranks{}.log", R);
     std::string cmd = fmt::format("mpirun --oversubscribe --bind-to none -np {} {} calibrate {}", R,
                                   shell_quote(binary), shell_quote(o.recipe));

@@ -21,12 +21,16 @@
 
 #include <mpi.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "brigade/core/error.h"
@@ -83,6 +87,44 @@ void check_mpi(int rc, const char* what) {
   MPI_Error_string(rc, msg, &len);
   throw InternalError(fmt::format("{} failed: {}", what, std::string(msg, static_cast<size_t>(len))));
 }
+
+// Waits for MPI requests without keeping a core busy: tests for kSpin, then sleeps between tests
+// (growing to kMaxSleep). MPI's blocking calls spin in their progress loop for as long as the
+// peer is late; on a machine whose cores the compute threads fill (every rank's communication
+// thread shares them), that spinning is taken from the compute of this rank or another. The
+// data of a large transfer is moved by the test calls themselves (or by the kernel's single
+// copy), so the sleeps cost at most kMaxSleep per step of an algorithm.
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr long kMaxSleepNs = 100'000;
+
+bool blocking_waits() {
+  static const bool b = [] {
+    const char* v = std::getenv("BRIGADE_MPI_WAIT");
+    return v && std::string_view(v) == "block";
+  }();
+  return b;
+}
+
+void wait_requests(MPI_Request* reqs, int n, MPI_Status* statuses, const char* what) {
+  if (blocking_waits()) {
+    check_mpi(MPI_Waitall(n, reqs, statuses), what);
+    return;
+  }
+  int done = 0;
+  check_mpi(MPI_Testall(n, reqs, &done, statuses), what);
+  if (done) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  long sleep_ns = 2'000;
+  for (;;) {
+    check_mpi(MPI_Testall(n, reqs, &done, statuses), what);
+    if (done) return;
+    if (std::chrono::steady_clock::now() - t0 < kSpin) continue;
+    const timespec ts{0, sleep_ns};
+    nanosleep(&ts, nullptr);
+    sleep_ns = std::min(kMaxSleepNs, 2 * sleep_ns);
+  }
+}
+void wait_request(MPI_Request* req, const char* what) { wait_requests(req, 1, MPI_STATUSES_IGNORE, what); }
 
 bool env_set(const char* name) {
   const char* v = std::getenv(name);
@@ -150,7 +192,9 @@ void send_pieces(const Comm& c, const void* data, int64_t n, MPI_Datatype type, 
   do {
     if (n == 0 && !at_least_one) break;
     const int count = static_cast<int>(std::min(piece, n - off));
-    check_mpi(MPI_Send(p + off * elem, count, type, dst, tag, c.comm), "MPI_Send");
+    MPI_Request req;
+    check_mpi(MPI_Isend(p + off * elem, count, type, dst, tag, c.comm, &req), "MPI_Isend");
+    wait_request(&req, "MPI_Isend");
     off += count;
   } while (off < n);
 }
@@ -164,7 +208,9 @@ void recv_pieces(const Comm& c, void* data, int64_t n, MPI_Datatype type, int el
     if (n == 0 && !at_least_one) break;
     const int count = static_cast<int>(std::min(piece, n - off));
     MPI_Status st;
-    check_mpi(MPI_Recv(p + off * elem, count, type, src, tag, c.comm, &st), "MPI_Recv");
+    MPI_Request req;
+    check_mpi(MPI_Irecv(p + off * elem, count, type, src, tag, c.comm, &req), "MPI_Irecv");
+    wait_requests(&req, 1, &st, "MPI_Irecv");
     int got = 0;
     MPI_Get_count(&st, type, &got);
     BRIGADE_CHECK(got == count, InternalError,
@@ -193,7 +239,7 @@ void exchange(const Comm& c, const float* sbuf, int64_t ns, int dst, float* rbuf
         MPI_Isend(sbuf + off, static_cast<int>(std::min(piece, ns - off)), MPI_FLOAT, dst, tag, c.comm, &reqs.back()),
         "MPI_Isend");
   }
-  check_mpi(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  wait_requests(reqs.data(), static_cast<int>(reqs.size()), MPI_STATUSES_IGNORE, "ring exchange");
   c.bytes_sent += ns * static_cast<int64_t>(sizeof(float));
 }
 
@@ -300,7 +346,9 @@ void library_allreduce(const Comm& c, void* data, int64_t n, MPI_Datatype type, 
   char* p = static_cast<char*>(data);
   for (int64_t off = 0; off < n; off += g_limits.piece) {
     const int count = static_cast<int>(std::min(g_limits.piece, n - off));
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, p + off * elem, count, type, op, c.comm), "MPI_Allreduce");
+    MPI_Request req;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, p + off * elem, count, type, op, c.comm, &req), "MPI_Iallreduce");
+    wait_request(&req, "MPI_Iallreduce");
   }
   c.bytes_sent += n * elem;
 }
@@ -526,7 +574,9 @@ void ProcessGroup::reduce_scatter(const float* in, float* out, const std::vector
         tmp.resize(static_cast<size_t>(mine));
         dst = tmp.data();
       }
-      check_mpi(MPI_Reduce_scatter(in, dst, icounts.data(), MPI_FLOAT, MPI_SUM, c.comm), "MPI_Reduce_scatter");
+      MPI_Request req;
+      check_mpi(MPI_Ireduce_scatter(in, dst, icounts.data(), MPI_FLOAT, MPI_SUM, c.comm, &req), "MPI_Ireduce_scatter");
+      wait_request(&req, "MPI_Ireduce_scatter");
       if (own_slot) copy_floats(out, tmp.data(), mine);
       bytes_sent_ += total * static_cast<int64_t>(sizeof(float));
       return;
@@ -573,8 +623,11 @@ void ProcessGroup::allgather(const float* in, float* out, const std::vector<int6
     idispls[i] = static_cast<int>(offs[i]);
   }
   // Our slot of out already holds our data, so MPI_IN_PLACE serves both cases.
-  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, icounts.data(), idispls.data(), MPI_FLOAT, c.comm),
-            "MPI_Allgatherv");
+  MPI_Request req;
+  check_mpi(
+      MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, icounts.data(), idispls.data(), MPI_FLOAT, c.comm, &req),
+      "MPI_Iallgatherv");
+  wait_request(&req, "MPI_Iallgatherv");
   bytes_sent_ += mine * (size_ - 1) * static_cast<int64_t>(sizeof(float));
 }
 
@@ -587,7 +640,9 @@ void ProcessGroup::broadcast(void* data, int64_t bytes, int root) {
   char* p = static_cast<char*>(data);
   for (int64_t off = 0; off < bytes; off += g_limits.piece) {
     const int count = static_cast<int>(std::min(g_limits.piece, bytes - off));
-    check_mpi(MPI_Bcast(p + off, count, MPI_BYTE, root, as_comm(comm_)), "MPI_Bcast");
+    MPI_Request req;
+    check_mpi(MPI_Ibcast(p + off, count, MPI_BYTE, root, as_comm(comm_), &req), "MPI_Ibcast");
+    wait_request(&req, "MPI_Ibcast");
   }
   if (rank_ == root) bytes_sent_ += bytes;
 }
@@ -630,7 +685,7 @@ void ProcessGroup::wait_sends() {
   for (void* h : pending_) {
     MPI_Request req;
     std::memcpy(&req, &h, sizeof(req));
-    check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
+    wait_request(&req, "MPI_Isend");
   }
   pending_.clear();
 }
@@ -638,7 +693,9 @@ void ProcessGroup::wait_sends() {
 void ProcessGroup::barrier() {
   const WatchScope watch("barrier", size_);  // parallel.timeout_s (watchdog.h)
   if (size_ == 1) return;
-  check_mpi(MPI_Barrier(as_comm(comm_)), "MPI_Barrier");
+  MPI_Request req;
+  check_mpi(MPI_Ibarrier(as_comm(comm_), &req), "MPI_Ibarrier");
+  wait_request(&req, "MPI_Ibarrier");
 }
 
 // ---------------------------------------------------------------- DeviceMesh

@@ -1,11 +1,21 @@
 // Communication thread; see comm_queue.h.
 #include "brigade/parallel/comm_queue.h"
 
+#include <time.h>
+
 #include <chrono>
 
 namespace brigade::parallel {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+}  // namespace
 
 CommQueue::CommQueue(bool threaded) : threaded_(threaded) {
   if (threaded_) thread_ = std::thread([this] { loop(); });
@@ -25,6 +35,7 @@ CommQueue::~CommQueue() {
 int64_t CommQueue::submit(std::function<void()> task) {
   if (!threaded_) {
     const auto t0 = Clock::now();
+    const double c0 = thread_cpu_seconds();
     ++submitted_;
     try {
       task();
@@ -32,7 +43,10 @@ int64_t CommQueue::submit(std::function<void()> task) {
       if (!error_) error_ = std::current_exception();
     }
     ++completed_;
-    wait_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    wait_s_ += wall;
+    task_wall_s_ += wall;
+    task_cpu_s_ += thread_cpu_seconds() - c0;
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
     return submitted_;
   }
@@ -63,6 +77,21 @@ void CommQueue::wait_all() {
   wait(last);
 }
 
+double CommQueue::task_cpu_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return task_cpu_s_;
+}
+
+double CommQueue::task_wall_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return task_wall_s_;
+}
+
+void CommQueue::reset_task_seconds() {
+  std::lock_guard<std::mutex> lk(mu_);
+  task_cpu_s_ = task_wall_s_ = 0.0;
+}
+
 void CommQueue::loop() {
   for (;;) {
     std::function<void()> task;
@@ -74,13 +103,19 @@ void CommQueue::loop() {
       tasks_.pop_front();
     }
     std::exception_ptr err;
+    const auto t0 = Clock::now();
+    const double c0 = thread_cpu_seconds();
     try {
       task();
     } catch (...) {
       err = std::current_exception();
     }
+    const double cpu = thread_cpu_seconds() - c0;
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
     {
       std::lock_guard<std::mutex> lk(mu_);
+      task_cpu_s_ += cpu;
+      task_wall_s_ += wall;
       ++completed_;
       if (err && !error_) error_ = err;
     }

@@ -35,17 +35,24 @@ class CommQueue {
   // Seconds the caller spent blocked in wait()/wait_all(), and running inline tasks.
   double wait_seconds() const { return wait_s_; }
   void reset_wait_seconds() { wait_s_ = 0.0; }
+  // CPU seconds the tasks themselves used (on the communication thread, or inline), and their
+  // wall seconds: on a machine whose cores the compute threads already fill, the CPU seconds are
+  // taken from the compute even when the wait above is zero.
+  double task_cpu_seconds() const;
+  double task_wall_seconds() const;
+  void reset_task_seconds();
 
  private:
   void loop();
   bool threaded_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   std::deque<std::pair<int64_t, std::function<void()>>> tasks_;
   int64_t submitted_ = 0, completed_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
   double wait_s_ = 0.0;
+  double task_cpu_s_ = 0.0, task_wall_s_ = 0.0;  // guarded by mu_
   std::thread thread_;
 };
 

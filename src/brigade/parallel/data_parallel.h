@@ -159,6 +159,9 @@ class DataParallel {
 
   // ---- measurements (since the last reset)
   double comm_wait_seconds() const { return queue_->wait_seconds() + direct_s_; }
+  // CPU and wall seconds of the queued collectives themselves (gradient buckets, ZeRO-3 gathers).
+  double comm_task_cpu_seconds() const { return queue_->task_cpu_seconds(); }
+  double comm_task_wall_seconds() const { return queue_->task_wall_seconds(); }
   int64_t bytes_sent() const { return pg_->bytes_sent(); }
   void reset_stats();
 

@@ -771,6 +771,8 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
       }
       if (P > 1) {
         j["comm_wait_s"] = dp.comm_wait_seconds();
+        j["comm_task_s"] = dp.comm_task_wall_seconds();
+        j["comm_cpu_s"] = dp.comm_task_cpu_seconds();
         j["bytes_sent"] = dp.bytes_sent();
       }
       metrics << j.dump() << '\n';
