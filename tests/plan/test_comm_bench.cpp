@@ -143,6 +143,30 @@ TEST(CommJson, RoundTripIsExact) {
   EXPECT_EQ(comm_to_json(back).dump(), j.dump());
 }
 
+// The fits timed beside a compute load travel with the idle ones; a file without them (older,
+// or measured without a load) reads back with none.
+TEST(CommJson, BusyFitsRoundTripAndAreOptional) {
+  CommCalibration c = sample();
+  c.busy_threads = 1;
+  c.busy_fits["allgather"] = fit_alpha_beta({{4096, 2.0 / 3.0 * 1e-5}, {1 << 20, std::sqrt(2.0) * 1e-3}});
+  const nlohmann::json j = comm_to_json(c);
+  const CommCalibration back = comm_from_json(nlohmann::json::parse(j.dump()));
+  EXPECT_EQ(back.busy_threads, 1);
+  ASSERT_EQ(back.busy_fits.size(), 1u);
+  EXPECT_EQ(back.busy_fits.at("allgather").points, c.busy_fits.at("allgather").points);
+  EXPECT_EQ(back.busy_fits.at("allgather").beta_s_per_byte, c.busy_fits.at("allgather").beta_s_per_byte);
+  EXPECT_EQ(comm_to_json(back).dump(), j.dump());
+  const CommCalibration idle = comm_from_json(comm_to_json(sample()));
+  EXPECT_EQ(idle.busy_threads, 0);
+  EXPECT_TRUE(idle.busy_fits.empty());
+  nlohmann::json half = j;
+  half.erase("busy_fits");
+  EXPECT_NE(config_error_of([&] { comm_from_json(half); }).find("'busy_fits'"), std::string::npos);
+  half = j;
+  half["busy_fits"]["allgather"]["alpha_s"] = -1.0;
+  EXPECT_NE(config_error_of([&] { comm_from_json(half); }).find("'busy_fits.allgather.alpha_s'"), std::string::npos);
+}
+
 TEST(CommJson, NamesAMissingField) {
   const nlohmann::json good = comm_to_json(sample());
   // (JSON pointer to remove, the field as the message names it)

@@ -28,6 +28,7 @@ namespace {
 using brigade::dist::ProcessGroup;
 using brigade::plan::CommBenchOptions;
 using brigade::plan::CommCalibration;
+using brigade::plan::CommFit;
 
 const std::set<std::string> kKeys = {
     "allreduce/mpi",       "allreduce/ring",      "allreduce/tree", "reduce_scatter/mpi",
@@ -78,6 +79,29 @@ TEST(MeasureCommMpi, SmallSizesGiveEveryKeyAndLeastSquaresFits) {
   o.warmup = 1;
   const CommCalibration c = brigade::plan::measure_comm(*world, o);
   check_calibration(*world, c, o);
+}
+
+// With a compute load beside them, every collective is timed again: the same keys and sizes.
+TEST(MeasureCommMpi, BusyFitsBesideAComputeLoad) {
+  auto world = ProcessGroup::world();
+  ASSERT_GE(world->size(), 2) << "run under mpirun with at least 2 processes";
+  CommBenchOptions o;
+  o.bytes = {4096, 262144};
+  o.reps = 2;
+  o.warmup = 0;
+  o.busy_threads = 1;
+  const CommCalibration c = brigade::plan::measure_comm(*world, o);
+  EXPECT_EQ(c.busy_threads, 1);
+  ASSERT_EQ(c.busy_fits.size(), c.fits.size());
+  for (const auto& [k, f] : c.fits) {
+    ASSERT_TRUE(c.busy_fits.count(k)) << k;
+    const CommFit& b = c.busy_fits.at(k);
+    ASSERT_EQ(b.points.size(), f.points.size()) << k;
+    for (size_t i = 0; i < b.points.size(); ++i) {
+      EXPECT_EQ(b.points[i].first, f.points[i].first) << k;
+      EXPECT_GT(b.points[i].second, 0.0) << k;
+    }
+  }
 }
 
 // The default options, as `brigade calibrate` uses them; prints the fitted table. Disabled: it

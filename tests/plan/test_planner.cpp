@@ -149,6 +149,27 @@ TEST(Planner, DataParallelAddsTheBucketAllreducesOfTheAlphaBetaFit) {
   EXPECT_NEAR(z.comm_s, buckets * (1e-4 + 1e-9 * per_bucket) + (1e-4 + 1e-9 * grad_bytes) + (1e-4 + 1e-9 * 8), 1e-12);
 }
 
+// When the plan's ranks x threads fill the calibrated machine's cores, its collectives run
+// beside the compute: the fits timed beside a compute load apply; with cores to spare, the idle ones.
+TEST(Planner, CollectivesBesideAComputeLoadWhenTheComputeFillsTheCores) {
+  Calibration c = calibration();
+  CommFit busy;
+  busy.alpha_s = 5e-4, busy.beta_s_per_byte = 3e-9;
+  for (const auto& [k, f] : c.comm[2].fits) c.comm[2].busy_fits[k] = busy;
+  c.comm[2].busy_threads = 1;
+  train::Recipe r = recipe();
+  r.parallel.dp = 2, r.train.batch_size = 8, r.run.threads = 1;
+  r.parallel.bucket_mb = 0.03125;  // 3 buckets, as above
+  const double grad_bytes = 4.0 * (1024 + 4 * 4096), buckets = 3, per_bucket = std::floor(grad_bytes / buckets);
+  const Prediction full = predict(r, c, machine());  // 2 ranks x 1 thread on 2 cores
+  ASSERT_TRUE(full.feasible) << full.reason;
+  EXPECT_NEAR(full.comm_s, buckets * (5e-4 + 3e-9 * per_bucket) + (5e-4 + 3e-9 * 8), 1e-12);
+  c.cores = 4;  // the same launch with two cores idle
+  const Prediction spare = predict(r, c, machine());
+  ASSERT_TRUE(spare.feasible) << spare.reason;
+  EXPECT_NEAR(spare.comm_s, buckets * (1e-4 + 1e-9 * per_bucket) + (1e-4 + 1e-9 * 8), 1e-12);
+}
+
 TEST(Planner, GpipeOfEqualStagesTakesMPlusPMinusOneSlots) {
   Calibration c = calibration();
   // one block: F 1 ms, B 2 ms (input) + 1 ms (weight); no head cost; measured at 4 rows

@@ -341,7 +341,9 @@ int run_calibrate(const CalibrateOptions& o) {
     const int R = world->size();
     plan::Calibration c;
     measure_points(base, o, rows, R, std::max(1, cores / R), *world, c);
-    plan::CommCalibration comm = plan::measure_comm(*world);
+    plan::CommBenchOptions co;
+    co.busy_threads = std::max(1, cores / R);  // this rank's compute threads, as a plan of R ranks runs them
+    plan::CommCalibration comm = plan::measure_comm(*world, co);
     if (world->rank() == 0) {
       c.comm[R] = comm;
       data::write_file_atomic(o.child_out, plan::calibration_to_json(c).dump() + "\n");

@@ -21,6 +21,7 @@
 
 #include <mpi.h>
 
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <algorithm>
@@ -94,7 +95,7 @@ void check_mpi(int rc, const char* what) {
 // thread shares them), that spinning is taken from the compute of this rank or another. The
 // data of a large transfer is moved by the test calls themselves (or by the kernel's single
 // copy), so the sleeps cost at most kMaxSleep per step of an algorithm.
-constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSpin = std::chrono::microseconds(500);
 constexpr long kMaxSleepNs = 100'000;
 
 bool blocking_waits() {
@@ -114,7 +115,11 @@ void wait_requests(MPI_Request* reqs, int n, MPI_Status* statuses, const char* w
   check_mpi(MPI_Testall(n, reqs, &done, statuses), what);
   if (done) return;
   const auto t0 = std::chrono::steady_clock::now();
-  long sleep_ns = 2'000;
+  // Linux lets a sleep overshoot by the thread's timer slack (50 µs by default); sleeps this
+  // short need it small.
+  thread_local const bool slack_set = prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+  (void)slack_set;
+  long sleep_ns = 5'000;
   for (;;) {
     check_mpi(MPI_Testall(n, reqs, &done, statuses), what);
     if (done) return;

@@ -2,15 +2,22 @@
 // constrained alpha-beta least-squares fit, and the JSON form; see comm_bench.h.
 #include "brigade/plan/comm_bench.h"
 
+#include <omp.h>
+#include <time.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+
+#include <atomic>
 #include <functional>
+#include <thread>
 
 #include "brigade/core/error.h"
 #include "brigade/core/json_number.h"
+#include "brigade/core/tensor.h"
+#include "brigade/ops/gemm.h"
 
 extern char** environ;
 
@@ -38,6 +45,12 @@ double median(std::vector<double> v) {
 const char* env_or_null(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? v : nullptr;
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 // The launcher as the environment tells it (see CommCalibration::launcher).
@@ -178,6 +191,8 @@ CommCalibration measure_comm(dist::ProcessGroup& pg, const CommBenchOptions& o) 
                   "communication benchmark: size {} bytes is not a positive multiple of 4 (buffers are fp32)", b);
   BRIGADE_CHECK(o.reps >= 1, ConfigError, "communication benchmark: reps = {}; it must be >= 1", o.reps);
   BRIGADE_CHECK(o.warmup >= 0, ConfigError, "communication benchmark: warmup = {}; it must be >= 0", o.warmup);
+  BRIGADE_CHECK(o.busy_threads >= 0, ConfigError, "communication benchmark: busy_threads = {}; it must be >= 0",
+                o.busy_threads);
 
   CommCalibration c;
   c.ranks = pg.size();
@@ -218,24 +233,51 @@ CommCalibration measure_comm(dist::ProcessGroup& pg, const CommBenchOptions& o) 
       {"sendrecv", sendrecv},
   };
   std::vector<double> times(size_t(o.reps));
-  for (const auto& [key, op] : ops) {
-    Points pts;
-    for (const int64_t bytes : o.bytes) {
-      const int64_t n = bytes / 4;
-      for (int w = 0; w < o.warmup; ++w) {
-        pg.barrier();
-        op(n);
+  // cpu: time each collective by the CPU its calling thread used (clock_gettime's thread clock;
+  // the kernel's copies included) instead of the wall clock.
+  auto measure = [&](std::map<std::string, CommFit>& fits, bool cpu) {
+    for (const auto& [key, op] : ops) {
+      Points pts;
+      for (const int64_t bytes : o.bytes) {
+        const int64_t n = bytes / 4;
+        for (int w = 0; w < o.warmup; ++w) {
+          pg.barrier();
+          op(n);
+        }
+        for (int r = 0; r < o.reps; ++r) {
+          pg.barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          const double c0 = cpu ? thread_cpu_seconds() : 0.0;
+          op(n);
+          times[size_t(r)] = cpu ? thread_cpu_seconds() - c0
+                                 : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        pg.allreduce_max(times.data(), o.reps);  // each rep's slowest rank
+        pts.emplace_back(bytes, median(times));
       }
-      for (int r = 0; r < o.reps; ++r) {
-        pg.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        op(n);
-        times[size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      pg.allreduce_max(times.data(), o.reps);  // each rep's slowest rank
-      pts.emplace_back(bytes, median(times));
+      fits[key] = fit_alpha_beta(pts);
     }
-    c.fits[key] = fit_alpha_beta(pts);
+  };
+  measure(c.fits, false);
+  if (o.busy_threads > 0) {
+    // The load: fp32 GEMMs of a transformer block's shape (512 x 768 by 768 x 768), on their own
+    // thread with busy_threads OpenMP threads, for as long as the collectives are timed.
+    std::atomic<bool> stop{false};
+    std::thread load([&stop, n = o.busy_threads] {
+      omp_set_num_threads(n);
+      const Tensor a = Tensor::full({512, 768}, 0.5, DType::F32), b = Tensor::full({768, 768}, 0.25, DType::F32);
+      while (!stop.load(std::memory_order_relaxed)) (void)ops::matmul(a, b);
+    });
+    try {
+      measure(c.busy_fits, true);
+    } catch (...) {
+      stop = true;
+      load.join();
+      throw;
+    }
+    stop = true;
+    load.join();
+    c.busy_threads = o.busy_threads;
   }
   return c;
 }
@@ -247,7 +289,19 @@ nlohmann::json comm_to_json(const CommCalibration& c) {
     for (const auto& [b, s] : f.points) pts.push_back({b, s});
     fits[key] = {{"alpha_s", f.alpha_s}, {"beta_s_per_byte", f.beta_s_per_byte}, {"points", pts}};
   }
-  return {{"ranks", c.ranks}, {"launcher", c.launcher}, {"reps", c.reps}, {"warmup", c.warmup}, {"fits", fits}};
+  nlohmann::json j{
+      {"ranks", c.ranks}, {"launcher", c.launcher}, {"reps", c.reps}, {"warmup", c.warmup}, {"fits", fits}};
+  if (c.busy_threads > 0) {
+    nlohmann::json busy = nlohmann::json::object();
+    for (const auto& [key, f] : c.busy_fits) {
+      nlohmann::json pts = nlohmann::json::array();
+      for (const auto& [b, s] : f.points) pts.push_back({b, s});
+      busy[key] = {{"alpha_s", f.alpha_s}, {"beta_s_per_byte", f.beta_s_per_byte}, {"points", pts}};
+    }
+    j["busy_threads"] = c.busy_threads;
+    j["busy_fits"] = busy;
+  }
+  return j;
 }
 
 CommCalibration comm_from_json(const nlohmann::json& j) {
@@ -259,22 +313,28 @@ CommCalibration comm_from_json(const nlohmann::json& j) {
   c.launcher = l.get<std::string>();
   c.reps = int(integer_in(field(j, "reps", "reps"), 0, INT32_MAX, "reps"));
   c.warmup = int(integer_in(field(j, "warmup", "warmup"), 0, INT32_MAX, "warmup"));
-  const auto& fits = field(j, "fits", "fits");
-  if (!fits.is_object()) bad("fits", "must be an object (collective name -> fit), got " + fits.dump());
-  for (const auto& [key, fj] : fits.items()) {
-    const std::string p = "fits." + key;
-    if (!fj.is_object()) bad(p, "must be an object with alpha_s, beta_s_per_byte and points");
-    CommFit f;
-    f.alpha_s = nonneg_number(field(fj, "alpha_s", p + ".alpha_s"), p + ".alpha_s");
-    f.beta_s_per_byte = nonneg_number(field(fj, "beta_s_per_byte", p + ".beta_s_per_byte"), p + ".beta_s_per_byte");
-    const auto& pts = field(fj, "points", p + ".points");
-    if (!pts.is_array()) bad(p + ".points", "must be an array of [bytes, seconds] pairs");
-    for (size_t i = 0; i < pts.size(); ++i) {
-      const std::string pp = fmt::format("{}.points[{}]", p, i);
-      if (!pts[i].is_array() || pts[i].size() != 2) bad(pp, "must be a [bytes, seconds] pair, got " + pts[i].dump());
-      f.points.emplace_back(integer_in(pts[i][0], 0, INT64_MAX, pp + "[0]"), nonneg_number(pts[i][1], pp + "[1]"));
+  auto read_fits = [](const nlohmann::json& fits, const std::string& name, std::map<std::string, CommFit>& out) {
+    if (!fits.is_object()) bad(name, "must be an object (collective name -> fit), got " + fits.dump());
+    for (const auto& [key, fj] : fits.items()) {
+      const std::string p = name + "." + key;
+      if (!fj.is_object()) bad(p, "must be an object with alpha_s, beta_s_per_byte and points");
+      CommFit f;
+      f.alpha_s = nonneg_number(field(fj, "alpha_s", p + ".alpha_s"), p + ".alpha_s");
+      f.beta_s_per_byte = nonneg_number(field(fj, "beta_s_per_byte", p + ".beta_s_per_byte"), p + ".beta_s_per_byte");
+      const auto& pts = field(fj, "points", p + ".points");
+      if (!pts.is_array()) bad(p + ".points", "must be an array of [bytes, seconds] pairs");
+      for (size_t i = 0; i < pts.size(); ++i) {
+        const std::string pp = fmt::format("{}.points[{}]", p, i);
+        if (!pts[i].is_array() || pts[i].size() != 2) bad(pp, "must be a [bytes, seconds] pair, got " + pts[i].dump());
+        f.points.emplace_back(integer_in(pts[i][0], 0, INT64_MAX, pp + "[0]"), nonneg_number(pts[i][1], pp + "[1]"));
+      }
+      out[key] = std::move(f);
     }
-    c.fits[key] = std::move(f);
+  };
+  read_fits(field(j, "fits", "fits"), "fits", c.fits);
+  if (j.contains("busy_threads")) {  // absent in a calibration that did not measure them
+    c.busy_threads = int(integer_in(j.at("busy_threads"), 1, INT32_MAX, "busy_threads"));
+    read_fits(field(j, "busy_fits", "busy_fits"), "busy_fits", c.busy_fits);
   }
   return c;
 }

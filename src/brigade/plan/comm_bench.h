@@ -53,6 +53,13 @@ struct CommCalibration {
   // allgather's output (each rank contributes 1/ranks of it, in place, as ZeRO gathers its
   // parameters), and for "sendrecv" the message rank 0 sends to rank 1 (one pipeline hop).
   std::map<std::string, CommFit> fits;
+  // The CPU seconds of the same collectives while every rank also computes (busy_threads
+  // threads of fp32 GEMMs each, as training's compute threads): on a node whose cores the
+  // compute fills, a collective that overlaps the compute costs the step the CPU it takes from
+  // it (its copies, reductions and polling), not its wall time. Empty when not measured
+  // (busy_threads = 0).
+  std::map<std::string, CommFit> busy_fits;
+  int busy_threads = 0;
   // The fit for `key`; a ConfigError naming the key and the keys present (and, for a one-rank
   // calibration, saying that none are measured without at least 2 ranks).
   const CommFit& fit(const std::string& key) const;
@@ -62,6 +69,9 @@ struct CommBenchOptions {
   std::vector<int64_t> bytes = {4096, 65536, 1 << 20, 4 << 20, 16 << 20};  // positive multiples of 4 (fp32)
   int reps = 5;                                                            // timed, >= 1
   int warmup = 1;                                                          // untimed, >= 0
+  // > 0: also time every collective while busy_threads threads of GEMMs run on each rank
+  // (CommCalibration::busy_fits).
+  int busy_threads = 0;
 };
 
 // Measures every key above at every size in o.bytes on fp32 buffers. Collective over pg: every

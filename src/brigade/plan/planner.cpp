@@ -166,6 +166,9 @@ struct CommModel {
   const Cluster& cl;
   int ranks;  // processes of the whole job
   std::string* missing;
+  // The plan's compute threads fill the node's cores: its collectives run beside the compute,
+  // so the fits measured beside a compute load apply (when the calibration has them).
+  bool busy = false;
   double operator()(const std::string& key, int64_t bytes, int size, bool crosses_nodes) const {
     if (size <= 1 || bytes <= 0) return 0.0;
     if (cl.described) {
@@ -183,8 +186,9 @@ struct CommModel {
             fmt::format("no interconnect calibration for {} ranks (run `brigade calibrate --ranks {}`)", ranks, ranks);
       return 0.0;
     }
-    const auto f = it->second.fits.find(key);
-    if (f == it->second.fits.end()) {
+    const auto& fits = busy && !it->second.busy_fits.empty() ? it->second.busy_fits : it->second.fits;
+    const auto f = fits.find(key);
+    if (f == fits.end()) {
       if (missing && missing->empty()) *missing = fmt::format("the calibration has no fit for {}", key);
       return 0.0;
     }
@@ -254,7 +258,7 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
     return rw * double(c.items_per_row) * c.flops_per_item * recompute / (peak * 1e9 * eff);
   };
   std::string missing;
-  const CommModel comm{c, cl, int(R), &missing};
+  const CommModel comm{c, cl, int(R), &missing, int64_t(local) * p.threads >= std::max(c.cores, 1)};
   // the tp group is the fastest mesh axis (within a node while tp <= ranks per node), then dp, then pp
   const bool tp_cross = p.tp > cl.ranks_per_node;
   const bool dp_cross = p.tp * p.dp > cl.ranks_per_node;
