@@ -226,4 +226,25 @@ TEST(PlanCliRanks, TwoRankCalibrationIntoAFolderNotYetMade) {
   EXPECT_EQ(c["compute"][0]["ranks"], 2);
   EXPECT_TRUE(c["comm"].contains("2")) << c["comm"].dump();
   EXPECT_TRUE(fs::exists(d / "new/dir/cal.json.ranks2.log"));
+  EXPECT_TRUE(c["comm"]["2"].contains("busy_fits")) << "the collectives beside a compute load";
+
+  // A calibration from before the busy timings still plans, and says what it lacks.
+  const auto fresh = test_support::run_brigade(d, "plan tiny.toml --calibration new/dir/cal.json --predict");
+  ASSERT_EQ(fresh.code, 0) << fresh.err;
+  EXPECT_EQ(fresh.err.find("idle cores only"), std::string::npos) << fresh.err;
+  nlohmann::json old = c;
+  old["comm"]["2"].erase("busy_fits");
+  old["comm"]["2"].erase("busy_threads");
+  std::ofstream(d / "old.json") << old.dump();
+  const auto stale = test_support::run_brigade(d, "plan tiny.toml --calibration old.json --predict");
+  ASSERT_EQ(stale.code, 0) << stale.err;
+  EXPECT_NE(stale.err.find("idle cores only"), std::string::npos) << stale.err;
+  EXPECT_NE(stale.err.find("brigade calibrate"), std::string::npos) << stale.err;
+
+  // The MPI wait's switch takes "poll" or "block"; anything else is refused by name.
+  const auto bad = test_support::run_brigade(
+      d, "calibrate tiny.toml --ranks 2 --levels O0 --recompute none --rows 2 --steps 1 --warmup 0 --out bad.json", 0,
+      "", std::string(test_support::kMpiEnv) + " BRIGADE_MPI_WAIT=sometimes");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("BRIGADE_MPI_WAIT = 'sometimes'"), std::string::npos) << bad.err;
 }

@@ -475,6 +475,15 @@ plan::Calibration load_calibration_for(const Recipe& r, const std::string& path)
   BRIGADE_CHECK(diff.empty(), ConfigError,
                 "{} was measured for another model or shape ({}); re-run `brigade calibrate {}` for this one", p, diff,
                 r.path);
+  for (const auto& [ranks, cc] : c.comm)
+    if (cc.busy_fits.empty()) {
+      fmt::print(stderr,
+                 "plan: warning: {} timed the {}-rank collectives on idle cores only (it predates the timings beside "
+                 "a compute load); plans whose threads fill the cores are priced with those idle times, which ran "
+                 "2-5x low on this project's machine; re-run `brigade calibrate {}` to measure them\n",
+                 p, ranks, r.path);
+      break;
+    }
   return c;
 }
 

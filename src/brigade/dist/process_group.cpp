@@ -98,10 +98,16 @@ void check_mpi(int rc, const char* what) {
 constexpr auto kSpin = std::chrono::microseconds(500);
 constexpr long kMaxSleepNs = 100'000;
 
+// BRIGADE_MPI_WAIT: "poll" (the default, above) or "block" (MPI_Waitall: MPI's own spinning
+// wait, for measuring the difference).
 bool blocking_waits() {
   static const bool b = [] {
     const char* v = std::getenv("BRIGADE_MPI_WAIT");
-    return v && std::string_view(v) == "block";
+    if (!v || !*v || std::string_view(v) == "poll") return false;
+    if (std::string_view(v) == "block") return true;
+    throw ConfigError(fmt::format(
+        "environment variable BRIGADE_MPI_WAIT = '{}': must be 'poll' (the default) or 'block'; unset it or fix it",
+        v));
   }();
   return b;
 }

@@ -1,21 +1,13 @@
 // Communication thread; see comm_queue.h.
 #include "brigade/parallel/comm_queue.h"
 
-#include <time.h>
-
 #include <chrono>
+
+#include "brigade/core/thread_clock.h"
 
 namespace brigade::parallel {
 
 using Clock = std::chrono::steady_clock;
-
-namespace {
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-}  // namespace
 
 CommQueue::CommQueue(bool threaded) : threaded_(threaded) {
   if (threaded_) thread_ = std::thread([this] { loop(); });

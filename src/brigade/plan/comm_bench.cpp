@@ -3,20 +3,20 @@
 #include "brigade/plan/comm_bench.h"
 
 #include <omp.h>
-#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-
-#include <atomic>
 #include <functional>
 #include <thread>
 
 #include "brigade/core/error.h"
 #include "brigade/core/json_number.h"
 #include "brigade/core/tensor.h"
+#include "brigade/core/thread_clock.h"
 #include "brigade/ops/gemm.h"
 
 extern char** environ;
@@ -45,12 +45,6 @@ double median(std::vector<double> v) {
 const char* env_or_null(const char* name) {
   const char* v = std::getenv(name);
   return v && *v ? v : nullptr;
-}
-
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
 // The launcher as the environment tells it (see CommCalibration::launcher).
@@ -283,23 +277,23 @@ CommCalibration measure_comm(dist::ProcessGroup& pg, const CommBenchOptions& o) 
 }
 
 nlohmann::json comm_to_json(const CommCalibration& c) {
-  nlohmann::json fits = nlohmann::json::object();
-  for (const auto& [key, f] : c.fits) {
-    nlohmann::json pts = nlohmann::json::array();
-    for (const auto& [b, s] : f.points) pts.push_back({b, s});
-    fits[key] = {{"alpha_s", f.alpha_s}, {"beta_s_per_byte", f.beta_s_per_byte}, {"points", pts}};
-  }
-  nlohmann::json j{
-      {"ranks", c.ranks}, {"launcher", c.launcher}, {"reps", c.reps}, {"warmup", c.warmup}, {"fits", fits}};
-  if (c.busy_threads > 0) {
-    nlohmann::json busy = nlohmann::json::object();
-    for (const auto& [key, f] : c.busy_fits) {
+  auto fits_json = [](const std::map<std::string, CommFit>& fits) {
+    nlohmann::json out = nlohmann::json::object();
+    for (const auto& [key, f] : fits) {
       nlohmann::json pts = nlohmann::json::array();
       for (const auto& [b, s] : f.points) pts.push_back({b, s});
-      busy[key] = {{"alpha_s", f.alpha_s}, {"beta_s_per_byte", f.beta_s_per_byte}, {"points", pts}};
+      out[key] = {{"alpha_s", f.alpha_s}, {"beta_s_per_byte", f.beta_s_per_byte}, {"points", pts}};
     }
+    return out;
+  };
+  nlohmann::json j{{"ranks", c.ranks},
+                   {"launcher", c.launcher},
+                   {"reps", c.reps},
+                   {"warmup", c.warmup},
+                   {"fits", fits_json(c.fits)}};
+  if (c.busy_threads > 0) {
     j["busy_threads"] = c.busy_threads;
-    j["busy_fits"] = busy;
+    j["busy_fits"] = fits_json(c.busy_fits);
   }
   return j;
 }
