@@ -189,7 +189,8 @@ def main():
         print()
         print(f"plans: {len(ok)}; median |step time error| {100 * statistics.median(errs):.1f}% "
               f"(worst {100 * max(errs):.1f}%); Spearman {rho:.3f}; worst per-category memory error "
-              f"{100 * worst_mem:.1f}% over {len(exact)} plans without tp/pp (categories above 1 MiB)")
+              f"{100 * worst_mem:.1f}% over {len(exact)} plans not marked approximate (tp / pp ones included when the "
+              f"calibration's mesh points cover them; categories above 1 MiB)")
         if pick:
             gap = pick["measured_items_per_s"] / fastest["measured_items_per_s"] - 1.0
             print(f"picked: {pick['label']} measured {pick['measured_items_per_s']:.0f}; measured fastest: "

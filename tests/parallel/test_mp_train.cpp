@@ -81,6 +81,15 @@ class MpTrain : public ::testing::Test {
   fs::path dir_;
 };
 
+// The last line of a command's output that is a JSON object.
+nlohmann::json last_json(const std::string& out) {
+  std::istringstream in(out);
+  std::string last;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] == '{') last = line;
+  return nlohmann::json::parse(last.empty() ? "{}" : last);
+}
+
 void expect_same_curve(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want,
                        const std::string& what, double tol = 1e-5, bool same_steps = true) {
   ASSERT_FALSE(want.empty()) << what;
@@ -151,6 +160,81 @@ TEST_F(MpTrain, InFlightActivationsFollowTheSchedule) {
   const double g = mem["gpipe"]["ranks"][0]["peak"]["activations"].get<double>();
   const double o = mem["1f1b"]["ranks"][0]["peak"]["activations"].get<double>();
   EXPECT_GT(g, 2.5 * o) << "gpipe " << g << " vs 1f1b " << o;
+}
+
+// `--dry-run` of a tp / pp recipe under mpirun measures one step on every rank: each category's
+// peak is what the real run's memory.json measured on that rank (10 steps, two evaluations and the
+// final checkpoint's gather); on one process it is the data-parallel prediction, which says so.
+TEST_F(MpTrain, DryRunOfAMeshIsEveryRanksMeasuredPeaks) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
+  for (const std::string settings : {"parallel.tp=2", "parallel.pp=2 parallel.microbatches=4 parallel.schedule=1f1b"}) {
+    SCOPED_TRACE(settings);
+    std::string sets;
+    std::istringstream in(settings);
+    for (std::string kv; in >> kv;) sets += " --set " + kv;
+    const std::string out = settings.substr(9, 4);
+    train_ok(2, out, settings);
+    const nlohmann::json real = json_file(out + "/memory.json");
+    const CmdResult d = run(2, "--dry-run --json" + sets);
+    ASSERT_EQ(d.code, 0) << d.err;
+    const nlohmann::json dry = last_json(d.out);
+    EXPECT_TRUE(dry.at("measured").get<bool>());
+    ASSERT_EQ(dry.at("ranks").size(), 2u) << dry.dump();
+    ASSERT_EQ(real.at("ranks").size(), 2u) << real.dump();
+    for (size_t k = 0; k < 2; ++k)
+      for (const auto& [cat, v] : real["ranks"][k]["peak"].items())
+        EXPECT_EQ(dry["ranks"][k]["peak"][cat].get<int64_t>(), v.get<int64_t>()) << "rank " << k << " " << cat;
+    if (settings.find("pp") != std::string::npos) {  // rank 0 gathers the other stage's parameters
+      EXPECT_GT(real["ranks"][0]["peak"]["other"].get<int64_t>(), 0) << "the checkpoint's gather is measured";
+    }
+  }
+  const CmdResult one = run(0, "--dry-run --json --set parallel.tp=2");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_NE(one.out.find("models data parallelism only"), std::string::npos) << one.out;
+  const CmdResult three = run(2, "--dry-run --set parallel.tp=2 --set parallel.pp=2");
+  EXPECT_NE(three.code, 0);
+  EXPECT_NE(three.err.find("dp x tp x pp = 1 x 2 x 2"), std::string::npos) << three.err;
+}
+
+// `brigade calibrate --ranks 2` measures the mesh points (tp 2; pp 2 under GPipe at two micro-batch
+// counts and half the rows, and 1F1B), and `plan --predict` derives any tp 2 or pp 2 plan's memory
+// from them: against the measured dry run of the same plan (an independent measurement), every
+// category of the busiest rank within 2%, for micro-batch counts and row counts not calibrated.
+TEST_F(MpTrain, PlannedMeshMemoryIsTheMeasuredDryRunsBusiestRank) {
+  if (!have_mpirun()) GTEST_SKIP() << "no mpirun";
+  const CmdResult cal = brigade::test_support::run_brigade(
+      dir_,
+      "calibrate tiny.toml --ranks 1,2 --levels O0 --recompute none --rows 4,8 --steps 1 --warmup 0 --out cal.json", 0,
+      "", brigade::test_support::kMpiEnv, 600);
+  ASSERT_EQ(cal.code, 0) << cal.err;
+  const nlohmann::json c = json_file("cal.json");
+  ASSERT_EQ(c.at("mesh").size(), 5u) << c["mesh"].dump();
+  for (const std::string plan :
+       {"parallel.tp=2 train.batch_size=4 train.accumulation=2",
+        "parallel.pp=2 parallel.microbatches=8 parallel.schedule=1f1b",
+        "parallel.pp=2 parallel.microbatches=2 parallel.schedule=1f1b train.batch_size=4 train.accumulation=2",
+        "parallel.pp=2 parallel.microbatches=8 parallel.schedule=gpipe"}) {
+    SCOPED_TRACE(plan);
+    std::string sets = " --set run.threads=1";
+    std::istringstream in(plan);
+    for (std::string kv; in >> kv;) sets += " --set " + kv;
+    const CmdResult pr = run(0, "--predict --json --calibration cal.json" + sets, "", 180, "plan tiny.toml");
+    ASSERT_EQ(pr.code, 0) << pr.err;
+    const nlohmann::json p = last_json(pr.out);
+    EXPECT_FALSE(p.value("memory_approximate", true)) << p.dump();
+    const CmdResult d = run(2, "--dry-run --json" + sets);
+    ASSERT_EQ(d.code, 0) << d.err;
+    const nlohmann::json dry = last_json(d.out);
+    const nlohmann::json* busiest = &dry["ranks"][0];
+    for (const auto& k : dry["ranks"])
+      if (k["peak_total"].get<int64_t>() > (*busiest)["peak_total"].get<int64_t>()) busiest = &k;
+    for (const auto& [cat, v] : (*busiest)["peak"].items()) {
+      const double want = v.get<double>(), got = p["peak_bytes"][cat].get<double>();
+      EXPECT_LE(std::abs(got - want), 0.02 * want + 64 * 1024) << cat << ": predicted " << got << ", measured " << want;
+    }
+    const double want = (*busiest)["peak_total"].get<double>(), got = p["peak_bytes"]["total"].get<double>();
+    EXPECT_LE(std::abs(got - want), 0.02 * want) << "total: predicted " << got << ", measured " << want;
+  }
 }
 
 TEST_F(MpTrain, ReportsMeasuredBubbleBesidePredictionWithTimeline) {

@@ -197,6 +197,97 @@ TEST(Planner, TensorParallelHalvesTheMicroBatchAndAddsItsAllreduces) {
   EXPECT_NEAR(q.compute_s, (0.02 * 16 + 0.03) / 2 + (4 * 4 + 2) * (1e-4 + 1e-9 * act), 1e-12);
 }
 
+// Mesh points made from a known stage model, per pp rank i: activations F + f s r + t r + u b and
+// params P + f W (f micro-batches of r rows in flight, b rows in the batch; MeshPoint's comment),
+// measured as calibrate does (GPipe (16, 2), (16, 4), (8, 2); 1F1B (16, 4): f = min(m, 2 - i)).
+// The planner must recover the model from them: its prediction of plans it never saw is the
+// model's value, exactly.
+struct Stage {
+  double F, s, t, u, P, W;
+  int64_t grads, optim;
+};
+const std::vector<Stage> kStages = {{3e6, 6.5e6, 1e6, 1.3e5, 1.4e7, 2e6, 1 << 22, 1 << 23},
+                                    {8e6, 4.4e6, 1.3e5, 1.3e5, 7e6, 1e6, 1 << 21, 1 << 22}};
+MeshPoint::Rank modelled(const Stage& st, double f, double r, double b) {
+  MeshPoint::Rank k;
+  k.peak[size_t(MemTag::Activations)] = int64_t(std::llround(st.F + f * st.s * r + st.t * r + st.u * b));
+  k.peak[size_t(MemTag::Params)] = int64_t(std::llround(st.P + f * st.W));
+  k.peak[size_t(MemTag::Grads)] = st.grads;
+  k.peak[size_t(MemTag::Optimizer)] = st.optim;
+  for (int64_t v : k.peak) k.total += v;
+  return k;
+}
+MeshPoint mesh_point(const std::string& sched, int64_t m, int64_t rows) {
+  MeshPoint q;
+  q.tp = 1, q.pp = 2, q.schedule = sched, q.microbatches = m, q.threads = 1, q.rows = rows;
+  for (int i = 0; i < 2; ++i) {
+    const double f = sched == "gpipe" ? double(m) : std::min(double(m), 2.0 - i);
+    q.ranks.push_back(modelled(kStages[size_t(i)], f, double(rows) / double(m), double(rows)));
+  }
+  return q;
+}
+
+TEST(Planner, PipelineMemoryFromFourMeshPointsIsTheStageModel) {
+  Calibration c = calibration();
+  c.mesh = {mesh_point("gpipe", 2, 16), mesh_point("gpipe", 4, 16), mesh_point("gpipe", 2, 8),
+            mesh_point("1f1b", 4, 16)};
+  MeshPoint tp;  // tp 2 at 16 rows: activations 4e7 on each rank, scaled by the rows
+  tp.tp = 2, tp.threads = 1, tp.rows = 16;
+  for (int i = 0; i < 2; ++i) {
+    MeshPoint::Rank k;
+    k.peak[size_t(MemTag::Activations)] = 40000000, k.peak[size_t(MemTag::Params)] = 1 << 20;
+    k.total = 40000000 + (1 << 20) + 4096;
+    tp.ranks.push_back(k);
+  }
+  c.mesh.push_back(tp);
+  {  // the calibration file keeps them
+    const nlohmann::json j = calibration_to_json(c);
+    EXPECT_EQ(calibration_to_json(calibration_from_json(j, "test")), j);
+  }
+  struct Case {
+    std::string sched;
+    int64_t m, b, acc;
+    std::vector<double> f;  // in flight per rank
+  };
+  for (const Case& k : {Case{"1f1b", 8, 16, 1, {2, 1}}, Case{"gpipe", 8, 16, 1, {8, 8}}, Case{"1f1b", 2, 8, 2, {2, 1}},
+                        Case{"1f1b", 16, 16, 1, {2, 1}}}) {
+    SCOPED_TRACE(k.sched + " m " + std::to_string(k.m) + " b " + std::to_string(k.b));
+    train::Recipe r = recipe();
+    r.parallel.pp = 2, r.parallel.microbatches = k.m, r.parallel.schedule = k.sched, r.run.threads = 1;
+    r.train.batch_size = k.b, r.train.accumulation = k.acc;
+    const Prediction p = predict(r, c, machine());
+    ASSERT_TRUE(p.feasible) << p.reason;
+    EXPECT_FALSE(p.memory_approximate);
+    std::vector<MeshPoint::Rank> want;
+    for (int i = 0; i < 2; ++i)
+      want.push_back(modelled(kStages[size_t(i)], k.f[size_t(i)], double(k.b) / double(k.m), double(k.b)));
+    const MeshPoint::Rank& busiest = want[0].total >= want[1].total ? want[0] : want[1];
+    for (int t = 0; t < kNumMemTags; ++t)
+      EXPECT_NEAR(double(p.peak[size_t(t)]), double(busiest.peak[size_t(t)]), 2.0) << mem_tag_name(MemTag(t));
+    EXPECT_NEAR(double(p.peak_total), double(busiest.total), 4.0);
+  }
+  {  // tp: the activations follow the rows of the micro-step
+    train::Recipe r = recipe();
+    r.parallel.tp = 2, r.run.threads = 1, r.train.batch_size = 8, r.train.accumulation = 2;
+    const Prediction p = predict(r, c, machine());
+    ASSERT_TRUE(p.feasible) << p.reason;
+    EXPECT_FALSE(p.memory_approximate);
+    EXPECT_EQ(p.peak[size_t(MemTag::Activations)], 20000000);
+    EXPECT_EQ(p.peak_total, 20000000 + (1 << 20) + 4096);
+  }
+  {  // what the points do not cover is the modelled split, marked approximate
+    train::Recipe r = recipe();
+    r.parallel.pp = 2, r.parallel.microbatches = 4, r.parallel.schedule = "zb-h1", r.run.threads = 1;
+    EXPECT_TRUE(predict(r, c, machine()).memory_approximate) << "ZB-H1's deferred weight gradients";
+    r.parallel.schedule = "1f1b";
+    EXPECT_FALSE(predict(r, c, machine()).memory_approximate);
+    c.mesh.erase(c.mesh.begin() + 3);  // no 1F1B point: the whole-batch term is unknown
+    const Prediction p = predict(r, c, machine());
+    ASSERT_TRUE(p.feasible) << p.reason;
+    EXPECT_TRUE(p.memory_approximate);
+  }
+}
+
 TEST(Planner, RejectsWithTheReason) {
   const Calibration c = calibration();
   train::Recipe r = recipe();

@@ -65,7 +65,12 @@ int cmd_train(const std::string& recipe_path, const std::vector<std::string>& se
                   "summation tree's log2(atoms per rank) + 1 extra gradient buffers); predict the run without the "
                   "mode, or measure it with `brigade bench`",
                   r.path);
-    const std::string report = json ? train::dry_run_json(r).dump() + "\n" : train::dry_run_report(r);
+    // tensor / pipeline parallel under mpirun: every rank of the mesh measured (bench.h); on one
+    // process the data-parallel prediction, which says that it leaves tp / pp out
+    const bool mesh = (r.parallel.tp > 1 || r.parallel.pp > 1) && dist::ProcessGroup::world()->size() > 1;
+    nlohmann::json j;
+    if (json) j = mesh ? cli::mesh_dry_run_json(r) : train::dry_run_json(r);
+    const std::string report = json ? j.dump() + "\n" : mesh ? cli::mesh_dry_run_report(r) : train::dry_run_report(r);
     if (dist::Env::world_rank() == 0) fmt::print("{}", report);
     return 0;
   }

@@ -81,6 +81,7 @@ void measure_points(const Recipe& base, const CalibrateOptions& o, const std::ve
         bo.warmup = o.warmup;
         bo.group = self;
         bo.gemm_peaks = false;
+        bo.quiet = true;  // the line below says it
         const BenchResult b = run_bench(r, bo);
         plan::ComputePoint p;
         p.ranks = ranks, p.threads = threads, p.level = level, p.recompute = rc, p.rows = n;
@@ -110,6 +111,70 @@ void measure_points(const Recipe& base, const CalibrateOptions& o, const std::ve
                                                              st->hidden(n), train::precision_policy(r.precision));
       c.stages.push_back({ranks, threads, level, n, t.block_f, t.block_bi, t.block_w, t.head_f, t.head_bi, t.head_w});
     }
+}
+
+// The mesh points of one launch of R ranks (model-parallel tasks): for every level and recompute
+// mode, the memory of every rank under tp = R at the largest calibrated rows, and under pp = R with
+// GPipe over R and 2R micro-batches of those rows and over R micro-batches of half of them, and 1F1B
+// over 2R micro-batches (what the planner separates a stage's fixed, per-micro-batch, transient and
+// whole-batch memory with: planner.cpp, mesh_memory), each by the mesh dry step of `brigade train
+// --dry-run`.
+void measure_mesh_points(const Recipe& base, const CalibrateOptions& o, int64_t rows, int threads,
+                         dist::ProcessGroup& world, plan::Calibration& c) {
+  const int64_t R = world.size();
+  struct Mesh {
+    int64_t tp, pp, m, rows;
+    std::string schedule = "1f1b";
+  };
+  std::vector<Mesh> meshes;
+  {  // the model's stages, from a copy freed before measuring (every rank's peaks are its whole process's)
+    const std::unique_ptr<train::Task> probe = train::make_task(base);
+    const train::Stages* st = probe->stages();
+    if (!st) return;
+    if (!st->tp_plan.empty()) meshes.push_back({R, 1, 1, rows});
+    if (st->num_blocks >= R && rows % (2 * R) == 0)
+      meshes.insert(meshes.end(), {{1, R, R, rows, "gpipe"},
+                                   {1, R, 2 * R, rows, "gpipe"},
+                                   {1, R, R, rows / 2, "gpipe"},
+                                   {1, R, 2 * R, rows, "1f1b"}});
+  }
+  const size_t total = o.levels.size() * o.recompute.size() * meshes.size();
+  size_t k = 0;
+  for (const std::string& level : o.levels)
+    for (const std::string& rc : o.recompute)
+      for (const Mesh& mesh : meshes) {
+        Recipe r = point_recipe(base, level, rc, mesh.rows, threads);
+        train::apply_override(r, fmt::format("parallel.tp={}", mesh.tp));
+        train::apply_override(r, fmt::format("parallel.pp={}", mesh.pp));
+        if (mesh.pp > 1) {
+          train::apply_override(r, "parallel.schedule=" + mesh.schedule);
+          train::apply_override(r, fmt::format("parallel.microbatches={}", mesh.m));
+        }
+        ++k;
+        try {  // every rank decides alike: the recipe alone
+          train::validate_recipe(r, "calibrate");
+        } catch (const ConfigError& e) {
+          if (world.rank() == 0)
+            fmt::print(stderr, "calibrate: {} ranks mesh [{}/{}] tp {} pp {} skipped: {}\n", R, k, total, mesh.tp,
+                       mesh.pp, e.what());
+          continue;
+        }
+        world.barrier();
+        const BenchResult b = mesh_dry_step(r);
+        plan::MeshPoint p;
+        p.tp = mesh.tp, p.pp = mesh.pp, p.schedule = mesh.schedule, p.microbatches = mesh.m;
+        p.threads = threads, p.level = level, p.recompute = rc, p.rows = mesh.rows;
+        for (const BenchResult::RankPeaks& rp : b.rank_peaks) p.ranks.push_back({rp.peak, rp.total});
+        c.mesh.push_back(p);
+        if (world.rank() == 0)
+          fmt::print(
+              stderr, "calibrate: {} ranks mesh [{}/{}] tp {} pp {}{} {} {} rows {}: busiest rank {}\n", R, k, total,
+              mesh.tp, mesh.pp, mesh.pp > 1 ? fmt::format(" {} m {}", mesh.schedule, mesh.m) : std::string(), level, rc,
+              mesh.rows,
+              train::format_bytes(std::max_element(p.ranks.begin(), p.ranks.end(), [](const auto& a, const auto& b) {
+                                    return a.total < b.total;
+                                  })->total));
+      }
 }
 
 // ---- proxies: a model too large to build here, measured with A and B blocks at its width
@@ -341,6 +406,7 @@ int run_calibrate(const CalibrateOptions& o) {
     const int R = world->size();
     plan::Calibration c;
     measure_points(base, o, rows, R, std::max(1, cores / R), *world, c);
+    measure_mesh_points(base, o, *std::max_element(rows.begin(), rows.end()), std::max(1, cores / R), *world, c);
     plan::CommBenchOptions co;
     co.busy_threads = std::max(1, cores / R);  // this rank's compute threads, as a plan of R ranks runs them
     plan::CommCalibration comm = plan::measure_comm(*world, co);
@@ -448,19 +514,23 @@ int run_calibrate(const CalibrateOptions& o) {
       nlohmann::json whole = plan::calibration_to_json(c);
       whole["compute"] = j["compute"];
       whole["stages"] = j["stages"];
+      whole["mesh"] = j["mesh"];
       whole["comm"] = j["comm"];
       return plan::calibration_from_json(whole, tmp);
     }();
     c.compute.insert(c.compute.end(), part.compute.begin(), part.compute.end());
     c.stages.insert(c.stages.end(), part.stages.begin(), part.stages.end());
+    c.mesh.insert(c.mesh.end(), part.mesh.begin(), part.mesh.end());
     for (const auto& [k, v] : part.comm) c.comm[k] = v;
     fs::remove(tmp);
   }
   plan::write_calibration(out, c);
-  fmt::print(stderr,
-             "calibrate: wrote {} ({} compute points, {} stage points, interconnect for {} launch{}) in {:.0f} s\n",
-             out, c.compute.size(), c.stages.size(), c.comm.size(), c.comm.size() == 1 ? "" : "es",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
+  fmt::print(
+      stderr,
+      "calibrate: wrote {} ({} compute points, {} stage points, {} mesh points, interconnect for {} launch{}) in "
+      "{:.0f} s\n",
+      out, c.compute.size(), c.stages.size(), c.mesh.size(), c.comm.size(), c.comm.size() == 1 ? "" : "es",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   return 0;
 }
 

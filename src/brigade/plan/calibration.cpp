@@ -105,6 +105,19 @@ nlohmann::json calibration_to_json(const Calibration& c) {
                            {"head_f", p.head_f},
                            {"head_bi", p.head_bi},
                            {"head_w", p.head_w}});
+  j["mesh"] = nlohmann::json::array();
+  for (const MeshPoint& p : c.mesh) {
+    nlohmann::json e{
+        {"tp", p.tp},           {"pp", p.pp},       {"schedule", p.schedule},   {"microbatches", p.microbatches},
+        {"threads", p.threads}, {"level", p.level}, {"recompute", p.recompute}, {"rows", p.rows}};
+    e["ranks"] = nlohmann::json::array();
+    for (const MeshPoint::Rank& k : p.ranks) {
+      nlohmann::json peak;
+      for (int i = 0; i < kNumMemTags; ++i) peak[std::string(mem_tag_name(MemTag(i)))] = k.peak[size_t(i)];
+      e["ranks"].push_back({{"peak", peak}, {"peak_total", k.total}});
+    }
+    j["mesh"].push_back(e);
+  }
   j["comm"] = nlohmann::json::object();
   for (const auto& [ranks, cc] : c.comm) j["comm"][std::to_string(ranks)] = comm_to_json(cc);
   return j;
@@ -195,6 +208,31 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& or
     p.head_w = field<double>(e, "head_w", where);
     c.stages.push_back(p);
   }
+  i = 0;
+  if (j.contains("mesh"))  // optional: calibrations written before the mesh points plan tp / pp by the model alone
+    for (const auto& e : field<nlohmann::json>(j, "mesh", origin)) {
+      const std::string where = fmt::format("{}: mesh[{}]", origin, i++);
+      MeshPoint p;
+      p.tp = field<int64_t>(e, "tp", where);
+      p.pp = field<int64_t>(e, "pp", where);
+      p.schedule = field<std::string>(e, "schedule", where);
+      p.microbatches = field<int64_t>(e, "microbatches", where);
+      p.threads = field<int>(e, "threads", where);
+      p.level = field<std::string>(e, "level", where);
+      p.recompute = field<std::string>(e, "recompute", where);
+      p.rows = field<int64_t>(e, "rows", where);
+      for (const auto& k : field<nlohmann::json>(e, "ranks", where)) {
+        MeshPoint::Rank rk;
+        const nlohmann::json peak = field<nlohmann::json>(k, "peak", where);
+        for (int t = 0; t < kNumMemTags; ++t)
+          rk.peak[size_t(t)] = field<int64_t>(peak, std::string(mem_tag_name(MemTag(t))).c_str(), where);
+        rk.total = field<int64_t>(k, "peak_total", where);
+        p.ranks.push_back(rk);
+      }
+      BRIGADE_CHECK(int64_t(p.ranks.size()) == p.tp * p.pp, ConfigError,
+                    "{}: {} ranks for tp {} x pp {}; re-run `brigade calibrate`", where, p.ranks.size(), p.tp, p.pp);
+      c.mesh.push_back(p);
+    }
   const nlohmann::json comm = field<nlohmann::json>(j, "comm", origin);
   for (const auto& [k, v] : comm.items()) {
     int ranks = 0;

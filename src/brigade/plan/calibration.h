@@ -6,6 +6,7 @@
 // (cli/calibrate.cpp); this file is the data and the lookups, so `brigade plan` runs in
 // seconds from the file alone.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -41,6 +42,26 @@ struct StagePoint {
   double block_f = 0, block_bi = 0, block_w = 0, head_f = 0, head_bi = 0, head_w = 0;
 };
 
+// The memory of one tensor- or pipeline-parallel step, every rank of the launch measured by the
+// mesh dry step of `brigade train --dry-run` (cli/bench.h: one training step of a synthetic batch
+// through the model-parallel executor, an evaluation batch and the checkpoint's gather). The
+// planner derives tp / pp plans' memory from these: activations linear in the rows, and for
+// pipelines in the micro-batches each stage holds (two GPipe points separate what a stage keeps
+// per micro-batch from the one micro-batch's transient peak; planner.cpp).
+struct MeshPoint {
+  int64_t tp = 1, pp = 1;
+  std::string schedule = "1f1b";  // pp > 1
+  int64_t microbatches = 1;       // pp > 1
+  int threads = 1;
+  std::string level = "O0", recompute = "none";
+  int64_t rows = 1;  // the step's batch (train.batch_size rows)
+  struct Rank {
+    std::array<int64_t, kNumMemTags> peak{};  // by MemTag
+    int64_t total = 0;                        // the allocator's peak of the sum
+  };
+  std::vector<Rank> ranks;  // world rank order (tp fastest)
+};
+
 struct Calibration {
   std::string created;        // UTC time
   std::string host;           // hostname
@@ -67,6 +88,7 @@ struct Calibration {
   std::vector<train::MemoryInputs::Frozen> frozen;
   std::vector<ComputePoint> compute;
   std::vector<StagePoint> stages;
+  std::vector<MeshPoint> mesh;          // optional in the file (older calibrations have none)
   std::map<int, CommCalibration> comm;  // by ranks launched together
 
   // Forward + backward seconds at `rows`, linear between the two nearest measured row counts of

@@ -16,6 +16,105 @@ namespace brigade::plan {
 
 using train::Recipe;
 
+// ---------------------------------------------------------------- tp / pp memory from mesh points
+
+// The busiest rank's memory of a tp or pp plan from the calibration's mesh points (MeshPoint), or
+// false when none was measured for it (another degree, tp x pp, dp above 1, interleaving, another
+// level, recompute mode or thread count):
+// - tp: the point at the same tp; activations scale with the plan's rows, every other category is
+//   the point's.
+// - pp: four points of the same degree: GPipe at (R rows, m1), (R, m2) and (R / 2, m1), 1F1B at
+//   (R, m2). Stage i holds F + f s r + t r + u b in activations when f micro-batches of r rows each
+//   are in flight in a batch of b rows: F what it keeps whatever the batch, s per row of a
+//   micro-batch in flight, t per row of the one micro-batch whose backward runs, u per row of the
+//   whole batch (what lives until the step's end: the sends the executor completes there). Under
+//   GPipe f = m and f r = b, so its three points give F, t and s + u:
+//     t = (A(R, m1) - A(R, m2)) / (R / m1 - R / m2),  s + u = 2 (A(R, m1) - A(R/2, m1)) / R - t / m1,
+//     F = A(R, m1) - (s + u) R - t R / m1,
+//   and the 1F1B point, where stage i holds f1 = min(m2, pp - i) < m2, gives u:
+//     u = (A1f1b - F - f1 (s + u) R / m2 - t R / m2) / (R (1 - f1 / m2)).
+//   The plan's f_i is the simulator's peak in flight on rank i (`in_flight`: from a forward to its
+//   backward, to its weight gradient under ZB-H1). ZB-H1 is marked approximate: between a
+//   micro-batch's input gradient and its deferred weight gradient a stage keeps what the weight
+//   GEMMs read, which with recompute includes the recomputed activations and at O1-O3 the 16-bit
+//   weight copies, none of which the four points measure (the runs measured up to 30% above this
+//   estimate, docs/planning.md). Under O1-O3 the parameters' 16-bit working copies are kept for
+//   every micro-batch in flight too: params = P + f_i W, W = (p2 - p1) / (m2 - m1) (0 in fp32). The
+//   other categories are the GPipe (R, m2) point's: the cut of the blocks into stages and the tied
+//   embedding's buffers do not depend on the schedule.
+bool mesh_memory(const Calibration& c, const Plan& p, const std::vector<int>& in_flight, Prediction& out) {
+  if (p.dp != 1 || (p.tp > 1) == (p.pp > 1)) return false;
+  auto find = [&](int64_t tp, int64_t pp, int64_t m, int64_t rows, const char* sched = "gpipe") -> const MeshPoint* {
+    const MeshPoint* best = nullptr;
+    for (const MeshPoint& q : c.mesh)
+      if (q.tp == tp && q.pp == pp && (pp == 1 || (q.schedule == sched && q.microbatches == m)) &&
+          (rows == 0 || q.rows == rows) && q.threads == p.threads && q.level == p.level && q.recompute == p.recompute)
+        best = &q;
+    return best;
+  };
+  const size_t act = size_t(MemTag::Activations), par = size_t(MemTag::Params);
+  const double b = double(p.batch_size);
+  std::vector<MeshPoint::Rank> ranks;
+  if (p.tp > 1) {
+    const MeshPoint* q = find(p.tp, 1, 1, 0);
+    if (!q) return false;
+    for (MeshPoint::Rank k : q->ranks) {
+      const int64_t a = int64_t(std::llround(double(k.peak[act]) * b / double(q->rows)));
+      k.total += a - k.peak[act];
+      k.peak[act] = a;
+      ranks.push_back(k);
+    }
+  } else {
+    if (p.virtual_stages != 1 || int64_t(in_flight.size()) != p.pp) return false;
+    // the largest rows measured, with two micro-batch counts there and the fewer again at half the rows
+    const MeshPoint *q1 = nullptr, *q2 = nullptr, *q3 = nullptr;
+    for (const MeshPoint& q : c.mesh)
+      if (q.tp == 1 && q.pp == p.pp && q.schedule == "gpipe" && find(1, p.pp, q.microbatches, q.rows) == &q &&
+          (!q1 || q.rows > q1->rows || (q.rows == q1->rows && q.microbatches < q1->microbatches)))
+        q1 = &q;
+    if (!q1) return false;
+    for (const MeshPoint& q : c.mesh)
+      if (&q != q1 && find(1, p.pp, q.microbatches, q.rows) == &q) {
+        if (q.rows == q1->rows && q.microbatches > q1->microbatches && (!q2 || q.microbatches < q2->microbatches))
+          q2 = &q;
+        if (q.microbatches == q1->microbatches && 2 * q.rows == q1->rows) q3 = &q;
+      }
+    const MeshPoint* q4 = q2 ? find(1, p.pp, q2->microbatches, q2->rows, "1f1b") : nullptr;
+    if (!q2 || !q3 || !q4) return false;
+    for (const MeshPoint* q : {q2, q3, q4})
+      if (q->ranks.size() != size_t(p.pp) || q1->ranks.size() != size_t(p.pp)) return false;
+    const double R = double(q1->rows), m1 = double(q1->microbatches), m2 = double(q2->microbatches);
+    const double m = double(p.microbatches), r = b / m;  // the plan's micro-batch rows
+    for (size_t i = 0; i < q1->ranks.size(); ++i) {
+      const double a1 = double(q1->ranks[i].peak[act]), a2 = double(q2->ranks[i].peak[act]);
+      const double a3 = double(q3->ranks[i].peak[act]);
+      const double t = (a1 - a2) / (R / m1 - R / m2);
+      const double su = 2.0 * (a1 - a3) / R - t / m1;  // s + u
+      const double F = a1 - su * R - t * R / m1;
+      const double f1 = std::min(m2, double(p.pp) - double(i));
+      if (f1 >= m2) return false;  // that 1F1B point ran as GPipe: u is not separable
+      const double u = (double(q4->ranks[i].peak[act]) - F - f1 * su * R / m2 - t * R / m2) / (R * (1.0 - f1 / m2));
+      const double sr = su - u;
+      const double p1 = double(q1->ranks[i].peak[par]), p2 = double(q2->ranks[i].peak[par]);
+      const double W = (p2 - p1) / (m2 - m1), P = p1 - m1 * W;
+      const double f = double(in_flight[i]);
+      MeshPoint::Rank k = q2->ranks[i];
+      const int64_t a = int64_t(std::llround(F + f * sr * r + t * r + u * b));
+      const int64_t w = int64_t(std::llround(P + f * W));
+      k.total += a - k.peak[act] + w - k.peak[par];
+      k.peak[act] = a;
+      k.peak[par] = w;
+      ranks.push_back(k);
+    }
+  }
+  const MeshPoint::Rank& busiest =
+      *std::max_element(ranks.begin(), ranks.end(), [](const auto& x, const auto& y) { return x.total < y.total; });
+  out.peak = out.peak_low = busiest.peak;
+  out.peak_total = busiest.total;
+  out.memory_approximate = p.schedule == "zb-h1";
+  return true;
+}
+
 // ---------------------------------------------------------------- clusters
 
 Cluster parse_cluster(const std::string& text, const std::string& origin) {
@@ -269,7 +368,8 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   auto tp_comm = [&](double rw) {
     return double(4 * L + 2) * comm("allreduce/mpi", int64_t(rw * double(act_bytes)), int(p.tp), tp_cross);
   };
-  double micro = 0.0;  // one micro-step (accumulation step) of this rank
+  double micro = 0.0;          // one micro-step (accumulation step) of this rank
+  std::vector<int> in_flight;  // pp: the simulated peak of micro-batches in flight, per pp rank
   if (p.pp == 1) {
     micro = fwd_bwd(rows) / double(p.tp) + (p.tp > 1 ? tp_comm(rows) : 0.0);
   } else {
@@ -315,6 +415,7 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
       const parallel::PipeSimulation sim = parallel::simulate_pipe_plan(plan, costs);
       micro = sim.makespan;
       out.bubble = sim.bubble;
+      in_flight = sim.peak_in_flight;
     } catch (const Error& e) {
       return reject(e.what());
     }
@@ -393,9 +494,15 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   in.params_work = near->params_work;
   if (p.tp == 1 && p.pp == 1) {
     in.units = units;
+  } else if (mesh_memory(c, p, in_flight, out)) {
+    if (cl.memory_per_rank > 0 && out.peak_total > cl.memory_per_rank)
+      return reject(fmt::format("needs {} per rank; the cluster has {}", train::format_bytes(out.peak_total),
+                                train::format_bytes(cl.memory_per_rank)));
+    return out;
   } else {
-    // model parallel: this rank's share of the parameters (the first stage's blocks and the
-    // embeddings, split tp ways), and the activations of the micro-batches its stage holds
+    // model parallel, not measured (mesh_memory): this rank's share of the parameters (the first
+    // stage's blocks and the embeddings, split tp ways), and the activations of the micro-batches
+    // its stage holds
     out.memory_approximate = true;
     const int S = int(p.pp * p.virtual_stages);
     const int64_t blocks0 = int64_t(p.virtual_stages) * (L / S + (L % S ? 1 : 0));

@@ -75,7 +75,7 @@ struct Prediction {
   std::array<int64_t, kNumMemTags> peak{};                     // bytes per category, the busiest rank
   std::array<int64_t, kNumMemTags> peak_low{};  // the low end where communication timing decides (ZeRO-2/3 buckets)
   int64_t peak_total = 0;
-  bool memory_approximate = false;  // tp / pp: modelled split, not the dry-run model
+  bool memory_approximate = false;  // tp / pp without a calibrated mesh point: a modelled split
   bool calibrated = true;           // compute from measured points (false: from FLOPs x efficiency)
 };
 

@@ -456,6 +456,11 @@ nlohmann::json dry_run_json(const Recipe& r) {
   nlohmann::json j{
       {"model", r.model.type}, {"measured", in.measured}, {"dp", r.parallel.dp}, {"zero", r.parallel.zero}};
   for (int p = 0; p < int(r.parallel.dp); ++p) j["ranks"].push_back(prediction_json(predict_memory(r, p, in), p == 0));
+  if (r.parallel.tp > 1 || r.parallel.pp > 1)
+    j["note"] = fmt::format(
+        "this prediction models data parallelism only: parallel.tp = {} and parallel.pp = {} are not in it; "
+        "`mpirun -np {} brigade train ... --dry-run` measures every rank of the mesh",
+        r.parallel.tp, r.parallel.pp, r.parallel.dp * r.parallel.tp * r.parallel.pp);
   return j;
 }
 
@@ -490,8 +495,9 @@ std::string dry_run_report(const Recipe& r) {
   if (r.parallel.tp > 1 || r.parallel.pp > 1)
     s += fmt::format(
         "note: this prediction models data parallelism only; parallel.tp = {} and parallel.pp = {} are "
-        "not in it (a tp/pp run measures every rank's peaks into memory.json; docs/model-parallel.md)\n\n",
-        r.parallel.tp, r.parallel.pp);
+        "not in it: `mpirun -np {} brigade train ... --dry-run` measures every rank of the mesh (a tp/pp run "
+        "also writes every rank's peaks into memory.json; docs/model-parallel.md)\n\n",
+        r.parallel.tp, r.parallel.pp, r.parallel.dp * r.parallel.tp * r.parallel.pp);
   s += fmt::format("{:<12}", "category");
   for (size_t c = 0; c < cols; ++c)
     s += fmt::format(" {:>34}", cols > 1 ? fmt::format("rank {} peak (live)", c) : std::string("peak (live)"));
