@@ -183,7 +183,7 @@ TEST(PlanCliProxy, ProxiesOfOneAndTwoBlocksGiveTheWholeModelsStructureAndMemory)
     const auto &a = p["compute"][i], &b = w["compute"][i];
     EXPECT_EQ(a["level"], b["level"]);
     EXPECT_EQ(a["recompute"], b["recompute"]);
-    for (const char* k : {"act_peak", "act_live", "params_work", "work_compute"})
+    for (const char* k : {"act_peak", "act_live", "params_work", "params_work_backward", "early_grads", "work_compute"})
       EXPECT_EQ(a[k], b[k]) << k << " at " << b["level"] << " " << b["recompute"];
     EXPECT_GT(a["fwd_bwd_s"].get<double>(), 0.0);
     EXPECT_GT(a["update_s"].get<double>(), 0.0);

@@ -83,10 +83,17 @@ TEST(Calibration, InterpolatesLinearlyBetweenMeasuredRowsAndProportionallyBeyond
 }
 
 TEST(Calibration, JsonRoundTripIsExactAndMissingFieldsAreNamed) {
-  const Calibration c = calibration();
+  Calibration c = calibration();
+  c.compute[0].params_work_backward = 12345;  // optional fields: written when measured
+  c.compute[0].early_grads = {"lm_head.weight", "model.norm.weight"};
   const nlohmann::json j = calibration_to_json(c);
   const Calibration back = calibration_from_json(j, "test");
   EXPECT_EQ(calibration_to_json(back), j);
+  EXPECT_EQ(back.compute[0].params_work_backward, 12345);
+  EXPECT_EQ(back.compute[0].early_grads, c.compute[0].early_grads);
+  EXPECT_FALSE(j["compute"][1].contains("params_work_backward"));  // not measured: absent, read back as -1
+  EXPECT_EQ(back.compute[1].params_work_backward, -1);
+  EXPECT_TRUE(back.compute[1].early_grads.empty());
   nlohmann::json bad = j;
   bad["compute"][1].erase("update_s");
   try {
@@ -168,6 +175,48 @@ TEST(Planner, CollectivesBesideAComputeLoadWhenTheComputeFillsTheCores) {
   const Prediction spare = predict(r, c, machine());
   ASSERT_TRUE(spare.feasible) << spare.reason;
   EXPECT_NEAR(spare.comm_s, buckets * (1e-4 + 1e-9 * per_bucket) + (1e-4 + 1e-9 * 8), 1e-12);
+}
+
+// ZeRO-3's parameters and gradients from the dry step's working copies and early gradients
+// (train::MemoryInputs): the working copies alive in the backward sit beside the two gathered
+// block units, the step's peak of them beside none; the head's early gradient (wte, in the last
+// bucket to fire) lives outside the buckets until that one fires. Expected values: the layout
+// algebra, bytes as the allocator rounds them.
+TEST(Planner, ZeroThreeHoldsTheBackwardsWorkingCopiesBesideThePairAndTheHeadsGradientOutside) {
+  Calibration c = calibration();
+  const int64_t V = 16384;  // a large embeddings+head unit, so that its window is the largest
+  c.units[0].params[0].second = V;
+  c.units_zero3[0].params[0].second = V;
+  c.parameters = V + 4 * 4096;
+  train::Recipe r = recipe();
+  r.parallel.dp = 2, r.parallel.zero = 3, r.run.threads = 1, r.train.batch_size = 8;
+  auto held = [](int64_t floats) { return int64_t(Allocator::round_size(size_t(4 * floats))); };
+  const int64_t shard = held((V + 4 * 4096) / 2), unit0 = held(V), block = held(4096), pair = 2 * block;
+  auto at = [&](int64_t work, int64_t backward, std::vector<std::string> early) {
+    for (ComputePoint& pt : c.compute)
+      pt.params_work = work, pt.params_work_backward = backward, pt.early_grads = early;
+    const Prediction p = predict(r, c, machine());
+    EXPECT_TRUE(p.feasible) << p.reason;
+    return p;
+  };
+  // copies alive in the backward beside the pair, more than the step's peak beside no block
+  Prediction p = at(40000, 20000, {});
+  EXPECT_EQ(p.peak[size_t(MemTag::Params)], shard + unit0 + pair + 20000);
+  // the step's peak (the head's copy with no block gathered) the larger
+  p = at(40000, 1000, {});
+  EXPECT_EQ(p.peak[size_t(MemTag::Params)], shard + unit0 + 40000);
+  // not measured (an older calibration): the peak beside the pair, an upper bound
+  p = at(40000, -1, {});
+  EXPECT_EQ(p.peak[size_t(MemTag::Params)], shard + unit0 + pair + 40000);
+  // gradients: buckets fire h.3, h.2, h.1, h.0, embeddings+head; with the communication thread
+  // 2 to 3 consecutive alive. The window ending at the last bucket holds wte's early gradient too.
+  EXPECT_EQ(p.peak_low[size_t(MemTag::Grads)], shard + std::max(pair, block + unit0));
+  p = at(40000, -1, {"transformer.wte.weight"});
+  EXPECT_EQ(p.peak_low[size_t(MemTag::Grads)], shard + block + unit0 + held(V));
+  EXPECT_EQ(p.peak[size_t(MemTag::Grads)], shard + pair + unit0 + held(V));
+  // a parameter of the first bucket (armed before the backward) gets no gradient of its own
+  p = at(40000, -1, {"transformer.h.3.w"});
+  EXPECT_EQ(p.peak_low[size_t(MemTag::Grads)], shard + block + unit0);
 }
 
 TEST(Planner, GpipeOfEqualStagesTakesMPlusPMinusOneSlots) {

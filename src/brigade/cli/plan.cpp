@@ -91,6 +91,7 @@ void measure_points(const Recipe& base, const CalibrateOptions& o, const std::ve
           const train::MemoryInputs in = train::measured_inputs(r);
           p.act_peak = in.act_peak, p.act_live = in.act_live, p.work_compute = in.work_compute;
           p.params_work = in.params_work;
+          p.params_work_backward = in.params_work_backward, p.early_grads = in.early_grads;
         }
         c.compute.push_back(p);
         if (speak)
@@ -291,6 +292,7 @@ void measure_proxies(const Recipe& base, const CalibrateOptions& o, const std::v
           p.fwd_bwd_s = time_fwd_bwd(r, *task, o.steps);
           p.act_peak = in.act_peak, p.act_live = in.act_live, p.work_compute = in.work_compute;
           p.params_work = in.params_work;
+          p.params_work_backward = in.params_work_backward, p.early_grads = in.early_grads;
           at[i].points.push_back(p);
           fmt::print(stderr, "calibrate: proxy of {} blocks [{}/{}] {} {} rows {}: fwd+bwd {:.3f} s, activations {}\n",
                      o.proxy_layers[size_t(i)], k, total, level, rc, n, p.fwd_bwd_s, train::format_bytes(in.act_peak));
@@ -353,6 +355,10 @@ void measure_proxies(const Recipe& base, const CalibrateOptions& o, const std::v
     p.act_peak = int64_t(ext(double(a.act_peak), double(b.act_peak)));
     p.work_compute = std::max(a.work_compute, b.work_compute);
     p.params_work = int64_t(ext(double(a.params_work), double(b.params_work)));
+    // the blocks' working copies grow with the blocks; the head's gradients do not
+    if (a.params_work_backward >= 0 && b.params_work_backward >= 0)
+      p.params_work_backward = int64_t(ext(double(a.params_work_backward), double(b.params_work_backward)));
+    p.early_grads = a.early_grads;
     c.compute.push_back(p);
   }
 }

@@ -81,18 +81,22 @@ nlohmann::json calibration_to_json(const Calibration& c) {
   j["frozen"] = nlohmann::json::array();
   for (const auto& f : c.frozen) j["frozen"].push_back({f.numel, f.element_bytes});
   j["compute"] = nlohmann::json::array();
-  for (const ComputePoint& p : c.compute)
-    j["compute"].push_back({{"ranks", p.ranks},
-                            {"threads", p.threads},
-                            {"level", p.level},
-                            {"recompute", p.recompute},
-                            {"rows", p.rows},
-                            {"fwd_bwd_s", p.fwd_bwd_s},
-                            {"update_s", p.update_s},
-                            {"act_peak", p.act_peak},
-                            {"act_live", p.act_live},
-                            {"work_compute", p.work_compute},
-                            {"params_work", p.params_work}});
+  for (const ComputePoint& p : c.compute) {
+    nlohmann::json e = {{"ranks", p.ranks},
+                        {"threads", p.threads},
+                        {"level", p.level},
+                        {"recompute", p.recompute},
+                        {"rows", p.rows},
+                        {"fwd_bwd_s", p.fwd_bwd_s},
+                        {"update_s", p.update_s},
+                        {"act_peak", p.act_peak},
+                        {"act_live", p.act_live},
+                        {"work_compute", p.work_compute},
+                        {"params_work", p.params_work}};
+    if (p.params_work_backward >= 0) e["params_work_backward"] = p.params_work_backward;
+    if (!p.early_grads.empty()) e["early_grads"] = p.early_grads;
+    j["compute"].push_back(std::move(e));
+  }
   j["stages"] = nlohmann::json::array();
   for (const StagePoint& p : c.stages)
     j["stages"].push_back({{"ranks", p.ranks},
@@ -190,6 +194,8 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& or
     p.act_live = field<int64_t>(e, "act_live", where);
     p.work_compute = field<int64_t>(e, "work_compute", where);
     p.params_work = field<int64_t>(e, "params_work", where);
+    if (e.contains("params_work_backward")) p.params_work_backward = field<int64_t>(e, "params_work_backward", where);
+    if (e.contains("early_grads")) p.early_grads = field<std::vector<std::string>>(e, "early_grads", where);
     c.compute.push_back(p);
   }
   i = 0;

@@ -31,6 +31,10 @@ struct ComputePoint {
   int64_t act_live = 0;      //
   int64_t work_compute = 0;  // kernel workspace
   int64_t params_work = 0;   // working copies of the parameters (16-bit casts at O1-O3)
+  // ZeRO-2/3's view of the dry step's backward (train::MemoryInputs): optional in the file, absent
+  // (-1, 0) in calibrations written before them
+  int64_t params_work_backward = -1;
+  std::vector<std::string> early_grads;
 };
 
 // One transformer block's and the head's forward / backward split (input, weight) on one

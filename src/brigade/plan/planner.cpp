@@ -492,6 +492,8 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   in.act_live = near->rows == int64_t(bm) ? near->act_live : int64_t(double(near->act_live) * k);
   in.work_compute = near->threads == p.threads ? near->work_compute : near->work_compute * p.threads / near->threads;
   in.params_work = near->params_work;
+  in.params_work_backward = near->params_work_backward;
+  in.early_grads = near->early_grads;
   if (p.tp == 1 && p.pp == 1) {
     in.units = units;
   } else if (mesh_memory(c, p, in_flight, out)) {

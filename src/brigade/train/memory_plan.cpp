@@ -4,9 +4,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "brigade/autograd/engine.h"
+#include "brigade/autograd/functions.h"
 #include "brigade/core/error.h"
 #include "brigade/dist/process_group.h"
 #include "brigade/models/gpt/gpt.h"
@@ -149,6 +152,30 @@ MemoryInputs measured_inputs(const Recipe& r, Task& t) {
   const int64_t batch_bytes = a.stats().live[size_t(MemTag::Activations)] - act0;
   a.reset_peak();
   task->model().train(true);
+  // ZeRO-2/3's view of the backward (MemoryInputs::params_work_backward, early_grads): when the
+  // backward enters the last gathered unit, the gradients made so far are read and the peaks
+  // restarted, so that the Params peak after it is the backward's alone.
+  nn::Module* last = nullptr;
+  for (const parallel::ParamUnit& u : task->units(3))
+    if (u.module) last = u.module;
+  std::array<int64_t, kNumMemTags> before{};  // the peaks up to that moment
+  bool entered = false;
+  std::function<Tensor(const Tensor&)> saved_hook;
+  if (last) {
+    saved_hook = last->post_forward_hook;
+    last->post_forward_hook = [&, prev = saved_hook](const Tensor& out0) -> Tensor {
+      const Tensor out = prev ? prev(out0) : out0;
+      if (!out.requires_grad() || autograd::recomputing()) return out;
+      return fn::backward_hook(out, [&] {
+        if (entered) return;
+        entered = true;
+        before = a.stats().peak;
+        for (auto& [name, p] : task->model().named_parameters())
+          if (p.grad().defined()) in.early_grads.push_back(name);
+        a.reset_peak();
+      });
+    };
+  }
   {
     Metrics extras;
     std::vector<Batch> micro{b};
@@ -159,11 +186,19 @@ MemoryInputs measured_inputs(const Recipe& r, Task& t) {
       amp::AutocastScope autocast(policy);
       l = task->loss(b, 0, extras);
     }
-    autograd::backward(l.loss);
+    try {
+      autograd::backward(l.loss);
+    } catch (...) {
+      if (last) last->post_forward_hook = saved_hook;
+      throw;
+    }
   }
-  const int64_t train_act = a.stats().peak[size_t(MemTag::Activations)] - act0;
-  const int64_t train_work = a.stats().peak[size_t(MemTag::Workspace)] - work0;
-  in.params_work = a.stats().peak[size_t(MemTag::Params)] - params0;
+  if (last) last->post_forward_hook = saved_hook;
+  auto step_peak = [&](MemTag t) { return std::max(before[size_t(t)], a.stats().peak[size_t(t)]); };
+  const int64_t train_act = step_peak(MemTag::Activations) - act0;
+  const int64_t train_work = step_peak(MemTag::Workspace) - work0;
+  in.params_work = step_peak(MemTag::Params) - params0;
+  if (entered) in.params_work_backward = a.stats().peak[size_t(MemTag::Params)] - params0;
   for (auto& [name, p] : task->model().named_parameters()) p.set_grad(Tensor());
   int64_t eval_act = 0, eval_work = 0;
   {
@@ -191,10 +226,16 @@ MemoryInputs measured_inputs(const Recipe& r, Task& t) {
   return in;
 }
 
+bool memory_from_formulas(const Recipe& r) {
+  // the formulas know the whole model's layout in fp32; a LoRA run's trainable set comes from its
+  // model, and at O1-O3 the working copies and the 16-bit activations from a measured dry step
+  return model_entry(r.model.type).caps.memory_formula && r.finetune.method != "lora" &&
+         precision_policy(r.precision).level == amp::Level::O0;
+}
+
 MemoryInputs memory_inputs(const Recipe& r) {
   MemoryInputs in;
-  // the formulas know the whole model's layout; a LoRA run's trainable set comes from its model
-  if (!model_entry(r.model.type).caps.memory_formula || r.finetune.method == "lora") return measured_inputs(r);
+  if (!memory_from_formulas(r)) return measured_inputs(r);
   in.units = planned_gpt_units(r.model);
   const int64_t B = r.train.batch_size, T = r.train.seq_len;
   const models::GPTConfig cfg = gpt_config(r.model);
@@ -261,13 +302,14 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
                   round_up(flat_numel, kAlign), P, f.S);
 
   // ---- parameters
+  int64_t pair = 0;  // ZeRO-3: the two largest consecutive block units
   if (zero < 3) {
     params.live = params.peak = held(padded);
     params.formula = fmt::format("flat fp32 buffer: 4 B x ({})", layout_words);
   } else {
     // the two largest consecutive block units (computing + prefetched; equal blocks for the transformers)
     const size_t blocks = units.size() - 1;
-    int64_t pair = 0, block = 0;
+    int64_t block = 0;
     for (size_t u = 1; u < units.size(); ++u) {
       block = std::max(block, unit_bytes(u));
       pair = std::max(pair, unit_bytes(u) + (u + 1 < units.size() ? unit_bytes(u + 1) : 0));
@@ -295,7 +337,16 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
                                   : "",
                     mib(frozen));
   }
-  if (in.params_work > 0) {
+  if (in.params_work > 0 && zero == 3 && in.params_work_backward >= 0) {
+    // ZeRO-3 holds two gathered block units only from the backward's entry into the last block
+    // on (the forward releases each block after it); the head's working copy is gone by then
+    const int64_t base = params.peak - pair;
+    params.peak = std::max(params.peak + in.params_work_backward, base + in.params_work);
+    params.formula += fmt::format(
+        " + the weights' working copies, measured on the dry step: the larger of those alive in the backward ({}, "
+        "beside the gathered pair) and the step's peak of them ({}, with no block unit gathered)",
+        mib(in.params_work_backward), mib(in.params_work));
+  } else if (in.params_work > 0) {
     params.peak += in.params_work;
     params.formula += fmt::format(" + the weights' working copies at the step's peak, measured on the dry step: {}",
                                   mib(in.params_work));
@@ -315,11 +366,28 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
     // for each unit's gather (queued after the earlier reduce-scatters) retires them sooner.
     const size_t low_window = 2;
     const size_t high_window = !async ? 2 : zero == 3 ? size_t(kMaxInFlight) + 1 : size_t(kMaxInFlight) + 2;
+    // The gradients the head makes before the backward reaches the blocks (in.early_grads): a
+    // parameter whose bucket is not armed yet (any but the first) gets a gradient of its own,
+    // copied into the bucket when that fires, so it lives until then.
+    std::vector<std::pair<size_t, int64_t>> early;  // (bucket, bytes)
+    int64_t early_bytes = 0;
+    for (const std::string& name : in.early_grads)
+      for (const auto& p : f.params)
+        if (p.name == name)
+          for (size_t b = 1; b < f.buckets.size(); ++b)
+            if (p.offset >= f.buckets[b].begin && p.offset < f.buckets[b].end) {
+              early.emplace_back(b, held(p.numel));
+              early_bytes += held(p.numel);
+            }
+    // a window of buckets [b, e) peaks when e - 1 is armed and the ones before it are in flight
     auto most = [&](size_t window) {
       int64_t worst = 0;
       for (size_t b = 0; b < f.buckets.size(); ++b) {
+        const size_t e = std::min(f.buckets.size(), b + window);
         int64_t s = 0;
-        for (size_t k = b; k < std::min(f.buckets.size(), b + window); ++k) s += bucket_bytes_of(k);
+        for (size_t k = b; k < e; ++k) s += bucket_bytes_of(k);
+        for (const auto& [k, bytes] : early)
+          if (k + 1 >= e) s += bytes;
         worst = std::max(worst, s);
       }
       return worst;
@@ -329,8 +397,12 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
     grads.peak = grads.live + most(high_window);
     grads.peak_low = grads.live + most(low_window);
     grads.formula = fmt::format(
-        "shard 4 B x S ({}) + the most bucket buffers alive at once: {} consecutive of {} buckets ({}) = {}",
+        "shard 4 B x S ({}) + the most bucket buffers alive at once{}: {} consecutive of {} buckets ({}) = {}",
         mib(grads.live),
+        early_bytes > 0 ? fmt::format(" (and until theirs fires, the gradients the head makes before their bucket is "
+                                      "armed, {} tensor{} measured on the dry step, {})",
+                                      early.size(), early.size() == 1 ? "" : "s", mib(early_bytes))
+                        : std::string(),
         high_window == low_window ? fmt::format("{}", low_window) : fmt::format("{} to {}", low_window, high_window),
         f.buckets.size(),
         zero == 3 ? "ZeRO-3: one per unit"
@@ -521,13 +593,6 @@ std::string dry_run_report(const Recipe& r) {
        {MemTag::Params, MemTag::Grads, MemTag::Optimizer, MemTag::Activations, MemTag::Workspace, MemTag::Other})
     s += fmt::format("  {:<12} {}\n", mem_tag_name(t), p0[t].formula);
   s += fmt::format("  {:<12} {}\n", "total", p0.total_formula);
-  if (r.precision.level != "O0" && !in.measured)
-    s += fmt::format(
-        "\nnote: the prediction is for fp32 (precision.level = \"O0\"). At {} the measured params add the "
-        "{} working copies of the weights that the GEMMs read (alive from the forward to the backward), "
-        "and activations shrink where ops run in {}; the model of both is not built yet "
-        "(docs/mixed-precision.md has measured numbers).\n",
-        r.precision.level, r.precision.dtype, r.precision.dtype);
   return s;
 }
 

@@ -97,8 +97,22 @@ struct MemoryInputs {
   // parameters (the casts of the weights the ops read in another dtype: a frozen base stored in
   // bf16 and computed in f32 at O0, one weight at a time; the GEMMs' 16-bit copies at O1-O3).
   int64_t params_work = 0;
+  // Measured dry steps only, for ZeRO-2/3 (parallel::DataParallel's gathers and buckets), read
+  // when the backward enters the last gathered unit (the last transformer block), once the head's
+  // backward is done:
+  // - params_work_backward: the most working copies alive from there to the end of the backward
+  //   (the blocks' casts, saved since their forward or re-made by a recompute), which ZeRO-3
+  //   holds beside the two block units it has gathered; -1 = not measured (ZeRO-3 then adds
+  //   params_work, the whole step's peak of them, to the gathered pair: an upper bound);
+  // - early_grads: the parameters whose gradients exist by then (the head's weights: an untied
+  //   LM head, a final norm). Unless they are in the first bucket (armed before the backward),
+  //   their gradients live outside the buckets until theirs fires.
+  int64_t params_work_backward = -1;
+  std::vector<std::string> early_grads;
 };
 MemoryInputs memory_inputs(const Recipe& r);
+// Whether memory_inputs uses the formulas (GPT in fp32, no LoRA) rather than a measured dry step.
+bool memory_from_formulas(const Recipe& r);
 // The measured dry step alone, for any model (GPT included): what memory_inputs gives a model
 // without formulas. Tests pin GPT's formulas to it byte for byte.
 MemoryInputs measured_inputs(const Recipe& r);

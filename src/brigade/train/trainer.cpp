@@ -890,7 +890,7 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
     res.best_val_loss = state.early_stop.best_val_loss;
     res.best_dir = best_dir;
   }
-  const bool predicted = entry && entry->caps.memory_formula && !model_parallel;  // the formulas of memory_plan.h
+  const bool predicted = entry && memory_from_formulas(r) && !model_parallel;  // the formulas of memory_plan.h
   {
     // Every rank's memory by tag, gathered to rank 0 (a sum of vectors that are zero but for one slot).
     std::vector<double> all(size_t(P) * 2 * kNumMemTags, 0.0);
@@ -967,11 +967,6 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
                       res.steps, res.last_loss, evaluation, res.items_per_s, item_rate_unit(item), 100.0 * res.mfu,
                       peak, format_bytes(res.memory.peak_total), format_bytes(pred.total_peak), vs(MemTag::Params),
                       vs(MemTag::Grads), vs(MemTag::Optimizer), vs(MemTag::Activations), vs(MemTag::Workspace)));
-      if (policy.level != amp::Level::O0 && !pred.measured)  // a measured dry step ran at the run's precision
-        say(
-            fmt::format("(the prediction is for fp32; at {} params include the {} weight copies and activations are "
-                        "smaller: see docs/mixed-precision.md)",
-                        r.precision.level, r.precision.dtype));
     }
     if (scaler.enabled())
       say(fmt::format("loss scaling: {} | final scale {:g} | {} of {} steps skipped on overflow",
