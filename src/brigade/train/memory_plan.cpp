@@ -7,6 +7,7 @@
 #include <array>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "brigade/autograd/engine.h"
 #include "brigade/autograd/functions.h"
@@ -153,30 +154,38 @@ MemoryInputs measured_inputs(const Recipe& r, Task& t) {
   a.reset_peak();
   task->model().train(true);
   // ZeRO-2/3's view of the backward (MemoryInputs::params_work_backward, early_grads): when the
-  // backward enters the last gathered unit, the gradients made so far are read and the peaks
-  // restarted, so that the Params peak after it is the backward's alone.
-  nn::Module* last = nullptr;
-  for (const parallel::ParamUnit& u : task->units(3))
-    if (u.module) last = u.module;
+  // backward first enters a gathered unit (the last block, once the head's backward is done), the
+  // gradients made so far are read and the peaks restarted, so that the Params peak after it is
+  // the backward's alone. The units' hooks are put back after the step, however it ends.
   std::array<int64_t, kNumMemTags> before{};  // the peaks up to that moment
   bool entered = false;
-  std::function<Tensor(const Tensor&)> saved_hook;
-  if (last) {
-    saved_hook = last->post_forward_hook;
-    last->post_forward_hook = [&, prev = saved_hook](const Tensor& out0) -> Tensor {
-      const Tensor out = prev ? prev(out0) : out0;
-      if (!out.requires_grad() || autograd::recomputing()) return out;
-      return fn::backward_hook(out, [&] {
-        if (entered) return;
-        entered = true;
-        before = a.stats().peak;
-        for (auto& [name, p] : task->model().named_parameters())
-          if (p.grad().defined()) in.early_grads.push_back(name);
-        a.reset_peak();
-      });
-    };
-  }
   {
+    struct Hooked {
+      nn::Module* module;
+      std::function<Tensor(const Tensor&)> saved;
+    };
+    struct Restore {
+      std::vector<Hooked> hooked;
+      ~Restore() {
+        for (Hooked& h : hooked) h.module->post_forward_hook = std::move(h.saved);
+      }
+    } restore;
+    for (const parallel::ParamUnit& u : task->units(3)) {
+      if (!u.module) continue;
+      restore.hooked.push_back({u.module, u.module->post_forward_hook});
+      u.module->post_forward_hook = [&, prev = u.module->post_forward_hook](const Tensor& out0) -> Tensor {
+        const Tensor out = prev ? prev(out0) : out0;
+        if (!out.requires_grad() || autograd::recomputing()) return out;
+        return fn::backward_hook(out, [&] {
+          if (entered) return;
+          entered = true;
+          before = a.stats().peak;
+          for (auto& [name, p] : task->model().named_parameters())
+            if (p.grad().defined()) in.early_grads.push_back(name);
+          a.reset_peak();
+        });
+      };
+    }
     Metrics extras;
     std::vector<Batch> micro{b};
     const std::shared_ptr<dist::ProcessGroup> one = dist::ProcessGroup::world();
@@ -186,14 +195,8 @@ MemoryInputs measured_inputs(const Recipe& r, Task& t) {
       amp::AutocastScope autocast(policy);
       l = task->loss(b, 0, extras);
     }
-    try {
-      autograd::backward(l.loss);
-    } catch (...) {
-      if (last) last->post_forward_hook = saved_hook;
-      throw;
-    }
-  }
-  if (last) last->post_forward_hook = saved_hook;
+    autograd::backward(l.loss);
+  }  // the hooks are back
   auto step_peak = [&](MemTag t) { return std::max(before[size_t(t)], a.stats().peak[size_t(t)]); };
   const int64_t train_act = step_peak(MemTag::Activations) - act0;
   const int64_t train_work = step_peak(MemTag::Workspace) - work0;
@@ -371,14 +374,15 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
     // copied into the bucket when that fires, so it lives until then.
     std::vector<std::pair<size_t, int64_t>> early;  // (bucket, bytes)
     int64_t early_bytes = 0;
-    for (const std::string& name : in.early_grads)
-      for (const auto& p : f.params)
-        if (p.name == name)
-          for (size_t b = 1; b < f.buckets.size(); ++b)
-            if (p.offset >= f.buckets[b].begin && p.offset < f.buckets[b].end) {
-              early.emplace_back(b, held(p.numel));
-              early_bytes += held(p.numel);
-            }
+    const std::set<std::string> early_names(in.early_grads.begin(), in.early_grads.end());
+    for (const auto& p : f.params) {
+      if (!early_names.count(p.name)) continue;
+      for (size_t b = 1; b < f.buckets.size(); ++b)
+        if (p.offset >= f.buckets[b].begin && p.offset < f.buckets[b].end) {
+          early.emplace_back(b, held(p.numel));
+          early_bytes += held(p.numel);
+        }
+    }
     // a window of buckets [b, e) peaks when e - 1 is armed and the ones before it are in flight
     auto most = [&](size_t window) {
       int64_t worst = 0;
