@@ -6,7 +6,7 @@
 //     default per-rank rule normalises each rank's rows alone, so dp 2 equals one process with
 //     accumulation 2 (each micro-batch normalised alone: train losses; val differs through the
 //     running statistics, which are rank 0's); with parallel.sync_batchnorm it equals one process
-//     with the whole batch (train and val);
+//     with the whole batch (train and val, and grad norms, over 5 steps: see the case);
 //   - accumulation 2 equals a batch twice as large within 1e-5 (not for BatchNorm: there it is the
 //     per-rank rule above; the contrastive loss couples the whole batch and CLIP still matches);
 //   - recompute "full" is bitwise the losses of none;
@@ -99,10 +99,21 @@ TEST_P(Composition, DataParallelWithEveryZeroStageMatchesOneProcess) {
     // layer on its one-rank group: its statistics are summed in double (E[x^2] - mean^2), the
     // per-rank kernel's in float rows, which alone moves this tiny ResNet's first gradient norm
     // by ~7e-5 relative; the equality that matters is the split's.
-    const Curve ref = ok(1, "ref", "--set parallel.sync_batchnorm=true");
-    const Curve s = ok(2, "dp-sync", dp2() + " --set parallel.sync_batchnorm=true --set parallel.zero=1");
+    // Unlike the per-rank case, the two layouts run each convolution on B and on 2 B rows, and
+    // oneDNN may round those differently (on the Intel Xeon VM: 5e-8 on the first loss). Adam then
+    // grows that until a ReLU or max-pool decision flips and the runs part by 1e-3 (there: the
+    // grad norm at step 6, the loss at 7-10), so the split is held over the first 5 steps (one
+    // evaluation), on the gradient norms too, where the difference is still rounding.
+    const std::string five = " --set parallel.sync_batchnorm=true --set train.steps=5";
+    const Curve ref = ok(1, "ref", five);
+    const Curve s = ok(2, "dp-sync", dp2() + five + " --set parallel.zero=1");
+    ASSERT_EQ(ref.loss.size(), 5u);
     expect_close(s.loss, ref.loss, c.name + " dp 2 sync_batchnorm");
     expect_close(s.val_loss, ref.val_loss, c.name + " dp 2 sync_batchnorm (val)");
+    std::map<int64_t, double> got_norm, want_norm;
+    for (const auto& [step, j] : ref.records) want_norm[step] = j.at("grad_norm").get<double>();
+    for (const auto& [step, j] : s.records) got_norm[step] = j.at("grad_norm").get<double>();
+    expect_close(got_norm, want_norm, c.name + " dp 2 sync_batchnorm (grad norm)");
     return;
   }
   const Curve ref = ok(1, "ref", "");

@@ -14,12 +14,25 @@
 // Records are matched by (step, kind): kind "eval" holds val_loss, "early_stop" the stop
 // record, "train" the rest; a record may gain fields, never lose or change one.
 // oneDNN is held to AVX512_CORE_BF16 (the ISA of the machine that captured them), so a CPU with
-// AMX takes the same kernels. BRIGADE_GOLDEN_WRITE=1 rewrites the expected files instead (only for a deliberate change
-// of numerics, stated in the commit).
+// AMX takes the same ISA's kernels.
+//
+// Bit for bit holds per CPU class only: oneDNN sizes its GEMM and convolution blocking from the
+// CPU it detects (its caches, its vendor), so the same binary rounds differently on another CPU (on the Intel Xeon VM
+// every recipe's first grad_norm moves by up to 4e-7 relative against the AMD EPYC captures,
+// and by its last step (6) resnet50 is 60% away: ReLU and max-pool decisions flip). So a class (vendor,
+// family, model and the L1d/L2/L3 sizes glibc reports, cpu_class() below) with captures of its
+// own, <name>.expected.<class>.jsonl, is held to them; the plain <name>.expected.jsonl are the AMD
+// EPYC VM's and hold for AuthenticAMD CPUs; any other CPU skips, saying its class and how to
+// capture it. A class's captures come from a commit whose numerics are unchanged (the last one
+// that passed against the existing captures), never from the change under test.
+// BRIGADE_GOLDEN_WRITE=1 writes this CPU class's files (the plain ones on AMD) instead: only for a
+// new CPU class or a deliberate change of numerics, stated in the commit; a deliberate change
+// recaptures every class it can and deletes the others' files (they then skip, never fail).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -41,6 +54,22 @@ const char* kFashion = "/usr/share/datasets/fashion-mnist";
 const std::set<std::string> kUnstable{"tokens_per_s", "images_per_s", "pairs_per_s", "items_per_s",
                                       "mfu",          "mem_peak",     "mem_live",    "comm_wait_s",
                                       "comm_task_s",  "comm_cpu_s",   "bytes_sent"};
+
+// The CPU class that oneDNN's kernel choices follow: "<vendor>-<family>-<model>-l1d_<K>k-l2_<K>k-l3_<K>k".
+std::string cpu_class() {
+  std::ifstream f("/proc/cpuinfo");
+  std::map<std::string, std::string> first;
+  for (std::string line; std::getline(f, line) && !line.empty();) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string key = line.substr(0, colon), value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+    while (!key.empty() && (key.back() == '\t' || key.back() == ' ')) key.pop_back();
+    first.emplace(key, value);
+  }
+  auto kib = [](int name) { return std::to_string(std::max<long>(::sysconf(name), 0) / 1024); };
+  return first["vendor_id"] + "-" + first["cpu family"] + "-" + first["model"] + "-l1d_" + kib(_SC_LEVEL1_DCACHE_SIZE) +
+         "k-l2_" + kib(_SC_LEVEL2_CACHE_SIZE) + "k-l3_" + kib(_SC_LEVEL3_CACHE_SIZE) + "k";
+}
 
 std::string kind_of(const nlohmann::json& j) {
   if (j.contains("early_stop")) return "early_stop";
@@ -90,13 +119,19 @@ TEST_P(Golden, MetricsBitwiseUnchanged) {
   const fs::path metrics = dir_ / name / "metrics.jsonl";
   ASSERT_TRUE(fs::exists(metrics)) << metrics;
   const std::vector<nlohmann::json> got = numeric_records(metrics);
-  const fs::path expected_path = kGolden / (name + ".expected.jsonl");
+  const std::string cls = cpu_class();
+  const bool amd = cls.rfind("AuthenticAMD-", 0) == 0;
+  const fs::path own = kGolden / (name + ".expected." + cls + ".jsonl"), plain = kGolden / (name + ".expected.jsonl");
+  const fs::path expected_path = fs::exists(own) || !amd ? own : plain;
   if (const char* w = std::getenv("BRIGADE_GOLDEN_WRITE"); w && std::string(w) == "1") {
     std::ofstream out(expected_path);
     for (const auto& j : got) out << j.dump() << '\n';
     GTEST_SKIP() << "wrote " << expected_path;
   }
-  ASSERT_TRUE(fs::exists(expected_path)) << expected_path << " is missing; capture it with BRIGADE_GOLDEN_WRITE=1";
+  if (!fs::exists(expected_path))
+    GTEST_SKIP() << "no capture for this CPU class (" << cls << "): oneDNN rounds differently per CPU, so bitwise "
+                 << "numbers hold per class; capture them with BRIGADE_GOLDEN_WRITE=1 from a commit whose numerics "
+                 << "are unchanged (see the head of tests/train/test_golden.cpp)";
   std::map<std::pair<int64_t, std::string>, nlohmann::json> by_key;
   for (const auto& j : got) by_key[{j.value("step", int64_t(-1)), kind_of(j)}] = j;
   const std::vector<nlohmann::json> want = numeric_records(expected_path);
