@@ -212,6 +212,26 @@ TEST(PlanCliProxy, ProxiesOfOneAndTwoBlocksGiveTheWholeModelsStructureAndMemory)
 
 // A launch of 2 ranks writes its points beside the calibration: into a folder that does not
 // exist yet too (runs/ in a fresh checkout), as the 1-rank points do.
+// An mpirun that cannot launch (here one that exits 3, as OpenMPI does for root without its
+// two variables) stops the calibration before any point is measured, with the launcher's exit
+// status (not the raw wait status) and what to do.
+TEST(PlanCliRanks, ALaunchThatCannotStartFailsBeforeMeasuring) {
+  const fs::path d = test_support::write_tiny_run(test_support::fresh_test_dir("brigade_plan_cli"),
+                                                  test_support::tiny_gpt_recipe({"run.threads=0"}), "tiny.toml");
+  fs::create_directories(d / "fakebin");
+  std::ofstream(d / "fakebin/mpirun") << "#!/bin/sh\nexit 3\n";
+  fs::permissions(d / "fakebin/mpirun", fs::perms::owner_all);
+  const auto r = test_support::run_brigade(
+      d, "calibrate tiny.toml --ranks 1,2 --levels O0 --recompute none --rows 2 --steps 1 --warmup 0 --out cal.json", 0,
+      "", "PATH=\"" + (d / "fakebin").string() + ":$PATH\"");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("cannot launch 2 ranks for the calibration"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with 3;"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--ranks 1"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("1 rank x"), std::string::npos) << "measured before checking the launch:\n" << r.err;
+  EXPECT_FALSE(fs::exists(d / "cal.json"));
+}
+
 TEST(PlanCliRanks, TwoRankCalibrationIntoAFolderNotYetMade) {
   if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun on PATH";
   const fs::path d = test_support::write_tiny_run(test_support::fresh_test_dir("brigade_plan_cli"),

@@ -2,6 +2,7 @@
 #include "brigade/cli/plan.h"
 
 #include <omp.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -488,6 +489,17 @@ int run_calibrate(const CalibrateOptions& o) {
 
   std::string binary = o.binary;
   if (binary.empty()) binary = brigade_binary({});
+  // A launch that cannot start (no mpirun, root without OMPI_ALLOW_RUN_AS_ROOT) fails here, in a
+  // second, not after the one-process points have been measured for minutes and then lost.
+  for (int R : o.ranks) {
+    if (R == 1 || !o.proxy_layers.empty()) continue;
+    const std::string probe = fmt::format("mpirun --oversubscribe --bind-to none -np {} /bin/true > /dev/null 2>&1", R);
+    const int st = std::system(probe.c_str());
+    BRIGADE_CHECK(st == 0, IoError,
+                  "cannot launch {} ranks for the calibration: `{}` exited with {}; check that mpirun runs here "
+                  "(as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1), or calibrate with --ranks 1",
+                  R, probe.substr(0, probe.find(" >")), WIFEXITED(st) ? WEXITSTATUS(st) : st);
+  }
   if (!o.proxy_layers.empty()) measure_proxies(base, o, rows, cores, c);
   for (int R : o.ranks) {
     if (!o.proxy_layers.empty()) break;
@@ -512,7 +524,7 @@ int run_calibrate(const CalibrateOptions& o) {
     BRIGADE_CHECK(rc == 0 && fs::exists(tmp), IoError,
                   "the {}-rank calibration failed (exit {}; log {}); check that mpirun runs here (as root: "
                   "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1), or calibrate with --ranks 1",
-                  R, rc, log);
+                  R, WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, log);
     std::ifstream in(tmp);
     const plan::Calibration part = [&] {
       nlohmann::json j = nlohmann::json::parse(in);
