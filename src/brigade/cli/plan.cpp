@@ -493,12 +493,12 @@ int run_calibrate(const CalibrateOptions& o) {
   // second, not after the one-process points have been measured for minutes and then lost.
   for (int R : o.ranks) {
     if (R == 1 || !o.proxy_layers.empty()) continue;
-    const std::string probe = fmt::format("mpirun --oversubscribe --bind-to none -np {} /bin/true > /dev/null 2>&1", R);
-    const int st = std::system(probe.c_str());
+    const std::string probe = fmt::format("mpirun --oversubscribe --bind-to none -np {} /bin/true", R);
+    const int st = std::system((probe + " > /dev/null 2>&1").c_str());
     BRIGADE_CHECK(st == 0, IoError,
                   "cannot launch {} ranks for the calibration: `{}` exited with {}; check that mpirun runs here "
                   "(as root: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1), or calibrate with --ranks 1",
-                  R, probe.substr(0, probe.find(" >")), WIFEXITED(st) ? WEXITSTATUS(st) : st);
+                  R, probe, WIFEXITED(st) ? WEXITSTATUS(st) : st);
   }
   if (!o.proxy_layers.empty()) measure_proxies(base, o, rows, cores, c);
   for (int R : o.ranks) {

@@ -381,6 +381,7 @@ MemoryPrediction predict_memory(const Recipe& r, int rank, const MemoryInputs& i
         if (p.offset >= f.buckets[b].begin && p.offset < f.buckets[b].end) {
           early.emplace_back(b, held(p.numel));
           early_bytes += held(p.numel);
+          break;
         }
     }
     // a window of buckets [b, e) peaks when e - 1 is armed and the ones before it are in flight

@@ -98,8 +98,8 @@ struct MemoryInputs {
   // bf16 and computed in f32 at O0, one weight at a time; the GEMMs' 16-bit copies at O1-O3).
   int64_t params_work = 0;
   // Measured dry steps only, for ZeRO-2/3 (parallel::DataParallel's gathers and buckets), read
-  // when the backward enters the last gathered unit (the last transformer block), once the head's
-  // backward is done:
+  // when the backward first enters a gathered unit (for the transformers the last block, once the
+  // head's backward is done):
   // - params_work_backward: the most working copies alive from there to the end of the backward
   //   (the blocks' casts, saved since their forward or re-made by a recompute), which ZeRO-3
   //   holds beside the two block units it has gathered; -1 = not measured (ZeRO-3 then adds
