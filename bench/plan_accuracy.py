@@ -7,7 +7,8 @@ data parallelism, ZeRO 1-3, recompute, precision, accumulation, pipeline and ten
 `brigade plan --predict` (its predicted step time and per-category peak memory of the busiest
 rank) and a short real training run (`brigade train --stop-at STEPS`, under mpirun for more than
 one rank). The step time measured is the median over the logged intervals after the first; the
-memory is memory.json's busiest rank. Prints one markdown row per plan, then the median
+memory is memory.json's rank the planner describes (rank 0 under data parallelism alone, else the
+busiest by its allocator peak). Prints one markdown row per plan, then the median
 |predicted - measured| / measured step time, the Spearman rank correlation of the step times,
 the worst per-category memory error, and whether the picked plan is the measured fastest (or
 within 5% of it). Run on an otherwise idle machine: timings of a loaded one mean little.
@@ -147,7 +148,13 @@ def main():
         rates = [r[rate_key] for r in recs[1:]] or [recs[0][rate_key]]
         measured_rate = statistics.median(rates)
         mem = json.load(open(os.path.join(out_dir, "memory.json")))
-        busiest = max(mem["ranks"], key=lambda r: sum(r["peak"].values()))
+        # the rank the planner describes: rank 0 for data parallelism alone (it also stages the
+        # checkpoint); under tp or pp the busiest, the largest allocator peak of the sum (memory.json's
+        # per-rank peak_total; runs written before it carried one: the largest sum of category peaks)
+        if mem.get("tp", 1) == 1 and mem.get("pp", 1) == 1:
+            busiest = mem["ranks"][0]
+        else:
+            busiest = max(mem["ranks"], key=lambda r: r.get("peak_total", sum(r["peak"].values())))
         row = {"label": label, "sets": sets, "ranks": ranks, "predicted": pred, "measured_items_per_s": measured_rate,
                "measured_peak": busiest["peak"]}
         if pred.get("feasible"):

@@ -94,6 +94,21 @@ TEST(Calibration, JsonRoundTripIsExactAndMissingFieldsAreNamed) {
   EXPECT_FALSE(j["compute"][1].contains("params_work_backward"));  // not measured: absent, read back as -1
   EXPECT_EQ(back.compute[1].params_work_backward, -1);
   EXPECT_TRUE(back.compute[1].early_grads.empty());
+  // the lockstep steps: written and read back; a calibration without them (older) has none
+  c.sync.push_back({"dp", 2, 1, "O2", 4, 0.25, 0.0125});
+  c.sync.push_back({"tp", 2, 1, "O0", 16, 0.5, 0.003});
+  const nlohmann::json js = calibration_to_json(c);
+  const Calibration sb = calibration_from_json(js, "test");
+  EXPECT_EQ(calibration_to_json(sb), js);
+  ASSERT_EQ(sb.sync.size(), 2u);
+  EXPECT_EQ(sb.sync[1].kind, "tp");
+  EXPECT_EQ(sb.sync[0].update_s, 0.0125);
+  nlohmann::json old_file = js;
+  old_file.erase("sync");
+  EXPECT_TRUE(calibration_from_json(old_file, "test").sync.empty());
+  nlohmann::json bad_kind = js;
+  bad_kind["sync"][0]["kind"] = "pp";
+  EXPECT_THROW(calibration_from_json(bad_kind, "test"), ConfigError);
   nlohmann::json bad = j;
   bad["compute"][1].erase("update_s");
   try {
@@ -175,6 +190,87 @@ TEST(Planner, CollectivesBesideAComputeLoadWhenTheComputeFillsTheCores) {
   const Prediction spare = predict(r, c, machine());
   ASSERT_TRUE(spare.feasible) << spare.reason;
   EXPECT_NEAR(spare.comm_s, buckets * (1e-4 + 1e-9 * per_bucket) + (1e-4 + 1e-9 * 8), 1e-12);
+}
+
+// Ranks in lockstep: the calibration's measured data-parallel step (ZeRO-0) and tensor-parallel
+// step give the ratio of what the step took to what the model predicts for it, and every dp or
+// tp plan of that launch and level has its micro-steps scaled by it (linear between the measured
+// rows, flat beyond). Expected values: the ratios built into the points, by the algebra of the
+// model's own prediction at those points.
+TEST(Planner, LockstepStepsScaleTheDataAndTensorParallelMicroSteps) {
+  Calibration c = calibration();
+  const Cluster cl = machine();
+  train::Recipe r = recipe();
+  r.parallel.dp = 2, r.train.batch_size = 8, r.run.threads = 1;
+  r.parallel.bucket_mb = 0.03125;  // 3 buckets of the 69632 gradient bytes
+  const double grad_bytes = 4.0 * (1024 + 4 * 4096), per_bucket = std::floor(grad_bytes / 3);
+  const double comm0 = 3 * (1e-4 + 1e-9 * per_bucket) + (1e-4 + 1e-9 * 8);  // ZeRO-0's buckets + the norm
+  auto fb2 = [](double rows) { return 0.02 * rows + 0.03; };                // the 2-rank compute points
+  // measured dp steps: ratio 1.2 at 4 rows, 1.1 at 16 (update 0.02 of each, the point's update 0.008)
+  c.sync.push_back({"dp", 2, 1, "O0", 4, 1.2 * fb2(4) + 0.008 + comm0 - 0.02, 0.02});
+  c.sync.push_back({"dp", 2, 1, "O0", 16, 1.1 * fb2(16) + 0.008 + comm0 - 0.02, 0.02});
+  const double act16 = 16.0 * 128 * 256 * 4;
+  const double tp_model16 = fb2(16) / 2 + (4 * 4 + 2) * (1e-4 + 1e-9 * act16);
+  c.sync.push_back({"tp", 2, 1, "O0", 16, 1.3 * tp_model16, 0.004});
+
+  const Prediction dp = predict(r, c, cl);
+  ASSERT_TRUE(dp.feasible) << dp.reason;
+  const double f8 = 1.2 + (1.1 - 1.2) * (8.0 - 4.0) / (16.0 - 4.0);
+  EXPECT_NEAR(dp.sync_factor, f8, 1e-12);
+  EXPECT_NEAR(dp.compute_s, fb2(8) * f8, 1e-12);
+  EXPECT_NEAR(dp.comm_s, comm0, 1e-12);  // the communication and the update as without the points
+  EXPECT_NEAR(dp.update_s, 0.008, 1e-12);
+  r.parallel.zero = 1;  // ZeRO-1/2: ZeRO-0's ratio on their micro-steps
+  const Prediction z1 = predict(r, c, cl);
+  ASSERT_TRUE(z1.feasible) << z1.reason;
+  EXPECT_NEAR(z1.compute_s, fb2(8) * f8, 1e-12);
+  r.parallel.zero = 3;  // ZeRO-3 without a point of its own: ZeRO-0's too
+  const Prediction z3 = predict(r, c, cl);
+  ASSERT_TRUE(z3.feasible) << z3.reason;
+  EXPECT_NEAR(z3.compute_s, fb2(8) * f8, 1e-12);
+  // with one: its ratio, less ZeRO-3's update share (half) and its priced gathers and reduce-scatters
+  // (5 units, each gathered twice and reduce-scattered once, of their 4-byte gradients; + the norm)
+  {
+    Calibration c3 = c;
+    auto unit_comm = [](double bytes) { return 1e-4 + 1e-9 * bytes; };
+    const double comm3 = 5 * (3 * unit_comm(std::floor(grad_bytes / 5))) + unit_comm(8);
+    c3.sync.push_back({"zero3", 2, 1, "O0", 8, 1.4 * fb2(8) + 0.004 + comm3 - 0.01, 0.01});
+    const Prediction q = predict(r, c3, cl);
+    ASSERT_TRUE(q.feasible) << q.reason;
+    EXPECT_NEAR(q.sync_factor, 1.4, 1e-12);
+    EXPECT_NEAR(q.comm_s, comm3, 1e-12);
+    EXPECT_NEAR(q.compute_s, 1.4 * fb2(8), 1e-12);
+  }
+  r.parallel.zero = 0, r.train.batch_size = 2, r.train.accumulation = 4;  // below the measured rows: flat
+  const Prediction acc = predict(r, c, cl);
+  ASSERT_TRUE(acc.feasible) << acc.reason;
+  EXPECT_NEAR(acc.compute_s, 4 * fb2(2) * 1.2, 1e-12);
+
+  train::Recipe t = recipe();
+  t.parallel.tp = 2, t.run.threads = 1;  // 16 rows: the tp point's ratio
+  const Prediction tp = predict(t, c, cl);
+  ASSERT_TRUE(tp.feasible) << tp.reason;
+  EXPECT_NEAR(tp.sync_factor, 1.3, 1e-12);
+  EXPECT_NEAR(tp.compute_s, 1.3 * tp_model16, 1e-12);
+
+  // not in lockstep over the whole launch, or no point at the level: unscaled
+  train::Recipe one = recipe();
+  one.run.threads = 2;
+  const Prediction p1 = predict(one, c, cl);
+  ASSERT_TRUE(p1.feasible) << p1.reason;
+  EXPECT_EQ(p1.sync_factor, 1.0);
+  EXPECT_NEAR(p1.compute_s, 0.01 * 16 + 0.02, 1e-12);
+  train::Recipe pp = recipe();
+  pp.parallel.pp = 2, pp.parallel.microbatches = 4, pp.run.threads = 1;
+  const Prediction with = predict(pp, c, cl), without = predict(pp, calibration(), cl);
+  ASSERT_TRUE(with.feasible) << with.reason;
+  EXPECT_EQ(with.sync_factor, 1.0);
+  EXPECT_EQ(with.compute_s, without.compute_s);
+  for (SyncPoint& sp : c.sync) sp.level = "O2";
+  const Prediction other = predict(t, c, cl);
+  ASSERT_TRUE(other.feasible) << other.reason;
+  EXPECT_EQ(other.sync_factor, 1.0);
+  EXPECT_NEAR(other.compute_s, tp_model16, 1e-12);
 }
 
 // ZeRO-3's parameters and gradients from the dry step's working copies and early gradients

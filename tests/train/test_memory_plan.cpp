@@ -511,6 +511,16 @@ TEST_F(MemoryPlan, TwoRanksUnderMpirun) {
     const auto j = nlohmann::json::parse(slurp(dir_ / run / "memory.json"));
     ASSERT_EQ(j["ranks"].size(), 2u);
     for (int p = 0; p < 2; ++p) expect_rank_matches(j["ranks"][size_t(p)], c.front() + " rank " + std::to_string(p));
+    // each rank's allocator peak of the sum (the busiest rank's measure): rank 0's is the file's,
+    // and a peak of a sum lies between the largest category's peak and the sum of the peaks
+    EXPECT_EQ(j["ranks"][0]["peak_total"].get<int64_t>(), j["peak_total"].get<int64_t>()) << c.front();
+    for (int p = 0; p < 2; ++p) {
+      const auto& rk = j["ranks"][size_t(p)];
+      int64_t most = 0, sum = 0;
+      for (const auto& [name, v] : rk["peak"].items()) most = std::max(most, v.get<int64_t>()), sum += v.get<int64_t>();
+      EXPECT_GE(rk["peak_total"].get<int64_t>(), most) << c.front() << " rank " << p;
+      EXPECT_LE(rk["peak_total"].get<int64_t>(), sum) << c.front() << " rank " << p;
+    }
   }
 }
 

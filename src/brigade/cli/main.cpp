@@ -280,8 +280,8 @@ int run(int argc, char** argv) {
   std::vector<std::string> cal_levels, cal_recompute;
   auto* cal = app.add_subcommand("calibrate",
                                  "Measure this machine for a recipe's model (compute per precision, recompute and "
-                                 "micro-batch size; GEMM peaks; pipeline stages; the interconnect under mpirun) for "
-                                 "`brigade plan`");
+                                 "micro-batch size; GEMM peaks; pipeline stages; data- and tensor-parallel steps in "
+                                 "lockstep and the interconnect under mpirun) for `brigade plan`");
   cal->add_option("recipe", recipe, "Recipe TOML file")->required();
   cal->add_option("--set", sets, "Override a recipe key: section.key=value (repeatable)")->allow_extra_args(false);
   cal->add_option("--out", copts.out, "Calibration file (default: <run.out_dir's parent>/<run.name>-calibration.json)");

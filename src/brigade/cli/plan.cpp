@@ -115,6 +115,57 @@ void measure_points(const Recipe& base, const CalibrateOptions& o, const std::ve
     }
 }
 
+// The lockstep steps of one launch of R ranks: for every level and calibrated row count, the
+// training step as it runs over the whole launch, data parallel (ZeRO-0 with the recipe's buckets,
+// algorithm and overlap, and ZeRO-3) and, for a model with a tensor-parallel plan, tensor parallel. The ranks
+// wait on each other at every bucket or block, which two ranks timing their own copies (the
+// compute points) do not; the planner prices that from these (planner.cpp, sync_factor).
+void measure_sync_points(const Recipe& base, const CalibrateOptions& o, const std::vector<int64_t>& rows, int threads,
+                         dist::ProcessGroup& world, plan::Calibration& c) {
+  const int R = world.size();
+  bool tp = false;
+  {
+    const std::unique_ptr<train::Task> probe = train::make_task(base);
+    tp = probe->stages() && !probe->stages()->tp_plan.empty();
+  }
+  std::vector<std::string> kinds = {"dp", "zero3"};
+  if (tp) kinds.push_back("tp");
+  const size_t total = kinds.size() * o.levels.size() * rows.size();
+  size_t k = 0;
+  for (const std::string& kind : kinds)
+    for (const std::string& level : o.levels)
+      for (int64_t n : rows) {
+        ++k;
+        const std::string what = kind == "zero3" ? fmt::format("dp {} ZeRO-3", R) : fmt::format("{} {}", kind, R);
+        Recipe r = point_recipe(base, level, "none", n, threads);
+        train::apply_override(r, fmt::format("parallel.{}={}", kind == "tp" ? "tp" : "dp", R));
+        if (kind == "zero3") train::apply_override(r, "parallel.zero=3");
+        try {  // every rank decides alike: the recipe alone
+          train::validate_recipe(r, "calibrate");
+        } catch (const ConfigError& e) {
+          if (world.rank() == 0)
+            fmt::print(stderr, "calibrate: {} ranks {} [{}/{}] {} rows {} skipped: {}\n", R, what, k, total, level, n,
+                       e.what());
+          continue;
+        }
+        world.barrier();
+        BenchOptions bo;
+        bo.steps = o.steps;
+        bo.warmup = o.warmup;
+        bo.gemm_peaks = false;
+        bo.quiet = true;
+        const BenchResult b = run_bench(r, bo);
+        plan::SyncPoint p;
+        p.kind = kind, p.ranks = R, p.threads = threads, p.level = level, p.rows = n;
+        p.fwd_bwd_s = b.median_fwd_bwd_s, p.update_s = b.median_update_s;
+        c.sync.push_back(p);
+        if (world.rank() == 0)
+          fmt::print(stderr,
+                     "calibrate: {} ranks x {} thread{} {} [{}/{}] {} rows {}: fwd+bwd {:.4f} s, update {:.4f} s\n", R,
+                     threads, threads == 1 ? "" : "s", what, k, total, level, n, p.fwd_bwd_s, p.update_s);
+      }
+}
+
 // The mesh points of one launch of R ranks (model-parallel tasks): for every level and recompute
 // mode, the memory of every rank under tp = R at the largest calibrated rows, and under pp = R with
 // GPipe over R and 2R micro-batches of those rows and over R micro-batches of half of them, and 1F1B
@@ -413,6 +464,7 @@ int run_calibrate(const CalibrateOptions& o) {
     const int R = world->size();
     plan::Calibration c;
     measure_points(base, o, rows, R, std::max(1, cores / R), *world, c);
+    measure_sync_points(base, o, rows, std::max(1, cores / R), *world, c);
     measure_mesh_points(base, o, *std::max_element(rows.begin(), rows.end()), std::max(1, cores / R), *world, c);
     plan::CommBenchOptions co;
     co.busy_threads = std::max(1, cores / R);  // this rank's compute threads, as a plan of R ranks runs them
@@ -533,21 +585,24 @@ int run_calibrate(const CalibrateOptions& o) {
       whole["compute"] = j["compute"];
       whole["stages"] = j["stages"];
       whole["mesh"] = j["mesh"];
+      whole["sync"] = j["sync"];
       whole["comm"] = j["comm"];
       return plan::calibration_from_json(whole, tmp);
     }();
     c.compute.insert(c.compute.end(), part.compute.begin(), part.compute.end());
     c.stages.insert(c.stages.end(), part.stages.begin(), part.stages.end());
     c.mesh.insert(c.mesh.end(), part.mesh.begin(), part.mesh.end());
+    c.sync.insert(c.sync.end(), part.sync.begin(), part.sync.end());
     for (const auto& [k, v] : part.comm) c.comm[k] = v;
     fs::remove(tmp);
   }
   plan::write_calibration(out, c);
   fmt::print(
       stderr,
-      "calibrate: wrote {} ({} compute points, {} stage points, {} mesh points, interconnect for {} launch{}) in "
-      "{:.0f} s\n",
-      out, c.compute.size(), c.stages.size(), c.mesh.size(), c.comm.size(), c.comm.size() == 1 ? "" : "es",
+      "calibrate: wrote {} ({} compute points, {} stage points, {} mesh points, {} lockstep steps, interconnect for "
+      "{} launch{}) in {:.0f} s\n",
+      out, c.compute.size(), c.stages.size(), c.mesh.size(), c.sync.size(), c.comm.size(),
+      c.comm.size() == 1 ? "" : "es",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count());
   return 0;
 }
@@ -572,6 +627,16 @@ plan::Calibration load_calibration_for(const Recipe& r, const std::string& path)
                  p, ranks, r.path);
       break;
     }
+  {
+    bool launched = false;
+    for (const plan::ComputePoint& pt : c.compute) launched = launched || pt.ranks > 1;
+    if (launched && c.sync.empty())
+      fmt::print(stderr,
+                 "plan: warning: {} has no lockstep steps (it predates them): data- and tensor-parallel plans are "
+                 "priced from ranks that each timed their own copy, which ran 10-25% fast on this project's "
+                 "machine; re-run `brigade calibrate {}` to measure them\n",
+                 p, r.path);
+  }
   return c;
 }
 

@@ -122,6 +122,15 @@ nlohmann::json calibration_to_json(const Calibration& c) {
     }
     j["mesh"].push_back(e);
   }
+  j["sync"] = nlohmann::json::array();
+  for (const SyncPoint& p : c.sync)
+    j["sync"].push_back({{"kind", p.kind},
+                         {"ranks", p.ranks},
+                         {"threads", p.threads},
+                         {"level", p.level},
+                         {"rows", p.rows},
+                         {"fwd_bwd_s", p.fwd_bwd_s},
+                         {"update_s", p.update_s}});
   j["comm"] = nlohmann::json::object();
   for (const auto& [ranks, cc] : c.comm) j["comm"][std::to_string(ranks)] = comm_to_json(cc);
   return j;
@@ -238,6 +247,22 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& or
       BRIGADE_CHECK(int64_t(p.ranks.size()) == p.tp * p.pp, ConfigError,
                     "{}: {} ranks for tp {} x pp {}; re-run `brigade calibrate`", where, p.ranks.size(), p.tp, p.pp);
       c.mesh.push_back(p);
+    }
+  i = 0;
+  if (j.contains("sync"))  // optional: calibrations written before the lockstep steps price them from the points
+    for (const auto& e : field<nlohmann::json>(j, "sync", origin)) {
+      const std::string where = fmt::format("{}: sync[{}]", origin, i++);
+      SyncPoint p;
+      p.kind = field<std::string>(e, "kind", where);
+      BRIGADE_CHECK(p.kind == "dp" || p.kind == "zero3" || p.kind == "tp", ConfigError,
+                    "{}: kind \"{}\" is not dp, zero3 or tp; re-run `brigade calibrate`", where, p.kind);
+      p.ranks = field<int>(e, "ranks", where);
+      p.threads = field<int>(e, "threads", where);
+      p.level = field<std::string>(e, "level", where);
+      p.rows = field<int64_t>(e, "rows", where);
+      p.fwd_bwd_s = field<double>(e, "fwd_bwd_s", where);
+      p.update_s = field<double>(e, "update_s", where);
+      c.sync.push_back(p);
     }
   const nlohmann::json comm = field<nlohmann::json>(j, "comm", origin);
   for (const auto& [k, v] : comm.items()) {

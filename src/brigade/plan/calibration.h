@@ -66,6 +66,22 @@ struct MeshPoint {
   std::vector<Rank> ranks;  // world rank order (tp fastest)
 };
 
+// One step of a launch whose ranks run in lockstep, measured as training runs it (`brigade bench`
+// over the whole launch): kind "dp" (data parallel over every rank, ZeRO-0, the recipe's buckets,
+// algorithm and overlap; each rank `rows` rows), "zero3" (the same at ZeRO-3) or "tp" (tensor
+// parallel over every rank, `rows` rows). Ranks that wait on each other at every bucket, gathered
+// unit or block's allreduce run slower than ranks that each measure their own copy (the compute
+// points), by more than the priced communication; the planner scales a dp or tp plan's
+// micro-steps by the measured ratio.
+struct SyncPoint {
+  std::string kind = "dp";  // dp | zero3 | tp
+  int ranks = 2, threads = 1;
+  std::string level = "O0";
+  int64_t rows = 1;
+  double fwd_bwd_s = 0;  // every micro-step's forward + backward of one step, median
+  double update_s = 0;   // the rest of the step (gradient synchronisation, clipping, optimizer), median
+};
+
 struct Calibration {
   std::string created;        // UTC time
   std::string host;           // hostname
@@ -93,6 +109,7 @@ struct Calibration {
   std::vector<ComputePoint> compute;
   std::vector<StagePoint> stages;
   std::vector<MeshPoint> mesh;          // optional in the file (older calibrations have none)
+  std::vector<SyncPoint> sync;          // optional in the file (older calibrations have none)
   std::map<int, CommCalibration> comm;  // by ranks launched together
 
   // Forward + backward seconds at `rows`, linear between the two nearest measured row counts of

@@ -368,10 +368,92 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   auto tp_comm = [&](double rw) {
     return double(4 * L + 2) * comm("allreduce/mpi", int64_t(rw * double(act_bytes)), int(p.tp), tp_cross);
   };
+  // the measured update of one step at this launch and level, before any ZeRO or model-parallel share
+  auto update_whole = [&]() -> double {
+    std::vector<double> us;
+    for (const ComputePoint& pt : c.compute)
+      if (pt.ranks == local && pt.threads == p.threads && pt.level == p.level) us.push_back(pt.update_s);
+    if (us.empty()) return -1.0;
+    std::nth_element(us.begin(), us.begin() + long(us.size() / 2), us.end());
+    return us[us.size() / 2] * scale;
+  };
+  const std::vector<train::PlannedUnit>& units = p.zero == 3 ? c.units_zero3 : c.units;
+  const int64_t bucket = int64_t(rp.parallel.bucket_mb * double(1 << 20));
+  // Data parallelism's communication in one step at ZeRO stage `zero` over `dp` ranks of this
+  // rank's gradients (the whole model's over tp x pp): ZeRO-0 all-reduces the gradient buckets,
+  // ZeRO-1 reduce-scatters them and all-gathers the parameters after the update, ZeRO-2
+  // reduce-scatters at every micro-step, ZeRO-3 all-gathers every unit twice per micro-step and
+  // reduce-scatters it once; then the gradient norm's allreduce.
+  auto dp_comm = [&](int zero, int64_t accumulation, int dp, bool cross) {
+    const std::vector<train::PlannedUnit>& us = zero == 3 ? c.units_zero3 : c.units;
+    const int64_t grad_bytes = 4 * ((params_of(us) + p.tp * p.pp - 1) / (p.tp * p.pp));
+    const int64_t nb = std::max<int64_t>(1, (grad_bytes + bucket - 1) / bucket);
+    const std::string algo = rp.parallel.allreduce;
+    const std::string rs = algo == "ring" ? "reduce_scatter/ring" : "reduce_scatter/mpi";
+    double t = 0.0;
+    if (zero == 0) {
+      t = double(nb) * comm("allreduce/" + algo, grad_bytes / nb, dp, cross);
+    } else if (zero == 1) {
+      t = double(nb) * comm(rs, grad_bytes / nb, dp, cross) + comm("allgather", grad_bytes, dp, cross);
+    } else if (zero == 2) {
+      t = double(accumulation * nb) * comm(rs, grad_bytes / nb, dp, cross) + comm("allgather", grad_bytes, dp, cross);
+    } else {
+      const int64_t nu = std::max<int64_t>(1, int64_t(us.size()));
+      const double per_unit = comm("allgather", grad_bytes / nu, dp, cross);
+      t = double(accumulation) * double(nu) * (2.0 * per_unit + comm(rs, grad_bytes / nu, dp, cross));
+    }
+    return t + comm("allreduce/mpi", 8, int(R), pp_cross);  // + the gradient norm
+  };
+  // Ranks in lockstep (data parallel over the node's ranks, or tensor parallel over them) run
+  // slower than the compute points' ranks, which each time their own copy: they wait on each
+  // other at every bucket, gathered unit or block, beside the communication the model prices.
+  // The calibration's lockstep steps give the ratio, at recompute none, of the measured step to
+  // what the model predicts for it (data parallel, ZeRO-0 and ZeRO-3 measured apart: less the
+  // update and the stage's priced communication, over the point's forward + backward; tensor
+  // parallel: the measured forward + backward over the modelled one); the plan's micro-steps are
+  // scaled by it, linear between the measured rows. ZeRO-1/2 take ZeRO-0's (the same buckets).
+  const bool dp_sync = p.pp == 1 && p.tp == 1 && p.dp > 1 && p.dp == local && R == local;
+  const bool tp_sync = p.pp == 1 && p.dp == 1 && p.tp > 1 && p.tp == local && R == local;
+  auto sync_factor = [&](double rw) -> double {
+    if (!dp_sync && !tp_sync) return 1.0;
+    std::string kind = dp_sync ? "dp" : "tp";
+    if (dp_sync && p.zero == 3)
+      for (const SyncPoint& sp : c.sync)
+        if (sp.kind == "zero3" && sp.ranks == local && sp.threads == p.threads && sp.level == p.level) kind = "zero3";
+    std::vector<std::pair<double, double>> at;  // (rows, ratio)
+    for (const SyncPoint& sp : c.sync) {
+      if (sp.kind != kind || sp.ranks != local || sp.threads != p.threads || sp.level != p.level) continue;
+      const double n = double(sp.rows);
+      const double fb = c.fwd_bwd_seconds(local, p.threads, p.level, "none", n) * scale;
+      if (fb <= 0) continue;
+      double ratio = 0;
+      if (dp_sync) {
+        const double u = update_whole();
+        if (u < 0) continue;
+        const int zero = kind == "zero3" ? 3 : 0;
+        ratio = (sp.fwd_bwd_s + sp.update_s - u / (zero ? double(local) : 1.0) - dp_comm(zero, 1, local, false)) / fb;
+      } else {
+        ratio = sp.fwd_bwd_s / (fb / double(p.tp) + tp_comm(n));
+      }
+      if (ratio > 0) at.emplace_back(n, ratio);
+    }
+    if (at.empty()) return 1.0;
+    std::sort(at.begin(), at.end());
+    if (rw <= at.front().first) return at.front().second;
+    if (rw >= at.back().first) return at.back().second;
+    for (size_t i = 1; i < at.size(); ++i)
+      if (rw <= at[i].first) {
+        const auto& [x0, y0] = at[i - 1];
+        const auto& [x1, y1] = at[i];
+        return y0 + (y1 - y0) * (rw - x0) / (x1 - x0);
+      }
+    return at.back().second;
+  };
   double micro = 0.0;          // one micro-step (accumulation step) of this rank
   std::vector<int> in_flight;  // pp: the simulated peak of micro-batches in flight, per pp rank
   if (p.pp == 1) {
-    micro = fwd_bwd(rows) / double(p.tp) + (p.tp > 1 ? tp_comm(rows) : 0.0);
+    out.sync_factor = sync_factor(rows);
+    micro = (fwd_bwd(rows) / double(p.tp) + (p.tp > 1 ? tp_comm(rows) : 0.0)) * out.sync_factor;
   } else {
     const double bm = rows / double(p.microbatches);
     // per-block forward / backward-input / backward-weight and the head's, from the stage
@@ -424,14 +506,8 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
 
   // ---- the update: the measured one, over this rank's share of the parameters
   {
-    std::vector<double> us;
-    for (const ComputePoint& pt : c.compute)
-      if (pt.ranks == local && pt.threads == p.threads && pt.level == p.level) us.push_back(pt.update_s);
-    double u = 0.0;
-    if (!us.empty()) {
-      std::nth_element(us.begin(), us.begin() + long(us.size() / 2), us.end());
-      u = us[us.size() / 2] * scale;
-    } else {
+    double u = update_whole();
+    if (u < 0) {
       out.calibrated = false;  // about 40 bytes of traffic per parameter (AdamW), at 10 GB/s
       u = double(c.parameters) * 40.0 / 10e9;
     }
@@ -441,30 +517,7 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   }
 
   // ---- data-parallel communication (gradient buckets; ZeRO's gathers)
-  const std::vector<train::PlannedUnit>& units = p.zero == 3 ? c.units_zero3 : c.units;
-  const int64_t n_rank = (params_of(units) + p.tp * p.pp - 1) / (p.tp * p.pp);
-  const int64_t grad_bytes = 4 * n_rank;
-  if (p.dp > 1) {
-    const int64_t bucket = int64_t(rp.parallel.bucket_mb * double(1 << 20));
-    const int64_t nb = std::max<int64_t>(1, (grad_bytes + bucket - 1) / bucket);
-    const int dp = int(p.dp);
-    const std::string algo = rp.parallel.allreduce;
-    const std::string rs = algo == "ring" ? "reduce_scatter/ring" : "reduce_scatter/mpi";
-    double t = 0.0;
-    if (p.zero == 0) {
-      t = double(nb) * comm("allreduce/" + algo, grad_bytes / nb, dp, dp_cross);
-    } else if (p.zero == 1) {
-      t = double(nb) * comm(rs, grad_bytes / nb, dp, dp_cross) + comm("allgather", grad_bytes, dp, dp_cross);
-    } else if (p.zero == 2) {
-      t = double(p.accumulation * nb) * comm(rs, grad_bytes / nb, dp, dp_cross) +
-          comm("allgather", grad_bytes, dp, dp_cross);
-    } else {
-      const int64_t nu = std::max<int64_t>(1, int64_t(units.size()));
-      const double per_unit = comm("allgather", grad_bytes / nu, dp, dp_cross);
-      t = double(p.accumulation) * double(nu) * (2.0 * per_unit + comm(rs, grad_bytes / nu, dp, dp_cross));
-    }
-    out.comm_s = t + comm("allreduce/mpi", 8, int(R), pp_cross);  // + the gradient norm
-  }
+  if (p.dp > 1) out.comm_s = dp_comm(p.zero, p.accumulation, int(p.dp), dp_cross);
   if (!missing.empty()) return reject(missing);
   out.step_s = out.compute_s + out.update_s + out.comm_s;
   const double items = double(p.batch_size * p.accumulation * p.dp) * double(c.items_per_row);
@@ -630,6 +683,7 @@ nlohmann::json prediction_json(const Prediction& p, const std::string& item) {
     j["compute_s"] = p.compute_s;
     j["update_s"] = p.update_s;
     j["comm_s"] = p.comm_s;
+    j["sync_factor"] = p.sync_factor;
     j["bubble"] = p.bubble;
     j["peak_bytes"] = peak;
     j["peak_bytes_low"] = low;

@@ -77,6 +77,8 @@ struct Prediction {
   int64_t peak_total = 0;
   bool memory_approximate = false;  // tp / pp without a calibrated mesh point: a modelled split
   bool calibrated = true;           // compute from measured points (false: from FLOPs x efficiency)
+  // the micro-steps' scale for ranks in lockstep (the calibration's SyncPoint ratio; 1 without one)
+  double sync_factor = 1.0;
 };
 
 struct PlanOptions {

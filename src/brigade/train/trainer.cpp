@@ -892,12 +892,15 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
   }
   const bool predicted = entry && memory_from_formulas(r) && !model_parallel;  // the formulas of memory_plan.h
   {
-    // Every rank's memory by tag, gathered to rank 0 (a sum of vectors that are zero but for one slot).
-    std::vector<double> all(size_t(P) * 2 * kNumMemTags, 0.0);
+    // Every rank's memory by tag and its allocator's peak of the sum (the rank the planner calls
+    // the busiest), gathered to rank 0 (a sum of vectors that are zero but for one slot).
+    const size_t per = 2 * kNumMemTags + 1;
+    std::vector<double> all(size_t(P) * per, 0.0);
     for (int i = 0; i < kNumMemTags; ++i) {
-      all[(size_t(rank) * 2) * kNumMemTags + size_t(i)] = double(res.memory.live[size_t(i)]);
-      all[(size_t(rank) * 2 + 1) * kNumMemTags + size_t(i)] = double(res.memory.peak[size_t(i)]);
+      all[size_t(rank) * per + size_t(i)] = double(res.memory.live[size_t(i)]);
+      all[size_t(rank) * per + kNumMemTags + size_t(i)] = double(res.memory.peak[size_t(i)]);
     }
+    all[size_t(rank) * per + 2 * kNumMemTags] = double(res.memory.peak_total);
     ctrl->allreduce(all.data(), int64_t(all.size()));
     if (lead) {
       nlohmann::json mj = memory_json(res.memory);
@@ -913,9 +916,10 @@ TrainResult train_attempt(const Recipe& r, const TrainOptions& opts, Task& task,
         nlohmann::json rj;
         for (int i = 0; i < kNumMemTags; ++i) {
           const std::string name(mem_tag_name(MemTag(i)));
-          rj["live"][name] = int64_t(all[(size_t(p) * 2) * kNumMemTags + size_t(i)]);
-          rj["peak"][name] = int64_t(all[(size_t(p) * 2 + 1) * kNumMemTags + size_t(i)]);
+          rj["live"][name] = int64_t(all[size_t(p) * per + size_t(i)]);
+          rj["peak"][name] = int64_t(all[size_t(p) * per + kNumMemTags + size_t(i)]);
         }
+        rj["peak_total"] = int64_t(all[size_t(p) * per + 2 * kNumMemTags]);
         if (predicted) rj["predicted"] = prediction_json(predict_memory(r, p), /*formulas=*/false);
         mj["ranks"].push_back(rj);
       }
