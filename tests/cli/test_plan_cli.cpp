@@ -4,11 +4,13 @@
 // the calibration's measured dry step), --apply, and the errors for a calibration of another
 // model and a cluster no plan fits.
 #include <gtest/gtest.h>
+
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -247,11 +249,31 @@ TEST(PlanCliRanks, TwoRankCalibrationIntoAFolderNotYetMade) {
   EXPECT_TRUE(c["comm"].contains("2")) << c["comm"].dump();
   EXPECT_TRUE(fs::exists(d / "new/dir/cal.json.ranks2.log"));
   EXPECT_TRUE(c["comm"]["2"].contains("busy_fits")) << "the collectives beside a compute load";
+  // the steps in lockstep: data parallel at ZeRO-0 and ZeRO-3, tensor parallel (the GPT has a tp plan)
+  ASSERT_EQ(c["sync"].size(), 3u) << c["sync"].dump();
+  std::set<std::string> kinds;
+  for (const auto& e : c["sync"]) {
+    kinds.insert(e["kind"].get<std::string>());
+    EXPECT_EQ(e["ranks"], 2);
+    EXPECT_EQ(e["rows"], 2);
+    EXPECT_GT(e["fwd_bwd_s"].get<double>(), 0.0) << e.dump();
+  }
+  EXPECT_EQ(kinds, (std::set<std::string>{"dp", "zero3", "tp"}));
 
   // A calibration from before the busy timings still plans, and says what it lacks.
   const auto fresh = test_support::run_brigade(d, "plan tiny.toml --calibration new/dir/cal.json --predict");
   ASSERT_EQ(fresh.code, 0) << fresh.err;
   EXPECT_EQ(fresh.err.find("idle cores only"), std::string::npos) << fresh.err;
+  EXPECT_EQ(fresh.err.find("no lockstep steps"), std::string::npos) << fresh.err;
+  {  // one from before the lockstep steps still plans, and says what it lacks (the ratio 1: test_planner.cpp)
+    nlohmann::json unsynced = c;
+    unsynced.erase("sync");
+    std::ofstream(d / "unsynced.json") << unsynced.dump();
+    const auto u = test_support::run_brigade(d, "plan tiny.toml --calibration unsynced.json --predict");
+    ASSERT_EQ(u.code, 0) << u.err;
+    EXPECT_NE(u.err.find("no lockstep steps"), std::string::npos) << u.err;
+    EXPECT_NE(u.err.find("brigade calibrate"), std::string::npos) << u.err;
+  }
   nlohmann::json old = c;
   old["comm"]["2"].erase("busy_fits");
   old["comm"]["2"].erase("busy_threads");
