@@ -63,6 +63,18 @@ std::string utc_now() {
   return buf;
 }
 
+// How a calibration point is benched: the calibration's steps and warm-up, over `group` (null:
+// the world), without the GEMM peaks (measured once) and quiet (the caller prints the line).
+BenchOptions point_bench_options(const CalibrateOptions& o, std::shared_ptr<dist::ProcessGroup> group) {
+  BenchOptions bo;
+  bo.steps = o.steps;
+  bo.warmup = o.warmup;
+  bo.group = std::move(group);
+  bo.gemm_peaks = false;
+  bo.quiet = true;
+  return bo;
+}
+
 // The points of one launch: every rank of `world` measures its own model copy (a one-rank group
 // each) at the same time, point after point (a barrier between them); rank 0's numbers are kept.
 void measure_points(const Recipe& base, const CalibrateOptions& o, const std::vector<int64_t>& rows, int ranks,
@@ -77,13 +89,7 @@ void measure_points(const Recipe& base, const CalibrateOptions& o, const std::ve
         ++k;
         const Recipe r = point_recipe(base, level, rc, n, threads);
         world.barrier();
-        BenchOptions bo;
-        bo.steps = o.steps;
-        bo.warmup = o.warmup;
-        bo.group = self;
-        bo.gemm_peaks = false;
-        bo.quiet = true;  // the line below says it
-        const BenchResult b = run_bench(r, bo);
+        const BenchResult b = run_bench(r, point_bench_options(o, self));
         plan::ComputePoint p;
         p.ranks = ranks, p.threads = threads, p.level = level, p.recompute = rc, p.rows = n;
         p.fwd_bwd_s = b.median_fwd_bwd_s;
@@ -149,12 +155,7 @@ void measure_sync_points(const Recipe& base, const CalibrateOptions& o, const st
           continue;
         }
         world.barrier();
-        BenchOptions bo;
-        bo.steps = o.steps;
-        bo.warmup = o.warmup;
-        bo.gemm_peaks = false;
-        bo.quiet = true;
-        const BenchResult b = run_bench(r, bo);
+        const BenchResult b = run_bench(r, point_bench_options(o, nullptr));
         plan::SyncPoint p;
         p.kind = kind, p.ranks = R, p.threads = threads, p.level = level, p.rows = n;
         p.fwd_bwd_s = b.median_fwd_bwd_s, p.update_s = b.median_update_s;
@@ -633,7 +634,7 @@ plan::Calibration load_calibration_for(const Recipe& r, const std::string& path)
     if (launched && c.sync.empty())
       fmt::print(stderr,
                  "plan: warning: {} has no lockstep steps (it predates them): data- and tensor-parallel plans are "
-                 "priced from ranks that each timed their own copy, which ran 10-25% fast on this project's "
+                 "priced from ranks that each timed their own copy, which ran up to 15% fast on this project's "
                  "machine; re-run `brigade calibrate {}` to measure them\n",
                  p, r.path);
   }

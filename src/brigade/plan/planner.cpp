@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <string_view>
 
 #include "brigade/core/error.h"
 #include "brigade/parallel/pipeline_schedule.h"
@@ -416,13 +417,17 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
   const bool tp_sync = p.pp == 1 && p.dp == 1 && p.tp > 1 && p.tp == local && R == local;
   auto sync_factor = [&](double rw) -> double {
     if (!dp_sync && !tp_sync) return 1.0;
-    std::string kind = dp_sync ? "dp" : "tp";
-    if (dp_sync && p.zero == 3)
-      for (const SyncPoint& sp : c.sync)
-        if (sp.kind == "zero3" && sp.ranks == local && sp.threads == p.threads && sp.level == p.level) kind = "zero3";
+    auto here = [&](const SyncPoint& sp, const char* kind) {
+      return sp.kind == kind && sp.ranks == local && sp.threads == p.threads && sp.level == p.level;
+    };
+    const char* kind = !dp_sync ? "tp"
+                       : p.zero == 3 && std::any_of(c.sync.begin(), c.sync.end(),
+                                                    [&](const SyncPoint& sp) { return here(sp, "zero3"); })
+                           ? "zero3"
+                           : "dp";
     std::vector<std::pair<double, double>> at;  // (rows, ratio)
     for (const SyncPoint& sp : c.sync) {
-      if (sp.kind != kind || sp.ranks != local || sp.threads != p.threads || sp.level != p.level) continue;
+      if (!here(sp, kind)) continue;
       const double n = double(sp.rows);
       const double fb = c.fwd_bwd_seconds(local, p.threads, p.level, "none", n) * scale;
       if (fb <= 0) continue;
@@ -430,7 +435,7 @@ static Prediction predict_plan(const Recipe& r, const Calibration& c, const Clus
       if (dp_sync) {
         const double u = update_whole();
         if (u < 0) continue;
-        const int zero = kind == "zero3" ? 3 : 0;
+        const int zero = std::string_view(kind) == "zero3" ? 3 : 0;
         ratio = (sp.fwd_bwd_s + sp.update_s - u / (zero ? double(local) : 1.0) - dp_comm(zero, 1, local, false)) / fb;
       } else {
         ratio = sp.fwd_bwd_s / (fb / double(p.tp) + tp_comm(n));
