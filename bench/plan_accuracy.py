@@ -6,8 +6,9 @@ data parallelism, ZeRO 1-3, recompute, precision, accumulation, pipeline and ten
 (those 2 cores can run), plus the plan `brigade plan` ranks first. Each plan gets
 `brigade plan --predict` (its predicted step time and per-category peak memory of the busiest
 rank) and a short real training run (`brigade train --stop-at STEPS`, under mpirun for more than
-one rank). The step time measured is the median over the logged intervals after the first; the
-memory is memory.json's rank the planner describes (rank 0 under data parallelism alone, else the
+one rank). The step time measured is the median over the logged intervals after the first, and
+with --rounds N every plan runs N times, the order reversed every other round, and its rate is the
+median of its rounds (a machine whose speed drifts then moves every plan alike); the memory is memory.json's rank the planner describes (rank 0 under data parallelism alone, else the
 busiest by its allocator peak). Prints one markdown row per plan, then the median
 |predicted - measured| / measured step time, the Spearman rank correlation of the step times,
 the worst per-category memory error, and whether the picked plan is the measured fastest (or
@@ -15,7 +16,7 @@ within 5% of it). Run on an otherwise idle machine: timings of a loaded one mean
 
 Usage:
   python3 bench/plan_accuracy.py [--recipe recipes/gpt-kjv.toml] [--set KEY=VALUE ...]
-      [--calibration FILE] [--steps 24] [--log-every 4] [--out /tmp/brigade_plan_accuracy]
+      [--calibration FILE] [--steps 24] [--log-every 4] [--rounds 1] [--out /tmp/brigade_plan_accuracy]
 """
 import argparse
 import json
@@ -94,6 +95,8 @@ def main():
     ap.add_argument("--calibration", default="")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--log-every", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every plan this many times, alternating the order; report each plan's median")
     ap.add_argument("--only", default="", help="comma-separated plan labels to run (default: all)")
     ap.add_argument("--out", default="/tmp/brigade_plan_accuracy")
     args = ap.parse_args()
@@ -130,23 +133,19 @@ def main():
     if not any(p[1] == picked["overrides"] for p in plans):
         plans.append(("picked: " + picked["plan"], picked["overrides"]))
 
-    rows = []
-    for i, (label, sets) in enumerate(plans):
-        ranks = ranks_of(sets)
-        pred = json.loads(brigade(["plan", args.recipe, "--predict"] + base + cal +
-                                  [a for s in sets for a in ("--set", s)]).stdout)
-        out_dir = os.path.join(args.out, f"plan{i:02d}")
+    def measure(label, sets, out_dir):
+        """One short training run of a plan: (median items/s over the logged intervals after the
+        first, the per-category peaks of memory.json's rank the planner describes), or None if it failed."""
         run = brigade(["train", args.recipe, "--stop-at", str(args.steps), "--quiet", "--no-sample"] + base +
                       [a for s in sets + [f"run.out_dir={out_dir}", f"train.log_every={args.log_every}",
                                           "train.eval_every=0", "train.eval_batches=1", "train.checkpoint_every=0"]
-                       for a in ("--set", s)], ranks=ranks, check=False)
+                       for a in ("--set", s)], ranks=ranks_of(sets), check=False)
         if run.returncode != 0:
             print(f"{label}: training failed: {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-            continue
+            return None
         recs = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl")) if '"loss"' in l and '"step"' in l]
         rate_key = next(k for k in ("tokens_per_s", "images_per_s", "pairs_per_s") if k in recs[0])
         rates = [r[rate_key] for r in recs[1:]] or [recs[0][rate_key]]
-        measured_rate = statistics.median(rates)
         mem = json.load(open(os.path.join(out_dir, "memory.json")))
         # the rank the planner describes: rank 0 for data parallelism alone (it also stages the
         # checkpoint); under tp or pp the busiest, the largest allocator peak of the sum (memory.json's
@@ -155,33 +154,62 @@ def main():
             busiest = mem["ranks"][0]
         else:
             busiest = max(mem["ranks"], key=lambda r: r.get("peak_total", sum(r["peak"].values())))
-        row = {"label": label, "sets": sets, "ranks": ranks, "predicted": pred, "measured_items_per_s": measured_rate,
-               "measured_peak": busiest["peak"]}
+        return statistics.median(rates), busiest["peak"]
+
+    preds = [json.loads(brigade(["plan", args.recipe, "--predict"] + base + cal +
+                                [a for s in sets for a in ("--set", s)]).stdout) for _, sets in plans]
+    # Rounds: every plan once per round, the order reversed every other round, so that a machine
+    # whose speed drifts during the measurement moves every plan's median alike (one plan is not
+    # all early and another all late); each plan's measured rate is the median of its rounds.
+    rates = [[] for _ in plans]
+    peaks = [None] * len(plans)
+    for rnd in range(args.rounds):
+        order = range(len(plans)) if rnd % 2 == 0 else reversed(range(len(plans)))
+        for i in order:
+            label, sets = plans[i]
+            got = measure(label, sets, os.path.join(args.out, f"plan{i:02d}"))
+            if got is None:
+                continue
+            rates[i].append(got[0])
+            if peaks[i] is not None and peaks[i] != got[1]:
+                print(f"{label}: memory differs between rounds: {peaks[i]} then {got[1]}", file=sys.stderr)
+            peaks[i] = got[1] if peaks[i] is None else {c: max(peaks[i].get(c, 0), v) for c, v in got[1].items()}
+            print(f"[round {rnd + 1}/{args.rounds}, {i + 1}/{len(plans)}] {label}: predicted "
+                  f"{preds[i].get('items_per_s', 0):.0f}, measured {got[0]:.0f} {preds[i].get('item', 'items')}/s",
+                  file=sys.stderr)
+
+    rows = []
+    for i, (label, sets) in enumerate(plans):
+        if not rates[i]:
+            continue
+        pred = preds[i]
+        measured_rate = statistics.median(rates[i])
+        row = {"label": label, "sets": sets, "ranks": ranks_of(sets), "predicted": pred,
+               "measured_items_per_s": measured_rate, "measured_rounds": rates[i], "measured_peak": peaks[i]}
         if pred.get("feasible"):
             row["time_err"] = measured_rate / pred["items_per_s"] - 1.0  # predicted step / measured step - 1
             cat_err = {}
             for c in CATS:  # against the nearest end of a predicted range (ZeRO-2/3 buckets)
-                hi, m = pred["peak_bytes"].get(c, 0), busiest["peak"].get(c, 0)
+                hi, m = pred["peak_bytes"].get(c, 0), peaks[i].get(c, 0)
                 lo = pred.get("peak_bytes_low", {}).get(c, hi) or hi
                 p = lo if m < lo else hi if m > hi else m
                 cat_err[c] = (p - m) / m if m else (0.0 if p == 0 else float("inf"))
             row["mem_err"] = cat_err
-            row["mem_total_err"] = pred["peak_bytes"]["total"] / max(1, sum(busiest["peak"].values())) - 1.0
+            row["mem_total_err"] = pred["peak_bytes"]["total"] / max(1, sum(peaks[i].values())) - 1.0
         rows.append(row)
-        print(f"[{i + 1}/{len(plans)}] {label}: predicted {pred.get('items_per_s', 0):.0f}, measured "
-              f"{measured_rate:.0f} {pred.get('item', 'items')}/s", file=sys.stderr)
 
-    print("| plan | ranks | predicted items/s | measured | step time error | category peaks predicted / measured MiB "
-          "| worst category error |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| plan | ranks | predicted items/s | measured (median) | rounds' range | step time error "
+          "| category peaks predicted / measured MiB | worst category error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         p = r["predicted"]
         if not p.get("feasible"):
-            print(f"| {r['label']} | {r['ranks']} | rejected: {p['reason']} | {r['measured_items_per_s']:.0f} | | | |")
+            print(f"| {r['label']} | {r['ranks']} | rejected: {p['reason']} | {r['measured_items_per_s']:.0f} | | | | |")
             continue
         worst = max(r["mem_err"].items(), key=lambda kv: abs(kv[1]) if kv[1] != float("inf") else 1e9)
         approx = " (approx.)" if p.get("memory_approximate") else ""
-        print(f"| {r['label']} | {r['ranks']} | {p['items_per_s']:.0f} | {r['measured_items_per_s']:.0f} | "
+        spread = f"{min(r['measured_rounds']):.0f}-{max(r['measured_rounds']):.0f}"
+        print(f"| {r['label']} | {r['ranks']} | {p['items_per_s']:.0f} | {r['measured_items_per_s']:.0f} | {spread} | "
               f"{100 * r['time_err']:+.1f}% | {sum(p['peak_bytes'][c] for c in CATS) / 2**20:.1f} / "
               f"{sum(r['measured_peak'].values()) / 2**20:.1f}{approx} | {worst[0]} {100 * worst[1]:+.1f}% |")
     ok = [r for r in rows if r["predicted"].get("feasible")]
