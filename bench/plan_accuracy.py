@@ -223,13 +223,18 @@ def main():
         pick = next((r for r in ok if r["sets"] == picked["overrides"]), None)
         print()
         print(f"plans: {len(ok)}; median |step time error| {100 * statistics.median(errs):.1f}% "
-              f"(worst {100 * max(errs):.1f}%); Spearman {rho:.3f}; worst per-category memory error "
+              f"(worst {100 * max(errs):.1f}%); Spearman {rho:.4f}; worst per-category memory error "
               f"{100 * worst_mem:.1f}% over {len(exact)} plans not marked approximate (tp / pp ones included when the "
               f"calibration's mesh points cover them; categories above 1 MiB)")
         if pick:
             gap = pick["measured_items_per_s"] / fastest["measured_items_per_s"] - 1.0
             print(f"picked: {pick['label']} measured {pick['measured_items_per_s']:.0f}; measured fastest: "
                   f"{fastest['label']} {fastest['measured_items_per_s']:.0f} ({100 * gap:+.1f}%)")
+        # the bounds of docs/planning.md's "Measured accuracy", on the unrounded values
+        checks = [("median |error| <= 10%", statistics.median(errs) <= 0.10), ("Spearman >= 0.9", rho >= 0.9),
+                  ("memory within 5%", worst_mem <= 0.05),
+                  ("pick within 5% of the fastest", bool(pick) and gap >= -0.05)]
+        print("bounds: " + "; ".join(f"{name} {'holds' if held else 'FAILS'}" for name, held in checks))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "plan_accuracy.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -281,3 +281,23 @@ TEST(CommQueueSeconds, CpuOfTheTasksAndTheirWallTime) {
     EXPECT_EQ(q.task_wall_seconds(), 0.0);
   }
 }
+
+// The queue's depth: tasks queued behind a running one count until they complete; an inline task
+// is 1; a reset starts from what is pending then.
+TEST(CommQueueDepth, PeakPendingCountsQueuedTasks) {
+  parallel::CommQueue q(true);
+  for (int i = 0; i < 3; ++i) q.submit([] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); });
+  q.wait_all();
+  EXPECT_EQ(q.peak_pending(), 3);  // the first sleeps 50 ms, long after the other two were queued
+  q.reset_peak_pending();
+  EXPECT_EQ(q.peak_pending(), 0);
+  q.submit([] {});
+  q.wait_all();
+  EXPECT_EQ(q.peak_pending(), 1);
+
+  parallel::CommQueue inline_q(false);
+  EXPECT_EQ(inline_q.peak_pending(), 0);
+  inline_q.submit([] {});
+  inline_q.submit([] {});
+  EXPECT_EQ(inline_q.peak_pending(), 1);
+}

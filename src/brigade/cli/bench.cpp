@@ -121,9 +121,12 @@ BenchResult run_bench(const Recipe& recipe, const BenchOptions& o) {
       res.fwd_bwd_seconds.push_back(std::chrono::duration<double>(t_fb - t0).count());
       res.update_seconds.push_back(dt - res.fwd_bwd_seconds.back());
     }
-    if (world->rank() == 0 && !o.quiet)
-      fmt::print(stderr, "bench: step {}/{} ({}) {:.3f} s, loss {:.4f}\n", step + 1, o.warmup + o.steps,
-                 step < o.warmup ? "warm-up" : "timed", dt, res.last_loss);
+    if (world->rank() == 0 && !o.quiet) {
+      const double fb = std::chrono::duration<double>(t_fb - t0).count();
+      fmt::print(stderr,
+                 "bench: step {}/{} ({}) {:.3f} s (forward + backward {:.3f} s, update {:.3f} s), loss {:.4f}\n",
+                 step + 1, o.warmup + o.steps, step < o.warmup ? "warm-up" : "timed", dt, fb, dt - fb, res.last_loss);
+    }
   }
   {
     struct rusage ru1 {};

@@ -1,6 +1,7 @@
 // Communication thread; see comm_queue.h.
 #include "brigade/parallel/comm_queue.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "brigade/core/thread_clock.h"
@@ -29,6 +30,7 @@ int64_t CommQueue::submit(std::function<void()> task) {
     const auto t0 = Clock::now();
     const double c0 = thread_cpu_seconds();
     ++submitted_;
+    peak_pending_ = std::max<int64_t>(peak_pending_, 1);
     try {
       task();
     } catch (...) {
@@ -47,6 +49,7 @@ int64_t CommQueue::submit(std::function<void()> task) {
     std::lock_guard<std::mutex> lk(mu_);
     ticket = ++submitted_;
     tasks_.emplace_back(ticket, std::move(task));
+    peak_pending_ = std::max(peak_pending_, submitted_ - completed_);
   }
   cv_work_.notify_one();
   return ticket;
@@ -67,6 +70,16 @@ void CommQueue::wait_all() {
     last = submitted_;
   }
   wait(last);
+}
+
+int64_t CommQueue::peak_pending() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return peak_pending_;
+}
+
+void CommQueue::reset_peak_pending() {
+  std::lock_guard<std::mutex> lk(mu_);
+  peak_pending_ = submitted_ - completed_;
 }
 
 double CommQueue::task_cpu_seconds() const {

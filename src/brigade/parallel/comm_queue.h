@@ -41,6 +41,10 @@ class CommQueue {
   double task_cpu_seconds() const;
   double task_wall_seconds() const;
   void reset_task_seconds();
+  // The most tasks queued or running at once (counted at each submit; an inline task is 1), since
+  // construction or the last reset (which starts from those pending then).
+  int64_t peak_pending() const;
+  void reset_peak_pending();
 
  private:
   void loop();
@@ -48,7 +52,7 @@ class CommQueue {
   mutable std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   std::deque<std::pair<int64_t, std::function<void()>>> tasks_;
-  int64_t submitted_ = 0, completed_ = 0;
+  int64_t submitted_ = 0, completed_ = 0, peak_pending_ = 0;  // guarded by mu_ (threaded)
   bool stop_ = false;
   std::exception_ptr error_;
   double wait_s_ = 0.0;

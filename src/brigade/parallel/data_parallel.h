@@ -162,6 +162,10 @@ class DataParallel {
   // CPU and wall seconds of the queued collectives themselves (gradient buckets, ZeRO-3 gathers).
   double comm_task_cpu_seconds() const { return queue_->task_cpu_seconds(); }
   double comm_task_wall_seconds() const { return queue_->task_wall_seconds(); }
+  // The most gradient / gather collectives queued at once since construction (at most
+  // kMaxInFlight bucket collectives, plus ZeRO-3's prefetched gathers).
+  int64_t comm_peak_queued() const { return queue_->peak_pending(); }
+  static constexpr size_t max_buckets_in_flight() { return kMaxInFlight; }
   int64_t bytes_sent() const { return pg_->bytes_sent(); }
   void reset_stats();
 
@@ -188,6 +192,8 @@ class DataParallel {
   void fire_bucket(size_t b);
   void fire_deterministic(size_t b);
   Tensor hand_off(size_t b);
+  void submit_bounded(std::function<void()> task);            // queue a bucket's collective, <= kMaxInFlight
+  void wait_in_flight(size_t keep);                           // wait for the oldest until `keep` remain
   void tree_add(const float* src, int64_t begin, int64_t n);  // this micro-step's atom, flat range
   float* tree_level(size_t l);
   double deterministic_norm();
@@ -211,8 +217,8 @@ class DataParallel {
   std::vector<std::pair<int64_t, int64_t>> opt_ranges_;  // flat range of each optimizer param
   std::unique_ptr<CommQueue> queue_;
   bool last_micro_ = true, keep_all_ = false;
-  // ZeRO-2/3: tickets of the reduce-scatters in flight; a new bucket waits until at most
-  // kMaxInFlight-1 are pending, which bounds the staging memory.
+  // tickets of the bucket collectives in flight (every stage); a new bucket waits until at most
+  // kMaxInFlight-1 are pending (submit_bounded in data_parallel.cpp says why)
   std::deque<int64_t> in_flight_;
   static constexpr size_t kMaxInFlight = 2;
   double direct_s_ = 0.0;
