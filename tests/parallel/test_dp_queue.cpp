@@ -97,7 +97,8 @@ TEST_P(DpQueue, BackwardQueuesAtMostTheBoundEvenWhenThePeerIsLate) {
     const std::vector<float>& full = want.at(name);
     ASSERT_EQ(int64_t(got.size()), zero == 0 ? b - a : std::min(b, dp.shard_end()) - lo) << name;
     for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_NEAR(got[i], full[size_t(lo - a) + i], 1e-6f * (1.0f + std::abs(full[size_t(lo - a) + i]))) << name << "[" << i << "]";
+      ASSERT_NEAR(got[i], full[size_t(lo - a) + i], 1e-6f * (1.0f + std::abs(full[size_t(lo - a) + i])))
+          << name << "[" << i << "]";
   }
 }
 
