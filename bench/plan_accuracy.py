@@ -8,8 +8,9 @@ data parallelism, ZeRO 1-3, recompute, precision, accumulation, pipeline and ten
 rank) and a short real training run (`brigade train --stop-at STEPS`, under mpirun for more than
 one rank). The step time measured is the median over the logged intervals after the first, and
 with --rounds N every plan runs N times, the order reversed every other round, and its rate is the
-median of its rounds (a machine whose speed drifts then moves every plan alike); the memory is memory.json's rank the planner describes (rank 0 under data parallelism alone, else the
-busiest by its allocator peak). Prints one markdown row per plan, then the median
+median of its rounds (a machine whose speed drifts then moves every plan alike); the memory is
+memory.json's rank the planner describes (rank 0 under data parallelism alone, else the busiest by
+its allocator peak). Prints one markdown row per plan, then the median
 |predicted - measured| / measured step time, the Spearman rank correlation of the step times,
 the worst per-category memory error, and whether the picked plan is the measured fastest (or
 within 5% of it). Run on an otherwise idle machine: timings of a loaded one mean little.

@@ -257,6 +257,7 @@ std::vector<int64_t> DataParallel::counts_in(int64_t begin, int64_t end) const {
 void DataParallel::reset_stats() {
   queue_->reset_wait_seconds();
   queue_->reset_task_seconds();
+  queue_->reset_peak_pending();
   direct_s_ = 0.0;
   pg_->reset_bytes_sent();
 }

@@ -162,8 +162,8 @@ class DataParallel {
   // CPU and wall seconds of the queued collectives themselves (gradient buckets, ZeRO-3 gathers).
   double comm_task_cpu_seconds() const { return queue_->task_cpu_seconds(); }
   double comm_task_wall_seconds() const { return queue_->task_wall_seconds(); }
-  // The most gradient / gather collectives queued at once since construction (at most
-  // kMaxInFlight bucket collectives, plus ZeRO-3's prefetched gathers).
+  // The most gradient / gather collectives queued at once (at most kMaxInFlight bucket
+  // collectives, plus ZeRO-3's prefetched gathers).
   int64_t comm_peak_queued() const { return queue_->peak_pending(); }
   static constexpr size_t max_buckets_in_flight() { return kMaxInFlight; }
   int64_t bytes_sent() const { return pg_->bytes_sent(); }
